@@ -1,0 +1,133 @@
+// glint bench actors: call latency and throughput of glint groups, local and
+// across processes, against raw CAF requests to the same actor in the same
+// run (the floor glint builds on). Prints `name: value` lines; every value is
+// the median of --repeats runs.
+#include "actors/probe.hpp"
+#include "runtime/group.hpp"
+#include "runtime/process.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
+namespace glint::bench {
+
+namespace {
+
+using namespace std::chrono_literals;
+using actors::probe_actor;
+
+double seconds_of(const std::function<void()>& f) {
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Lines {
+  std::vector<std::pair<std::string, double>> out;
+  void add(std::string name, double v) {
+    std::printf("%s: %.3f\n", name.c_str(), v);
+    std::fflush(stdout);
+    out.emplace_back(std::move(name), v);
+  }
+};
+
+// Measures one group (one rank) in the runtime; `suffix` is local or cluster.
+bool measure(Runtime& rt, const Group<probe_actor>& g, const std::string& suffix, int repeats, Lines& lines,
+             bool with_tensor) {
+  const int rtt_calls = suffix == "local" ? 20000 : 5000;
+  const int batch_calls = suffix == "local" ? 100000 : 20000;
+  std::vector<double> rtt, caf_rtt, rate, gbps;
+  caf::scoped_actor self{rt.system()};
+  auto handle = g.handle(0);
+  bool ok = true;
+  for (int rep = 0; rep < repeats && ok; ++rep) {
+    rtt.push_back(seconds_of([&] {
+                    for (int64_t i = 0; i < rtt_calls; ++i) ok = ok && g.call_rank(0, actors::echo_atom::value, i).get();
+                  }) / rtt_calls * 1e6);
+    caf_rtt.push_back(seconds_of([&] {
+                        for (int64_t i = 0; i < rtt_calls; ++i)
+                          self->request(handle, 10s, actors::echo_atom::value, i)
+                              .receive([](int64_t) {}, [&](caf::error&) { ok = false; });
+                      }) / rtt_calls * 1e6);
+    rate.push_back(batch_calls / seconds_of([&] {
+                     std::vector<Future<int64_t>> fs;
+                     fs.reserve(static_cast<size_t>(batch_calls));
+                     for (int64_t i = 0; i < batch_calls; ++i) fs.push_back(g.call_rank(0, actors::echo_atom::value, i));
+                     for (auto& f : fs) ok = ok && f.get();
+                   }));
+    if (with_tensor) {
+      auto t = *Tensor::zeros(Dtype::f32, {256 * 1024});  // 1 MiB
+      const int n = 200;
+      double s = seconds_of([&] {
+        for (int i = 0; i < n; ++i) ok = ok && g.call_rank(0, actors::echo_atom::value, t).get();
+      });
+      gbps.push_back(2.0 * static_cast<double>(t.nbytes()) * n / s / 1e9);
+    }
+  }
+  if (!ok) {
+    std::fprintf(stderr, "glint bench actors: a call failed during the %s run\n", suffix.c_str());
+    return false;
+  }
+  lines.add("actor_rtt_" + suffix + "_us", median(rtt));
+  lines.add("caf_rtt_" + suffix + "_us", median(caf_rtt));
+  lines.add("actor_rtt_" + suffix + "_vs_caf", median(rtt) / median(caf_rtt));
+  lines.add("actor_calls_per_s_" + suffix, median(rate));
+  if (with_tensor) lines.add("tensor_1mib_" + suffix + "_gbps", median(gbps));
+  return true;
+}
+
+}  // namespace
+
+int actors(int repeats) {
+  Lines lines;
+  std::printf("# glint bench actors: medians of %d runs; baseline caf_rtt_*: a raw CAF request to the same actor\n",
+              repeats);
+  {
+    Options opts;
+    auto rt = initialize(opts);
+    if (!rt) {
+      std::fprintf(stderr, "glint bench actors: %s\n", describe(rt.error()).c_str());
+      return 1;
+    }
+    auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {RankSlot{}});
+    if (!g || !measure(**rt, *g, "local", repeats, lines, false)) return 1;
+  }
+  {
+    auto port = pick_free_port();
+    if (!port) return 1;
+    Options opts;
+    opts.mode = Mode::cluster;
+    opts.cluster.world_size = 2;
+    opts.cluster.local_world_size = 2;
+    opts.cluster.master_port = *port;
+    auto node_env = opts.cluster;
+    node_env.rank = node_env.local_rank = 1;
+    auto child = ChildProcess::start({self_executable()}, node_env.to_environment());
+    if (!child) {
+      std::fprintf(stderr, "glint bench actors: %s\n", describe(child.error()).c_str());
+      return 1;
+    }
+    auto rt = initialize(opts);
+    if (!rt) {
+      std::fprintf(stderr, "glint bench actors: %s\n", describe(rt.error()).c_str());
+      return 1;
+    }
+    RankSlot remote;
+    remote.node = 1;
+    auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {remote});
+    if (!g || !measure(**rt, *g, "cluster", repeats, lines, true)) return 1;
+    (*rt)->shutdown();
+    child->wait_for(10s);
+  }
+  return 0;
+}
+
+}  // namespace glint::bench

@@ -1,0 +1,106 @@
+#include "launcher/launch.hpp"
+
+#include "runtime/options.hpp"
+#include "runtime/process.hpp"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace glint::launcher {
+
+namespace {
+
+std::atomic<int> g_signal{0};
+
+void on_signal(int sig) { g_signal.store(sig); }
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return end && *end == 0 ? static_cast<int>(x) : fallback;
+}
+
+}  // namespace
+
+Result<void> LaunchSpec::resolve() {
+  if (command.empty())
+    return make_error(errc::invalid_argument, "no command to run; usage: glint run --nproc N -- PROGRAM [ARGS...]");
+  // Slurm and torchrun-style variables fill what the flags left unset.
+  if (nnodes == 1) nnodes = env_int("SLURM_NNODES", env_int("NNODES", 1));
+  if (node_rank == 0) node_rank = env_int("SLURM_NODEID", env_int("NODE_RANK", env_int("GROUP_RANK", 0)));
+  if (const char* a = std::getenv("MASTER_ADDR"); a && *a && master_addr == "127.0.0.1") master_addr = a;
+  if (master_port == 0) master_port = static_cast<uint16_t>(env_int("MASTER_PORT", 0));
+  if (nproc < 1) return make_error(errc::invalid_argument, "--nproc must be at least 1, got " + std::to_string(nproc));
+  if (nnodes < 1) return make_error(errc::invalid_argument, "--nnodes must be at least 1, got " + std::to_string(nnodes));
+  if (node_rank < 0 || node_rank >= nnodes)
+    return make_error(errc::invalid_argument, "--node-rank " + std::to_string(node_rank) + " is outside 0.." +
+                                                  std::to_string(nnodes - 1));
+  if (master_port == 0) {
+    if (nnodes > 1)
+      return make_error(errc::invalid_argument,
+                        "a job on several machines needs --master-port (the same on every machine)");
+    auto p = pick_free_port();
+    if (!p) return p.error();
+    master_port = *p;
+  }
+  return {};
+}
+
+Result<int> launch(LaunchSpec spec) {
+  if (auto ok = spec.resolve(); !ok) return ok.error();
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<ChildProcess> children;
+  for (int local = 0; local < spec.nproc; ++local) {
+    ClusterEnv c;
+    c.rank = spec.node_rank * spec.nproc + local;
+    c.world_size = spec.nnodes * spec.nproc;
+    c.local_rank = local;
+    c.local_world_size = spec.nproc;
+    c.node_rank = spec.node_rank;
+    c.nnodes = spec.nnodes;
+    c.master_addr = spec.master_addr;
+    c.master_port = spec.master_port;
+    auto child = ChildProcess::start(spec.command, c.to_environment());
+    if (!child) return with_context(child.error(), "starting process " + std::to_string(c.rank));
+    children.push_back(std::move(*child));
+  }
+  const bool has_driver = spec.node_rank == 0;
+  std::vector<std::optional<int>> codes(children.size());
+  std::optional<std::chrono::steady_clock::time_point> driver_done;
+  int forwarded = 0;
+  for (;;) {
+    if (int sig = g_signal.exchange(0)) {
+      forwarded = sig;
+      for (auto& c : children) c.signal(sig);
+    }
+    bool all_done = true;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (!codes[i]) codes[i] = children[i].wait_for(std::chrono::milliseconds(0));
+      all_done = all_done && codes[i].has_value();
+    }
+    if (all_done) break;
+    if (has_driver && codes[0] && !driver_done) driver_done = std::chrono::steady_clock::now();
+    if (driver_done && std::chrono::steady_clock::now() - *driver_done > std::chrono::seconds(spec.grace_seconds)) {
+      std::fprintf(stderr, "glint run: processes still running %d s after the driver exited; killing them\n",
+                   spec.grace_seconds);
+      for (auto& c : children) c.signal(SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (has_driver) return *codes[0];
+  for (auto& c : codes)
+    if (*c != 0) return *c;
+  return forwarded ? 128 + forwarded : 0;
+}
+
+}  // namespace glint::launcher

@@ -1,0 +1,70 @@
+// The `glint` binary: launcher, inspector, demo and benchmarks.
+#include "launcher/commands.hpp"
+#include "launcher/launch.hpp"
+#include "runtime/options.hpp"
+#include "runtime/runtime.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+namespace glint::bench {
+int actors(int repeats);  // bench/actors_bench.cpp
+}
+
+int main(int argc, char** argv) {
+  // Under `glint run`, a process that is not rank 0 serves the driver, whatever
+  // subcommand it was given: every process of a job runs the same command.
+  if (auto opts = glint::Options::from_environment(); opts && opts->mode == glint::Mode::cluster &&
+                                                        opts->cluster.rank != 0)
+    return glint::serve_node(*opts);
+
+  CLI::App app{"glint: an actor runtime for training and reinforcement learning of large language models"};
+  app.set_version_flag("--version", "glint 0.1.0");
+  app.require_subcommand(1);
+
+  glint::launcher::LaunchSpec spec;
+  auto* run = app.add_subcommand("run", "Start the processes of a cluster job on this machine (like torchrun)");
+  run->add_option("--nproc,--nproc-per-node", spec.nproc, "Processes on this machine")->capture_default_str();
+  run->add_option("--nnodes", spec.nnodes, "Machines in the job (default: $SLURM_NNODES or 1)");
+  run->add_option("--node-rank", spec.node_rank, "This machine's index (default: $SLURM_NODEID or 0)");
+  run->add_option("--master-addr", spec.master_addr, "Address of machine 0 (default: $MASTER_ADDR or 127.0.0.1)");
+  run->add_option("--master-port", spec.master_port, "Driver port (default: $MASTER_PORT, or a free one on one machine)");
+  run->add_option("--grace", spec.grace_seconds, "Seconds processes may outlive the driver")->capture_default_str();
+  run->add_option("command", spec.command, "The program and its arguments, after --")->required();
+  run->footer("Example: glint run --nproc 2 -- glint demo");
+
+  glint::launcher::InfoArgs info;
+  auto* info_cmd = app.add_subcommand("info", "Show this machine's topology and, given a job config, its placement");
+  info_cmd->add_option("--config", info.config, "Job TOML with [[group]] entries to place");
+  info_cmd->add_option("--nproc", info.nproc, "Plan as if this many processes shared the machine")->capture_default_str();
+  info_cmd->add_flag("--probe", info.probe, "Spawn a probe on every process of the job and show where it runs");
+
+  glint::launcher::DemoArgs demo;
+  auto* demo_cmd = app.add_subcommand("demo", "Run the runtime demo: a group of ranks fed sliced batches");
+  demo_cmd->add_option("--steps", demo.steps, "Steps to run")->capture_default_str()->check(CLI::Range(1, 1000000));
+  demo_cmd->add_option("--ranks", demo.ranks, "Ranks in the group")->capture_default_str()->check(CLI::Range(1, 1024));
+
+  auto* bench = app.add_subcommand("bench", "Run a benchmark and print `name: value` lines");
+  bench->require_subcommand(1);
+  int repeats = 5;
+  auto* bench_actors = bench->add_subcommand("actors", "Actor call latency, throughput and tensor bandwidth");
+  bench_actors->add_option("--repeats", repeats, "Runs per measurement (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*run) {
+    auto code = glint::launcher::launch(spec);
+    if (!code) {
+      std::fprintf(stderr, "glint run: %s\n", glint::describe(code.error()).c_str());
+      return 2;
+    }
+    return *code;
+  }
+  if (*info_cmd) return glint::launcher::info(info);
+  if (*demo_cmd) return glint::launcher::demo(demo);
+  if (*bench_actors) return glint::bench::actors(repeats);
+  return 0;
+}

@@ -1,0 +1,93 @@
+#include "placement/service.hpp"
+
+#include <caf/scoped_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace glint::placement {
+
+namespace {
+
+struct ServiceState {
+  std::unique_ptr<Planner> planner;
+  static inline const char* name = "glint.placement";
+};
+
+placement_actor::behavior_type service_fn(placement_actor::stateful_pointer<ServiceState> self,
+                                          ClusterResources nodes, PlanOptions opts) {
+  self->state.planner = std::make_unique<Planner>(std::move(nodes), opts);
+  return {
+      [self](place_atom, const DeviceGroup& g) -> caf::result<std::vector<RankSlot>> {
+        auto slots = self->state.planner->place(g);
+        if (!slots) return slots.error();
+        return std::move(*slots);
+      },
+      [self](release_atom, const std::string& name) {
+        self->state.planner->release(name);
+        return true;
+      },
+      [self](topology_atom) { return self->state.planner->nodes(); },
+  };
+}
+
+}  // namespace
+
+topology_actor::behavior_type topology_probe(topology_actor::pointer, RankContext) {
+  return {
+      [](topology_atom) -> caf::result<MachineTopology> {
+        auto m = discover_topology();
+        if (!m) return m.error();
+        // This process's share of the machine, by its local rank.
+        auto env = ClusterEnv::from_environment();
+        if (!env || env->source.empty()) return std::move(*m);
+        return share_of(*m, env->local_rank, env->local_world_size);
+      },
+  };
+}
+
+Result<placement_actor> service(Runtime& rt, PlanOptions opts) {
+  if (auto existing = rt.service("placement")) return caf::actor_cast<placement_actor>(existing);
+  ClusterResources nodes;
+  caf::scoped_actor self{rt.system()};
+  for (int n = 0; n < rt.num_nodes(); ++n) {
+    auto probe = rt.spawn<topology_actor>(n, "glint.topology", caf::make_message(RankContext{}));
+    if (!probe) return with_context(probe.error(), "asking node " + std::to_string(n) + " for its topology");
+    caf::error err;
+    self->request(*probe, rt.options().spawn_timeout, topology_atom::value)
+        .receive([&](MachineTopology& m) { nodes.push_back(std::move(m)); }, [&](caf::error& e) { err = e; });
+    caf::anon_send_exit(*probe, caf::exit_reason::user_shutdown);
+    if (err) return with_context(err, "asking " + rt.node(n).describe() + " for its topology");
+  }
+  auto svc = rt.system().spawn(service_fn, std::move(nodes), opts);
+  rt.set_service("placement", caf::actor_cast<caf::actor>(svc));
+  return svc;
+}
+
+Result<ClusterResources> cluster_resources(Runtime& rt) {
+  auto svc = service(rt);
+  if (!svc) return svc.error();
+  caf::scoped_actor self{rt.system()};
+  Result<ClusterResources> out{ClusterResources{}};
+  self->request(*svc, rt.options().call_timeout, topology_atom::value)
+      .receive([&](ClusterResources& r) { out = std::move(r); }, [&](caf::error& e) { out = e; });
+  return out;
+}
+
+Result<std::vector<RankSlot>> place(Runtime& rt, const DeviceGroup& group, const DeviceMesh& mesh) {
+  if (auto ok = group.validate(); !ok) return ok.error();
+  if (group.size() != mesh.world_size())
+    return make_error(errc::invalid_argument, "group '" + group.name + "' has " + std::to_string(group.size()) +
+                                                  " ranks but its mesh " + mesh.describe() + " needs " +
+                                                  std::to_string(mesh.world_size()));
+  auto svc = service(rt);
+  if (!svc) return svc.error();
+  caf::scoped_actor self{rt.system()};
+  Result<std::vector<RankSlot>> slots{std::vector<RankSlot>{}};
+  self->request(*svc, rt.options().call_timeout, place_atom::value, group)
+      .receive([&](std::vector<RankSlot>& s) { slots = std::move(s); }, [&](caf::error& e) { slots = e; });
+  if (!slots) return slots;
+  if (auto ok = apply_mesh(group.name, mesh, *slots); !ok) return ok.error();
+  return slots;
+}
+
+}  // namespace glint::placement

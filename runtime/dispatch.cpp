@@ -1,0 +1,37 @@
+#include "runtime/dispatch.hpp"
+
+namespace glint {
+
+std::string_view to_string(Dispatch d) {
+  switch (d) {
+    case Dispatch::all: return "all";
+    case Dispatch::slice: return "slice";
+    case Dispatch::slice_dp: return "slice_dp";
+    case Dispatch::first: return "first";
+  }
+  return "?";
+}
+
+std::string_view to_string(Collect c) {
+  switch (c) {
+    case Collect::none: return "none";
+    case Collect::first: return "first";
+    case Collect::mean: return "mean";
+    case Collect::sum: return "sum";
+    case Collect::flatten: return "flatten";
+  }
+  return "?";
+}
+
+Result<std::pair<int64_t, int64_t>> split_range(int64_t rows, int k, int n) {
+  if (n <= 0 || k < 0 || k >= n)
+    return make_error(errc::invalid_argument, "part " + std::to_string(k) + " of " + std::to_string(n) + " does not exist");
+  if (rows < n)
+    return make_error(errc::invalid_argument, "cannot split " + std::to_string(rows) + " rows over " + std::to_string(n) +
+                                                  " ranks: every rank needs at least one");
+  int64_t base = rows / n, extra = rows % n;
+  int64_t begin = k * base + std::min<int64_t>(k, extra);
+  return std::make_pair(begin, begin + base + (k < extra ? 1 : 0));
+}
+
+}  // namespace glint

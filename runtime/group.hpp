@@ -1,0 +1,282 @@
+#pragma once
+/// `glint::Group<Handle>`: one handle over all ranks of a device group.
+///
+///   auto g = Group<probe_actor>::spawn(rt, "model", "glint.probe", slots);
+///   Future<double> loss = g->call<Collect::mean>(Dispatch::slice_dp, fwd_atom_v, batch);
+///
+/// A call sends one request per addressed rank through the runtime's caller
+/// actor and returns at once with a Future. Every request has a timeout
+/// (`with_timeout`, default Options::call_timeout). A rank that answers with
+/// an error, times out, or dies (its node process was killed, its connection
+/// broke) fails the whole call at once with an error that names the rank, its
+/// group and its node; the other ranks' late answers are dropped. A Group is
+/// a cheap, copyable view; the Runtime owns the actors.
+
+#include "runtime/dispatch.hpp"
+#include "runtime/runtime.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/response_type.hpp>
+#include <caf/send.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace glint {
+
+namespace detail {
+
+template <class V, class Out>
+struct Gather {
+  std::mutex mx;
+  std::vector<std::optional<V>> results;
+  size_t remaining = 0;
+  bool done = false;
+  std::shared_ptr<FutureState<Out>> out;
+  std::function<Result<Out>(std::vector<V>&&)> finish;
+
+  void ok(size_t i, V v) {
+    std::vector<V> all;
+    {
+      std::lock_guard<std::mutex> guard{mx};
+      if (done) return;
+      results[i] = std::move(v);
+      if (--remaining > 0) return;
+      done = true;
+      all.reserve(results.size());
+      for (auto& r : results) all.push_back(std::move(*r));
+    }
+    out->set(finish(std::move(all)));
+  }
+
+  void fail(caf::error e) {
+    {
+      std::lock_guard<std::mutex> guard{mx};
+      if (done) return;
+      done = true;
+    }
+    out->set(std::move(e));
+  }
+};
+
+/// Phrase the death of a rank's actor as an `unavailable` error.
+caf::error rank_down_error(const std::string& label, const caf::error& reason);
+
+template <class Handle, class... Ts>
+struct call_result {
+  using outputs = caf::response_type_t<typename Handle::signatures, std::decay_t<Ts>...>;
+  static_assert(caf::detail::tl_size<outputs>::value <= 1, "glint calls return at most one value");
+  using type = std::conditional_t<caf::detail::tl_size<outputs>::value == 0, void, caf::detail::tl_head_t<outputs>>;
+};
+
+}  // namespace detail
+
+template <class Handle>
+class Group {
+public:
+  /// One rank. The group holds its actor weakly: the Runtime owns the
+  /// actors, so a Group kept past `shutdown()` cannot keep them alive (CAF
+  /// waits for every detached actor to be released at exit).
+  struct Rank {
+    caf::weak_actor_ptr actor;
+    RankContext ctx;
+    std::string label;  ///< "rank 1 of group 'model' on node 1 (host, pid 42)"
+    /// A strong handle, or an invalid one once the actor is gone. Do not keep
+    /// it past `Runtime::shutdown()`.
+    Handle handle() const { return caf::actor_cast<Handle>(actor.lock()); }
+  };
+
+  Group() = default;
+
+  /// Spawns one actor of registered type `type` per slot; rank i gets a
+  /// RankContext built from slots[i], then `args...`. On failure, the ranks
+  /// already spawned are stopped.
+  template <class... Args>
+  static Result<Group> spawn(Runtime& rt, std::string name, const std::string& type, std::vector<RankSlot> slots,
+                             const Args&... args) {
+    if (slots.empty())
+      return make_error(errc::invalid_argument, "group '" + name + "' has no ranks; give it at least one");
+    auto ranks = std::make_shared<std::vector<Rank>>();
+    int world = static_cast<int>(slots.size());
+    for (int r = 0; r < world; ++r) {
+      const auto& s = slots[static_cast<size_t>(r)];
+      RankContext ctx{name, r, world, s.node, s.device, s.cpus, s.dp_rank, s.dp_size};
+      auto h = rt.spawn<Handle>(s.node, type, caf::make_message(ctx, args...));
+      if (!h) {
+        for (auto& done : *ranks) caf::anon_send_exit(done.handle(), caf::exit_reason::user_shutdown);
+        return with_context(h.error(), "rank " + std::to_string(r) + " of group '" + name + "'");
+      }
+      auto label = "rank " + std::to_string(r) + " of group '" + name + "' on " + rt.node(s.node).describe();
+      auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
+      ranks->push_back(Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label)});
+    }
+    Group g;
+    g.rt_ = &rt;
+    g.name_ = std::move(name);
+    g.ranks_ = std::move(ranks);
+    g.timeout_ = rt.options().call_timeout;
+    return g;
+  }
+
+  const std::string& name() const { return name_; }
+  int size() const { return ranks_ ? static_cast<int>(ranks_->size()) : 0; }
+  const Rank& rank(int r) const { return ranks_->at(static_cast<size_t>(r)); }
+  Handle handle(int r) const { return rank(r).handle(); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// The same group with another per-call timeout.
+  Group with_timeout(std::chrono::milliseconds t) const {
+    Group g = *this;
+    g.timeout_ = t;
+    return g;
+  }
+
+  /// Calls the ranks chosen by `d` with `xs...` and folds the answers by `C`.
+  template <Collect C = Collect::none, class... Ts>
+  auto call(Dispatch d, const Ts&... xs) const {
+    using R = typename detail::call_result<Handle, Ts...>::type;
+    using V = std::conditional_t<std::is_void_v<R>, caf::unit_t, R>;
+    using Out = detail::collected_t<C, V>;
+    using FutOut = std::conditional_t<std::is_same_v<Out, caf::unit_t>, void, Out>;
+    static_assert(!(std::is_void_v<R> && C != Collect::none && C != Collect::first),
+                  "this call answers nothing; use Collect::none");
+    if (!ranks_ || ranks_->empty())
+      return Future<FutOut>::ready_with(make_error(errc::failed_precondition, "call on an empty group"));
+    std::vector<int> targets;
+    if (d == Dispatch::first) targets = {0};
+    else
+      for (int r = 0; r < size(); ++r) targets.push_back(r);
+    // Build every rank's arguments first, so a bad slice fails before anything is sent.
+    std::vector<std::tuple<std::decay_t<Ts>...>> per_rank;
+    per_rank.reserve(targets.size());
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const auto& ctx = rank(targets[k]).ctx;
+      int part = d == Dispatch::slice_dp ? ctx.dp_rank : static_cast<int>(k);
+      int parts = d == Dispatch::slice_dp ? ctx.dp_size : static_cast<int>(targets.size());
+      caf::error err;
+      auto pick = [&](const auto& x) {
+        using X = std::decay_t<decltype(x)>;
+        if (d == Dispatch::all || d == Dispatch::first) return X{x};
+        auto p = detail::part_of(x, part, parts);
+        if (!p) {
+          if (!err) err = p.error();
+          return X{};
+        }
+        return std::move(*p);
+      };
+      std::tuple<std::decay_t<Ts>...> args{pick(xs)...};
+      if (!err && ctx.node != 0) err = check_size(args, rank(targets[k]));
+      if (err)
+        return Future<FutOut>::ready_with(with_context(err, "dispatch " + std::string{to_string(d)} + " to " +
+                                                                rank(targets[k]).label));
+      per_rank.push_back(std::move(args));
+    }
+    auto g = std::make_shared<detail::Gather<V, FutOut>>();
+    g->results.resize(targets.size());
+    g->remaining = targets.size();
+    g->out = std::make_shared<detail::FutureState<FutOut>>();
+    g->finish = [](std::vector<V>&& vs) -> Result<FutOut> {
+      if constexpr (std::is_void_v<FutOut>) {
+        return {};
+      } else {
+        return detail::collect<C, V>(std::move(vs));
+      }
+    };
+    for (size_t k = 0; k < targets.size(); ++k) send_one<R, V>(rank(targets[k]), k, std::move(per_rank[k]), g);
+    return Future<FutOut>(g->out);
+  }
+
+  /// Calls one rank.
+  template <class... Ts>
+  auto call_rank(int r, const Ts&... xs) const {
+    using R = typename detail::call_result<Handle, Ts...>::type;
+    using V = std::conditional_t<std::is_void_v<R>, caf::unit_t, R>;
+    using FutOut = R;
+    if (!ranks_ || r < 0 || r >= size())
+      return Future<FutOut>::ready_with(make_error(errc::invalid_argument, "group '" + name_ + "' has no rank " +
+                                                                               std::to_string(r)));
+    auto g = std::make_shared<detail::Gather<V, FutOut>>();
+    g->results.resize(1);
+    g->remaining = 1;
+    g->out = std::make_shared<detail::FutureState<FutOut>>();
+    g->finish = [](std::vector<V>&& vs) -> Result<FutOut> {
+      if constexpr (std::is_void_v<FutOut>) return {};
+      else return std::move(vs.front());
+    };
+    std::tuple<std::decay_t<Ts>...> args{xs...};
+    if (rank(r).ctx.node != 0)
+      if (auto err = check_size(args, rank(r))) return Future<FutOut>::ready_with(std::move(err));
+    send_one<R, V>(rank(r), 0, std::move(args), g);
+    return Future<FutOut>(g->out);
+  }
+
+  /// Stops every rank of the group.
+  void stop() const {
+    if (!ranks_) return;
+    for (auto& r : *ranks_) caf::anon_send_exit(r.handle(), caf::exit_reason::user_shutdown);
+  }
+
+private:
+  /// Refuses a message to another process that its decoder would reject.
+  template <class Tuple>
+  caf::error check_size(const Tuple& args, const Rank& target) const {
+    uint64_t bytes = std::apply([](const auto&... xs) { return (uint64_t{0} + ... + detail::payload_bytes(xs)); }, args);
+    auto limit = rt_->options().max_message_bytes;
+    if (bytes <= limit) return caf::none;
+    return make_error(errc::resource_exhausted, "a message of " + std::to_string(bytes) + " bytes to " + target.label +
+                                                    " exceeds the limit of " + std::to_string(limit) +
+                                                    " bytes (Options::max_message_bytes); send it in smaller parts");
+  }
+
+  template <class R, class V, class Tuple, class G>
+  void send_one(const Rank& target, size_t slot, Tuple args, std::shared_ptr<G> g) const {
+    auto timeout = timeout_;
+    auto label = target.label;
+    auto handle = target.handle();
+    if (!handle) {
+      g->fail(make_error(errc::unavailable, label + " is gone: its actor stopped or the runtime shut down"));
+      return;
+    }
+    rt_->post(detail::CallThunk{[=, args = std::move(args)](detail::caller_actor* self) {
+      auto addr = handle.address();
+      auto id = self->state.track(self, addr,
+                                  [g, label](const caf::error& why) { g->fail(detail::rank_down_error(label, why)); });
+      if (id == 0) return;
+      auto on_error = [=](caf::error& e) {
+        self->state.untrack(addr, id);
+        if (e == caf::sec::request_receiver_down) g->fail(detail::rank_down_error(label, e));
+        else g->fail(with_context(e, label));
+      };
+      std::apply(
+          [&](const auto&... xs) {
+            if constexpr (std::is_void_v<R>) {
+              self->request(handle, timeout, xs...).then(
+                  [=]() {
+                    self->state.untrack(addr, id);
+                    g->ok(slot, caf::unit);
+                  },
+                  on_error);
+            } else {
+              self->request(handle, timeout, xs...).then(
+                  [=](R& r) {
+                    self->state.untrack(addr, id);
+                    g->ok(slot, std::move(r));
+                  },
+                  on_error);
+            }
+          },
+          args);
+    }});
+  }
+
+  Runtime* rt_ = nullptr;
+  std::string name_;
+  std::shared_ptr<const std::vector<Rank>> ranks_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
+};
+
+}  // namespace glint

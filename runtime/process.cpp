@@ -1,0 +1,126 @@
+#include "runtime/process.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace glint {
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_), exit_code_(other.exit_code_) {
+  other.pid_ = -1;
+}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+  if (this != &other) {
+    this->~ChildProcess();
+    pid_ = other.pid_;
+    exit_code_ = other.exit_code_;
+    other.pid_ = -1;
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0 && !exit_code_) {
+    ::kill(pid_, SIGKILL);
+    poll(true);
+  }
+}
+
+Result<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
+                                         const std::map<std::string, std::string>& env) {
+  if (argv.empty()) return make_error(errc::invalid_argument, "no program to start");
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv{*e};
+    auto eq = kv.find('=');
+    if (eq != std::string_view::npos) merged[std::string{kv.substr(0, eq)}] = std::string{kv.substr(eq + 1)};
+  }
+  for (const auto& [k, v] : env) merged[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawnp(&pid, argv[0].c_str(), nullptr, nullptr, cargv.data(), cenv.data());
+  if (rc != 0)
+    return make_error(errc::not_found, "cannot start '" + argv[0] + "': " + std::strerror(rc));
+  return ChildProcess{pid};
+}
+
+std::optional<int> ChildProcess::poll(bool block) {
+  if (exit_code_ || pid_ <= 0) return exit_code_;
+  int status = 0;
+  pid_t r;
+  do {
+    r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == pid_) {
+    if (WIFEXITED(status)) exit_code_ = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status)) exit_code_ = 128 + WTERMSIG(status);
+    else exit_code_ = -1;
+  } else if (r < 0) {
+    exit_code_ = -1;
+  }
+  return exit_code_;
+}
+
+bool ChildProcess::running() { return pid_ > 0 && !poll(false); }
+
+void ChildProcess::signal(int sig) {
+  if (pid_ > 0 && !exit_code_) ::kill(pid_, sig);
+}
+
+std::optional<int> ChildProcess::wait_for(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (auto c = poll(false)) return c;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int ChildProcess::wait() {
+  auto c = poll(true);
+  return c ? *c : -1;
+}
+
+std::string self_executable() {
+  char buf[PATH_MAX];
+  auto n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return {};
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+Result<uint16_t> pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return make_error(errc::unavailable, std::string{"cannot open a socket: "} + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return make_error(errc::unavailable, std::string{"cannot find a free port: "} + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace glint

@@ -1,0 +1,55 @@
+#pragma once
+/// Starting and watching child processes: how `glint run` starts the
+/// processes of a cluster job, and how tests start node processes.
+
+#include "runtime/error.hpp"
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace glint {
+
+class ChildProcess {
+public:
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  /// Kills the child (SIGKILL) if it still runs, and reaps it.
+  ~ChildProcess();
+
+  /// Starts `argv[0]` (searched in PATH) with `argv`, this process's
+  /// environment plus `env` (which overrides).
+  static Result<ChildProcess> start(const std::vector<std::string>& argv,
+                                    const std::map<std::string, std::string>& env = {});
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  /// Sends a signal; no-op once the child is reaped.
+  void signal(int sig);
+  /// Waits up to `timeout` for the child to exit; its exit code (128 + signal
+  /// when killed by one), or nullopt if still running.
+  std::optional<int> wait_for(std::chrono::milliseconds timeout);
+  /// Waits without limit.
+  int wait();
+
+private:
+  explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  std::optional<int> poll(bool block);
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+/// The path of the running executable (/proc/self/exe).
+std::string self_executable();
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+Result<uint16_t> pick_free_port();
+
+}  // namespace glint

@@ -1,0 +1,160 @@
+#pragma once
+/// `glint::Runtime`: the actor system of one driver process, in local or
+/// cluster mode, and the entry points that start it.
+///
+/// Local mode: every actor lives in this process. Cluster mode: this process
+/// (process rank 0) is the driver and node 0; the other processes of the job,
+/// started by `glint run`, torchrun or srun from the same binary, call
+/// `serve_node` (through `run_main`), register with the driver over CAF's
+/// middleman and host the actors the driver spawns on them with
+/// `remote_spawn`. Handles to actors are the same type in both modes, so the
+/// same driver code runs in either.
+///
+/// Ownership: the Runtime owns the CAF actor system and every actor spawned
+/// through it. `shutdown()` (also run by the destructor) stops all of them and
+/// releases the node processes; CAF waits for every actor at exit, so nothing
+/// spawned through glint can make the process hang. Thread-safe: calls may come
+/// from any thread.
+
+#include "runtime/error.hpp"
+#include "runtime/future.hpp"
+#include "runtime/options.hpp"
+#include "runtime/registry.hpp"
+#include "runtime/types.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/message.hpp>
+#include <caf/node_id.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace glint {
+
+/// One process of the job as the driver sees it.
+struct NodeInfo {
+  int index = 0;  ///< process rank; 0 is the driver
+  NodeHello hello;
+  caf::node_id id;
+  caf::actor agent;        ///< the node's agent (invalid for node 0)
+  bool lost = false;       ///< the process exited or its connection broke
+  std::string lost_reason;
+  /// "node 1 (host, pid 4242)".
+  std::string describe() const;
+};
+
+namespace detail {
+struct CallerState;
+using caller_actor = caf::stateful_actor<CallerState>;
+
+/// Work for the caller actor: sends a request and routes its answer into a
+/// future. A thunk runs on the caller's thread, never on the driver's.
+struct CallThunk {
+  std::function<void(caller_actor*)> fn;
+};
+
+/// The caller actor's bookkeeping: outstanding calls by target, so that the
+/// death of a target fails them at once instead of waiting for their timeout.
+struct CallerState {
+  uint64_t next_id = 0;
+  std::map<caf::actor_addr, std::map<uint64_t, std::function<void(const caf::error&)>>> pending;
+  std::set<caf::actor_addr> monitored;
+  std::map<caf::actor_addr, caf::error> down;
+  static inline const char* name = "glint.caller";
+
+  /// Registers a call to `target`; `fail` runs if the target dies first.
+  /// Returns 0 if the target is already known dead (and calls `fail` at once).
+  uint64_t track(caller_actor* self, const caf::actor_addr& target, std::function<void(const caf::error&)> fail);
+  void untrack(const caf::actor_addr& target, uint64_t id);
+};
+}  // namespace detail
+
+class Runtime {
+public:
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Mode mode() const { return opts_.mode; }
+  const Options& options() const { return opts_; }
+  caf::actor_system& system() { return *sys_; }
+
+  /// Processes in the job (1 in local mode).
+  int num_nodes() const;
+  NodeInfo node(int index) const;
+  std::vector<NodeInfo> nodes() const;
+  /// The node index of a CAF node id, or -1.
+  int node_of(const caf::node_id& id) const;
+
+  /// Spawns an actor of registered type `type` on node `node` (locally, or
+  /// with CAF's remote_spawn). `args` are the arguments after the actor's
+  /// `self` (a RankContext first, for glint actors). The interface of the
+  /// registered type must match `Handle`.
+  template <class Handle>
+  Result<Handle> spawn(int node, const std::string& type, caf::message args) {
+    auto target = prepare_spawn(node, type);
+    if (!target) return target.error();
+    caf::expected<Handle> res{Handle{}};
+    if (node == 0)
+      res = sys_->spawn<Handle>(type, std::move(args));
+    else
+      res = sys_->middleman().remote_spawn<Handle>(target->id, type, std::move(args),
+                                                   caf::duration{opts_.spawn_timeout});
+    if (!res) return spawn_failed(*target, type, res.error());
+    remember(caf::actor_cast<caf::actor>(*res));
+    return res;
+  }
+
+  /// Hands work to the caller actor (used by Group to make requests).
+  void post(detail::CallThunk thunk);
+
+  /// Named service actors of upper layers (e.g. "placement"), so they live
+  /// and die with this runtime.
+  caf::actor service(const std::string& name) const;
+  void set_service(const std::string& name, caf::actor a);
+
+  /// Stops every actor, releases node processes, waits for them. Idempotent.
+  void shutdown();
+
+  struct Impl;
+
+private:
+  Result<NodeInfo> prepare_spawn(int node, const std::string& type);
+  caf::error spawn_failed(const NodeInfo& node, const std::string& type, const caf::error& err);
+  void remember(caf::actor a);
+
+  friend Result<std::unique_ptr<Runtime>> initialize(Options opts);
+  explicit Runtime(Options opts);
+  Options opts_;
+  std::unique_ptr<caf::actor_system_config> cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Starts the driver's runtime. In cluster mode (process rank 0) it listens on
+/// the master port and waits, up to `connect_timeout`, for every node process
+/// to register; the error lists the ones that did not. Remote mode answers
+/// `unimplemented` until the remote service exists. In a node process
+/// (rank > 0) this is `failed_precondition`: use `run_main` or `serve_node`.
+Result<std::unique_ptr<Runtime>> initialize(Options opts = {});
+
+/// Runs a node process: registers with the driver and hosts the actors it
+/// spawns here until the driver shuts down (exit code 0) or is lost (1).
+int serve_node(const Options& opts);
+
+/// The usual `main` of a glint driver: reads Options from the environment
+/// (cluster mode when started by `glint run`), serves as a node process when
+/// this process is not rank 0, else starts the runtime and calls `driver`.
+/// `configure` may adjust the options first. Returns the exit code.
+int run_main(std::function<int(Runtime&)> driver, std::function<void(Options&)> configure = {});
+
+}  // namespace glint
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(glint::detail::CallThunk)

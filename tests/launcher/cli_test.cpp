@@ -1,0 +1,82 @@
+// The glint binary as a user meets it: help, bad input, a cluster job.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  std::string cmd = std::string{GLINT_BINARY} + " " + args + " 2>&1";
+  Run r{-1, {}};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  while (auto n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Cli, HelpListsTheSubcommands) {
+  auto r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (auto* s : {"run", "info", "demo", "bench"}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
+}
+
+TEST(Cli, InfoShowsTheMachine) {
+  auto r = run("info");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("core"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("glint.probe"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InfoPlansAConfigAndExplainsARefusal) {
+  auto path = ::testing::TempDir() + "job.toml";
+  std::ofstream{path} << "[[group]]\nname = \"model\"\nranks = 2\n[[group]]\nname = \"sampler\"\nranks = 1\n"
+                         "device_type = \"cuda\"\n";
+  auto r = run("info --config " + path + " --nproc 2");
+  EXPECT_EQ(r.code, 3) << r.out;  // no GPU here: the sampler group is refused
+  EXPECT_NE(r.out.find("group 'sampler' needs 1 cuda devices"), std::string::npos) << r.out;
+  std::ofstream{path} << "[[group]]\nname = \"model\"\nranks = 2\nmesh = { dp = 2 }\n";
+  auto ok = run("info --config " + path + " --nproc 2");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("rank 1 -> node 1"), std::string::npos) << ok.out;
+}
+
+TEST(Cli, MalformedConfigIsAClearError) {
+  auto path = ::testing::TempDir() + "bad.toml";
+  std::ofstream{path} << "[[group]\n";
+  auto r = run("info --config " + path);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("malformed TOML"), std::string::npos) << r.out;
+}
+
+TEST(Cli, RunWithoutACommandSaysHow) {
+  auto r = run("run --nproc 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("command"), std::string::npos) << r.out;
+  auto z = run("run --nproc 0 -- true");
+  EXPECT_NE(z.code, 0);
+  EXPECT_NE(z.out.find("--nproc must be at least 1"), std::string::npos) << z.out;
+}
+
+TEST(Cli, DemoRunsInLocalAndClusterMode) {
+  auto local = run("demo --steps 5");
+  EXPECT_EQ(local.code, 0) << local.out;
+  EXPECT_NE(local.out.find("local mode"), std::string::npos) << local.out;
+  EXPECT_NE(local.out.find("-> ok"), std::string::npos) << local.out;
+  auto cluster = run("run --nproc 2 -- " + std::string{GLINT_BINARY} + " demo --steps 5");
+  EXPECT_EQ(cluster.code, 0) << cluster.out;
+  EXPECT_NE(cluster.out.find("cluster mode, 2 processes"), std::string::npos) << cluster.out;
+  EXPECT_NE(cluster.out.find("-> ok"), std::string::npos) << cluster.out;
+}
+
+}  // namespace

@@ -1,0 +1,71 @@
+// Killing a node process fails pending and new calls to its ranks within
+// 5 s with `unavailable` naming the node; the driver keeps working and shuts
+// down cleanly.
+#include "actors/probe.hpp"
+#include "placement/service.hpp"
+#include "runtime/group.hpp"
+#include "support/cluster.hpp"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+namespace glint {
+namespace {
+
+using namespace std::chrono_literals;
+using actors::probe_actor;
+
+TEST(NodeLoss, PendingAndNewCallsFailFastNamingTheNode) {
+  auto job = testing::TestJob::start(Mode::cluster, 3);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  {
+    auto svc = placement::service(rt, {.strategy = placement::Strategy::spread});
+    ASSERT_TRUE(svc) << describe(svc.error());
+  }
+  auto g = placement::spawn_group<probe_actor>(rt, placement::DeviceGroup::of("probe", 3), actors::probe_type);
+  ASSERT_TRUE(g) << describe(g.error());
+  ASSERT_EQ(g->rank(1).ctx.node, 1);
+  ASSERT_EQ(g->rank(2).ctx.node, 2);
+
+  // A long call in flight on node 1, then node 1 dies.
+  auto pending = g->call_rank(1, actors::sleep_atom::value, int64_t{30'000});
+  std::this_thread::sleep_for(100ms);
+  auto killed_at = std::chrono::steady_clock::now();
+  job->nodes[0].signal(SIGKILL);
+  ASSERT_TRUE(pending.wait_for(5s)) << "the pending call did not fail within 5 s";
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 5s);
+  auto r = pending.get();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::unavailable);
+  auto text = describe(r.error());
+  EXPECT_NE(text.find("node 1 ("), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 of group 'probe'"), std::string::npos) << text;
+
+  // New calls to the lost rank fail at once; a whole-group call fails naming it.
+  auto start = std::chrono::steady_clock::now();
+  auto again = g->call_rank(1, actors::echo_atom::value, int64_t{1}).get();
+  ASSERT_FALSE(again);
+  EXPECT_EQ(code_of(again.error()), errc::unavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  auto all = g->call<Collect::flatten>(Dispatch::all, actors::echo_atom::value, int64_t{1}).get();
+  ASSERT_FALSE(all);
+  EXPECT_NE(describe(all.error()).find("node 1 ("), std::string::npos) << describe(all.error());
+
+  // The other ranks, local and remote, still serve.
+  EXPECT_TRUE(g->call_rank(0, actors::echo_atom::value, int64_t{2}).get());
+  EXPECT_TRUE(g->call_rank(2, actors::echo_atom::value, int64_t{3}).get());
+
+  // Spawning on the lost node is refused with its name.
+  auto spawn = rt.spawn<probe_actor>(1, actors::probe_type, caf::make_message(RankContext{}));
+  ASSERT_FALSE(spawn);
+  EXPECT_NE(describe(spawn.error()).find("was lost"), std::string::npos) << describe(spawn.error());
+
+  rt.shutdown();
+  EXPECT_EQ(job->nodes[1].wait_for(10s), std::optional<int>{0});
+  EXPECT_EQ(job->nodes[0].wait_for(1s), std::optional<int>{128 + SIGKILL});
+}
+
+}  // namespace
+}  // namespace glint

@@ -43,9 +43,10 @@ public:
 
   template <class R, class Self, class... Args>
   void add(std::string name, R (*fn)(Self, RankContext, Args...), ActorOptions opts = {}) {
-    auto wrapped = [fn](Self self, RankContext ctx, Args... xs) -> R {
-      // Runs on the actor's own thread before its first message.
-      (void)bind_current_thread(ctx.cpus);
+    auto wrapped = [fn, opts](Self self, RankContext ctx, Args... xs) -> R {
+      // Runs on the actor's own thread before its first message. A scheduled
+      // actor shares CAF's worker threads, so only a detached one is bound.
+      if (opts.detached) (void)bind_current_thread(ctx.cpus);
       return fn(self, std::move(ctx), std::move(xs)...);
     };
     std::lock_guard<std::mutex> guard{mx_};

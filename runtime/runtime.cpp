@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 namespace glint {
@@ -43,6 +44,13 @@ std::unique_ptr<caf::actor_system_config> make_config(const Options& opts) {
     cfg->set("middleman.connection-timeout", caf::timespan{std::max<std::chrono::milliseconds>(4 * opts.heartbeat, 2s)});
   }
   if (opts.threads > 0) cfg->set("scheduler.max-threads", static_cast<size_t>(opts.threads));
+  // CAF's work-stealing workers back off to 10 ms sleeps when idle, which
+  // caps a call-and-wait loop at ~100 calls/s per idle period. Back off to
+  // short sleeps instead: idle workers cost little, and a call that arrives
+  // at an idle runtime is picked up within tens of microseconds.
+  cfg->set("work-stealing.moderate-sleep-duration", caf::timespan{std::chrono::microseconds(20)});
+  cfg->set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::microseconds(200)});
+  if (const char* p = std::getenv("GLINT_SCHEDULER"); p && *p) cfg->set("scheduler.policy", caf::atom_from_string(p));
   cfg->set("logger.verbosity", caf::atom("quiet"));
   cfg->set("logger.console", caf::atom("none"));
   cfg->add_message_type<Tensor>("glint.tensor");

@@ -1,4 +1,5 @@
 #include "actors/probe.hpp"
+#include "runtime/text.hpp"
 #include "launcher/commands.hpp"
 #include "launcher/progress.hpp"
 #include "placement/service.hpp"
@@ -27,8 +28,7 @@ int demo(const DemoArgs& args) {
     auto where = g->call<Collect::flatten>(Dispatch::all, actors::where_atom::value).get();
     if (!where) return fail(where.error());
     for (const auto& w : *where) {
-      std::string cpus;
-      for (int c : w.bound_cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+      auto cpus = join(w.bound_cpus, ",");
       std::printf("  rank %d: node %d (%s, pid %d), cpus %s, dp %d/%d\n", w.ctx.rank, w.ctx.node, w.host.c_str(), w.pid,
                   cpus.c_str(), w.ctx.dp_rank, w.ctx.dp_size);
     }

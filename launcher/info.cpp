@@ -1,4 +1,5 @@
 #include "actors/probe.hpp"
+#include "runtime/text.hpp"
 #include "components/version.hpp"
 #include "launcher/commands.hpp"
 #include "placement/config.hpp"
@@ -29,8 +30,7 @@ int info(const InfoArgs& args) {
     return 1;
   }
   std::printf("machine %s\n", topo->describe().c_str());
-  std::string types;
-  for (auto& n : ActorTypes::global().names()) types += (types.empty() ? "" : ", ") + n;
+  auto types = join(ActorTypes::global().names());
   std::printf("actor types: %s\n", types.c_str());
 
   if (!args.config.empty()) {
@@ -72,8 +72,7 @@ int info(const InfoArgs& args) {
       std::printf("\nprobes (%s mode, %d process%s):\n", std::string{to_string(rt.mode())}.c_str(), n,
                   n == 1 ? "" : "es");
       for (const auto& w : *where) {
-        std::string cpus;
-        for (int c : w.bound_cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+        auto cpus = join(w.bound_cpus, ",");
         std::printf("  rank %d on node %d: %s pid %d, bound to cpus %s\n", w.ctx.rank, w.ctx.node, w.host.c_str(),
                     w.pid, cpus.c_str());
       }

@@ -1,4 +1,5 @@
 #include "placement/plan.hpp"
+#include "runtime/text.hpp"
 
 #include <algorithm>
 #include <set>
@@ -75,8 +76,7 @@ Result<std::vector<RankSlot>> Planner::place_cuda(const DeviceGroup& g) {
     if (nfree != all.size()) {
       std::set<std::string> owners;
       for (const auto& [k, owner] : gpu_owner_) owners.insert("'" + owner + "'");
-      std::string who;
-      for (const auto& o : owners) who += (who.empty() ? "" : ", ") + o;
+      auto who = join(owners);
       msg += " (" + std::to_string(nfree) + " free; the rest belong to group" + (owners.size() == 1 ? " " : "s ") + who + ")";
     }
     return make_error(errc::resource_exhausted, msg);
@@ -214,8 +214,7 @@ std::string describe_plan(const ClusterResources& nodes, const std::vector<Group
            std::string{to_string(g.group.device_type)} + " ranks, mesh " + g.mesh.describe() + "\n";
     for (size_t r = 0; r < i->second.size(); ++r) {
       const auto& s = i->second[r];
-      std::string cpus;
-      for (int c : s.cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+      auto cpus = join(s.cpus, ",");
       out += "  rank " + std::to_string(r) + " -> node " + std::to_string(s.node) + " (" +
              nodes[static_cast<size_t>(s.node)].host + ")" +
              (s.device >= 0 ? ", cuda:" + std::to_string(s.device) : std::string{", cpu"}) + ", cpus " +

@@ -1,4 +1,5 @@
 #include "placement/topology.hpp"
+#include "runtime/text.hpp"
 
 #include <hwloc.h>
 #include <unistd.h>
@@ -21,10 +22,10 @@ std::string MachineTopology::describe() const {
                     std::to_string(num_pus()) + " hardware thread" + (num_pus() == 1 ? "" : "s") + ", " +
                     std::to_string(gpus.size()) + " GPU" + (gpus.size() == 1 ? "" : "s");
   for (int n = 0; n < numa_nodes; ++n) {
-    std::string pus;
+    std::vector<int> ids;
     for (const auto& c : cores)
-      if (c.numa == n)
-        for (int p : c.pus) pus += (pus.empty() ? "" : ",") + std::to_string(p);
+      if (c.numa == n) ids.insert(ids.end(), c.pus.begin(), c.pus.end());
+    auto pus = join(ids, ",");
     out += "\n  numa " + std::to_string(n) + ": cpus " + (pus.empty() ? std::string{"-"} : pus);
   }
   for (const auto& g : gpus)

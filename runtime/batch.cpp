@@ -1,4 +1,5 @@
 #include "runtime/batch.hpp"
+#include "runtime/text.hpp"
 
 namespace glint {
 
@@ -68,8 +69,9 @@ Result<Batch> Batch::concat(std::span<const Batch> parts) {
 
 Result<Tensor> Batch::tensor(const std::string& name) const {
   if (auto i = tensors.find(name); i != tensors.end()) return i->second;
-  std::string keys;
-  for (const auto& [k, t] : tensors) keys += (keys.empty() ? "" : ", ") + k;
+  std::vector<std::string> names;
+  for (const auto& [k, t] : tensors) names.push_back(k);
+  auto keys = join(names);
   return make_error(errc::not_found, "batch has no tensor '" + name + "' (it has: " +
                                        (keys.empty() ? std::string{"none"} : keys) + ")");
 }

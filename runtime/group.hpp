@@ -63,6 +63,20 @@ struct Gather {
   }
 };
 
+/// The shared state of one call over `n` ranks, folding answers by policy C.
+template <Collect C, class V, class Out>
+std::shared_ptr<Gather<V, Out>> make_gather(size_t n) {
+  auto g = std::make_shared<Gather<V, Out>>();
+  g->results.resize(n);
+  g->remaining = n;
+  g->out = std::make_shared<FutureState<Out>>();
+  g->finish = [](std::vector<V>&& vs) -> Result<Out> {
+    if constexpr (std::is_void_v<Out>) return {};
+    else return collect<C, V>(std::move(vs));
+  };
+  return g;
+}
+
 /// Phrase the death of a rank's actor as an `unavailable` error.
 caf::error rank_down_error(const std::string& label, const caf::error& reason);
 
@@ -175,17 +189,7 @@ public:
                                                                 rank(targets[k]).label));
       per_rank.push_back(std::move(args));
     }
-    auto g = std::make_shared<detail::Gather<V, FutOut>>();
-    g->results.resize(targets.size());
-    g->remaining = targets.size();
-    g->out = std::make_shared<detail::FutureState<FutOut>>();
-    g->finish = [](std::vector<V>&& vs) -> Result<FutOut> {
-      if constexpr (std::is_void_v<FutOut>) {
-        return {};
-      } else {
-        return detail::collect<C, V>(std::move(vs));
-      }
-    };
+    auto g = detail::make_gather<C, V, FutOut>(targets.size());
     for (size_t k = 0; k < targets.size(); ++k) send_one<R, V>(rank(targets[k]), k, std::move(per_rank[k]), g);
     return Future<FutOut>(g->out);
   }
@@ -199,17 +203,10 @@ public:
     if (!ranks_ || r < 0 || r >= size())
       return Future<FutOut>::ready_with(make_error(errc::invalid_argument, "group '" + name_ + "' has no rank " +
                                                                                std::to_string(r)));
-    auto g = std::make_shared<detail::Gather<V, FutOut>>();
-    g->results.resize(1);
-    g->remaining = 1;
-    g->out = std::make_shared<detail::FutureState<FutOut>>();
-    g->finish = [](std::vector<V>&& vs) -> Result<FutOut> {
-      if constexpr (std::is_void_v<FutOut>) return {};
-      else return std::move(vs.front());
-    };
     std::tuple<std::decay_t<Ts>...> args{xs...};
     if (rank(r).ctx.node != 0)
       if (auto err = check_size(args, rank(r))) return Future<FutOut>::ready_with(std::move(err));
+    auto g = detail::make_gather<Collect::first, V, FutOut>(1);
     send_one<R, V>(rank(r), 0, std::move(args), g);
     return Future<FutOut>(g->out);
   }

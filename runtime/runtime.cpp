@@ -1,4 +1,5 @@
 #include "runtime/runtime.hpp"
+#include "runtime/text.hpp"
 
 #include "runtime/batch.hpp"
 #include "runtime/tensor.hpp"
@@ -10,7 +11,6 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <thread>
 
 namespace glint {
@@ -50,7 +50,6 @@ std::unique_ptr<caf::actor_system_config> make_config(const Options& opts) {
   // at an idle runtime is picked up within tens of microseconds.
   cfg->set("work-stealing.moderate-sleep-duration", caf::timespan{std::chrono::microseconds(20)});
   cfg->set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::microseconds(200)});
-  if (const char* p = std::getenv("GLINT_SCHEDULER"); p && *p) cfg->set("scheduler.policy", caf::atom_from_string(p));
   cfg->set("logger.verbosity", caf::atom("quiet"));
   cfg->set("logger.console", caf::atom("none"));
   cfg->add_message_type<Tensor>("glint.tensor");
@@ -231,8 +230,7 @@ Result<NodeInfo> Runtime::prepare_spawn(int node, const std::string& type) {
   if (target.lost)
     return make_error(errc::unavailable, target.describe() + " was lost (" + target.lost_reason + ")");
   if (!ActorTypes::global().contains(type)) {
-    std::string names;
-    for (auto& n : ActorTypes::global().names()) names += (names.empty() ? "" : ", ") + n;
+    auto names = join(ActorTypes::global().names());
     return make_error(errc::not_found, "no actor type '" + type + "' is registered in this program (registered: " +
                                            (names.empty() ? std::string{"none"} : names) + ")");
   }
@@ -343,9 +341,10 @@ Result<std::unique_ptr<Runtime>> initialize(Options opts) {
   std::unique_lock<std::mutex> lock{impl->mx};
   bool all = impl->cv.wait_for(lock, opts.connect_timeout, [&] { return impl->registered == world; });
   if (!all) {
-    std::string missing;
+    std::vector<int> unregistered;
     for (auto& n : impl->nodes)
-      if (n.index > 0 && !n.agent) missing += (missing.empty() ? "" : ", ") + std::to_string(n.index);
+      if (n.index > 0 && !n.agent) unregistered.push_back(n.index);
+    auto missing = join(unregistered);
     lock.unlock();
     return make_error(errc::unavailable,
                       "node processes " + missing + " did not register within " +

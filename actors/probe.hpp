@@ -62,12 +62,17 @@ using probe_actor = caf::typed_actor<
     /// Always answers with an `aborted` error carrying the given text.
     caf::replies_to<fail_atom, std::string>::with<int64_t>>;
 
-/// The registered type name.
+/// The registered type name: a probe on a thread of its own, bound to its
+/// rank's cpus (as compute components run).
 inline constexpr const char* probe_type = "glint.probe";
+/// The same probe on CAF's shared scheduler (as cheap, message-bound
+/// components run): the lowest call latency, no cpu binding.
+inline constexpr const char* probe_scheduled_type = "glint.probe.scheduled";
 
 probe_actor::behavior_type probe(probe_actor::stateful_pointer<Tensor> self, RankContext ctx);
 
 GLINT_REGISTER_MESSAGE_TYPE(probe_info, ProbeInfo, "glint.probe_info");
 GLINT_REGISTER_ACTOR(probe, probe_type, probe);
+GLINT_REGISTER_ACTOR(probe_scheduled, probe_scheduled_type, probe, ActorOptions{.detached = false});
 
 }  // namespace glint::actors

@@ -1,6 +1,8 @@
 // glint bench actors: call latency and throughput of glint groups, local and
 // across processes, against raw CAF requests to the same actor in the same
-// run (the floor glint builds on). Prints `name: value` lines; every value is
+// run (what glint builds on) and, for the cluster transport, a bare TCP
+// ping-pong over loopback between two threads (the floor any socket
+// transport on this machine has). Prints `name: value` lines; every value is
 // the median of --repeats runs.
 #include "actors/probe.hpp"
 #include "runtime/group.hpp"
@@ -8,9 +10,16 @@
 
 #include <caf/scoped_actor.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <thread>
 
 namespace glint::bench {
 
@@ -30,6 +39,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+struct Lines;
+double lookup(const Lines& lines, const std::string& name);
+
 struct Lines {
   std::vector<std::pair<std::string, double>> out;
   void add(std::string name, double v) {
@@ -39,11 +51,63 @@ struct Lines {
   }
 };
 
+double lookup(const Lines& lines, const std::string& name) {
+  for (const auto& [n, v] : lines.out)
+    if (n == name) return v;
+  return 0;
+}
+
+// A 64-byte TCP ping-pong over loopback between this thread and an echo
+// thread: the round trip of the bare socket path, in microseconds (or -1).
+double tcp_loopback_rtt_us(int n) {
+  int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(server, 1) != 0 ||
+      ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (server >= 0) ::close(server);
+    return -1;
+  }
+  auto exchange = [](int fd, bool echo, int rounds) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[64] = {0};
+    for (int i = 0; i < rounds; ++i) {
+      if (!echo && ::send(fd, buf, sizeof(buf), 0) != sizeof(buf)) return false;
+      for (size_t got = 0; got < sizeof(buf);) {
+        auto r = ::recv(fd, buf + got, sizeof(buf) - got, 0);
+        if (r <= 0) return false;
+        got += static_cast<size_t>(r);
+      }
+      if (echo && ::send(fd, buf, sizeof(buf), 0) != sizeof(buf)) return false;
+    }
+    return true;
+  };
+  std::thread echo([&] {
+    int fd = ::accept(server, nullptr, nullptr);
+    if (fd >= 0) {
+      exchange(fd, true, n);
+      ::close(fd);
+    }
+  });
+  int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = client >= 0 && ::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  double s = ok ? seconds_of([&] { ok = exchange(client, false, n); }) : 0;
+  if (client >= 0) ::close(client);
+  if (!ok) ::shutdown(server, SHUT_RDWR);
+  echo.join();
+  ::close(server);
+  return ok ? s / n * 1e6 : -1;
+}
+
 // Measures one group (one rank) in the runtime; `suffix` is local or cluster.
 bool measure(Runtime& rt, const Group<probe_actor>& g, const std::string& suffix, int repeats, Lines& lines,
              bool with_tensor) {
-  const int rtt_calls = suffix == "local" ? 20000 : 5000;
-  const int batch_calls = suffix == "local" ? 100000 : 20000;
+  bool local = suffix.rfind("local", 0) == 0;
+  const int rtt_calls = local ? 20000 : 5000;
+  const int batch_calls = local ? 100000 : 20000;
   std::vector<double> rtt, caf_rtt, rate, gbps;
   caf::scoped_actor self{rt.system()};
   auto handle = g.handle(0);
@@ -86,21 +150,23 @@ bool measure(Runtime& rt, const Group<probe_actor>& g, const std::string& suffix
 
 }  // namespace
 
-int actors(int repeats) {
+int actors(int repeats, const std::string& modes) {
   Lines lines;
   std::printf("# glint bench actors: medians of %d runs; baseline caf_rtt_*: a raw CAF request to the same actor\n",
               repeats);
-  {
+  if (modes != "cluster") {
     Options opts;
     auto rt = initialize(opts);
     if (!rt) {
       std::fprintf(stderr, "glint bench actors: %s\n", describe(rt.error()).c_str());
       return 1;
     }
-    auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {RankSlot{}});
+    auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_scheduled_type, {RankSlot{}});
     if (!g || !measure(**rt, *g, "local", repeats, lines, false)) return 1;
+    auto d = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {RankSlot{}});
+    if (!d || !measure(**rt, *d, "local_detached", repeats, lines, false)) return 1;
   }
-  {
+  if (modes != "local") {
     auto port = pick_free_port();
     if (!port) return 1;
     Options opts;
@@ -124,6 +190,10 @@ int actors(int repeats) {
     remote.node = 1;
     auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {remote});
     if (!g || !measure(**rt, *g, "cluster", repeats, lines, true)) return 1;
+    std::vector<double> tcp;
+    for (int rep = 0; rep < repeats; ++rep) tcp.push_back(tcp_loopback_rtt_us(5000));
+    lines.add("tcp_rtt_loopback_us", median(tcp));
+    if (median(tcp) > 0) lines.add("actor_rtt_cluster_vs_tcp", lookup(lines, "actor_rtt_cluster_us") / median(tcp));
     (*rt)->shutdown();
     child->wait_for(10s);
   }

@@ -9,7 +9,7 @@
 #include <cstdio>
 
 namespace glint::bench {
-int actors(int repeats);  // bench/actors_bench.cpp
+int actors(int repeats, const std::string& modes);  // bench/actors_bench.cpp
 }
 
 int main(int argc, char** argv) {
@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
   bench_actors->add_option("--repeats", repeats, "Runs per measurement (the median is printed)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
+  std::string bench_modes = "all";
+  bench_actors->add_option("--mode", bench_modes, "Which transports to measure")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all", "local", "cluster"}));
 
   CLI11_PARSE(app, argc, argv);
 
@@ -65,6 +69,6 @@ int main(int argc, char** argv) {
   }
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
-  if (*bench_actors) return glint::bench::actors(repeats);
+  if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   return 0;
 }

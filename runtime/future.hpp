@@ -1,10 +1,17 @@
 #pragma once
-/// `glint::Future<T>`: the result of an actor call, filled in by the runtime's
-/// caller actor. Every call carries a timeout, so waiting on a future never
-/// outlasts it. Thread-safe: any thread may wait on or read a future.
+/// `glint::Future<T>`: the result of an actor call, filled in by the thread
+/// that delivers the answer. Every call carries a timeout, so waiting on a
+/// future never outlasts it. Thread-safe: any thread may wait on or read a
+/// future.
+///
+/// Waiting spins for a short while (`spin_before_park`) before it sleeps:
+/// most answers to small calls come within microseconds, and waking a
+/// sleeping thread costs tens of microseconds on many machines (about 40 on
+/// the 2-core VM this was measured on), more than the call itself.
 
 #include "runtime/error.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -15,11 +22,31 @@
 namespace glint {
 
 namespace detail {
+/// How long a waiter polls before it sleeps on the condition variable.
+inline constexpr std::chrono::microseconds spin_before_park{50};
+
+/// Polls `ready` for up to spin_before_park; true if it became true.
+template <class Ready>
+bool spin_until(const Ready& ready) {
+  auto until = std::chrono::steady_clock::now() + spin_before_park;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+  }
+}
+
 template <class T>
 struct FutureState {
   std::mutex mx;
   std::condition_variable cv;
-  std::optional<Result<T>> value;
+  std::optional<Result<T>> value;  ///< written once, under mx, before `ready`
+  std::atomic<bool> ready{false};
+  std::atomic<int> sleepers{0};
 
   /// Sets the value once; later calls are ignored and return false.
   bool set(Result<T> v) {
@@ -27,9 +54,22 @@ struct FutureState {
       std::lock_guard<std::mutex> guard{mx};
       if (value) return false;
       value.emplace(std::move(v));
+      ready.store(true, std::memory_order_release);
     }
-    cv.notify_all();
+    if (sleepers.load(std::memory_order_acquire) > 0) cv.notify_all();
     return true;
+  }
+
+  bool is_ready() const { return ready.load(std::memory_order_acquire); }
+
+  /// Waits until set or `deadline`; true if set.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    if (spin_until([this] { return is_ready(); })) return true;
+    std::unique_lock<std::mutex> lock{mx};
+    sleepers.fetch_add(1, std::memory_order_acq_rel);
+    bool ok = cv.wait_until(lock, deadline, [this] { return value.has_value(); });
+    sleepers.fetch_sub(1, std::memory_order_acq_rel);
+    return ok;
   }
 };
 }  // namespace detail
@@ -49,23 +89,21 @@ public:
 
   /// Waits for the result and returns a copy of it.
   Result<T> get() const {
-    std::unique_lock<std::mutex> lock{state_->mx};
-    state_->cv.wait(lock, [&] { return state_->value.has_value(); });
+    wait();
     return *state_->value;
   }
 
-  bool ready() const {
-    std::lock_guard<std::mutex> guard{state_->mx};
-    return state_->value.has_value();
-  }
+  bool ready() const { return state_->is_ready(); }
 
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> d) const {
-    std::unique_lock<std::mutex> lock{state_->mx};
-    return state_->cv.wait_for(lock, d, [&] { return state_->value.has_value(); });
+    return state_->wait_until(std::chrono::steady_clock::now() + d);
   }
 
-  void wait() const { (void)wait_for(std::chrono::hours(24 * 365)); }
+  void wait() const {
+    while (!state_->wait_until(std::chrono::steady_clock::now() + std::chrono::hours(24))) {
+    }
+  }
 
   const std::shared_ptr<detail::FutureState<T>>& state() const { return state_; }
 

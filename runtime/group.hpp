@@ -4,8 +4,8 @@
 ///   auto g = Group<probe_actor>::spawn(rt, "model", "glint.probe", slots);
 ///   Future<double> loss = g->call<Collect::mean>(Dispatch::slice_dp, fwd_atom_v, batch);
 ///
-/// A call sends one request per addressed rank through the runtime's caller
-/// actor and returns at once with a Future. Every request has a timeout
+/// A call sends one request per addressed rank and returns at once with a
+/// Future; the answers complete it on the thread that delivers them. Every request has a timeout
 /// (`with_timeout`, default Options::call_timeout). A rank that answers with
 /// an error, times out, or dies (its node process was killed, its connection
 /// broke) fails the whole call at once with an error that names the rank, its
@@ -30,14 +30,45 @@ namespace glint {
 
 namespace detail {
 
-template <class V, class Out>
-struct Gather {
+/// Phrase the death of a rank's actor as an `unavailable` error.
+caf::error rank_down_error(const std::string& label, const caf::error& reason);
+
+/// The shared state of one call: the answers of its ranks (one slot each),
+/// folded into the call's future when the last one comes, or the first
+/// failure. Slot k is rank `first_rank + k`.
+template <class R, class V, class Out>
+struct Gather final : Replies {
   std::mutex mx;
   std::vector<std::optional<V>> results;
   size_t remaining = 0;
   bool done = false;
-  std::shared_ptr<FutureState<Out>> out;
-  std::function<Result<Out>(std::vector<V>&&)> finish;
+  FutureState<Out> out;
+  Result<Out> (*finish)(std::vector<V>&&) = nullptr;
+  std::shared_ptr<const std::vector<std::string>> labels;  ///< of every rank of the group
+  int first_rank = 0;
+
+  const std::string& label(size_t slot) const { return (*labels)[static_cast<size_t>(first_rank) + slot]; }
+
+  void answer(size_t slot, caf::expected<caf::message>&& a) override {
+    if (!a) {
+      auto& e = a.error();
+      if (e == caf::sec::request_receiver_down || e.category() == caf::atom("exit"))
+        fail(rank_down_error(label(slot), e));
+      else
+        fail(with_context(e, label(slot)));
+      return;
+    }
+    if constexpr (std::is_void_v<R>) {
+      ok(slot, caf::unit);
+    } else {
+      if (!a->template match_elements<R>()) {
+        fail(make_error(errc::internal, label(slot) + " answered " + caf::to_string(*a) +
+                                            ", not the type its interface declares"));
+        return;
+      }
+      ok(slot, std::move(a->template get_mutable_as<R>(0)));
+    }
+  }
 
   void ok(size_t i, V v) {
     std::vector<V> all;
@@ -50,7 +81,7 @@ struct Gather {
       all.reserve(results.size());
       for (auto& r : results) all.push_back(std::move(*r));
     }
-    out->set(finish(std::move(all)));
+    out.set(finish(std::move(all)));
   }
 
   void fail(caf::error e) {
@@ -59,26 +90,31 @@ struct Gather {
       if (done) return;
       done = true;
     }
-    out->set(std::move(e));
+    out.set(std::move(e));
+  }
+
+  /// The call's future: shares ownership of this state.
+  static Future<Out> future_of(const std::shared_ptr<Gather>& g) {
+    return Future<Out>(std::shared_ptr<FutureState<Out>>(g, &g->out));
   }
 };
 
-/// The shared state of one call over `n` ranks, folding answers by policy C.
-template <Collect C, class V, class Out>
-std::shared_ptr<Gather<V, Out>> make_gather(size_t n) {
-  auto g = std::make_shared<Gather<V, Out>>();
+/// The shared state of a call over `n` ranks from `first_rank`, folding
+/// answers by policy C.
+template <Collect C, class R, class V, class Out>
+std::shared_ptr<Gather<R, V, Out>> make_gather(size_t n, std::shared_ptr<const std::vector<std::string>> labels,
+                                               int first_rank) {
+  auto g = std::make_shared<Gather<R, V, Out>>();
   g->results.resize(n);
   g->remaining = n;
-  g->out = std::make_shared<FutureState<Out>>();
+  g->labels = std::move(labels);
+  g->first_rank = first_rank;
   g->finish = [](std::vector<V>&& vs) -> Result<Out> {
     if constexpr (std::is_void_v<Out>) return {};
     else return collect<C, V>(std::move(vs));
   };
   return g;
 }
-
-/// Phrase the death of a rank's actor as an `unavailable` error.
-caf::error rank_down_error(const std::string& label, const caf::error& reason);
 
 template <class Handle, class... Ts>
 struct call_result {
@@ -128,10 +164,13 @@ public:
       auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
       ranks->push_back(Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label)});
     }
+    auto labels = std::make_shared<std::vector<std::string>>();
+    for (const auto& r : *ranks) labels->push_back(r.label);
     Group g;
     g.rt_ = &rt;
     g.name_ = std::move(name);
     g.ranks_ = std::move(ranks);
+    g.labels_ = std::move(labels);
     g.timeout_ = rt.options().call_timeout;
     return g;
   }
@@ -189,9 +228,9 @@ public:
                                                                 rank(targets[k]).label));
       per_rank.push_back(std::move(args));
     }
-    auto g = detail::make_gather<C, V, FutOut>(targets.size());
-    for (size_t k = 0; k < targets.size(); ++k) send_one<R, V>(rank(targets[k]), k, std::move(per_rank[k]), g);
-    return Future<FutOut>(g->out);
+    auto g = detail::make_gather<C, R, V, FutOut>(targets.size(), labels_, targets.front());
+    for (size_t k = 0; k < targets.size(); ++k) send_one(rank(targets[k]), k, std::move(per_rank[k]), g);
+    return g->future_of(g);
   }
 
   /// Calls one rank.
@@ -206,9 +245,9 @@ public:
     std::tuple<std::decay_t<Ts>...> args{xs...};
     if (rank(r).ctx.node != 0)
       if (auto err = check_size(args, rank(r))) return Future<FutOut>::ready_with(std::move(err));
-    auto g = detail::make_gather<Collect::first, V, FutOut>(1);
-    send_one<R, V>(rank(r), 0, std::move(args), g);
-    return Future<FutOut>(g->out);
+    auto g = detail::make_gather<Collect::first, R, V, FutOut>(1, labels_, r);
+    send_one(rank(r), 0, std::move(args), g);
+    return g->future_of(g);
   }
 
   /// Stops every rank of the group.
@@ -229,50 +268,21 @@ private:
                                                     " bytes (Options::max_message_bytes); send it in smaller parts");
   }
 
-  template <class R, class V, class Tuple, class G>
-  void send_one(const Rank& target, size_t slot, Tuple args, std::shared_ptr<G> g) const {
-    auto timeout = timeout_;
-    auto label = target.label;
+  template <class Tuple, class G>
+  void send_one(const Rank& target, size_t slot, Tuple args, const std::shared_ptr<G>& g) const {
     auto handle = target.handle();
     if (!handle) {
-      g->fail(make_error(errc::unavailable, label + " is gone: its actor stopped or the runtime shut down"));
+      g->fail(make_error(errc::unavailable, target.label + " is gone: its actor stopped or the runtime shut down"));
       return;
     }
-    rt_->post(detail::CallThunk{[=, args = std::move(args)](detail::caller_actor* self) {
-      auto addr = handle.address();
-      auto id = self->state.track(self, addr,
-                                  [g, label](const caf::error& why) { g->fail(detail::rank_down_error(label, why)); });
-      if (id == 0) return;
-      auto on_error = [=](caf::error& e) {
-        self->state.untrack(addr, id);
-        if (e == caf::sec::request_receiver_down) g->fail(detail::rank_down_error(label, e));
-        else g->fail(with_context(e, label));
-      };
-      std::apply(
-          [&](const auto&... xs) {
-            if constexpr (std::is_void_v<R>) {
-              self->request(handle, timeout, xs...).then(
-                  [=]() {
-                    self->state.untrack(addr, id);
-                    g->ok(slot, caf::unit);
-                  },
-                  on_error);
-            } else {
-              self->request(handle, timeout, xs...).then(
-                  [=](R& r) {
-                    self->state.untrack(addr, id);
-                    g->ok(slot, std::move(r));
-                  },
-                  on_error);
-            }
-          },
-          args);
-    }});
+    auto msg = std::apply([](auto&&... xs) { return caf::make_message(std::move(xs)...); }, std::move(args));
+    rt_->request(caf::actor_cast<caf::strong_actor_ptr>(handle), std::move(msg), timeout_, detail::Reply{g, slot});
   }
 
   Runtime* rt_ = nullptr;
   std::string name_;
   std::shared_ptr<const std::vector<Rank>> ranks_;
+  std::shared_ptr<const std::vector<std::string>> labels_;  ///< ranks_[i].label, shared with calls
   std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
 };
 

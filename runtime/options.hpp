@@ -59,7 +59,8 @@ struct Options {
   std::chrono::milliseconds heartbeat{std::chrono::milliseconds(500)};
   /// Largest tensor a process accepts from the network.
   uint64_t max_message_bytes = uint64_t{2} << 30;
-  /// CAF scheduler threads (0: one per core).
+  /// Threads of CAF's shared scheduler, which runs the actors that are not
+  /// detached (0: one per core but one, at least one).
   int threads = 0;
 
   /// Options from the environment: cluster mode when launched by `glint run`,

@@ -28,11 +28,10 @@
 #include <caf/io/middleman.hpp>
 #include <caf/message.hpp>
 #include <caf/node_id.hpp>
-#include <caf/stateful_actor.hpp>
 
+#include <chrono>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -51,28 +50,20 @@ struct NodeInfo {
 };
 
 namespace detail {
-struct CallerState;
-using caller_actor = caf::stateful_actor<CallerState>;
-
-/// Work for the caller actor: sends a request and routes its answer into a
-/// future. A thunk runs on the caller's thread, never on the driver's.
-struct CallThunk {
-  std::function<void(caller_actor*)> fn;
+/// Receives the answers to a set of requests (one per slot).
+class Replies {
+public:
+  virtual ~Replies() = default;
+  /// The answer to the request of `slot`: the reply message, or why there is
+  /// none. Called once per slot, on whichever thread completed the request.
+  virtual void answer(size_t slot, caf::expected<caf::message>&& answer) = 0;
 };
 
-/// The caller actor's bookkeeping: outstanding calls by target, so that the
-/// death of a target fails them at once instead of waiting for their timeout.
-struct CallerState {
-  uint64_t next_id = 0;
-  std::map<caf::actor_addr, std::map<uint64_t, std::function<void(const caf::error&)>>> pending;
-  std::set<caf::actor_addr> monitored;
-  std::map<caf::actor_addr, caf::error> down;
-  static inline const char* name = "glint.caller";
-
-  /// Registers a call to `target`; `fail` runs if the target dies first.
-  /// Returns 0 if the target is already known dead (and calls `fail` at once).
-  uint64_t track(caller_actor* self, const caf::actor_addr& target, std::function<void(const caf::error&)> fail);
-  void untrack(const caf::actor_addr& target, uint64_t id);
+/// Where the answer to one request goes.
+struct Reply {
+  std::shared_ptr<Replies> to;
+  size_t slot = 0;
+  void operator()(caf::expected<caf::message>&& answer) const { to->answer(slot, std::move(answer)); }
 };
 }  // namespace detail
 
@@ -112,8 +103,14 @@ public:
     return res;
   }
 
-  /// Hands work to the caller actor (used by Group to make requests).
-  void post(detail::CallThunk thunk);
+  /// Sends `msg` to `target` as a request. `reply` is answered exactly once: with
+  /// the answer; with the error the target answered; with `deadline_exceeded`
+  /// once `timeout` has passed; with `unavailable` as soon as the target is
+  /// known dead. The answer is handed over on the thread that delivered it (no
+  /// hop through another actor) and a timeout costs no timer per call, so a
+  /// call costs about as much as CAF's raw message delivery. Thread-safe.
+  void request(const caf::strong_actor_ptr& target, caf::message msg, std::chrono::milliseconds timeout,
+               detail::Reply reply);
 
   /// Named service actors of upper layers (e.g. "placement"), so they live
   /// and die with this runtime.
@@ -157,4 +154,3 @@ int run_main(std::function<int(Runtime&)> driver, std::function<void(Options&)> 
 
 }  // namespace glint
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(glint::detail::CallThunk)

@@ -51,6 +51,17 @@ TEST(Cli, InfoPlansAConfigAndExplainsARefusal) {
   EXPECT_NE(ok.out.find("rank 1 -> node 1"), std::string::npos) << ok.out;
 }
 
+TEST(Cli, BenchActorsPrintsItsLinesWithTheirBaselines) {
+  auto r = run("bench actors --mode local --repeats 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (auto* line : {"actor_rtt_local_us: ", "caf_rtt_local_us: ", "actor_calls_per_s_local: ",
+                     "actor_rtt_local_detached_us: "})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  auto bad = run("bench actors --mode sideways");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--mode"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, MalformedConfigIsAClearError) {
   auto path = ::testing::TempDir() + "bad.toml";
   std::ofstream{path} << "[[group]\n";

@@ -128,6 +128,22 @@ TEST_P(GroupTest, ATimeoutFailsTheCallNamingTheRank) {
   EXPECT_LT(took, 1s);
 }
 
+TEST_P(GroupTest, AShortTimeoutFiresOnTimeBehindALongOne) {
+  // The first call's deadline is a minute away; the second's must still fire
+  // after 200 ms, not when the sweeper would next look for the first.
+  auto slow = group_.with_timeout(60s).call_rank(0, actors::sleep_atom::value, int64_t{800});
+  auto start = std::chrono::steady_clock::now();
+  auto r = group_.with_timeout(200ms).call_rank(1, actors::sleep_atom::value, int64_t{1500}).get();
+  auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::deadline_exceeded);
+  EXPECT_GE(took, 190ms);
+  EXPECT_LT(took, 700ms);
+  auto s = slow.get();
+  ASSERT_TRUE(s) << describe(s.error());
+  EXPECT_EQ(*s, 800);
+}
+
 TEST_P(GroupTest, BadInputIsAClearErrorAndNothingIsSent) {
   auto r = group_.call<Collect::sum>(Dispatch::slice, actors::sum_atom::value, std::vector<int64_t>{1}).get();
   ASSERT_FALSE(r);

@@ -1,6 +1,7 @@
 // Killing a node process fails pending and new calls to its ranks within
 // 5 s with `unavailable` naming the node; the driver keeps working and shuts
-// down cleanly.
+// down cleanly. Killing the driver makes its node processes stop their
+// actors and exit.
 #include "actors/probe.hpp"
 #include "placement/service.hpp"
 #include "runtime/group.hpp"
@@ -9,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 namespace glint {
 namespace {
@@ -65,6 +69,42 @@ TEST(NodeLoss, PendingAndNewCallsFailFastNamingTheNode) {
   rt.shutdown();
   EXPECT_EQ(job->nodes[1].wait_for(10s), std::optional<int>{0});
   EXPECT_EQ(job->nodes[0].wait_for(1s), std::optional<int>{128 + SIGKILL});
+}
+
+TEST(DriverLoss, NodeProcessesExitWhenTheDriverIsKilled) {
+  auto port = pick_free_port();
+  ASSERT_TRUE(port) << describe(port.error());
+  ClusterEnv c;
+  c.world_size = 2;
+  c.local_world_size = 2;
+  c.master_port = *port;
+  c.source = "test";
+  auto ready = std::filesystem::temp_directory_path() / ("glint-driver-ready-" + std::to_string(getpid()));
+  std::filesystem::remove(ready);
+  auto driver_env = c.to_environment();
+  driver_env["GLINT_TEST_ROLE"] = "driver";
+  driver_env["GLINT_TEST_READY_FILE"] = ready.string();
+  auto driver = ChildProcess::start({self_executable()}, driver_env);
+  ASSERT_TRUE(driver) << describe(driver.error());
+  auto node_env = c;
+  node_env.rank = node_env.local_rank = 1;
+  auto node = ChildProcess::start({self_executable()}, node_env.to_environment());
+  ASSERT_TRUE(node) << describe(node.error());
+
+  // Wait until the driver has a probe running on the node.
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!std::filesystem::exists(ready) && std::chrono::steady_clock::now() < deadline && driver->running())
+    std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(std::filesystem::exists(ready)) << "the driver did not start its job";
+  std::filesystem::remove(ready);
+
+  driver->signal(SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  // The node stops its actors and exits with 1 ("lost its driver").
+  auto code = node->wait_for(15s);
+  ASSERT_TRUE(code.has_value()) << "the node process outlived its driver by 15 s";
+  EXPECT_EQ(*code, 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 15s);
 }
 
 }  // namespace

@@ -1,6 +1,38 @@
 #include "support/cluster.hpp"
 
+#include "actors/probe.hpp"
+#include "support/roles.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
 namespace glint::testing {
+
+namespace {
+
+int run_test_driver(const Options& opts) {
+  auto rt = initialize(opts);
+  if (!rt) {
+    std::fprintf(stderr, "test driver: %s\n", describe(rt.error()).c_str());
+    return 2;
+  }
+  for (int n = 0; n < (*rt)->num_nodes(); ++n) {
+    auto p = (*rt)->spawn<actors::probe_actor>(n, actors::probe_type, caf::make_message(RankContext{}));
+    if (!p) {
+      std::fprintf(stderr, "test driver: %s\n", describe(p.error()).c_str());
+      return 2;
+    }
+  }
+  if (const char* ready = std::getenv("GLINT_TEST_READY_FILE")) std::ofstream{ready} << "ready\n";
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+const bool driver_role_set = (driver_role = &run_test_driver, true);
+
+}  // namespace
 
 Result<TestJob> TestJob::start(Mode mode, int world, Options opts) {
   TestJob job;

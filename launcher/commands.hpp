@@ -1,6 +1,7 @@
 #pragma once
 /// The subcommands of the `glint` binary, each returning an exit code.
 
+#include <cstdint>
 #include <string>
 
 namespace glint::launcher {
@@ -18,5 +19,23 @@ struct DemoArgs {
 };
 /// The local-mode (or, under `glint run`, cluster-mode) demo of the runtime.
 int demo(const DemoArgs& args);
+
+struct InitModelArgs {
+  std::string out;
+  std::string arch = "qwen3";
+  int64_t vocab = 1024;
+  int64_t hidden = 128;
+  int64_t intermediate = 384;
+  int64_t layers = 2;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;   ///< 0: as many as heads
+  int64_t head_dim = 0;   ///< 0: hidden / heads
+  int64_t max_positions = 2048;
+  bool tie = false;
+  std::string dtype = "f32";
+  uint64_t seed = 0;
+};
+/// Writes a random model directory (config.json + model.safetensors).
+int init_model(const InitModelArgs& args);
 
 }  // namespace glint::launcher

@@ -45,6 +45,25 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--steps", demo.steps, "Steps to run")->capture_default_str()->check(CLI::Range(1, 1000000));
   demo_cmd->add_option("--ranks", demo.ranks, "Ranks in the group")->capture_default_str()->check(CLI::Range(1, 1024));
 
+  glint::launcher::InitModelArgs im;
+  auto* init_cmd = app.add_subcommand("init-model", "Write a Hugging Face model directory with random weights");
+  init_cmd->add_option("dir", im.out, "Directory to write (created if missing)")->required();
+  init_cmd->add_option("--arch", im.arch, "Architecture")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+  init_cmd->add_option("--vocab", im.vocab, "Vocabulary size")->capture_default_str()->check(CLI::PositiveNumber);
+  init_cmd->add_option("--hidden", im.hidden, "Hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  init_cmd->add_option("--intermediate", im.intermediate, "MLP size")->capture_default_str()->check(CLI::PositiveNumber);
+  init_cmd->add_option("--layers", im.layers, "Decoder layers")->capture_default_str()->check(CLI::PositiveNumber);
+  init_cmd->add_option("--heads", im.heads, "Attention heads")->capture_default_str()->check(CLI::PositiveNumber);
+  init_cmd->add_option("--kv-heads", im.kv_heads, "Key/value heads (0: as many as --heads)")->capture_default_str();
+  init_cmd->add_option("--head-dim", im.head_dim, "Head size (0: hidden / heads)")->capture_default_str();
+  init_cmd->add_option("--max-positions", im.max_positions, "max_position_embeddings")->capture_default_str();
+  init_cmd->add_flag("--tie", im.tie, "Tie the output head to the embeddings");
+  init_cmd->add_option("--dtype", im.dtype, "Stored dtype: f32, bf16 or f16")->capture_default_str();
+  init_cmd->add_option("--seed", im.seed, "Random seed (the same seed writes the same weights)")->capture_default_str();
+  init_cmd->footer("Example: glint init-model models/tiny --arch qwen3 --hidden 256 --layers 4 --vocab 2048");
+
   auto* bench = app.add_subcommand("bench", "Run a benchmark and print `name: value` lines");
   bench->require_subcommand(1);
   int repeats = 5;
@@ -69,6 +88,7 @@ int main(int argc, char** argv) {
   }
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
+  if (*init_cmd) return glint::launcher::init_model(im);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   return 0;
 }

@@ -62,6 +62,24 @@ TEST(Cli, BenchActorsPrintsItsLinesWithTheirBaselines) {
   EXPECT_NE(bad.out.find("--mode"), std::string::npos) << bad.out;
 }
 
+TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
+  auto dir = ::testing::TempDir() + "glint-init-model";
+  auto r = run("init-model " + dir + " --arch llama --hidden 32 --intermediate 64 --layers 1 --heads 4 --vocab 50 --seed 3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("LlamaForCausalLM"), std::string::npos) << r.out;
+  std::ifstream cfg{dir + "/config.json"};
+  std::string text{std::istreambuf_iterator<char>(cfg), {}};
+  EXPECT_NE(text.find("\"vocab_size\": 50"), std::string::npos) << text;
+  std::ifstream weights{dir + "/model.safetensors"};
+  EXPECT_TRUE(weights.good());
+  auto bad = run("init-model " + dir + " --heads 3 --hidden 32");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("must divide num_attention_heads"), std::string::npos) << bad.out;
+  auto arch = run("init-model " + dir + " --arch gpt2");
+  EXPECT_NE(arch.code, 0);
+  EXPECT_NE(arch.out.find("--arch"), std::string::npos) << arch.out;
+}
+
 TEST(Cli, MalformedConfigIsAClearError) {
   auto path = ::testing::TempDir() + "bad.toml";
   std::ofstream{path} << "[[group]\n";

@@ -1,0 +1,271 @@
+#include "components/checkpoint/safetensors.hpp"
+
+#include "runtime/text.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace glint::components {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string_view safetensors_dtype(Dtype d) {
+  switch (d) {
+    case Dtype::f32: return "F32";
+    case Dtype::bf16: return "BF16";
+    case Dtype::f16: return "F16";
+    case Dtype::i64: return "I64";
+    case Dtype::i32: return "I32";
+    case Dtype::u8: return "U8";
+    case Dtype::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+namespace {
+
+Result<Dtype> parse_safetensors_dtype(const std::string& s) {
+  for (auto d : {Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i64, Dtype::i32, Dtype::u8, Dtype::boolean})
+    if (safetensors_dtype(d) == s) return d;
+  return make_error(errc::unimplemented, "dtype " + s + " is not supported (glint reads F32, BF16, F16, I64, I32, U8, BOOL)");
+}
+
+struct Mapping {
+  void* addr = MAP_FAILED;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr != MAP_FAILED && size > 0) ::munmap(addr, size);
+  }
+};
+
+caf::error io_error(const std::string& what, const std::string& path) {
+  return make_error(errc::unavailable, what + " " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return make_error(errc::not_found, "no such safetensors file: " + path);
+    return io_error("cannot open", path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return io_error("cannot stat", path);
+  }
+  auto map = std::make_shared<Mapping>();
+  map->size = static_cast<size_t>(st.st_size);
+  if (map->size > 0) map->addr = ::mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map->size > 0 && map->addr == MAP_FAILED) return io_error("cannot map", path);
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_argument, path + " is not a valid safetensors file: " + why);
+  };
+  if (map->size < 8) return bad("it has " + std::to_string(map->size) + " bytes, fewer than the 8-byte header length");
+  auto* bytes = static_cast<const std::byte*>(map->addr);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
+  if (header_len > map->size - 8)
+    return bad("the header claims " + std::to_string(header_len) + " bytes but the file has " +
+               std::to_string(map->size - 8) + " after the length (truncated?)");
+  json header;
+  try {
+    header = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + header_len));
+  } catch (const json::parse_error& e) {
+    return bad(std::string{"the header is not valid JSON: "} + e.what());
+  }
+  if (!header.is_object()) return bad("the header is not a JSON object");
+  SafetensorsFile f;
+  f.path_ = path;
+  f.data_ = bytes + 8 + header_len;
+  uint64_t data_size = map->size - 8 - header_len;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) return bad("__metadata__ is not an object");
+      for (auto& [k, s] : v.items())
+        if (s.is_string()) f.metadata_[k] = s.get<std::string>();
+      continue;
+    }
+    auto where = "tensor '" + name + "'";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      return bad(where + " lacks dtype, shape or data_offsets");
+    if (!v["dtype"].is_string()) return bad(where + ": dtype is not a string");
+    auto dtype = parse_safetensors_dtype(v["dtype"].get<std::string>());
+    if (!dtype) return with_context(dtype.error(), path + ", " + where);
+    Entry e;
+    e.dtype = *dtype;
+    if (!v["shape"].is_array() || v["shape"].size() > max_tensor_dims) return bad(where + ": bad shape");
+    uint64_t numel = 1;
+    for (auto& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) return bad(where + ": shape has a negative or non-integer size");
+      e.shape.push_back(d.get<int64_t>());
+      auto dim = static_cast<uint64_t>(e.shape.back());
+      if (dim != 0 && numel > UINT64_MAX / dim) return bad(where + ": shape overflows");
+      numel *= dim;
+    }
+    auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return bad(where + ": data_offsets should be two non-negative integers");
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    if (e.end < e.begin) return bad(where + ": data_offsets end before they begin");
+    if (e.end - e.begin != numel * element_size(e.dtype))
+      return bad(where + ": shape and dtype need " + std::to_string(numel * element_size(e.dtype)) +
+                 " bytes but data_offsets span " + std::to_string(e.end - e.begin));
+    if (e.end > data_size)
+      return bad(where + " needs bytes up to " + std::to_string(e.end) + " of the data section, which has only " +
+                 std::to_string(data_size) + " (the file is truncated)");
+    ranges.emplace_back(e.begin, e.end);
+    f.entries_.emplace(name, std::move(e));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) return bad("two tensors' data_offsets overlap");
+  f.mapping_ = std::move(map);
+  return f;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (auto& [n, e] : entries_) out.push_back(n);
+  return out;
+}
+
+Result<Tensor> SafetensorsFile::get(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return make_error(errc::not_found, path_ + " has no tensor '" + name + "'");
+  const auto& e = it->second;
+  auto* p = data_ + e.begin;
+  if (reinterpret_cast<uintptr_t>(p) % element_size(e.dtype) == 0)
+    return Tensor::wrap(e.dtype, e.shape, mapping_, const_cast<std::byte*>(p));
+  // A writer that did not pad its header leaves tensors misaligned: copy.
+  auto t = Tensor::zeros(e.dtype, e.shape);
+  if (!t) return t;
+  std::memcpy(t->mutable_data(), p, e.end - e.begin);
+  return t;
+}
+
+Result<void> write_safetensors(const std::string& path, const NamedTensors& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (!seen.insert(name).second) return make_error(errc::invalid_argument, "tensor '" + name + "' is given twice");
+    if (!t.defined()) return make_error(errc::invalid_argument, "tensor '" + name + "' is undefined");
+    header[name] = {{"dtype", std::string{safetensors_dtype(t.dtype())}},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  auto text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned
+  auto tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create", tmp);
+  auto write_all = [&](const void* p, size_t n) {
+    auto* c = static_cast<const char*>(p);
+    while (n > 0) {
+      auto w = ::write(fd, c, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return false;
+      }
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  };
+  uint8_t len[8];
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  bool ok = write_all(len, 8) && write_all(text.data(), text.size());
+  for (const auto& [name, t] : tensors)
+    if (ok) ok = write_all(t.data(), t.nbytes());
+  if (ok) ok = ::fsync(fd) == 0;
+  auto saved_errno = errno;
+  ::close(fd);
+  if (!ok) {
+    errno = saved_errno;
+    auto err = io_error("cannot write", tmp);
+    ::unlink(tmp.c_str());
+    return err;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    auto err = io_error("cannot rename into", path);
+    ::unlink(tmp.c_str());
+    return err;
+  }
+  return {};
+}
+
+Result<std::map<std::string, Tensor>> load_safetensors_dir(const std::string& dir) {
+  std::map<std::string, Tensor> out;
+  auto single = fs::path{dir} / "model.safetensors";
+  auto index = fs::path{dir} / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  std::vector<std::string> listed;  // names the index promises
+  if (fs::exists(single)) {
+    files.push_back(single.string());
+  } else if (fs::exists(index)) {
+    std::ifstream in{index};
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::parse_error& e) {
+      return make_error(errc::invalid_argument, index.string() + " is not valid JSON: " + e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      return make_error(errc::invalid_argument, index.string() + " has no weight_map object");
+    std::set<std::string> shards;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) return make_error(errc::invalid_argument, index.string() + ": weight_map['" + name + "'] is not a file name");
+      shards.insert(file.get<std::string>());
+    }
+    for (auto& s : shards) {
+      if (s.find('/') != std::string::npos || s == "..")
+        return make_error(errc::invalid_argument, index.string() + " names a shard outside the directory: " + s);
+      files.push_back((fs::path{dir} / s).string());
+    }
+    for (auto& [name, file] : j["weight_map"].items()) listed.push_back(name);
+  } else {
+    return make_error(errc::not_found, dir + " holds neither model.safetensors nor model.safetensors.index.json");
+  }
+  std::vector<std::string> duplicated;
+  for (const auto& file : files) {
+    auto f = SafetensorsFile::open(file);
+    if (!f) return f.error();
+    for (const auto& name : f->names()) {
+      auto t = f->get(name);
+      if (!t) return t.error();
+      if (!out.emplace(name, std::move(*t)).second) duplicated.push_back(name);
+    }
+  }
+  if (!duplicated.empty())
+    return make_error(errc::invalid_argument, dir + ": tensors in more than one shard: " + join(duplicated));
+  std::vector<std::string> missing;
+  for (const auto& name : listed)
+    if (!out.count(name)) missing.push_back(name);
+  if (!missing.empty())
+    return make_error(errc::invalid_argument,
+                      index.string() + " lists tensors that no shard holds: " + join(missing));
+  return out;
+}
+
+}  // namespace glint::components

@@ -1,0 +1,69 @@
+#pragma once
+/// The safetensors format (Hugging Face): an 8-byte little-endian header
+/// length, a JSON header naming each tensor's dtype, shape and byte range,
+/// then the bytes.
+///
+///   auto f = SafetensorsFile::open("model/model.safetensors");
+///   Result<Tensor> w = f->get("model.embed_tokens.weight");   // a view of the mapped file
+///
+/// Reading maps the file and hands out tensors that view the mapping (no
+/// copy; the mapping lives as long as any tensor from it). Every header
+/// field is checked against the file before a byte is read: a truncated file,
+/// overlapping or out-of-range offsets, a shape that disagrees with its byte
+/// range, or an unsupported dtype is an error naming the file and tensor.
+/// Writing goes to a temporary file that is synced and renamed into place, so
+/// a reader never sees half a file.
+
+#include "runtime/error.hpp"
+#include "runtime/tensor.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace glint::components {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class SafetensorsFile {
+public:
+  static Result<SafetensorsFile> open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  /// Tensor names, sorted.
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  /// A tensor viewing the mapped file (copied only if the file misaligns it).
+  Result<Tensor> get(const std::string& name) const;
+  /// The free-form "__metadata__" strings.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+private:
+  struct Entry {
+    Dtype dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  ///< offsets into the data section
+  };
+  std::string path_;
+  std::shared_ptr<void> mapping_;
+  const std::byte* data_ = nullptr;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// The safetensors dtype name of `d` ("F32", "BF16", ...).
+std::string_view safetensors_dtype(Dtype d);
+
+/// Writes `tensors` to `path` (atomically: a temporary file, fsync, rename).
+/// Names must be unique and tensors defined.
+Result<void> write_safetensors(const std::string& path, const NamedTensors& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
+/// Every tensor of a Hugging Face model directory: `model.safetensors`, or
+/// the shards listed by `model.safetensors.index.json`. Names are unique
+/// across shards; the error lists what is missing or duplicated.
+Result<std::map<std::string, Tensor>> load_safetensors_dir(const std::string& dir);
+
+}  // namespace glint::components

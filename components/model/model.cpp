@@ -1,0 +1,360 @@
+#include "components/model/transformer.hpp"
+
+#include "components/tensor/torch_bridge.hpp"
+#include "runtime/text.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace glint::components {
+
+namespace fs = std::filesystem;
+
+// -- shapes and batch preparation --------------------------------------------
+
+namespace model_detail {
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "input_layernorm.weight", {h}});
+    for (auto [name, rows] : {std::pair{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}}) {
+      out.push_back({p + "self_attn." + name + ".weight", {rows, h}});
+      if (c.qkv_bias) out.push_back({p + "self_attn." + name + ".bias", {rows}});
+    }
+    out.push_back({p + "self_attn.o_proj.weight", {h, q}});
+    if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {h}});
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", {h}});
+    out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, h}});
+    out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, h}});
+    out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate_size}});
+    if (c.mlp_bias) {
+      out.push_back({p + "mlp.gate_proj.bias", {c.intermediate_size}});
+      out.push_back({p + "mlp.up_proj.bias", {c.intermediate_size}});
+      out.push_back({p + "mlp.down_proj.bias", {h}});
+    }
+  }
+  out.push_back({"model.norm.weight", {h}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, h}});
+  return out;
+}
+
+namespace {
+
+// A [B, T] integer or boolean tensor as i64, or an error naming it.
+Result<at::Tensor> as_index_matrix(const Tensor& t, const char* name, int64_t B, int64_t T) {
+  if (t.dims() != 2 || t.size(0) != B || t.size(1) != T)
+    return make_error(errc::invalid_argument, std::string{name} + " is " + t.describe() + " but input_ids is [" +
+                                                  std::to_string(B) + ", " + std::to_string(T) + "]");
+  switch (t.dtype()) {
+    case Dtype::i64:
+    case Dtype::i32:
+    case Dtype::u8:
+    case Dtype::boolean: return to_torch(t).to(at::kLong);
+    default:
+      return make_error(errc::invalid_argument,
+                        std::string{name} + " must hold integers (i64, i32, u8 or bool), not " + t.describe());
+  }
+}
+
+}  // namespace
+
+Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
+  const auto& ids = b.input_ids;
+  if (!ids.defined() || ids.dims() != 2)
+    return make_error(errc::invalid_argument, "input_ids must be a [batch, seq] tensor, not " +
+                                                  (ids.defined() ? ids.describe() : std::string{"undefined"}));
+  if (ids.dtype() != Dtype::i64 && ids.dtype() != Dtype::i32)
+    return make_error(errc::invalid_argument, "input_ids must be i64 or i32, not " + ids.describe());
+  int64_t B = ids.size(0), T = ids.size(1);
+  if (B == 0 || T == 0) return make_error(errc::invalid_argument, "input_ids is empty: " + ids.describe());
+  Prepared p;
+  p.ids = to_torch(ids).to(at::kLong);
+  auto check_vocab = [&](const at::Tensor& t, const at::Tensor& where, const char* name) -> caf::error {
+    auto bad = (t < 0).logical_or(t >= c.vocab_size).logical_and(where);
+    if (!bad.any().item<bool>()) return caf::none;
+    auto idx = bad.nonzero()[0];
+    int64_t r = idx[0].item<int64_t>(), s = idx[1].item<int64_t>();
+    return make_error(errc::invalid_argument, std::string{name} + "[" + std::to_string(r) + ", " + std::to_string(s) +
+                                                  "] = " + std::to_string(t[r][s].item<int64_t>()) +
+                                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  };
+
+  at::Tensor mask = at::ones({B, T}, at::kBool);
+  if (b.attention_mask.defined()) {
+    auto m = as_index_matrix(b.attention_mask, "attention_mask", B, T);
+    if (!m) return m.error();
+    mask = *m != 0;
+  }
+  at::Tensor seg = at::zeros({B, T}, at::kLong);
+  if (b.segment_ids.defined()) {
+    auto s = as_index_matrix(b.segment_ids, "segment_ids", B, T);
+    if (!s) return s.error();
+    seg = *s;
+  }
+  if (auto e = check_vocab(p.ids, mask, "input_ids")) return e;
+  p.ids = p.ids.masked_fill(mask.logical_not(), 0);  // padding may hold any id
+
+  // Positions: the number of real tokens before this one in its row and segment.
+  if (b.position_ids.defined()) {
+    auto pos = as_index_matrix(b.position_ids, "position_ids", B, T);
+    if (!pos) return pos.error();
+    if ((*pos < 0).any().item<bool>()) return make_error(errc::invalid_argument, "position_ids has negative entries");
+    p.positions = *pos;
+  } else {
+    auto real = mask.to(at::kLong);
+    auto same_seg = seg.unsqueeze(2) == seg.unsqueeze(1);                         // [B, Tq, Tk]
+    auto before = at::ones({T, T}, at::kBool).tril(-1).unsqueeze(0);              // k < q
+    p.positions = (same_seg.logical_and(before).to(at::kLong) * real.unsqueeze(1)).sum(2);
+  }
+
+  // Query i attends key j when j <= i, j is real, and both share a segment.
+  auto causal = at::ones({T, T}, at::kBool).tril().unsqueeze(0);
+  auto same = seg.unsqueeze(2) == seg.unsqueeze(1);
+  p.allowed = causal.logical_and(same).logical_and(mask.unsqueeze(1));
+  // A padding query with nothing to attend to attends to itself: finite
+  // garbage instead of NaN; its outputs are masked anyway.
+  p.allowed = p.allowed.logical_or(at::eye(T, at::kBool).unsqueeze(0));
+
+  if (b.target_ids.defined()) {
+    auto t = as_index_matrix(b.target_ids, "target_ids", B, T);
+    if (!t) return t.error();
+    p.target_mask = mask;
+    if (auto e = check_vocab(*t, p.target_mask, "target_ids")) return e;
+    p.targets = t->masked_fill(p.target_mask.logical_not(), 0);
+  } else {
+    // The next token, where it is real and in the same segment.
+    auto next = at::zeros({B, T}, at::kLong);
+    auto has_next = at::zeros({B, T}, at::kBool);
+    if (T > 1) {
+      next.narrow(1, 0, T - 1).copy_(p.ids.narrow(1, 1, T - 1));
+      has_next.narrow(1, 0, T - 1)
+          .copy_(mask.narrow(1, 0, T - 1)
+                     .logical_and(mask.narrow(1, 1, T - 1))
+                     .logical_and(seg.narrow(1, 0, T - 1) == seg.narrow(1, 1, T - 1)));
+    }
+    p.target_mask = has_next;
+    p.targets = next.masked_fill(has_next.logical_not(), 0);
+  }
+  return p;
+}
+
+}  // namespace model_detail
+
+// -- the forward pass ---------------------------------------------------------
+
+at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x, bool bias) const {
+  const auto& w = param(prefix + ".weight");
+  if (bias) return at::linear(x, w, param(prefix + ".bias"));
+  return at::linear(x, w);
+}
+
+at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
+  auto var = x.pow(2).mean(-1, /*keepdim=*/true);
+  return x * at::rsqrt(var + cfg.rms_norm_eps) * weight;
+}
+
+std::pair<at::Tensor, at::Tensor> CausalLM::Impl::rope(const at::Tensor& positions) const {
+  int64_t half = cfg.head_dim / 2;
+  auto exponents = at::arange(0, half, at::kDouble) * 2.0 / static_cast<double>(cfg.head_dim);
+  auto inv_freq = at::pow(cfg.rope_theta, exponents).reciprocal();                       // [half], f64
+  auto pos = positions.to(at::kDouble) / cfg.rope_linear_factor;                          // [B, T]
+  auto freqs = pos.unsqueeze(-1) * inv_freq;                                              // [B, T, half]
+  auto emb = at::cat({freqs, freqs}, -1);                                                 // [B, T, D]
+  return {emb.cos().to(at::kFloat), emb.sin().to(at::kFloat)};
+}
+
+namespace {
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  auto half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p) const {
+  const auto& c = cfg;
+  int64_t B = p.ids.size(0), T = p.ids.size(1), D = c.head_dim;
+  int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
+  auto x = at::embedding(param("model.embed_tokens.weight"), p.ids);
+  auto [cos, sin] = rope(p.positions);
+  cos = cos.unsqueeze(1);  // [B, 1, T, D]
+  sin = sin.unsqueeze(1);
+  // Additive mask: 0 where allowed, -inf elsewhere; [B, 1, T, T].
+  auto bias = at::zeros({B, 1, T, T}, at::kFloat)
+                  .masked_fill(p.allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+  double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto pre = "model.layers." + std::to_string(l) + ".";
+    auto h = rms_norm(x, param(pre + "input_layernorm.weight"));
+    auto q = linear(pre + "self_attn.q_proj", h, c.qkv_bias).view({B, T, nh, D}).transpose(1, 2);
+    auto k = linear(pre + "self_attn.k_proj", h, c.qkv_bias).view({B, T, nkv, D}).transpose(1, 2);
+    auto v = linear(pre + "self_attn.v_proj", h, c.qkv_bias).view({B, T, nkv, D}).transpose(1, 2);
+    if (c.qk_norm) {
+      q = rms_norm(q, param(pre + "self_attn.q_norm.weight"));
+      k = rms_norm(k, param(pre + "self_attn.k_norm.weight"));
+    }
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    if (groups > 1) {
+      k = k.repeat_interleave(groups, 1);
+      v = v.repeat_interleave(groups, 1);
+    }
+    auto scores = at::matmul(q, k.transpose(-2, -1)) * scale + bias;  // [B, nh, T, T]
+    auto attn = at::matmul(at::softmax(scores, -1), v);               // [B, nh, T, D]
+    attn = attn.transpose(1, 2).reshape({B, T, nh * D});
+    x = x + linear(pre + "self_attn.o_proj", attn, c.o_bias);
+    h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
+    auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias);
+    auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias);
+    x = x + linear(pre + "mlp.down_proj", at::silu(gate) * up, c.mlp_bias);
+  }
+  return rms_norm(x, param("model.norm.weight"));
+}
+
+at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden) const {
+  const auto& w = cfg.tie_word_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
+  return at::linear(hidden, w);
+}
+
+// -- CausalLM -------------------------------------------------------------------
+
+namespace {
+
+Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std::map<std::string, Tensor> weights,
+                                                     const std::string& origin) {
+  auto expected = model_detail::parameter_shapes(cfg);
+  std::vector<std::string> missing, wrong_shape;
+  std::set<std::string> known;
+  auto impl = std::make_shared<CausalLM::Impl>();
+  impl->cfg = cfg;
+  for (const auto& [name, shape] : expected) {
+    known.insert(name);
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    const auto& t = it->second;
+    if (t.shape() != shape) {
+      wrong_shape.push_back(name + " is " + t.describe() + ", expected [" + join(shape) + "]");
+      continue;
+    }
+    if (t.dtype() != Dtype::f32 && t.dtype() != Dtype::bf16 && t.dtype() != Dtype::f16) {
+      wrong_shape.push_back(name + " is " + t.describe() + ", expected a floating-point dtype");
+      continue;
+    }
+    impl->names.push_back(name);
+    impl->params[name] = to_torch(t).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : weights)
+    if (!known.count(name)) unexpected.push_back(name);
+  if (!missing.empty() || !unexpected.empty() || !wrong_shape.empty()) {
+    std::string msg = origin + " does not match its config (" + std::string{hf_class_name(cfg.architecture)} + ")";
+    if (!missing.empty()) msg += "; missing tensors: " + join(missing);
+    if (!unexpected.empty()) msg += "; unexpected tensors: " + join(unexpected);
+    if (!wrong_shape.empty()) msg += "; " + join(wrong_shape, "; ");
+    return make_error(errc::invalid_argument, msg);
+  }
+  return impl;
+}
+
+}  // namespace
+
+Result<CausalLM> CausalLM::load(const std::string& dir) {
+  auto cfg = ModelConfig::load((fs::path{dir} / "config.json").string());
+  if (!cfg) return cfg.error();
+  auto weights = load_safetensors_dir(dir);
+  if (!weights) return weights.error();
+  auto impl = from_weights(*cfg, std::move(*weights), "the weights in " + dir);
+  if (!impl) return impl.error();
+  CausalLM lm;
+  lm.impl_ = std::move(*impl);
+  return lm;
+}
+
+Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) {
+  if (auto ok = cfg.validate(); !ok) return ok.error();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto impl = std::make_shared<Impl>();
+  impl->cfg = cfg;
+  for (const auto& [name, shape] : model_detail::parameter_shapes(cfg)) {
+    at::Tensor t;
+    bool is_norm = name.find("norm.weight") != std::string::npos;
+    bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (is_norm) t = at::ones(shape, at::kFloat);
+    else if (is_bias) t = at::zeros(shape, at::kFloat);
+    else t = at::empty(shape, at::kFloat).normal_(0.0, 0.02, gen);
+    impl->names.push_back(name);
+    impl->params[name] = t;
+  }
+  CausalLM lm;
+  lm.impl_ = std::move(impl);
+  return lm;
+}
+
+Result<void> CausalLM::save(const std::string& dir) const {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
+  NamedTensors out;
+  auto dtype = to_torch(impl_->cfg.dtype);
+  for (const auto& name : impl_->names) {
+    auto t = from_torch(impl_->params.at(name).to(dtype).contiguous());
+    if (!t) return t.error();
+    out.emplace_back(name, std::move(*t));
+  }
+  if (auto ok = write_safetensors((fs::path{dir} / "model.safetensors").string(), out, {{"format", "pt"}}); !ok)
+    return ok.error();
+  auto cfg_path = fs::path{dir} / "config.json";
+  auto tmp = cfg_path.string() + ".tmp";
+  {
+    std::ofstream f{tmp};
+    f << impl_->cfg.to_json();
+    if (!f) return make_error(errc::unavailable, "cannot write " + tmp);
+  }
+  fs::rename(tmp, cfg_path, ec);
+  if (ec) return make_error(errc::unavailable, "cannot write " + cfg_path.string() + ": " + ec.message());
+  return {};
+}
+
+const ModelConfig& CausalLM::config() const { return impl_->cfg; }
+
+Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOptions& opts) const try {
+  auto p = model_detail::prepare(impl_->cfg, batch);
+  if (!p) return p.error();
+  c10::NoGradGuard no_grad;
+  auto logits = impl_->logits(impl_->hidden(*p));
+  auto lse = at::logsumexp(logits, -1);
+  auto lp = (logits.gather(-1, p->targets.unsqueeze(-1)).squeeze(-1) - lse).masked_fill(p->target_mask.logical_not(), 0);
+  ForwardResult r;
+  auto take = [](const at::Tensor& t) { return *from_torch(t.contiguous()); };
+  r.logprobs = take(lp);
+  if (opts.entropies) r.entropies = take(lse - (at::softmax(logits, -1) * logits).sum(-1));
+  if (opts.logits) r.logits = take(logits);
+  return r;
+} catch (const std::exception& e) {
+  // Input is checked above; this is a bug or an allocation failure, never a crash.
+  return make_error(errc::internal, std::string{"forward pass failed: "} + e.what());
+}
+
+NamedTensors CausalLM::named_parameters() const {
+  NamedTensors out;
+  for (const auto& name : impl_->names) out.emplace_back(name, *from_torch(impl_->params.at(name)));
+  return out;
+}
+
+}  // namespace glint::components

@@ -1,0 +1,51 @@
+#pragma once
+/// The LibTorch side of CausalLM, for components/ code and tests only (it
+/// includes ATen; layers above use model.hpp).
+
+#include "components/model/model.hpp"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace glint::components {
+
+namespace model_detail {
+
+/// Every parameter of a config, in Hugging Face's names and order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& c);
+
+/// A batch checked and turned into what the forward pass needs.
+struct Prepared {
+  at::Tensor ids;          ///< i64 [B, T]
+  at::Tensor positions;    ///< i64 [B, T]
+  at::Tensor allowed;      ///< bool [B, T, T]: query i may attend to key j
+  at::Tensor targets;      ///< i64 [B, T] (0 where target_mask is false)
+  at::Tensor target_mask;  ///< bool [B, T]
+};
+
+Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
+
+}  // namespace model_detail
+
+struct CausalLM::Impl {
+  ModelConfig cfg;
+  std::vector<std::string> names;            ///< parameter names in HF order
+  std::map<std::string, at::Tensor> params;  ///< f32, contiguous
+
+  const at::Tensor& param(const std::string& name) const { return params.at(name); }
+  /// x @ W^T (+ b) for the projection `prefix` ("model.layers.0.mlp.up_proj").
+  at::Tensor linear(const std::string& prefix, const at::Tensor& x, bool bias) const;
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  /// cos and sin tables [B, T, head_dim] for the positions.
+  std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
+  /// Final hidden states [B, T, hidden] (after the last norm).
+  at::Tensor hidden(const model_detail::Prepared& p) const;
+  /// Logits [B, T, vocab] from hidden states.
+  at::Tensor logits(const at::Tensor& hidden) const;
+};
+
+}  // namespace glint::components

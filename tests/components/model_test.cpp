@@ -1,0 +1,338 @@
+// CausalLM: HF config parsing, strict weight loading, save/load bit-exact,
+// and the forward pass against a slow, separate reference written with
+// scalar loops in double precision.
+#include "components/model/transformer.hpp"
+
+#include "components/tensor/torch_bridge.hpp"
+
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace glint::components {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig tiny(Architecture a) {
+  auto c = ModelConfig::make(a, 37, 16, 24, 2, 4, 2);
+  if (a == Architecture::llama) {
+    c.qkv_bias = c.o_bias = true;  // attention_bias
+    c.mlp_bias = true;
+    c.rope_linear_factor = 2.0;
+  }
+  if (a == Architecture::qwen3) {
+    c.head_dim = 6;  // Qwen3 decouples head_dim from hidden / heads
+    c.tie_word_embeddings = true;
+  }
+  return c;
+}
+
+// -- the reference -------------------------------------------------------------
+
+using Vec = std::vector<double>;
+
+struct Ref {
+  const ModelConfig& c;
+  std::map<std::string, at::Tensor> p;  // f64
+  explicit Ref(const CausalLM& lm) : c(lm.config()) {
+    for (auto& [n, t] : lm.impl().params) p[n] = t.to(at::kDouble).contiguous();
+  }
+  const double* w(const std::string& n) const { return p.at(n).data_ptr<double>(); }
+  bool has(const std::string& n) const { return p.count(n) > 0; }
+
+  Vec matvec(const std::string& prefix, const Vec& x, int64_t rows) const {
+    const double* W = w(prefix + ".weight");
+    Vec y(static_cast<size_t>(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = has(prefix + ".bias") ? w(prefix + ".bias")[r] : 0.0;
+      for (size_t k = 0; k < x.size(); ++k) s += W[r * static_cast<int64_t>(x.size()) + static_cast<int64_t>(k)] * x[k];
+      y[static_cast<size_t>(r)] = s;
+    }
+    return y;
+  }
+  Vec norm(const Vec& x, const double* g, size_t off = 0, size_t n = 0) const {
+    if (n == 0) n = x.size();
+    Vec y = x;
+    double ms = 0;
+    for (size_t i = 0; i < n; ++i) ms += x[off + i] * x[off + i];
+    ms /= static_cast<double>(n);
+    for (size_t i = 0; i < n; ++i) y[off + i] = x[off + i] / std::sqrt(ms + c.rms_norm_eps) * g[i];
+    return y;
+  }
+  void rope(Vec& v, size_t off, int64_t pos) const {
+    auto D = static_cast<size_t>(c.head_dim), half = D / 2;
+    for (size_t i = 0; i < half; ++i) {
+      double angle = static_cast<double>(pos) / c.rope_linear_factor *
+                     std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      double a = v[off + i], b = v[off + i + half];
+      v[off + i] = a * std::cos(angle) - b * std::sin(angle);
+      v[off + i + half] = b * std::cos(angle) + a * std::sin(angle);
+    }
+  }
+  // Logits [T][V] of one unpadded sequence.
+  std::vector<Vec> logits(const std::vector<int64_t>& ids) const {
+    auto T = ids.size();
+    auto H = static_cast<size_t>(c.hidden_size), D = static_cast<size_t>(c.head_dim);
+    auto nh = static_cast<size_t>(c.num_attention_heads), nkv = static_cast<size_t>(c.num_key_value_heads);
+    std::vector<Vec> x(T, Vec(H));
+    for (size_t t = 0; t < T; ++t)
+      for (size_t h = 0; h < H; ++h) x[t][h] = w("model.embed_tokens.weight")[ids[t] * static_cast<int64_t>(H) + static_cast<int64_t>(h)];
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      auto pre = "model.layers." + std::to_string(l) + ".";
+      std::vector<Vec> q(T), k(T), v(T);
+      for (size_t t = 0; t < T; ++t) {
+        auto h = norm(x[t], w(pre + "input_layernorm.weight"));
+        q[t] = matvec(pre + "self_attn.q_proj", h, static_cast<int64_t>(nh * D));
+        k[t] = matvec(pre + "self_attn.k_proj", h, static_cast<int64_t>(nkv * D));
+        v[t] = matvec(pre + "self_attn.v_proj", h, static_cast<int64_t>(nkv * D));
+        for (size_t hd = 0; hd < nh; ++hd) {
+          if (c.qk_norm) q[t] = norm(q[t], w(pre + "self_attn.q_norm.weight"), hd * D, D);
+          rope(q[t], hd * D, static_cast<int64_t>(t));
+        }
+        for (size_t hd = 0; hd < nkv; ++hd) {
+          if (c.qk_norm) k[t] = norm(k[t], w(pre + "self_attn.k_norm.weight"), hd * D, D);
+          rope(k[t], hd * D, static_cast<int64_t>(t));
+        }
+      }
+      for (size_t t = 0; t < T; ++t) {
+        Vec attn(nh * D, 0.0);
+        for (size_t hd = 0; hd < nh; ++hd) {
+          size_t kh = hd / (nh / nkv);
+          Vec s(t + 1);
+          double mx = -1e300;
+          for (size_t j = 0; j <= t; ++j) {
+            double d = 0;
+            for (size_t i = 0; i < D; ++i) d += q[t][hd * D + i] * k[j][kh * D + i];
+            s[j] = d / std::sqrt(static_cast<double>(D));
+            mx = std::max(mx, s[j]);
+          }
+          double z = 0;
+          for (auto& e : s) z += (e = std::exp(e - mx));
+          for (size_t j = 0; j <= t; ++j)
+            for (size_t i = 0; i < D; ++i) attn[hd * D + i] += s[j] / z * v[j][kh * D + i];
+        }
+        auto o = matvec(pre + "self_attn.o_proj", attn, static_cast<int64_t>(H));
+        for (size_t h = 0; h < H; ++h) x[t][h] += o[h];
+        auto hn = norm(x[t], w(pre + "post_attention_layernorm.weight"));
+        auto I = c.intermediate_size;
+        auto g = matvec(pre + "mlp.gate_proj", hn, I), u = matvec(pre + "mlp.up_proj", hn, I);
+        for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        auto dn = matvec(pre + "mlp.down_proj", g, static_cast<int64_t>(H));
+        for (size_t h = 0; h < H; ++h) x[t][h] += dn[h];
+      }
+    }
+    std::vector<Vec> out(T);
+    auto head = c.tie_word_embeddings ? std::string{"model.embed_tokens"} : std::string{"lm_head"};
+    for (size_t t = 0; t < T; ++t) {
+      auto h = norm(x[t], w("model.norm.weight"));
+      Vec logit(static_cast<size_t>(c.vocab_size));
+      for (int64_t r = 0; r < c.vocab_size; ++r) {
+        double s = 0;
+        for (size_t i = 0; i < H; ++i) s += w(head + ".weight")[r * static_cast<int64_t>(H) + static_cast<int64_t>(i)] * h[i];
+        logit[static_cast<size_t>(r)] = s;
+      }
+      out[t] = logit;
+    }
+    return out;
+  }
+};
+
+Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int64_t> flat;
+  for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return *Tensor::from_values(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
+}
+
+class ModelArch : public ::testing::TestWithParam<Architecture> {};
+
+TEST_P(ModelArch, LogitsMatchTheSlowReference) {
+  auto lm = CausalLM::init_random(tiny(GetParam()), 7);
+  ASSERT_TRUE(lm) << describe(lm.error());
+  // Larger weights than the init so that attention is far from uniform.
+  for (auto& [n, t] : lm->impl().params)
+    if (n.find("norm") == std::string::npos) t.mul_(10.0);
+  std::vector<int64_t> seq = {3, 17, 36, 0, 5, 9, 22};
+  auto out = lm->forward({.input_ids = ids_tensor({seq})}, {.entropies = true, .logits = true});
+  ASSERT_TRUE(out) << describe(out.error());
+  auto ref = Ref(*lm).logits(seq);
+  auto logits = to_torch(out->logits);
+  double worst = 0;
+  for (size_t t = 0; t < seq.size(); ++t)
+    for (int64_t v = 0; v < lm->config().vocab_size; ++v)
+      worst = std::max(worst, std::abs(logits[0][static_cast<int64_t>(t)][v].item<double>() - ref[t][static_cast<size_t>(v)]));
+  EXPECT_LT(worst, 2e-4) << "largest logit difference";
+  // Log-probabilities of the next tokens and entropies follow from the logits.
+  auto lp = to_torch(out->logprobs);
+  auto ent = to_torch(out->entropies);
+  for (size_t t = 0; t + 1 < seq.size(); ++t) {
+    double mx = *std::max_element(ref[t].begin(), ref[t].end()), z = 0;
+    for (double e : ref[t]) z += std::exp(e - mx);
+    double lse = mx + std::log(z), h = 0;
+    for (double e : ref[t]) h -= std::exp(e - lse) * (e - lse);
+    EXPECT_NEAR(lp[0][static_cast<int64_t>(t)].item<double>(), ref[t][static_cast<size_t>(seq[t + 1])] - lse, 2e-4);
+    EXPECT_NEAR(ent[0][static_cast<int64_t>(t)].item<double>(), h, 2e-4);
+  }
+  EXPECT_EQ(lp[0][static_cast<int64_t>(seq.size()) - 1].item<float>(), 0.f);  // no next token
+}
+
+TEST_P(ModelArch, PaddedAndPackedRowsEqualSeparateOnes) {
+  auto lm = CausalLM::init_random(tiny(GetParam()), 11);
+  ASSERT_TRUE(lm);
+  std::vector<int64_t> a = {1, 2, 3, 4, 5}, b = {6, 7, 8};
+  auto alone = [&](const std::vector<int64_t>& s) { return to_torch(lm->forward({.input_ids = ids_tensor({s})})->logprobs)[0]; };
+  auto la = alone(a), lb = alone(b);
+  // Right padding for b in one batch with a; then left padding.
+  auto right = lm->forward({.input_ids = ids_tensor({a, {6, 7, 8, 0, 0}}),
+                            .attention_mask = ids_tensor({{1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}})});
+  ASSERT_TRUE(right) << describe(right.error());
+  auto r = to_torch(right->logprobs);
+  EXPECT_TRUE(at::allclose(r[0], la, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(r[1].narrow(0, 0, 3), lb, 1e-5, 1e-5));
+  EXPECT_EQ(r[1][3].item<float>(), 0.f);
+  auto left = lm->forward({.input_ids = ids_tensor({{0, 0, 6, 7, 8}}), .attention_mask = ids_tensor({{0, 0, 1, 1, 1}})});
+  ASSERT_TRUE(left);
+  EXPECT_TRUE(at::allclose(to_torch(left->logprobs)[0].narrow(0, 2, 3), lb, 1e-5, 1e-5));
+  // Packed: a and b in one row, segments 0 and 1.
+  auto packed = lm->forward({.input_ids = ids_tensor({{1, 2, 3, 4, 5, 6, 7, 8}}),
+                             .segment_ids = ids_tensor({{0, 0, 0, 0, 0, 1, 1, 1}})});
+  ASSERT_TRUE(packed);
+  auto p = to_torch(packed->logprobs)[0];
+  EXPECT_TRUE(at::allclose(p.narrow(0, 0, 5), la, 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(p.narrow(0, 5, 3), lb, 1e-5, 1e-5));
+}
+
+TEST_P(ModelArch, SaveAndLoadAreBitExact) {
+  for (auto dtype : {Dtype::f32, Dtype::bf16}) {
+    auto cfg = tiny(GetParam());
+    cfg.dtype = dtype;
+    auto lm = CausalLM::init_random(cfg, 3);
+    ASSERT_TRUE(lm);
+    auto dir = glint::testing::fresh_dir("model-save");
+    ASSERT_TRUE(lm->save(dir));
+    auto back = CausalLM::load(dir);
+    ASSERT_TRUE(back) << describe(back.error());
+    EXPECT_EQ(back->config().to_json(), cfg.to_json());
+    auto dir2 = glint::testing::fresh_dir("model-save2");
+    ASSERT_TRUE(back->save(dir2));
+    std::ifstream f1{dir + "/model.safetensors", std::ios::binary}, f2{dir2 + "/model.safetensors", std::ios::binary};
+    std::string s1{std::istreambuf_iterator<char>(f1), {}}, s2{std::istreambuf_iterator<char>(f2), {}};
+    EXPECT_EQ(s1, s2) << "a saved model saves back to the same bytes";
+    if (dtype == Dtype::f32) {
+      for (auto& [n, t] : lm->impl().params) EXPECT_TRUE(at::equal(t, back->impl().params.at(n))) << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelArch,
+                         ::testing::Values(Architecture::llama, Architecture::qwen2, Architecture::qwen3),
+                         [](const auto& info) { return std::string{hf_class_name(info.param)}; });
+
+TEST(Model, LoadingIsStrictAboutNamesAndShapes) {
+  auto cfg = tiny(Architecture::qwen2);
+  auto lm = CausalLM::init_random(cfg, 1);
+  ASSERT_TRUE(lm);
+  auto dir = glint::testing::fresh_dir("model-strict");
+  ASSERT_TRUE(lm->save(dir));
+  auto params = lm->named_parameters();
+  NamedTensors edited;
+  for (auto& [n, t] : params)
+    if (n != "model.layers.1.self_attn.k_proj.bias") edited.emplace_back(n, t);
+  edited.emplace_back("model.layers.9.mlp.extra.weight", params[0].second);
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", edited));
+  auto bad = CausalLM::load(dir);
+  ASSERT_FALSE(bad);
+  auto text = describe(bad.error());
+  EXPECT_NE(text.find("missing tensors: model.layers.1.self_attn.k_proj.bias"), std::string::npos) << text;
+  EXPECT_NE(text.find("unexpected tensors: model.layers.9.mlp.extra.weight"), std::string::npos) << text;
+
+  // A truncated weights file is an error, not a crash.
+  auto full = fs::file_size(dir + "/model.safetensors");
+  fs::resize_file(dir + "/model.safetensors", full / 2);
+  auto cut = CausalLM::load(dir);
+  ASSERT_FALSE(cut);
+  EXPECT_NE(describe(cut.error()).find("truncated"), std::string::npos) << describe(cut.error());
+}
+
+TEST(Model, BadBatchesAreClearErrors) {
+  auto lm = CausalLM::init_random(tiny(Architecture::llama), 1);
+  ASSERT_TRUE(lm);
+  auto oov = lm->forward({.input_ids = ids_tensor({{1, 2, 37}})});
+  ASSERT_FALSE(oov);
+  EXPECT_NE(describe(oov.error()).find("input_ids[0, 2] = 37 is outside the vocabulary [0, 37)"), std::string::npos)
+      << describe(oov.error());
+  auto neg = lm->forward({.input_ids = ids_tensor({{-1, 2}})});
+  ASSERT_FALSE(neg);
+  auto shape = lm->forward({.input_ids = ids_tensor({{1, 2, 3}}), .attention_mask = ids_tensor({{1, 1}})});
+  ASSERT_FALSE(shape);
+  EXPECT_NE(describe(shape.error()).find("attention_mask is i64[1, 2] but input_ids is [1, 3]"), std::string::npos)
+      << describe(shape.error());
+  auto flat = lm->forward({.input_ids = Tensor::vector(std::vector<int64_t>{1, 2})});
+  ASSERT_FALSE(flat);
+  auto floats = lm->forward({.input_ids = *Tensor::zeros(Dtype::f32, {1, 2})});
+  ASSERT_FALSE(floats);
+  // Padding may hold anything, even ids outside the vocabulary.
+  EXPECT_TRUE(lm->forward({.input_ids = ids_tensor({{1, 999}}), .attention_mask = ids_tensor({{1, 0}})}));
+}
+
+TEST(ModelConfigJson, ParsesHuggingFaceConfigs) {
+  auto qwen2 = ModelConfig::parse(R"({"architectures":["Qwen2ForCausalLM"],"vocab_size":151936,"hidden_size":896,
+    "intermediate_size":4864,"num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,
+    "rms_norm_eps":1e-06,"rope_theta":1000000.0,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+    "max_position_embeddings":32768,"rope_scaling":null,"eos_token_id":151643})");
+  ASSERT_TRUE(qwen2) << describe(qwen2.error());
+  EXPECT_EQ(qwen2->head_dim, 64);
+  EXPECT_TRUE(qwen2->qkv_bias);
+  EXPECT_FALSE(qwen2->o_bias);
+  EXPECT_EQ(qwen2->dtype, Dtype::bf16);
+  EXPECT_EQ(qwen2->eos_token_id, 151643);
+  EXPECT_NEAR(static_cast<double>(qwen2->num_parameters()), 494e6, 1e6);  // Qwen2-0.5B
+
+  auto qwen3 = ModelConfig::parse(R"({"architectures":["Qwen3ForCausalLM"],"vocab_size":151936,"hidden_size":1024,
+    "intermediate_size":3072,"num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"head_dim":128,
+    "attention_bias":false,"tie_word_embeddings":true,"torch_dtype":"bfloat16"})");
+  ASSERT_TRUE(qwen3) << describe(qwen3.error());
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_NEAR(static_cast<double>(qwen3->num_parameters()), 596e6, 2e6);  // Qwen3-0.6B
+
+  auto llama = ModelConfig::parse(R"({"architectures":["LlamaForCausalLM"],"vocab_size":32000,"hidden_size":64,
+    "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+    "rope_scaling":{"type":"linear","factor":4.0}})");
+  ASSERT_TRUE(llama) << describe(llama.error());
+  EXPECT_EQ(llama->num_key_value_heads, 4);
+  EXPECT_EQ(llama->rope_linear_factor, 4.0);
+  auto again = ModelConfig::parse(llama->to_json());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->to_json(), llama->to_json());
+}
+
+TEST(ModelConfigJson, BadConfigsNameTheField) {
+  struct Case {
+    std::string json, expect;
+  };
+  std::string base = R"("architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1)";
+  std::vector<Case> cases = {
+      {"{" + base + R"(,"num_attention_heads":"two"})", "'num_attention_heads' should be a integer"},
+      {"{" + base + "}", "lacks the field 'num_attention_heads'"},
+      {"{" + base + R"(,"num_attention_heads":4,"num_key_value_heads":3})", "num_key_value_heads (3) must divide"},
+      {"{" + base + R"(,"num_attention_heads":4,"rope_scaling":{"type":"yarn","factor":2}})", "'yarn' is not supported"},
+      {R"({"architectures":["GPT2LMHeadModel"]})", "GPT2LMHeadModel' is not supported"},
+      {"{" + base + R"(,"num_attention_heads":4,"torch_dtype":"float64"})", "float64"},
+      {"[1, 2", "not valid JSON"},
+  };
+  for (const auto& c : cases) {
+    auto r = ModelConfig::parse(c.json, "cfg.json");
+    ASSERT_FALSE(r) << c.json;
+    EXPECT_NE(describe(r.error()).find(c.expect), std::string::npos) << describe(r.error());
+  }
+  auto missing = ModelConfig::load("/nonexistent/config.json");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(code_of(missing.error()), errc::not_found);
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -1,0 +1,136 @@
+// The safetensors reader and writer: round trips, the format as the spec
+// lays it out, and every kind of damaged file.
+#include "components/checkpoint/safetensors.hpp"
+
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace glint::components {
+namespace {
+
+namespace fs = std::filesystem;
+
+void write_raw(const std::string& path, const std::string& header, const std::string& data) {
+  std::ofstream f{path, std::ios::binary};
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>(n >> (8 * i)));
+  f << header << data;
+}
+
+TEST(Safetensors, RoundTripsEveryDtypeAndTheMetadata) {
+  auto dir = glint::testing::fresh_dir("st-roundtrip");
+  NamedTensors in;
+  in.emplace_back("a.f32", *Tensor::from_values(std::vector<float>{1.5f, -2.f, 3.25f, 0.f, 7.f, 8.f}, {2, 3}));
+  in.emplace_back("b.i64", Tensor::vector(std::vector<int64_t>{1, -2, 1LL << 40}));
+  in.emplace_back("c.i32", Tensor::vector(std::vector<int32_t>{7}));
+  in.emplace_back("d.u8", Tensor::vector(std::vector<uint8_t>{0, 255}));
+  in.emplace_back("e.bool", *Tensor::zeros(Dtype::boolean, {0}));
+  auto bf = *Tensor::zeros(Dtype::bf16, {4});
+  std::memset(bf.mutable_data(), 0x3f, bf.nbytes());
+  in.emplace_back("f.bf16", bf);
+  in.emplace_back("g.f16", *Tensor::zeros(Dtype::f16, {1, 1, 2}));
+  in.emplace_back("h.scalar", *Tensor::zeros(Dtype::f32, {}));
+  auto path = dir + "/x.safetensors";
+  ASSERT_TRUE(write_safetensors(path, in, {{"format", "pt"}}));
+  auto f = SafetensorsFile::open(path);
+  ASSERT_TRUE(f) << describe(f.error());
+  EXPECT_EQ(f->metadata().at("format"), "pt");
+  EXPECT_EQ(f->names().size(), in.size());
+  for (const auto& [name, t] : in) {
+    auto got = f->get(name);
+    ASSERT_TRUE(got) << describe(got.error());
+    EXPECT_EQ(*got, t) << name;
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST(Safetensors, ReadsAFileWrittenByTheSpec) {
+  // Header as another writer lays it out: unpadded, keys in any order.
+  auto dir = glint::testing::fresh_dir("st-spec");
+  std::string data(12, '\0');
+  float v[3] = {1.f, 2.f, 3.f};
+  std::memcpy(data.data(), v, 12);
+  write_raw(dir + "/s.safetensors",
+            R"({"__metadata__":{"k":"v"},"w":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})", data);
+  auto f = SafetensorsFile::open(dir + "/s.safetensors");
+  ASSERT_TRUE(f) << describe(f.error());
+  auto w = f->get("w");
+  ASSERT_TRUE(w) << describe(w.error());
+  auto got = *w->values<float>();
+  EXPECT_EQ(std::vector<float>(got.begin(), got.end()), (std::vector<float>{1.f, 2.f, 3.f}));
+  auto missing = f->get("nope");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(code_of(missing.error()), errc::not_found);
+}
+
+TEST(Safetensors, DamagedFilesAreClearErrors) {
+  auto dir = glint::testing::fresh_dir("st-damaged");
+  struct Case {
+    std::string header, data, expect;
+  };
+  std::vector<Case> cases = {
+      {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0'), "truncated"},
+      {R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", std::string(16, '\0'), "need 12 bytes"},
+      {R"({"w":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}})", std::string(16, '\0'), "F64"},
+      {R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, '\0'), "negative"},
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
+       std::string(6, '\0'), "overlap"},
+      {R"({"w":{"dtype":"F32"}})", "", "lacks"},
+      {R"({"w": [)", "", "not valid JSON"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto path = dir + "/c" + std::to_string(i) + ".safetensors";
+    write_raw(path, cases[i].header, cases[i].data);
+    auto f = SafetensorsFile::open(path);
+    ASSERT_FALSE(f) << "case " << i;
+    EXPECT_NE(describe(f.error()).find(cases[i].expect), std::string::npos) << describe(f.error());
+    EXPECT_NE(describe(f.error()).find(path), std::string::npos) << describe(f.error());
+  }
+  // A header length beyond the file, and a file too short for one.
+  {
+    std::ofstream f{dir + "/long.safetensors", std::ios::binary};
+    uint64_t n = 1000;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << "{}";
+  }
+  auto f = SafetensorsFile::open(dir + "/long.safetensors");
+  ASSERT_FALSE(f);
+  EXPECT_NE(describe(f.error()).find("claims 1000 bytes"), std::string::npos) << describe(f.error());
+  std::ofstream{dir + "/short.safetensors"} << "abc";
+  EXPECT_FALSE(SafetensorsFile::open(dir + "/short.safetensors"));
+  auto none = SafetensorsFile::open(dir + "/absent.safetensors");
+  ASSERT_FALSE(none);
+  EXPECT_EQ(code_of(none.error()), errc::not_found);
+}
+
+TEST(Safetensors, LoadsAShardedDirectoryAndChecksItsIndex) {
+  auto dir = glint::testing::fresh_dir("st-sharded");
+  ASSERT_TRUE(write_safetensors(dir + "/model-00001-of-00002.safetensors",
+                                {{"a", Tensor::vector(std::vector<float>{1, 2})}}));
+  ASSERT_TRUE(write_safetensors(dir + "/model-00002-of-00002.safetensors",
+                                {{"b", Tensor::vector(std::vector<float>{3})}}));
+  std::ofstream{dir + "/model.safetensors.index.json"}
+      << R"({"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})";
+  auto all = load_safetensors_dir(dir);
+  ASSERT_TRUE(all) << describe(all.error());
+  EXPECT_EQ(all->size(), 2u);
+  EXPECT_EQ(all->at("b"), Tensor::vector(std::vector<float>{3}));
+
+  std::ofstream{dir + "/model.safetensors.index.json"}
+      << R"({"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}})";
+  auto bad = load_safetensors_dir(dir);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("no shard holds: c"), std::string::npos) << describe(bad.error());
+
+  auto empty = load_safetensors_dir(glint::testing::fresh_dir("st-empty"));
+  ASSERT_FALSE(empty);
+  EXPECT_EQ(code_of(empty.error()), errc::not_found);
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -172,7 +172,8 @@ std::pair<at::Tensor, at::Tensor> CausalLM::Impl::rope(const at::Tensor& positio
   auto pos = positions.to(at::kDouble) / cfg.rope_linear_factor;                          // [B, T]
   auto freqs = pos.unsqueeze(-1) * inv_freq;                                              // [B, T, half]
   auto emb = at::cat({freqs, freqs}, -1);                                                 // [B, T, D]
-  return {emb.cos().to(at::kFloat), emb.sin().to(at::kFloat)};
+  auto dtype = param("model.embed_tokens.weight").scalar_type();
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
 namespace {
@@ -193,7 +194,7 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p) const {
   cos = cos.unsqueeze(1);  // [B, 1, T, D]
   sin = sin.unsqueeze(1);
   // Additive mask: 0 where allowed, -inf elsewhere; [B, 1, T, T].
-  auto bias = at::zeros({B, 1, T, T}, at::kFloat)
+  auto bias = at::zeros({B, 1, T, T}, x.options())
                   .masked_fill(p.allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
   double scale = 1.0 / std::sqrt(static_cast<double>(D));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -227,6 +228,18 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p) const {
 at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden) const {
   const auto& w = cfg.tie_word_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
   return at::linear(hidden, w);
+}
+
+CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits) const {
+  auto lg = logits(hidden(p));
+  // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
+  // log-softmax is materialised (or kept for backward) besides the logits.
+  auto lse = at::logsumexp(lg, -1);
+  Outputs out;
+  out.logprobs = (lg.gather(-1, p.targets.unsqueeze(-1)).squeeze(-1) - lse).masked_fill(p.target_mask.logical_not(), 0);
+  if (entropies) out.entropies = lse - (at::softmax(lg, -1) * lg).sum(-1);
+  if (keep_logits) out.logits = lg;
+  return out;
 }
 
 // -- CausalLM -------------------------------------------------------------------
@@ -337,14 +350,12 @@ Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOp
   auto p = model_detail::prepare(impl_->cfg, batch);
   if (!p) return p.error();
   c10::NoGradGuard no_grad;
-  auto logits = impl_->logits(impl_->hidden(*p));
-  auto lse = at::logsumexp(logits, -1);
-  auto lp = (logits.gather(-1, p->targets.unsqueeze(-1)).squeeze(-1) - lse).masked_fill(p->target_mask.logical_not(), 0);
+  auto out = impl_->run(*p, opts.entropies, opts.logits);
   ForwardResult r;
-  auto take = [](const at::Tensor& t) { return *from_torch(t.contiguous()); };
-  r.logprobs = take(lp);
-  if (opts.entropies) r.entropies = take(lse - (at::softmax(logits, -1) * logits).sum(-1));
-  if (opts.logits) r.logits = take(logits);
+  auto take = [](const at::Tensor& t) { return *from_torch(t.to(at::kFloat).contiguous()); };
+  r.logprobs = take(out.logprobs);
+  if (opts.entropies) r.entropies = take(out.entropies);
+  if (opts.logits) r.logits = take(out.logits);
   return r;
 } catch (const std::exception& e) {
   // Input is checked above; this is a bug or an allocation failure, never a crash.

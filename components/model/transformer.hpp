@@ -46,6 +46,15 @@ struct CausalLM::Impl {
   at::Tensor hidden(const model_detail::Prepared& p) const;
   /// Logits [B, T, vocab] from hidden states.
   at::Tensor logits(const at::Tensor& hidden) const;
+
+  struct Outputs {
+    at::Tensor logprobs;   ///< [B, T], 0 where there is no target
+    at::Tensor entropies;  ///< [B, T] if asked
+    at::Tensor logits;     ///< [B, T, V] if asked
+  };
+  /// The forward pass to target log-probabilities, with gradients when grad
+  /// mode is on. Computes in the parameters' dtype (f32; f64 in tests).
+  Outputs run(const model_detail::Prepared& p, bool entropies, bool logits) const;
 };
 
 }  // namespace glint::components

@@ -1,0 +1,161 @@
+#include "components/model/optim_impl.hpp"
+
+#include "components/tensor/torch_bridge.hpp"
+
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <numbers>
+
+namespace glint::components {
+
+Result<OptimizerConfig::Kind> OptimizerConfig::parse_kind(std::string_view name) {
+  if (name == "adamw") return Kind::adamw;
+  if (name == "sgd") return Kind::sgd;
+  return make_error(errc::invalid_argument, "optimizer '" + std::string{name} + "' is unknown; use adamw or sgd");
+}
+
+Result<void> OptimizerConfig::validate() const {
+  auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "optimizer: " + what); };
+  if (!(lr >= 0) || !std::isfinite(lr)) return bad("lr must be a finite number >= 0");
+  if (!(weight_decay >= 0)) return bad("weight_decay must be >= 0");
+  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) return bad("betas must lie in [0, 1)");
+  if (!(eps > 0)) return bad("eps must be positive");
+  if (!(momentum >= 0 && momentum < 1)) return bad("momentum must lie in [0, 1)");
+  return {};
+}
+
+Result<SchedulerConfig::Kind> SchedulerConfig::parse_kind(std::string_view name) {
+  auto base = name;
+  if (auto at = base.find("_with_warmup"); at != std::string_view::npos) base = base.substr(0, at);
+  if (base == "constant") return Kind::constant;
+  if (base == "linear") return Kind::linear;
+  if (base == "cosine") return Kind::cosine;
+  return make_error(errc::invalid_argument,
+                    "lr scheduler '" + std::string{name} + "' is unknown; use constant, linear or cosine");
+}
+
+Result<void> SchedulerConfig::validate() const {
+  if (warmup_steps < 0) return make_error(errc::invalid_argument, "lr scheduler: warmup_steps must be >= 0");
+  if (kind != Kind::constant && total_steps <= warmup_steps)
+    return make_error(errc::invalid_argument, "lr scheduler: total_steps (" + std::to_string(total_steps) +
+                                                  ") must exceed warmup_steps (" + std::to_string(warmup_steps) +
+                                                  ") for a decaying schedule");
+  if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1))
+    return make_error(errc::invalid_argument, "lr scheduler: min_lr_ratio must lie in [0, 1]");
+  return {};
+}
+
+double learning_rate(const SchedulerConfig& s, double lr, int64_t step) {
+  if (step < s.warmup_steps) return lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, s.warmup_steps));
+  if (s.kind == SchedulerConfig::Kind::constant) return lr;
+  double progress = static_cast<double>(step - s.warmup_steps) /
+                    static_cast<double>(std::max<int64_t>(1, s.total_steps - s.warmup_steps));
+  progress = std::min(1.0, progress);
+  double factor = s.kind == SchedulerConfig::Kind::linear ? 1.0 - progress
+                                                          : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return lr * (s.min_lr_ratio + (1.0 - s.min_lr_ratio) * factor);
+}
+
+bool decays(std::string_view name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  if (ends_with(".bias")) return false;
+  if (name.find("norm") != std::string_view::npos) return false;  // *layernorm, q_norm, k_norm, model.norm
+  return true;
+}
+
+void Optimizer::step(const ParamList& params, double lr) {
+  c10::NoGradGuard no_grad;
+  ++steps_;
+  double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(steps_));
+  double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(steps_));
+  for (const auto& [name, p] : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    auto& slot = slots_[name];
+    double wd = decays(name) ? cfg_.weight_decay : 0.0;
+    if (wd > 0) p.mul_(1.0 - lr * wd);
+    if (cfg_.kind == OptimizerConfig::Kind::adamw) {
+      if (!slot.exp_avg.defined()) {
+        slot.exp_avg = at::zeros_like(p);
+        slot.exp_avg_sq = at::zeros_like(p);
+      }
+      slot.exp_avg.mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
+      slot.exp_avg_sq.mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
+      auto denom = (slot.exp_avg_sq / bc2).sqrt_().add_(cfg_.eps);
+      p.addcdiv_(slot.exp_avg, denom, -lr / bc1);
+    } else {
+      if (cfg_.momentum > 0) {
+        if (!slot.momentum.defined()) slot.momentum = g.clone();
+        else slot.momentum.mul_(cfg_.momentum).add_(g);
+        p.add_(slot.momentum, -lr);
+      } else {
+        p.add_(g, -lr);
+      }
+    }
+  }
+}
+
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
+  auto put = [&](const std::string& key, const at::Tensor& t) {
+    if (!t.defined()) return;
+    // glint tensors have no f64: state kept in f64 (tests) is saved as f32.
+    auto c = t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t.contiguous();
+    if (auto g = from_torch(c)) out.emplace_back(key, std::move(*g));
+  };
+  put("step", at::full({1}, steps_, at::kLong));
+  for (const auto& [name, s] : slots_) {
+    put("exp_avg." + name, s.exp_avg);
+    put("exp_avg_sq." + name, s.exp_avg_sq);
+    put("momentum." + name, s.momentum);
+  }
+  return out;
+}
+
+Result<void> Optimizer::load_state(const std::map<std::string, Tensor>& state, const ParamList& params) {
+  auto step = state.find("step");
+  if (step == state.end() || step->second.dtype() != Dtype::i64 || step->second.numel() != 1)
+    return make_error(errc::invalid_argument, "optimizer state has no i64 'step'");
+  std::map<std::string, at::Tensor> shapes;
+  for (const auto& [n, p] : params) shapes[n] = p;
+  std::map<std::string, Slot> slots;
+  for (const auto& [key, t] : state) {
+    if (key == "step") continue;
+    auto dot = key.find('.');
+    auto kind = key.substr(0, dot == std::string::npos ? 0 : dot);
+    auto name = dot == std::string::npos ? key : key.substr(dot + 1);
+    auto p = shapes.find(name);
+    if (p == shapes.end())
+      return make_error(errc::invalid_argument, "optimizer state '" + key + "' belongs to no parameter of this model");
+    if (t.shape() != p->second.sizes().vec())
+      return make_error(errc::invalid_argument, "optimizer state '" + key + "' is " + t.describe() +
+                                                    ", but the parameter has another shape");
+    auto value = to_torch(t).to(p->second.scalar_type(), false, /*copy=*/true);
+    if (kind == "exp_avg") slots[name].exp_avg = value;
+    else if (kind == "exp_avg_sq") slots[name].exp_avg_sq = value;
+    else if (kind == "momentum") slots[name].momentum = value;
+    else return make_error(errc::invalid_argument, "optimizer state '" + key + "' is of an unknown kind");
+  }
+  steps_ = (*step->second.values<int64_t>())[0];
+  slots_ = std::move(slots);
+  return {};
+}
+
+double clip_grad_norm(const ParamList& params, double max_norm) {
+  c10::NoGradGuard no_grad;
+  double sq = 0;
+  for (const auto& [n, p] : params)
+    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  double norm = std::sqrt(sq);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    double scale = max_norm / (norm + 1e-6);
+    for (const auto& [n, p] : params)
+      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+  }
+  return norm;
+}
+
+}  // namespace glint::components

@@ -1,0 +1,47 @@
+#pragma once
+/// The optimizer over LibTorch parameters (components/ and tests only).
+
+#include "components/checkpoint/safetensors.hpp"
+#include "components/model/optim.hpp"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace glint::components {
+
+using ParamList = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Optimizer {
+public:
+  explicit Optimizer(OptimizerConfig cfg) : cfg_(cfg) {}
+
+  /// One update of every parameter that has a gradient, at rate `lr`.
+  void step(const ParamList& params, double lr);
+  int64_t steps() const { return steps_; }
+  const OptimizerConfig& config() const { return cfg_; }
+
+  /// The state as named tensors ("exp_avg.NAME", "exp_avg_sq.NAME",
+  /// "momentum.NAME", "step"), and back. Loading checks names and shapes
+  /// against `params`.
+  NamedTensors state() const;
+  Result<void> load_state(const std::map<std::string, Tensor>& state, const ParamList& params);
+
+private:
+  struct Slot {
+    at::Tensor exp_avg, exp_avg_sq, momentum;
+  };
+  OptimizerConfig cfg_;
+  int64_t steps_ = 0;
+  std::map<std::string, Slot> slots_;
+};
+
+/// Scales the gradients so that their global L2 norm is at most `max_norm`
+/// (no-op when max_norm <= 0 or the norm is not finite). Returns the norm
+/// before clipping.
+double clip_grad_norm(const ParamList& params, double max_norm);
+
+}  // namespace glint::components

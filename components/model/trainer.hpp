@@ -1,0 +1,94 @@
+#pragma once
+/// `Trainer`: full-parameter training of a CausalLM: forward_backward with a
+/// chosen loss, gradient accumulation, clip_grad_and_step with an optimizer
+/// and a learning-rate schedule (the loop users know from Twinkle).
+///
+///   auto tr = Trainer::create(std::move(*lm), {.optimizer = {.lr = 1e-3}});
+///   for (auto& micro : batches) tr->forward_backward(micro, {.kind = LossKind::cross_entropy});
+///   auto m = tr->clip_grad_and_step();   // {"grad_norm", "lr", "step", ...}
+///
+/// Normalisation: each forward_backward adds the gradient of the loss's *sum*
+/// (over tokens, or over sequences for sequence-mean losses) and counts what
+/// it summed; clip_grad_and_step divides by the total count of all
+/// micro-batches since the last step. So four micro-batches of 2 give the
+/// same update as one batch of 8, whatever their token counts (and, with
+/// data parallelism, across ranks once counts and gradients are all-reduced).
+///
+/// Bad input (shapes, ids, NaN advantages) is an error and leaves the
+/// accumulated gradients as they were.
+
+#include "components/model/model.hpp"
+#include "components/model/optim.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace glint::components {
+
+enum class LossKind : uint8_t { cross_entropy, grpo, gspo, dr_grpo, cispo };
+Result<LossKind> parse_loss_kind(std::string_view name);
+std::string_view to_string(LossKind k);
+
+struct LossSpec {
+  LossKind kind = LossKind::cross_entropy;
+  double epsilon = 0.2;       ///< lower clip (ratio >= 1 - epsilon)
+  double epsilon_high = 0.2;  ///< upper clip (ratio <= 1 + epsilon_high)
+  double beta = 0.0;          ///< KL-to-reference coefficient (k3 estimator); needs ref_logps
+  double entropy_coef = 0.0;  ///< entropy bonus
+  int64_t max_tokens = 0;     ///< DR-GRPO's constant normaliser (0: the batch's sequence length)
+};
+
+struct TrainBatch {
+  TokenBatch tokens;
+  /// Optional [B, T] 0/1: which positions' targets the loss counts (e.g. the
+  /// completion). Default: every position with a target.
+  Tensor loss_mask{};
+  Tensor old_logps{};   ///< [B, T] f32, for policy losses (default: the current ones, ratio 1)
+  Tensor ref_logps{};   ///< [B, T] f32, when beta > 0
+  Tensor advantages{};  ///< [B] or [B, T] f32, for policy losses
+};
+
+struct TrainConfig {
+  OptimizerConfig optimizer{};
+  SchedulerConfig scheduler{};
+  double max_grad_norm = 1.0;  ///< 0 disables clipping
+};
+
+using Metrics = std::map<std::string, double>;
+
+class Trainer {
+public:
+  static Result<Trainer> create(CausalLM model, TrainConfig cfg);
+
+  /// Adds the gradients of one micro-batch. Metrics: loss (the batch's mean
+  /// loss), tokens, sequences, and the loss's own (clip_fraction, kl, ...).
+  Result<Metrics> forward_backward(const TrainBatch& batch, const LossSpec& loss);
+  /// Clips the accumulated gradients by global norm, steps the optimizer at
+  /// the scheduled rate and clears the gradients. Metrics: grad_norm (before
+  /// clipping), lr, step. A non-finite gradient norm skips the update and is
+  /// an error (the gradients are cleared).
+  Result<Metrics> clip_grad_and_step();
+  /// Drops accumulated gradients without stepping.
+  void zero_grad();
+
+  Result<void> set_optimizer(const OptimizerConfig& cfg);
+  Result<void> set_lr_scheduler(const SchedulerConfig& cfg);
+  const TrainConfig& config() const;
+  int64_t step() const;
+  /// The learning rate the next step will use.
+  double current_lr() const;
+
+  CausalLM& model();
+
+  /// Optimizer state as named tensors (for checkpoints), and back.
+  NamedTensors optimizer_state() const;
+  Result<void> load_optimizer_state(const std::map<std::string, Tensor>& state);
+
+  struct Impl;
+
+private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace glint::components

@@ -1,0 +1,354 @@
+#include "components/rl/losses.hpp"
+
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+namespace glint::components::rl {
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+caf::error bad(std::string_view fn, const std::string& text) {
+  return make_error(errc::invalid_argument, std::string{fn} + ": " + text);
+}
+
+// A LibTorch exception after our checks passed is our bug (or an allocation failure).
+caf::error torch_failed(std::string_view fn, const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return make_error(errc::internal, std::string{fn} + " failed in LibTorch: " +
+                                        (c10_error ? c10_error->what_without_backtrace() : e.what()));
+}
+
+std::string number(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+double item(const at::Tensor& t) {
+  c10::NoGradGuard no_grad;
+  return t.item<double>();
+}
+
+// Inputs checked, cast to one floating dtype, and with every token outside the mask replaced by 0
+// (so garbage there reaches neither value nor gradient).
+struct Prepared {
+  int64_t B = 0, T = 0;
+  at::Tensor mask;        // [B, T] bool
+  at::Tensor maskf;       // [B, T] 0/1 in the compute dtype
+  at::Tensor tokens;      // 0-dim count of counted tokens, compute dtype
+  at::Tensor logps;       // keeps its graph
+  at::Tensor old_logps;   // detached
+  at::Tensor ref_logps;   // detached, undefined when not given
+  at::Tensor advantages;  // [B, T] detached, undefined for cross_entropy
+  at::Tensor entropies;   // keeps its graph, undefined when not given
+};
+
+caf::error check_like(std::string_view fn, const char* name, const at::Tensor& t, const at::Tensor& logps) {
+  if (t.sizes() != logps.sizes())
+    return bad(fn, std::string{name} + " is " + shape_of(t) + " but logps is " + shape_of(logps));
+  if (t.device() != logps.device())
+    return bad(fn, std::string{name} + " is on " + t.device().str() + " but logps is on " + logps.device().str());
+  return {};
+}
+
+// `policy`: also read old_logps, ref_logps, entropies and the (required) advantages.
+Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy) {
+  if (!in.logps.defined()) return bad(fn, "logps is missing");
+  if (in.logps.dim() != 2) return bad(fn, "logps must be [B, T], got " + shape_of(in.logps));
+  if (!at::isFloatingType(in.logps.scalar_type()))
+    return bad(fn, std::string{"logps must be floating, got "} + c10::toString(in.logps.scalar_type()));
+  if (!in.mask.defined()) return bad(fn, "mask is missing");
+  if (auto err = check_like(fn, "mask", in.mask, in.logps)) return err;
+  if (in.mask.is_complex()) return bad(fn, "mask must be bool, integer or real");
+
+  Prepared p;
+  p.B = in.logps.size(0);
+  p.T = in.logps.size(1);
+  auto dtype = in.logps.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  {
+    c10::NoGradGuard no_grad;
+    auto mask = in.mask.detach();
+    if (mask.scalar_type() != at::kBool) {
+      if ((mask.ne(0) & mask.ne(1)).any().item<bool>())
+        return bad(fn, "mask " + shape_of(mask) + " holds values other than 0 and 1");
+      mask = mask.ne(0);
+    }
+    p.mask = mask;
+    p.maskf = mask.to(dtype);
+    p.tokens = p.maskf.sum();
+    if (p.tokens.item<double>() == 0) return bad(fn, "mask " + shape_of(mask) + " selects no token");
+  }
+  auto zero = at::zeros({}, in.logps.options().dtype(dtype));
+  auto clean = [&](const at::Tensor& t) { return at::where(p.mask, t.to(dtype), zero); };
+  p.logps = clean(in.logps);
+  if (!policy) return p;
+
+  if (in.old_logps.defined()) {
+    if (auto err = check_like(fn, "old_logps", in.old_logps, in.logps)) return err;
+    p.old_logps = clean(in.old_logps.detach());
+  } else {
+    p.old_logps = p.logps.detach();
+  }
+  if (in.ref_logps.defined()) {
+    if (auto err = check_like(fn, "ref_logps", in.ref_logps, in.logps)) return err;
+    p.ref_logps = clean(in.ref_logps.detach());
+  }
+  if (in.entropies.defined()) {
+    if (auto err = check_like(fn, "entropies", in.entropies, in.logps)) return err;
+    p.entropies = clean(in.entropies);
+  }
+
+  const auto& a = in.advantages;
+  if (!a.defined()) return bad(fn, "advantages are missing");
+  bool per_sequence = a.dim() == 1 && a.size(0) == p.B;
+  if (!per_sequence && a.sizes() != in.logps.sizes())
+    return bad(fn, "advantages are " + shape_of(a) + " but must be [B] or [B, T] with logps " + shape_of(in.logps));
+  if (a.device() != in.logps.device())
+    return bad(fn, "advantages are on " + a.device().str() + " but logps is on " + in.logps.device().str());
+  {
+    c10::NoGradGuard no_grad;
+    auto full = (per_sequence ? a.detach().unsqueeze(1).expand({p.B, p.T}) : a.detach()).to(dtype);
+    // Checked where they count: a NaN here is usually a group whose rewards had zero std.
+    auto non_finite = p.mask & at::isfinite(full).logical_not();
+    if (non_finite.any().item<bool>()) {
+      auto at_ = non_finite.nonzero()[0];
+      int64_t row = at_[0].item<int64_t>(), col = at_[1].item<int64_t>();
+      auto value = number(full[row][col].item<double>());
+      return bad(fn, per_sequence ? "advantages[" + std::to_string(row) + "] is " + value
+                                  : "advantages row " + std::to_string(row) + " is " + value + " at token " +
+                                        std::to_string(col));
+    }
+    p.advantages = at::where(p.mask, full, zero);
+  }
+  return p;
+}
+
+// -- options -----------------------------------------------------------------
+
+enum class Aggregation { seq_mean_token_mean, token_mean, token_sum_norm };
+
+std::optional<Aggregation> parse_aggregation(const std::string& s) {
+  if (s == "seq_mean_token_mean") return Aggregation::seq_mean_token_mean;
+  if (s == "token_mean") return Aggregation::token_mean;
+  if (s == "token_sum_norm") return Aggregation::token_sum_norm;
+  return std::nullopt;
+}
+
+caf::error check_options(std::string_view fn, const PolicyOptions& o, const Prepared& p) {
+  auto non_negative = [](double x) { return std::isfinite(x) && x >= 0; };
+  if (!non_negative(o.epsilon)) return bad(fn, "epsilon must be finite and >= 0, got " + number(o.epsilon));
+  if (!non_negative(o.epsilon_high))
+    return bad(fn, "epsilon_high must be finite and >= 0, got " + number(o.epsilon_high));
+  if (!non_negative(o.beta)) return bad(fn, "beta must be finite and >= 0, got " + number(o.beta));
+  if (!std::isfinite(o.entropy_coef)) return bad(fn, "entropy_coef must be finite, got " + number(o.entropy_coef));
+  if (!(std::isfinite(o.log_ratio_clamp) && o.log_ratio_clamp > 0))
+    return bad(fn, "log_ratio_clamp must be finite and > 0, got " + number(o.log_ratio_clamp));
+  if (o.max_tokens < 0) return bad(fn, "max_tokens must be >= 0 (0 means T), got " + std::to_string(o.max_tokens));
+  if (o.beta > 0 && !p.ref_logps.defined()) return bad(fn, "beta is " + number(o.beta) + " but ref_logps is missing");
+  if (o.entropy_coef != 0 && !p.entropies.defined())
+    return bad(fn, "entropy_coef is " + number(o.entropy_coef) + " but entropies are missing");
+  return {};
+}
+
+// -- reductions (inputs are 0 outside the mask) -----------------------------------
+
+at::Tensor token_mean(const at::Tensor& x, const Prepared& p) { return (x * p.maskf).sum() / p.tokens; }
+
+// Mean over each sequence's counted tokens, then over the sequences that have one.
+at::Tensor seq_mean(const at::Tensor& x, const Prepared& p) {
+  auto n = p.maskf.sum(1);
+  auto has = n.gt(0).to(n.scalar_type());
+  return ((x * p.maskf).sum(1) / n.clamp_min(1) * has).sum() / has.sum();
+}
+
+at::Tensor aggregate(const at::Tensor& x, const Prepared& p, Aggregation agg, int64_t max_tokens) {
+  switch (agg) {
+    case Aggregation::seq_mean_token_mean: return seq_mean(x, p);
+    case Aggregation::token_mean: return token_mean(x, p);
+    case Aggregation::token_sum_norm:
+      return (x * p.maskf).sum() / static_cast<double>(p.B * (max_tokens > 0 ? max_tokens : p.T));
+  }
+  return seq_mean(x, p);
+}
+
+// Adds the KL penalty and the entropy bonus to a per-token loss; reports kl and entropy.
+at::Tensor regularize(at::Tensor per_token, const Prepared& p, const PolicyOptions& o, LossOutput& out) {
+  if (p.ref_logps.defined()) {
+    // k3 = exp(ref - logp) - (ref - logp) - 1: unbiased for KL(pi || ref), >= 0, low variance.
+    auto d = p.ref_logps - p.logps;
+    auto k3 = at::exp(d) - d - 1;
+    out.metrics["kl"] = item(token_mean(k3, p));
+    if (o.beta > 0) per_token = per_token + o.beta * k3;
+  }
+  if (p.entropies.defined()) {
+    out.metrics["entropy"] = item(token_mean(p.entropies, p));
+    if (o.entropy_coef != 0) per_token = per_token - o.entropy_coef * p.entropies;
+  }
+  return per_token;
+}
+
+// Share of counted tokens whose clipped term is the one taken (its gradient is zero), as TRL.
+at::Tensor clipped(const at::Tensor& ratio, const Prepared& p, const PolicyOptions& o) {
+  const auto& a = p.advantages;
+  return (ratio.lt(1 - o.epsilon) & a.lt(0)) | (ratio.gt(1 + o.epsilon_high) & a.gt(0));
+}
+
+Result<LossOutput> clipped_surrogate(std::string_view fn, const LossInputs& in, const PolicyOptions& o,
+                                     std::optional<Aggregation> agg) try {
+  if (!agg)
+    return bad(fn, "unknown aggregation '" + o.aggregation + "' (seq_mean_token_mean, token_mean, token_sum_norm)");
+  auto p = prepare(fn, in, true);
+  if (!p) return p.error();
+  if (auto err = check_options(fn, o, *p)) return err;
+  auto ratio = at::exp((p->logps - p->old_logps).clamp(-o.log_ratio_clamp, o.log_ratio_clamp));
+  const auto& a = p->advantages;
+  auto per_token = -at::minimum(ratio * a, ratio.clamp(1 - o.epsilon, 1 + o.epsilon_high) * a);
+  LossOutput out;
+  per_token = regularize(per_token, *p, o, out);
+  out.loss = aggregate(per_token, *p, *agg, o.max_tokens);
+  c10::NoGradGuard no_grad;
+  out.metrics["clip_fraction"] = item(token_mean(clipped(ratio, *p, o).to(ratio.scalar_type()), *p));
+  out.metrics["ratio_mean"] = item(token_mean(ratio, *p));
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed(fn, e);
+}
+
+}  // namespace
+
+Result<LossOutput> cross_entropy(const LossInputs& in) try {
+  auto p = prepare("cross_entropy", in, false);
+  if (!p) return p.error();
+  LossOutput out;
+  out.loss = -token_mean(p->logps, *p);
+  out.metrics["tokens"] = item(p->tokens);
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed("cross_entropy", e);
+}
+
+Result<LossOutput> grpo(const LossInputs& in, const PolicyOptions& options) {
+  return clipped_surrogate("grpo", in, options, parse_aggregation(options.aggregation));
+}
+
+Result<LossOutput> dr_grpo(const LossInputs& in, const PolicyOptions& options) {
+  return clipped_surrogate("dr_grpo", in, options, Aggregation::token_sum_norm);
+}
+
+Result<LossOutput> gspo(const LossInputs& in, const PolicyOptions& o) try {
+  auto p = prepare("gspo", in, true);
+  if (!p) return p.error();
+  if (auto err = check_options("gspo", o, *p)) return err;
+  // log s_i = mean over counted tokens of logp - old_logp. GSPO-token form: s_i,t has the value s_i
+  // and d s_i,t / d logp_t = s_i, which after the per-sequence mean is the gradient of the sequence
+  // form. The clamp guards the value only.
+  at::Tensor seq_log_ratio;
+  {
+    c10::NoGradGuard no_grad;
+    auto n = p->maskf.sum(1).clamp_min(1);
+    seq_log_ratio = ((p->logps - p->old_logps) * p->maskf).sum(1).div(n).clamp(-o.log_ratio_clamp, o.log_ratio_clamp);
+  }
+  auto ratio = at::exp(seq_log_ratio.unsqueeze(1) + p->logps - p->logps.detach());
+  const auto& a = p->advantages;
+  auto per_token = -at::minimum(ratio * a, ratio.clamp(1 - o.epsilon, 1 + o.epsilon_high) * a);
+  LossOutput out;
+  per_token = regularize(per_token, *p, o, out);
+  out.loss = seq_mean(per_token, *p);
+  c10::NoGradGuard no_grad;
+  out.metrics["clip_fraction"] = item(token_mean(clipped(ratio, *p, o).to(ratio.scalar_type()), *p));
+  // The ratio is per sequence, so its mean is over sequences (with a counted token), not tokens.
+  auto has = p->maskf.sum(1).gt(0);
+  out.metrics["ratio_mean"] = item(seq_log_ratio.exp().masked_select(has).mean());
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed("gspo", e);
+}
+
+Result<LossOutput> cispo(const LossInputs& in, const PolicyOptions& o) try {
+  auto p = prepare("cispo", in, true);
+  if (!p) return p.error();
+  if (auto err = check_options("cispo", o, *p)) return err;
+  at::Tensor ratio, weight;
+  {
+    c10::NoGradGuard no_grad;
+    ratio = at::exp((p->logps - p->old_logps).clamp(-o.log_ratio_clamp, o.log_ratio_clamp));
+    weight = ratio.clamp_max(1 + o.epsilon_high);
+  }
+  // The weight is a constant: every token keeps a REINFORCE gradient, only its size is capped.
+  auto per_token = -weight * p->advantages * p->logps;
+  LossOutput out;
+  per_token = regularize(per_token, *p, o, out);
+  out.loss = token_mean(per_token, *p);
+  c10::NoGradGuard no_grad;
+  out.metrics["clip_fraction"] = item(token_mean(ratio.gt(1 + o.epsilon_high).to(ratio.scalar_type()), *p));
+  out.metrics["ratio_mean"] = item(token_mean(ratio, *p));
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed("cispo", e);
+}
+
+Result<LossOutput> dpo(const DpoInputs& in, const DpoOptions& o) try {
+  constexpr std::string_view fn = "dpo";
+  const std::pair<const char*, const at::Tensor*> tensors[] = {{"chosen_logps", &in.chosen_logps},
+                                                               {"rejected_logps", &in.rejected_logps},
+                                                               {"ref_chosen_logps", &in.ref_chosen_logps},
+                                                               {"ref_rejected_logps", &in.ref_rejected_logps}};
+  for (auto [name, t] : tensors) {
+    if (!t->defined()) return bad(fn, std::string{name} + " is missing");
+    if (!at::isFloatingType(t->scalar_type()))
+      return bad(fn, std::string{name} + " must be floating, got " + c10::toString(t->scalar_type()));
+  }
+  const auto& chosen = in.chosen_logps;
+  if (chosen.dim() != 1 || chosen.size(0) == 0)
+    return bad(fn, "chosen_logps must be [B] with B > 0, got " + shape_of(chosen));
+  for (auto [name, t] : tensors) {
+    if (t->sizes() != chosen.sizes())
+      return bad(fn, std::string{name} + " is " + shape_of(*t) + " but chosen_logps is " + shape_of(chosen));
+    if (t->device() != chosen.device())
+      return bad(fn, std::string{name} + " is on " + t->device().str() + " but chosen_logps is on " +
+                         chosen.device().str());
+  }
+  if (!(std::isfinite(o.beta) && o.beta > 0)) return bad(fn, "beta must be finite and > 0, got " + number(o.beta));
+  bool ipo = o.kind == "ipo";
+  if (!ipo && o.kind != "sigmoid") return bad(fn, "unknown kind '" + o.kind + "' (sigmoid, ipo)");
+  if (!(o.label_smoothing >= 0 && o.label_smoothing <= 0.5))
+    return bad(fn, "label_smoothing must be in [0, 0.5], got " + number(o.label_smoothing));
+  if (ipo && o.label_smoothing != 0) return bad(fn, "label_smoothing applies to kind 'sigmoid' only, not 'ipo'");
+
+  auto dtype = chosen.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto chosen_log_ratio = chosen.to(dtype) - in.ref_chosen_logps.detach().to(dtype);
+  auto rejected_log_ratio = in.rejected_logps.to(dtype) - in.ref_rejected_logps.detach().to(dtype);
+  auto logits = chosen_log_ratio - rejected_log_ratio;
+  at::Tensor losses;
+  if (ipo) {
+    // IPO regresses the log-ratio margin to 1 / (2 beta) (TRL's form).
+    losses = (logits - 1 / (2 * o.beta)).pow(2);
+  } else {
+    double ls = o.label_smoothing;
+    losses = -(1 - ls) * at::log_sigmoid(o.beta * logits) - ls * at::log_sigmoid(-o.beta * logits);
+  }
+  LossOutput out;
+  out.loss = losses.mean();
+  c10::NoGradGuard no_grad;
+  auto chosen_reward = o.beta * chosen_log_ratio;
+  auto rejected_reward = o.beta * rejected_log_ratio;
+  out.metrics["reward_chosen"] = item(chosen_reward.mean());
+  out.metrics["reward_rejected"] = item(rejected_reward.mean());
+  out.metrics["reward_margin"] = item((chosen_reward - rejected_reward).mean());
+  out.metrics["reward_accuracy"] = item(chosen_reward.gt(rejected_reward).to(dtype).mean());
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed("dpo", e);
+}
+
+}  // namespace glint::components::rl

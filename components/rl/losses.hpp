@@ -1,0 +1,94 @@
+#pragma once
+/// The training losses of glint (SFT cross-entropy, GRPO, DR-GRPO, GSPO, CISPO, DPO) as plain
+/// functions on at::Tensor. Formulas, shapes and an example: docs/losses.md.
+///
+/// Each function is pure: it reads its inputs, builds a scalar `loss` that keeps the autograd graph
+/// to `logps` (and `entropies`), and never modifies an input. Old, reference and advantage tensors are
+/// detached inside: no gradient reaches them. Computation runs in f64 when `logps` is f64, else in
+/// f32 (bf16/f16 inputs are upcast). Tokens where `mask` is 0 may hold any value, NaN and inf
+/// included: they are replaced by 0 before any arithmetic, so they reach neither loss nor gradient.
+///
+/// Bad input (shapes, non-finite advantages, an empty mask, unknown option values, a KL or entropy
+/// coefficient without its tensor) is `invalid_argument` with the tensor and the shapes named; a
+/// LibTorch exception is `internal`. Nothing throws. Thread-safe as LibTorch ops are.
+
+#include "runtime/error.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace glint::components::rl {
+
+/// Per-token inputs of the SFT and policy losses; B sequences of T tokens.
+struct LossInputs {
+  at::Tensor logps;       ///< [B, T] floating: log-probs of the taken tokens under the current policy
+  at::Tensor mask;        ///< [B, T] bool, integer or floating, values 0/1: the tokens that count
+  at::Tensor old_logps;   ///< [B, T] behaviour-policy log-probs; undefined: logps.detach() (ratio 1)
+  at::Tensor ref_logps;   ///< [B, T] reference-policy log-probs; needed when beta > 0
+  at::Tensor advantages;  ///< [B] per sequence (broadcast over T) or [B, T] per token
+  at::Tensor entropies;   ///< [B, T] per-token entropies; needed when entropy_coef != 0
+};
+
+/// A scalar loss (0-dim, with its autograd graph) and detached metrics.
+struct LossOutput {
+  at::Tensor loss;
+  /// Policy losses: clip_fraction, ratio_mean; kl when ref_logps is given; entropy when entropies
+  /// are. Cross-entropy: tokens. DPO: reward_chosen, reward_rejected, reward_margin, reward_accuracy.
+  std::map<std::string, double> metrics;
+};
+
+/// SFT: -sum(mask * logps) / sum(mask), the mean negative log-likelihood per counted token.
+/// Reads logps and mask only.
+Result<LossOutput> cross_entropy(const LossInputs& in);
+
+/// Options of the policy-gradient losses. Each function says which it reads.
+struct PolicyOptions {
+  double epsilon = 0.2;          ///< lower clip: ratio >= 1 - epsilon
+  double epsilon_high = 0.2;     ///< upper clip: ratio <= 1 + epsilon_high
+  double beta = 0.0;             ///< coefficient of the k3 KL estimate to ref_logps
+  double entropy_coef = 0.0;     ///< entropy bonus: entropy_coef * entropy is subtracted per token
+  double log_ratio_clamp = 20.0; ///< |logp - old_logp| is clamped to this before exp (overflow guard)
+  /// How grpo reduces per-token losses: "seq_mean_token_mean" (mean per sequence, then over
+  /// sequences with a counted token), "token_mean" (over all counted tokens, as DAPO), or
+  /// "token_sum_norm" (sum / (B * max_tokens), as DR-GRPO).
+  std::string aggregation = "seq_mean_token_mean";
+  int64_t max_tokens = 0;        ///< DR-GRPO's constant normaliser; 0 means T
+};
+
+/// GRPO / PPO-clip per token, reduced by options.aggregation. Reads every option.
+Result<LossOutput> grpo(const LossInputs& in, const PolicyOptions& options);
+
+/// DR-GRPO: grpo's per-token loss, summed over counted tokens and divided by B * max_tokens.
+/// options.aggregation is not read.
+Result<LossOutput> dr_grpo(const LossInputs& in, const PolicyOptions& options);
+
+/// GSPO: one ratio per sequence, exp(mean over counted tokens of logp - old_logp), clipped with
+/// epsilon / epsilon_high (the paper uses ~3e-4 / 4e-4), in GSPO-token form so that per-token
+/// advantages also work; per-sequence mean, then mean over sequences. options.aggregation is not read.
+Result<LossOutput> gspo(const LossInputs& in, const PolicyOptions& options);
+
+/// CISPO: -sg(min(ratio, 1 + epsilon_high)) * A * logp per token, mean over all counted tokens.
+/// epsilon and options.aggregation are not read.
+Result<LossOutput> cispo(const LossInputs& in, const PolicyOptions& options);
+
+/// Sequence log-probs (summed over the completion) of preference pairs.
+struct DpoInputs {
+  at::Tensor chosen_logps;        ///< [B], the policy; keeps its graph
+  at::Tensor rejected_logps;      ///< [B], the policy; keeps its graph
+  at::Tensor ref_chosen_logps;    ///< [B], the reference; detached inside
+  at::Tensor ref_rejected_logps;  ///< [B], the reference; detached inside
+};
+
+struct DpoOptions {
+  double beta = 0.1;             ///< > 0
+  std::string kind = "sigmoid";  ///< "sigmoid" (DPO) or "ipo"
+  double label_smoothing = 0.0;  ///< in [0, 0.5], sigmoid only (conservative DPO)
+};
+
+/// DPO or IPO, mean over the B pairs.
+Result<LossOutput> dpo(const DpoInputs& in, const DpoOptions& options);
+
+}  // namespace glint::components::rl

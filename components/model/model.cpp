@@ -154,10 +154,16 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
 
 // -- the forward pass ---------------------------------------------------------
 
-at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x, bool bias) const {
+at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x, bool bias,
+                                  const PassOptions& pass) const {
   const auto& w = param(prefix + ".weight");
-  if (bias) return at::linear(x, w, param(prefix + ".bias"));
-  return at::linear(x, w);
+  auto y = bias ? at::linear(x, w, param(prefix + ".bias")) : at::linear(x, w);
+  if (!pass.lora || pass.lora->merged) return y;
+  auto it = pass.lora->weights.find(prefix);
+  if (it == pass.lora->weights.end()) return y;
+  const auto& [a, b] = it->second;
+  auto in = pass.train && pass.lora->cfg.dropout > 0 ? at::dropout(x, pass.lora->cfg.dropout, true) : x;
+  return y + at::linear(at::linear(in, a), b) * pass.lora->cfg.scaling();
 }
 
 at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -185,7 +191,7 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
-at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p) const {
+at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOptions& pass) const {
   const auto& c = cfg;
   int64_t B = p.ids.size(0), T = p.ids.size(1), D = c.head_dim;
   int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
@@ -200,9 +206,9 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p) const {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto pre = "model.layers." + std::to_string(l) + ".";
     auto h = rms_norm(x, param(pre + "input_layernorm.weight"));
-    auto q = linear(pre + "self_attn.q_proj", h, c.qkv_bias).view({B, T, nh, D}).transpose(1, 2);
-    auto k = linear(pre + "self_attn.k_proj", h, c.qkv_bias).view({B, T, nkv, D}).transpose(1, 2);
-    auto v = linear(pre + "self_attn.v_proj", h, c.qkv_bias).view({B, T, nkv, D}).transpose(1, 2);
+    auto q = linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass).view({B, T, nh, D}).transpose(1, 2);
+    auto k = linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass).view({B, T, nkv, D}).transpose(1, 2);
+    auto v = linear(pre + "self_attn.v_proj", h, c.qkv_bias, pass).view({B, T, nkv, D}).transpose(1, 2);
     if (c.qk_norm) {
       q = rms_norm(q, param(pre + "self_attn.q_norm.weight"));
       k = rms_norm(k, param(pre + "self_attn.k_norm.weight"));
@@ -216,11 +222,11 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p) const {
     auto scores = at::matmul(q, k.transpose(-2, -1)) * scale + bias;  // [B, nh, T, T]
     auto attn = at::matmul(at::softmax(scores, -1), v);               // [B, nh, T, D]
     attn = attn.transpose(1, 2).reshape({B, T, nh * D});
-    x = x + linear(pre + "self_attn.o_proj", attn, c.o_bias);
+    x = x + linear(pre + "self_attn.o_proj", attn, c.o_bias, pass);
     h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
-    auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias);
-    auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias);
-    x = x + linear(pre + "mlp.down_proj", at::silu(gate) * up, c.mlp_bias);
+    auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
+    auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
+    x = x + linear(pre + "mlp.down_proj", at::silu(gate) * up, c.mlp_bias, pass);
   }
   return rms_norm(x, param("model.norm.weight"));
 }
@@ -230,8 +236,9 @@ at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden) const {
   return at::linear(hidden, w);
 }
 
-CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits) const {
-  auto lg = logits(hidden(p));
+CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,
+                                            const PassOptions& pass) const {
+  auto lg = logits(hidden(p, pass));
   // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
   // log-softmax is materialised (or kept for backward) besides the logits.
   auto lse = at::logsumexp(lg, -1);
@@ -349,8 +356,14 @@ const ModelConfig& CausalLM::config() const { return impl_->cfg; }
 Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOptions& opts) const try {
   auto p = model_detail::prepare(impl_->cfg, batch);
   if (!p) return p.error();
+  PassOptions pass;
+  if (!opts.adapter.empty()) {
+    auto a = impl_->adapter(opts.adapter);
+    if (!a) return a.error();
+    pass.lora = *a;
+  }
   c10::NoGradGuard no_grad;
-  auto out = impl_->run(*p, opts.entropies, opts.logits);
+  auto out = impl_->run(*p, opts.entropies, opts.logits, pass);
   ForwardResult r;
   auto take = [](const at::Tensor& t) { return *from_torch(t.to(at::kFloat).contiguous()); };
   r.logprobs = take(out.logprobs);

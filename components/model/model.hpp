@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace glint::components {
 
@@ -39,6 +40,21 @@ struct TokenBatch {
 struct ForwardOptions {
   bool entropies = false;  ///< also the entropy of each position's distribution
   bool logits = false;     ///< also the full logits [B, T, V] (large)
+  std::string adapter{};   ///< a LoRA adapter to apply (empty: the base model)
+};
+
+/// A LoRA adapter's shape, as PEFT's LoraConfig.
+struct LoraConfig {
+  int64_t r = 8;
+  double alpha = 16;
+  double dropout = 0.0;  ///< on the adapter's input, in training only
+  /// Module names ("q_proj", "v_proj", ...; PEFT matches the end of the
+  /// module path), or {"all-linear"}: every projection of every layer.
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  bool rslora = false;  ///< scale by alpha / sqrt(r) instead of alpha / r
+
+  double scaling() const;
+  Result<void> validate() const;
 };
 
 struct ForwardResult {
@@ -71,6 +87,31 @@ public:
   /// The parameters under their Hugging Face names, as f32 tensors that
   /// share the model's memory (a write changes the model).
   NamedTensors named_parameters() const;
+
+  // -- LoRA adapters: several named ones on one frozen base (one per tenant).
+  // Not thread-safe against concurrent calls on the same model (an actor
+  // serialises them).
+
+  /// Adds adapter `name`: A random (PEFT's init), B zero, so that the
+  /// model's output with it equals the base's until it is trained.
+  Result<void> add_adapter(const std::string& name, const LoraConfig& cfg, uint64_t seed = 0);
+  Result<void> remove_adapter(const std::string& name);
+  std::vector<std::string> adapters() const;
+  bool has_adapter(const std::string& name) const;
+  const LoraConfig* adapter_config(const std::string& name) const;
+  /// Writes adapter_config.json and adapter_model.safetensors with PEFT's
+  /// key names (base_model.model.<module>.lora_A.weight).
+  Result<void> save_adapter(const std::string& name, const std::string& dir) const;
+  /// Reads a PEFT adapter directory as adapter `name`. Keys and shapes are
+  /// checked against this model; the error lists what does not fit.
+  Result<void> load_adapter(const std::string& name, const std::string& dir);
+  /// Folds the adapter into the base weights (W += scaling * B A), so that
+  /// it costs nothing per call; every call then sees it, with or without
+  /// naming it. `unmerge_adapter` takes it out again.
+  Result<void> merge_adapter(const std::string& name);
+  Result<void> unmerge_adapter(const std::string& name);
+  /// The adapter's tensors under PEFT's key names, sharing memory.
+  Result<NamedTensors> adapter_parameters(const std::string& name) const;
 
   struct Impl;
   /// For components/ code and tests that work with LibTorch directly.

@@ -38,8 +38,32 @@ struct Trainer::Impl {
 
   ParamList params() const {
     ParamList out;
-    for (const auto& n : model.impl().names) out.emplace_back(n, model.impl().params.at(n));
+    auto& m = model.impl();
+    if (!cfg.adapter.empty()) {
+      auto it = m.adapters.find(cfg.adapter);
+      if (it == m.adapters.end()) return out;  // removed since; pass() reports it
+      const auto& a = it->second;
+      for (const auto& mod : a.modules) {
+        out.emplace_back(mod + ".lora_A", a.weights.at(mod).first);
+        out.emplace_back(mod + ".lora_B", a.weights.at(mod).second);
+      }
+      return out;
+    }
+    for (const auto& n : m.names) out.emplace_back(n, m.params.at(n));
     return out;
+  }
+
+  /// The adapter being trained, or an error if it went away.
+  Result<PassOptions> pass() const {
+    PassOptions p;
+    p.train = true;
+    if (cfg.adapter.empty()) return p;
+    auto a = model.impl().adapter(cfg.adapter);
+    if (!a) return a.error();
+    if ((*a)->merged)
+      return make_error(errc::failed_precondition, "adapter '" + cfg.adapter + "' is merged; unmerge it to train it");
+    p.lora = *a;
+    return p;
   }
 };
 
@@ -50,7 +74,12 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
   impl->model = std::move(model);
   impl->cfg = cfg;
   impl->opt = std::make_unique<Optimizer>(cfg.optimizer);
-  for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
+  if (!cfg.adapter.empty()) {
+    if (auto a = impl->model.impl().adapter(cfg.adapter); !a) return a.error();
+    for (auto& [n, p] : impl->params()) p.requires_grad_(true);
+  } else {
+    for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
+  }
   Trainer t;
   t.impl_ = std::move(impl);
   return t;
@@ -101,8 +130,10 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   if (spec.beta > 0 && !ref_lp->defined())
     return make_error(errc::invalid_argument, "beta > 0 (a KL penalty) needs ref_logps");
 
+  auto pass = impl_->pass();
+  if (!pass) return pass.error();
   c10::AutoGradMode grad(true);
-  auto out = m.run(*prepared, spec.entropy_coef != 0, false);
+  auto out = m.run(*prepared, spec.entropy_coef != 0, false, *pass);
   rl::LossInputs in;
   in.logps = out.logprobs;
   in.mask = mask;

@@ -53,6 +53,10 @@ struct TrainConfig {
   OptimizerConfig optimizer{};
   SchedulerConfig scheduler{};
   double max_grad_norm = 1.0;  ///< 0 disables clipping
+  /// Train only this LoRA adapter of the model (its A and B), the base
+  /// frozen; empty: every base parameter. Several trainers, one per adapter,
+  /// may share one model (one per tenant).
+  std::string adapter{};
 };
 
 using Metrics = std::map<std::string, double>;

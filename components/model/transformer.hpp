@@ -31,19 +31,38 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
 
 }  // namespace model_detail
 
+/// One LoRA adapter: per target module (its path, "model.layers.0.self_attn.q_proj"),
+/// A [r, in] and B [out, r].
+struct LoraAdapter {
+  LoraConfig cfg;
+  std::vector<std::string> modules;  ///< in model order
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> weights;
+  bool merged = false;
+};
+
+/// What one pass uses besides the base weights.
+struct PassOptions {
+  const LoraAdapter* lora = nullptr;
+  bool train = false;  ///< LoRA dropout is active
+};
+
 struct CausalLM::Impl {
   ModelConfig cfg;
   std::vector<std::string> names;            ///< parameter names in HF order
   std::map<std::string, at::Tensor> params;  ///< f32, contiguous
+  std::map<std::string, LoraAdapter> adapters;
 
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
-  /// x @ W^T (+ b) for the projection `prefix` ("model.layers.0.mlp.up_proj").
-  at::Tensor linear(const std::string& prefix, const at::Tensor& x, bool bias) const;
+  /// Every projection's module path, in model order.
+  std::vector<std::string> linear_modules() const;
+  /// x @ W^T (+ b) for the projection `prefix` ("model.layers.0.mlp.up_proj"),
+  /// plus the adapter's scaling * dropout(x) A^T B^T when it targets it.
+  at::Tensor linear(const std::string& prefix, const at::Tensor& x, bool bias, const PassOptions& pass) const;
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
   /// cos and sin tables [B, T, head_dim] for the positions.
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
   /// Final hidden states [B, T, hidden] (after the last norm).
-  at::Tensor hidden(const model_detail::Prepared& p) const;
+  at::Tensor hidden(const model_detail::Prepared& p, const PassOptions& pass = {}) const;
   /// Logits [B, T, vocab] from hidden states.
   at::Tensor logits(const at::Tensor& hidden) const;
 
@@ -54,7 +73,9 @@ struct CausalLM::Impl {
   };
   /// The forward pass to target log-probabilities, with gradients when grad
   /// mode is on. Computes in the parameters' dtype (f32; f64 in tests).
-  Outputs run(const model_detail::Prepared& p, bool entropies, bool logits) const;
+  Outputs run(const model_detail::Prepared& p, bool entropies, bool logits, const PassOptions& pass = {}) const;
+  /// The adapter `name`, or an error naming the ones there are.
+  Result<const LoraAdapter*> adapter(const std::string& name) const;
 };
 
 }  // namespace glint::components

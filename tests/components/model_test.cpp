@@ -7,6 +7,8 @@
 
 #include "support/temp_dir.hpp"
 
+#include "support/tensors.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -142,11 +144,7 @@ struct Ref {
   }
 };
 
-Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<int64_t> flat;
-  for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
-  return *Tensor::from_values(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
-}
+using glint::testing::ids_of;
 
 class ModelArch : public ::testing::TestWithParam<Architecture> {};
 
@@ -157,7 +155,7 @@ TEST_P(ModelArch, LogitsMatchTheSlowReference) {
   for (auto& [n, t] : lm->impl().params)
     if (n.find("norm") == std::string::npos) t.mul_(10.0);
   std::vector<int64_t> seq = {3, 17, 36, 0, 5, 9, 22};
-  auto out = lm->forward({.input_ids = ids_tensor({seq})}, {.entropies = true, .logits = true});
+  auto out = lm->forward({.input_ids = ids_of({seq})}, {.entropies = true, .logits = true});
   ASSERT_TRUE(out) << describe(out.error());
   auto ref = Ref(*lm).logits(seq);
   auto logits = to_torch(out->logits);
@@ -184,22 +182,22 @@ TEST_P(ModelArch, PaddedAndPackedRowsEqualSeparateOnes) {
   auto lm = CausalLM::init_random(tiny(GetParam()), 11);
   ASSERT_TRUE(lm);
   std::vector<int64_t> a = {1, 2, 3, 4, 5}, b = {6, 7, 8};
-  auto alone = [&](const std::vector<int64_t>& s) { return to_torch(lm->forward({.input_ids = ids_tensor({s})})->logprobs)[0]; };
+  auto alone = [&](const std::vector<int64_t>& s) { return to_torch(lm->forward({.input_ids = ids_of({s})})->logprobs)[0]; };
   auto la = alone(a), lb = alone(b);
   // Right padding for b in one batch with a; then left padding.
-  auto right = lm->forward({.input_ids = ids_tensor({a, {6, 7, 8, 0, 0}}),
-                            .attention_mask = ids_tensor({{1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}})});
+  auto right = lm->forward({.input_ids = ids_of({a, {6, 7, 8, 0, 0}}),
+                            .attention_mask = ids_of({{1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}})});
   ASSERT_TRUE(right) << describe(right.error());
   auto r = to_torch(right->logprobs);
   EXPECT_TRUE(at::allclose(r[0], la, 1e-5, 1e-5));
   EXPECT_TRUE(at::allclose(r[1].narrow(0, 0, 3), lb, 1e-5, 1e-5));
   EXPECT_EQ(r[1][3].item<float>(), 0.f);
-  auto left = lm->forward({.input_ids = ids_tensor({{0, 0, 6, 7, 8}}), .attention_mask = ids_tensor({{0, 0, 1, 1, 1}})});
+  auto left = lm->forward({.input_ids = ids_of({{0, 0, 6, 7, 8}}), .attention_mask = ids_of({{0, 0, 1, 1, 1}})});
   ASSERT_TRUE(left);
   EXPECT_TRUE(at::allclose(to_torch(left->logprobs)[0].narrow(0, 2, 3), lb, 1e-5, 1e-5));
   // Packed: a and b in one row, segments 0 and 1.
-  auto packed = lm->forward({.input_ids = ids_tensor({{1, 2, 3, 4, 5, 6, 7, 8}}),
-                             .segment_ids = ids_tensor({{0, 0, 0, 0, 0, 1, 1, 1}})});
+  auto packed = lm->forward({.input_ids = ids_of({{1, 2, 3, 4, 5, 6, 7, 8}}),
+                             .segment_ids = ids_of({{0, 0, 0, 0, 0, 1, 1, 1}})});
   ASSERT_TRUE(packed);
   auto p = to_torch(packed->logprobs)[0];
   EXPECT_TRUE(at::allclose(p.narrow(0, 0, 5), la, 1e-5, 1e-5));
@@ -261,13 +259,13 @@ TEST(Model, LoadingIsStrictAboutNamesAndShapes) {
 TEST(Model, BadBatchesAreClearErrors) {
   auto lm = CausalLM::init_random(tiny(Architecture::llama), 1);
   ASSERT_TRUE(lm);
-  auto oov = lm->forward({.input_ids = ids_tensor({{1, 2, 37}})});
+  auto oov = lm->forward({.input_ids = ids_of({{1, 2, 37}})});
   ASSERT_FALSE(oov);
   EXPECT_NE(describe(oov.error()).find("input_ids[0, 2] = 37 is outside the vocabulary [0, 37)"), std::string::npos)
       << describe(oov.error());
-  auto neg = lm->forward({.input_ids = ids_tensor({{-1, 2}})});
+  auto neg = lm->forward({.input_ids = ids_of({{-1, 2}})});
   ASSERT_FALSE(neg);
-  auto shape = lm->forward({.input_ids = ids_tensor({{1, 2, 3}}), .attention_mask = ids_tensor({{1, 1}})});
+  auto shape = lm->forward({.input_ids = ids_of({{1, 2, 3}}), .attention_mask = ids_of({{1, 1}})});
   ASSERT_FALSE(shape);
   EXPECT_NE(describe(shape.error()).find("attention_mask is i64[1, 2] but input_ids is [1, 3]"), std::string::npos)
       << describe(shape.error());
@@ -276,7 +274,7 @@ TEST(Model, BadBatchesAreClearErrors) {
   auto floats = lm->forward({.input_ids = *Tensor::zeros(Dtype::f32, {1, 2})});
   ASSERT_FALSE(floats);
   // Padding may hold anything, even ids outside the vocabulary.
-  EXPECT_TRUE(lm->forward({.input_ids = ids_tensor({{1, 999}}), .attention_mask = ids_tensor({{1, 0}})}));
+  EXPECT_TRUE(lm->forward({.input_ids = ids_of({{1, 999}}), .attention_mask = ids_of({{1, 0}})}));
 }
 
 TEST(ModelConfigJson, ParsesHuggingFaceConfigs) {

@@ -6,6 +6,8 @@
 
 #include "components/tensor/torch_bridge.hpp"
 
+#include "support/tensors.hpp"
+
 #include <gtest/gtest.h>
 
 #include <c10/core/GradMode.h>
@@ -15,11 +17,7 @@
 namespace glint::components {
 namespace {
 
-Tensor ids_of(const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<int64_t> flat;
-  for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
-  return *Tensor::from_values(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
-}
+using glint::testing::ids_of;
 
 ModelConfig small(Architecture a = Architecture::qwen3) { return ModelConfig::make(a, 23, 16, 32, 2, 4, 2); }
 

@@ -1,0 +1,18 @@
+#pragma once
+// Small tensors for tests.
+
+#include "runtime/tensor.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace glint::testing {
+
+/// An i64 [rows, cols] tensor from equally long rows.
+inline Tensor ids_of(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int64_t> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return *Tensor::from_values(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.at(0).size())});
+}
+
+}  // namespace glint::testing

@@ -1,5 +1,6 @@
 #include "components/model/trainer.hpp"
 
+#include "components/comm/process_group_impl.hpp"
 #include "components/model/optim_impl.hpp"
 #include "components/model/transformer.hpp"
 #include "components/rl/losses.hpp"
@@ -195,9 +196,25 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   if (impl_->micro_batches == 0)
     return make_error(errc::failed_precondition, "clip_grad_and_step without forward_backward since the last step");
   auto params = impl_->params();
+  double total = impl_->accumulated;
+  if (const auto& dp = impl_->cfg.dp_group; dp && dp->size() > 1) {
+    // Every rank must send the same tensors: a gradient a rank did not
+    // produce (a module its batch skipped) counts as zero.
+    std::vector<at::Tensor> parts;
+    for (auto& [n, p] : params) {
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      parts.push_back(p.grad());
+    }
+    parts.push_back(at::full({1}, total, at::kDouble));
+    if (auto ok = all_reduce_sum(*dp, parts); !ok) {
+      zero_grad();
+      return ok.error();
+    }
+    total = parts.back().item<double>();
+  }
   {
     c10::NoGradGuard no_grad;
-    double scale = impl_->accumulated > 0 ? 1.0 / impl_->accumulated : 0.0;
+    double scale = total > 0 ? 1.0 / total : 0.0;
     for (auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }

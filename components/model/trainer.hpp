@@ -17,6 +17,7 @@
 /// Bad input (shapes, ids, NaN advantages) is an error and leaves the
 /// accumulated gradients as they were.
 
+#include "components/comm/process_group.hpp"
 #include "components/model/model.hpp"
 #include "components/model/optim.hpp"
 
@@ -57,6 +58,10 @@ struct TrainConfig {
   /// frozen; empty: every base parameter. Several trainers, one per adapter,
   /// may share one model (one per tenant).
   std::string adapter{};
+  /// Data-parallel ranks to average with: clip_grad_and_step sums gradients
+  /// and counts over the group before it divides, so dp ranks with the
+  /// same weights take the same step (null or size 1: alone).
+  std::shared_ptr<ProcessGroup> dp_group{};
 };
 
 using Metrics = std::map<std::string, double>;

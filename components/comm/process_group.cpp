@@ -1,0 +1,118 @@
+#include "components/comm/process_group_impl.hpp"
+
+#include "components/tensor/torch_bridge.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <c10/core/GradMode.h>
+
+namespace glint::components {
+
+struct ProcessGroup::Impl {
+  CommConfig cfg;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+
+  template <class F>
+  Result<void> run(const char* what, F&& f) {
+    try {
+      f();
+      return {};
+    } catch (const std::exception& e) {
+      const auto* c = dynamic_cast<const c10::Error*>(&e);
+      return make_error(errc::unavailable, std::string{what} + " on rank " + std::to_string(cfg.rank) + " of " +
+                                               std::to_string(cfg.world_size) + " failed: " +
+                                               (c ? c->what_without_backtrace() : e.what()));
+    }
+  }
+};
+
+Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg) {
+  if (cfg.world_size < 1 || cfg.rank < 0 || cfg.rank >= cfg.world_size)
+    return make_error(errc::invalid_argument, "process group rank " + std::to_string(cfg.rank) +
+                                                  " is outside a world of " + std::to_string(cfg.world_size));
+  if (cfg.backend != "gloo")
+    return make_error(errc::unimplemented, "process group backend '" + cfg.backend +
+                                               "' is not in this build (CPU build: use gloo)");
+  if (cfg.store_port == 0 && cfg.world_size > 1)
+    return make_error(errc::invalid_argument, "a process group of several ranks needs a store port");
+  auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup);
+  pg->impl_ = std::make_unique<Impl>();
+  auto& impl = *pg->impl_;
+  impl.cfg = cfg;
+  auto ok = impl.run("joining the process group", [&] {
+    c10d::TCPStoreOptions so;
+    so.port = cfg.store_port;
+    so.isServer = cfg.rank == 0;
+    so.numWorkers = static_cast<size_t>(cfg.world_size);
+    so.waitWorkers = false;
+    so.timeout = cfg.timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.store_host, so);
+    impl.store = c10::make_intrusive<c10d::PrefixStore>(cfg.prefix, tcp);
+    auto opts = c10d::ProcessGroupGloo::Options::create(cfg.timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(cfg.store_host));
+    opts->threads = 1;
+    impl.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl.store, cfg.rank, cfg.world_size, opts);
+  });
+  if (!ok) return ok.error();
+  return pg;
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const { return impl_->cfg.rank; }
+int ProcessGroup::size() const { return impl_->cfg.world_size; }
+
+Result<void> all_reduce_sum(ProcessGroup& pg, std::vector<at::Tensor>& tensors) {
+  auto& impl = pg.impl();
+  if (tensors.empty() || impl.cfg.world_size == 1) return {};
+  return impl.run("all_reduce", [&] {
+    c10::NoGradGuard no_grad;
+    // One flat buffer per dtype: one collective instead of one per tensor.
+    std::map<at::ScalarType, std::vector<at::Tensor*>> by_dtype;
+    for (auto& t : tensors) by_dtype[t.scalar_type()].push_back(&t);
+    for (auto& [dtype, ts] : by_dtype) {
+      std::vector<at::Tensor> flat_parts;
+      for (auto* t : ts) flat_parts.push_back(t->reshape({-1}));
+      std::vector<at::Tensor> buf{at::cat(flat_parts)};
+      impl.pg->allreduce(buf)->wait();
+      int64_t offset = 0;
+      for (auto* t : ts) {
+        auto n = t->numel();
+        t->copy_(buf[0].narrow(0, offset, n).view(t->sizes()));
+        offset += n;
+      }
+    }
+  });
+}
+
+Result<void> ProcessGroup::all_reduce_sum(std::vector<Tensor>& tensors) {
+  std::vector<at::Tensor> ts;
+  for (auto& t : tensors) ts.push_back(to_torch(t));
+  return components::all_reduce_sum(*this, ts);
+}
+
+Result<void> ProcessGroup::broadcast(std::vector<Tensor>& tensors, int root) {
+  if (root < 0 || root >= size())
+    return make_error(errc::invalid_argument, "broadcast root " + std::to_string(root) + " is not a rank");
+  if (size() == 1) return {};
+  return impl_->run("broadcast", [&] {
+    std::vector<at::Tensor> ts;
+    for (auto& t : tensors) ts.push_back(to_torch(t));
+    for (auto& t : ts) {
+      std::vector<at::Tensor> one{t};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      impl_->pg->broadcast(one, o)->wait();
+    }
+  });
+}
+
+Result<void> ProcessGroup::barrier() {
+  if (size() == 1) return {};
+  return impl_->run("barrier", [&] { impl_->pg->barrier()->wait(); });
+}
+
+}  // namespace glint::components

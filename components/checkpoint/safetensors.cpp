@@ -215,6 +215,18 @@ Result<void> write_safetensors(const std::string& path, const NamedTensors& tens
   return {};
 }
 
+Result<std::map<std::string, Tensor>> load_safetensors(const std::string& path) {
+  auto f = SafetensorsFile::open(path);
+  if (!f) return f.error();
+  std::map<std::string, Tensor> out;
+  for (const auto& name : f->names()) {
+    auto t = f->get(name);
+    if (!t) return t.error();
+    out.emplace(name, std::move(*t));
+  }
+  return out;
+}
+
 Result<std::map<std::string, Tensor>> load_safetensors_dir(const std::string& dir) {
   std::map<std::string, Tensor> out;
   auto single = fs::path{dir} / "model.safetensors";
@@ -249,13 +261,10 @@ Result<std::map<std::string, Tensor>> load_safetensors_dir(const std::string& di
   }
   std::vector<std::string> duplicated;
   for (const auto& file : files) {
-    auto f = SafetensorsFile::open(file);
-    if (!f) return f.error();
-    for (const auto& name : f->names()) {
-      auto t = f->get(name);
-      if (!t) return t.error();
-      if (!out.emplace(name, std::move(*t)).second) duplicated.push_back(name);
-    }
+    auto tensors = load_safetensors(file);
+    if (!tensors) return tensors.error();
+    for (auto& [name, t] : *tensors)
+      if (!out.emplace(name, std::move(t)).second) duplicated.push_back(name);
   }
   if (!duplicated.empty())
     return make_error(errc::invalid_argument, dir + ": tensors in more than one shard: " + join(duplicated));

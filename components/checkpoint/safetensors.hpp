@@ -61,6 +61,9 @@ std::string_view safetensors_dtype(Dtype d);
 Result<void> write_safetensors(const std::string& path, const NamedTensors& tensors,
                                const std::map<std::string, std::string>& metadata = {});
 
+/// Every tensor of one safetensors file, by name (views of the mapped file).
+Result<std::map<std::string, Tensor>> load_safetensors(const std::string& path);
+
 /// Every tensor of a Hugging Face model directory: `model.safetensors`, or
 /// the shards listed by `model.safetensors.index.json`. Names are unique
 /// across shards; the error lists what is missing or duplicated.

@@ -18,26 +18,15 @@ using namespace std::chrono_literals;
 using actors::probe_actor;
 using placement::DeviceGroup;
 
-class GroupTest : public ::testing::TestWithParam<Mode> {
+class GroupTest : public testing::ModeJobTest {
 protected:
   void SetUp() override {
-    auto job = testing::TestJob::start(GetParam(), 2);
-    ASSERT_TRUE(job) << describe(job.error());
-    job_ = std::move(*job);
-    // spread: in cluster mode rank 0 lives in the driver, rank 1 in the node process.
-    {
-    auto svc = placement::service(*job_.rt, {.strategy = placement::Strategy::spread});
-    ASSERT_TRUE(svc) << describe(svc.error());
-  }
+    testing::ModeJobTest::SetUp();
+    if (HasFatalFailure()) return;
     auto g = placement::spawn_group<probe_actor>(*job_.rt, DeviceGroup::of("probe", 2), actors::probe_type);
     ASSERT_TRUE(g) << describe(g.error());
     group_ = std::move(*g);
   }
-  void TearDown() override {
-    if (job_.rt) job_.rt->shutdown();
-    for (auto& n : job_.nodes) EXPECT_EQ(n.wait_for(10s), std::optional<int>{0}) << "a node process did not exit cleanly";
-  }
-  testing::TestJob job_;
   Group<probe_actor> group_;
 };
 

@@ -1,6 +1,7 @@
 #include "support/cluster.hpp"
 
 #include "actors/probe.hpp"
+#include "placement/service.hpp"
 #include "support/roles.hpp"
 
 #include <chrono>
@@ -60,6 +61,20 @@ Result<TestJob> TestJob::start(Mode mode, int world, Options opts) {
   if (!rt) return rt.error();
   job.rt = std::move(*rt);
   return job;
+}
+
+void ModeJobTest::SetUp() {
+  auto job = TestJob::start(GetParam(), 2);
+  ASSERT_TRUE(job) << describe(job.error());
+  job_ = std::move(*job);
+  auto svc = placement::service(*job_.rt, {.strategy = placement::Strategy::spread});
+  ASSERT_TRUE(svc) << describe(svc.error());
+}
+
+void ModeJobTest::TearDown() {
+  if (job_.rt) job_.rt->shutdown();
+  for (auto& n : job_.nodes)
+    EXPECT_EQ(n.wait_for(std::chrono::seconds(10)), std::optional<int>{0}) << "a node process did not exit cleanly";
 }
 
 }  // namespace glint::testing

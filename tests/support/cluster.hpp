@@ -5,6 +5,8 @@
 #include "runtime/process.hpp"
 #include "runtime/runtime.hpp"
 
+#include <gtest/gtest.h>
+
 #include <memory>
 #include <vector>
 
@@ -16,6 +18,17 @@ struct TestJob {
 
   /// mode local: just a runtime; cluster: a driver plus world - 1 nodes.
   static Result<TestJob> start(Mode mode, int world = 2, Options base = {});
+};
+
+/// A fixture run once per Mode (local, cluster): a job of two processes in
+/// cluster mode, with a placement service that spreads ranks (rank 0 in the
+/// driver, rank 1 in the node process). TearDown shuts down and checks that
+/// every node process exits cleanly.
+class ModeJobTest : public ::testing::TestWithParam<Mode> {
+protected:
+  void SetUp() override;
+  void TearDown() override;
+  TestJob job_;
 };
 
 }  // namespace glint::testing

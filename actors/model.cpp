@@ -1,0 +1,383 @@
+#include "actors/model.hpp"
+
+#include "components/comm/process_group.hpp"
+#include "components/model/trainer.hpp"
+#include "runtime/text.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <optional>
+#include <set>
+
+namespace glint::actors {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace glint::components;
+
+const std::set<std::string> batch_keys = {"input_ids",   "attention_mask", "segment_ids", "position_ids", "target_ids",
+                                          "loss_mask",   "old_logps",      "ref_logps",   "advantages"};
+
+Result<TrainBatch> to_train_batch(const Batch& b) {
+  std::vector<std::string> unknown;
+  for (const auto& [k, t] : b.tensors)
+    if (!batch_keys.count(k)) unknown.push_back(k);
+  if (!unknown.empty())
+    return make_error(errc::invalid_argument, "the batch has tensors the model does not read: " + join(unknown) +
+                                                  " (it reads " + join(batch_keys) + ")");
+  auto get = [&](const char* k) {
+    auto it = b.tensors.find(k);
+    return it == b.tensors.end() ? Tensor{} : it->second;
+  };
+  TrainBatch out;
+  out.tokens.input_ids = get("input_ids");
+  if (!out.tokens.input_ids.defined()) return make_error(errc::invalid_argument, "the batch has no input_ids");
+  out.tokens.attention_mask = get("attention_mask");
+  out.tokens.segment_ids = get("segment_ids");
+  out.tokens.position_ids = get("position_ids");
+  out.tokens.target_ids = get("target_ids");
+  out.loss_mask = get("loss_mask");
+  out.old_logps = get("old_logps");
+  out.ref_logps = get("ref_logps");
+  out.advantages = get("advantages");
+  return out;
+}
+
+Result<LossSpec> to_loss_spec(const LossSettings& s) {
+  auto kind = parse_loss_kind(s.kind);
+  if (!kind) return kind.error();
+  return LossSpec{*kind, s.epsilon, s.epsilon_high, s.beta, s.entropy_coef, s.max_tokens};
+}
+
+Result<OptimizerConfig> to_optimizer(const OptimizerSettings& s) {
+  auto kind = OptimizerConfig::parse_kind(s.kind);
+  if (!kind) return kind.error();
+  OptimizerConfig c{*kind, s.lr, s.weight_decay, s.beta1, s.beta2, s.eps, s.momentum};
+  if (auto ok = c.validate(); !ok) return ok.error();
+  if (!(s.max_grad_norm >= 0)) return make_error(errc::invalid_argument, "max_grad_norm must be >= 0");
+  return c;
+}
+
+Result<SchedulerConfig> to_scheduler(const SchedulerSettings& s) {
+  auto kind = SchedulerConfig::parse_kind(s.kind);
+  if (!kind) return kind.error();
+  SchedulerConfig c{*kind, s.warmup_steps, s.total_steps, s.min_lr_ratio};
+  if (auto ok = c.validate(); !ok) return ok.error();
+  return c;
+}
+
+/// One adapter's (or the full model's, "") training state.
+struct Tenant {
+  LossSettings loss;
+  OptimizerSettings optimizer;
+  SchedulerSettings scheduler;
+  std::optional<Trainer> trainer;  ///< made at the first forward_backward
+  std::map<std::string, std::pair<double, int64_t>> metric_sums;
+};
+
+struct ModelState {
+  RankContext ctx;
+  ModelSpec spec;
+  std::optional<CausalLM> model;
+  caf::error load_error;  ///< why there is no model; every call answers it
+  std::map<std::string, Tenant> tenants;
+  std::shared_ptr<ProcessGroup> dp;
+
+  std::string where() const {
+    return "rank " + std::to_string(ctx.rank) + " of model group '" + ctx.group + "'";
+  }
+
+  caf::error fail(const caf::error& e) const { return with_context(e, where()); }
+
+  Result<CausalLM*> ready() {
+    if (!model) return load_error;
+    return &*model;
+  }
+
+  Result<Tenant*> tenant(const std::string& adapter) {
+    auto m = ready();
+    if (!m) return m.error();
+    if (!adapter.empty() && !(*m)->has_adapter(adapter)) {
+      auto names = (*m)->adapters();
+      return make_error(errc::not_found, "no adapter '" + adapter + "' on this model (adapters: " +
+                                             (names.empty() ? std::string{"none"} : join(names)) + ")");
+    }
+    return &tenants[adapter];
+  }
+
+  Result<std::shared_ptr<ProcessGroup>> dp_group() {
+    if (ctx.dp_size <= 1) return std::shared_ptr<ProcessGroup>{};
+    if (dp) return dp;
+    if (spec.store_port <= 0)
+      return make_error(errc::invalid_argument, "the model group has dp_size " + std::to_string(ctx.dp_size) +
+                                                    " but no store_port for its process group (ModelSpec)");
+    auto pg = ProcessGroup::create({.store_host = spec.store_host,
+                                    .store_port = static_cast<uint16_t>(spec.store_port),
+                                    .rank = ctx.dp_rank,
+                                    .world_size = ctx.dp_size,
+                                    .prefix = "glint/" + ctx.group});
+    if (!pg) return pg.error();
+    dp = *pg;
+    return dp;
+  }
+
+  Result<Trainer*> trainer(const std::string& adapter) {
+    auto t = tenant(adapter);
+    if (!t) return t.error();
+    auto& ten = **t;
+    if (ten.trainer) return &*ten.trainer;
+    auto opt = to_optimizer(ten.optimizer);
+    if (!opt) return opt.error();
+    auto sched = to_scheduler(ten.scheduler);
+    if (!sched) return sched.error();
+    auto group = dp_group();
+    if (!group) return group.error();
+    auto tr = Trainer::create(*model, {*opt, *sched, ten.optimizer.max_grad_norm, adapter, *group});
+    if (!tr) return tr.error();
+    ten.trainer = std::move(*tr);
+    return &*ten.trainer;
+  }
+};
+
+void load_model(ModelState& st) {
+  if (!st.spec.model_dir.empty()) {
+    auto lm = CausalLM::load(st.spec.model_dir);
+    if (lm) st.model = std::move(*lm);
+    else st.load_error = lm.error();
+    return;
+  }
+  auto cfg = ModelConfig::parse(st.spec.config_json, "ModelSpec::config_json");
+  if (!cfg) {
+    st.load_error = cfg.error();
+    return;
+  }
+  auto lm = CausalLM::init_random(*cfg, st.spec.seed);
+  if (lm) st.model = std::move(*lm);
+  else st.load_error = lm.error();
+}
+
+nlohmann::json configs_json(ModelState& st, const std::string& adapter, const Tenant& t) {
+  nlohmann::json j;
+  j["model"] = nlohmann::json::parse(st.model->config().to_json());
+  j["adapters"] = st.model->adapters();
+  j["adapter"] = adapter;
+  if (const auto* lc = adapter.empty() ? nullptr : st.model->adapter_config(adapter))
+    j["lora"] = {{"r", lc->r}, {"alpha", lc->alpha}, {"dropout", lc->dropout}, {"target_modules", lc->target_modules},
+                 {"rslora", lc->rslora}};
+  j["loss"] = {{"kind", t.loss.kind}, {"epsilon", t.loss.epsilon}, {"epsilon_high", t.loss.epsilon_high},
+               {"beta", t.loss.beta}, {"entropy_coef", t.loss.entropy_coef}, {"max_tokens", t.loss.max_tokens}};
+  j["optimizer"] = {{"kind", t.optimizer.kind}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay},
+                    {"betas", {t.optimizer.beta1, t.optimizer.beta2}}, {"eps", t.optimizer.eps},
+                    {"max_grad_norm", t.optimizer.max_grad_norm}};
+  j["lr_scheduler"] = {{"kind", t.scheduler.kind}, {"warmup_steps", t.scheduler.warmup_steps},
+                       {"total_steps", t.scheduler.total_steps}, {"min_lr_ratio", t.scheduler.min_lr_ratio}};
+  j["step"] = t.trainer ? t.trainer->step() : 0;
+  j["data_parallel"] = {{"rank", st.ctx.dp_rank}, {"size", st.ctx.dp_size}};
+  return j;
+}
+
+}  // namespace
+
+model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec) {
+  auto st = std::make_shared<ModelState>();
+  st->ctx = std::move(ctx);
+  st->spec = std::move(spec);
+  load_model(*st);
+  (void)self;
+  // Every handler answers through `answer`: a result, or the error with the rank named.
+  auto answer = [st](auto&& r) -> caf::result<std::decay_t<decltype(*r)>> {
+    if (!r) return st->fail(r.error());
+    return std::move(*r);
+  };
+  return {
+      [st, answer](forward_backward_atom, const Batch& b, const std::string& adapter) -> caf::result<Metrics> {
+        auto run = [&]() -> Result<Metrics> {
+          auto tb = to_train_batch(b);
+          if (!tb) return tb.error();
+          auto tr = st->trainer(adapter);
+          if (!tr) return tr.error();
+          auto spec = to_loss_spec(st->tenants[adapter].loss);
+          if (!spec) return spec.error();
+          auto m = (*tr)->forward_backward(*tb, *spec);
+          if (!m) return m.error();
+          for (const auto& [k, v] : *m) {
+            auto& [sum, n] = st->tenants[adapter].metric_sums[k];
+            sum += v;
+            ++n;
+          }
+          return m;
+        };
+        return answer(run());
+      },
+      [st, answer](forward_only_atom, const Batch& b, const std::string& adapter) -> caf::result<Tensor> {
+        auto run = [&]() -> Result<Tensor> {
+          auto tb = to_train_batch(b);
+          if (!tb) return tb.error();
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          auto out = st->model->forward(tb->tokens, {.adapter = adapter});
+          if (!out) return out.error();
+          return out->logprobs;
+        };
+        return answer(run());
+      },
+      [st, answer](clip_grad_and_step_atom, const std::string& adapter) -> caf::result<Metrics> {
+        auto run = [&]() -> Result<Metrics> {
+          auto tr = st->trainer(adapter);
+          if (!tr) return tr.error();
+          return (*tr)->clip_grad_and_step();
+        };
+        return answer(run());
+      },
+      [st, answer](set_loss_atom, const std::string& adapter, const LossSettings& s) -> caf::result<bool> {
+        auto run = [&]() -> Result<bool> {
+          if (auto spec = to_loss_spec(s); !spec) return spec.error();
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          (*t)->loss = s;
+          return true;
+        };
+        return answer(run());
+      },
+      [st, answer](set_optimizer_atom, const std::string& adapter, const OptimizerSettings& s) -> caf::result<bool> {
+        auto run = [&]() -> Result<bool> {
+          auto opt = to_optimizer(s);
+          if (!opt) return opt.error();
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          (*t)->optimizer = s;
+          if ((*t)->trainer) {
+            if (auto ok = (*t)->trainer->set_optimizer(*opt); !ok) return ok.error();
+          }
+          return true;
+        };
+        return answer(run());
+      },
+      [st, answer](set_lr_scheduler_atom, const std::string& adapter, const SchedulerSettings& s) -> caf::result<bool> {
+        auto run = [&]() -> Result<bool> {
+          auto sched = to_scheduler(s);
+          if (!sched) return sched.error();
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          (*t)->scheduler = s;
+          if ((*t)->trainer) {
+            if (auto ok = (*t)->trainer->set_lr_scheduler(*sched); !ok) return ok.error();
+          }
+          return true;
+        };
+        return answer(run());
+      },
+      [st, answer](add_adapter_atom, const std::string& name, const LoraSettings& s) -> caf::result<bool> {
+        auto run = [&]() -> Result<bool> {
+          auto m = st->ready();
+          if (!m) return m.error();
+          LoraConfig c{s.r, s.alpha, s.dropout, s.target_modules, s.rslora};
+          if (auto ok = (*m)->add_adapter(name, c, s.seed); !ok) return ok.error();
+          return true;
+        };
+        return answer(run());
+      },
+      [st, answer](remove_adapter_atom, const std::string& name) -> caf::result<bool> {
+        auto run = [&]() -> Result<bool> {
+          auto m = st->ready();
+          if (!m) return m.error();
+          if (name.empty()) return make_error(errc::invalid_argument, "the full model is not an adapter to remove");
+          if (auto ok = (*m)->remove_adapter(name); !ok) return ok.error();
+          st->tenants.erase(name);
+          return true;
+        };
+        return answer(run());
+      },
+      [st, answer](calculate_metric_atom, const std::string& adapter) -> caf::result<Metrics> {
+        auto run = [&]() -> Result<Metrics> {
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          Metrics out;
+          for (const auto& [k, sn] : (*t)->metric_sums) out[k] = sn.first / static_cast<double>(sn.second);
+          (*t)->metric_sums.clear();
+          if ((*t)->trainer) {
+            out["step"] = static_cast<double>((*t)->trainer->step());
+            out["lr"] = (*t)->trainer->current_lr();
+          }
+          return out;
+        };
+        return answer(run());
+      },
+      [st, answer](get_train_configs_atom, const std::string& adapter) -> caf::result<std::string> {
+        auto run = [&]() -> Result<std::string> {
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          return configs_json(*st, adapter, **t).dump(2);
+        };
+        return answer(run());
+      },
+      [st, answer](save_atom, const std::string& adapter, const std::string& dir,
+                   bool with_optimizer) -> caf::result<std::string> {
+        auto run = [&]() -> Result<std::string> {
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          auto ok = adapter.empty() ? st->model->save(dir) : st->model->save_adapter(adapter, dir);
+          if (!ok) return ok.error();
+          if (with_optimizer && (*t)->trainer) {
+            auto path = (fs::path{dir} / "optimizer.safetensors").string();
+            if (auto w = write_safetensors(path, (*t)->trainer->optimizer_state()); !w) return w.error();
+          }
+          return dir;
+        };
+        return answer(run());
+      },
+      [st, answer](load_atom, const std::string& adapter, const std::string& dir, bool with_optimizer) -> caf::result<bool> {
+        auto run = [&]() -> Result<bool> {
+          if (adapter.empty()) {
+            auto lm = CausalLM::load(dir);
+            if (!lm) return lm.error();
+            st->model = std::move(*lm);
+            st->load_error = caf::none;
+            st->tenants.clear();  // trainers held the old weights
+          } else {
+            auto m = st->ready();
+            if (!m) return m.error();
+            if ((*m)->has_adapter(adapter)) {
+              if (auto ok = (*m)->remove_adapter(adapter); !ok) return ok.error();
+              st->tenants.erase(adapter);
+            }
+            if (auto ok = (*m)->load_adapter(adapter, dir); !ok) return ok.error();
+          }
+          if (with_optimizer) {
+            auto state = load_safetensors((fs::path{dir} / "optimizer.safetensors").string());
+            if (!state) return state.error();
+            auto tr = st->trainer(adapter);
+            if (!tr) return tr.error();
+            if (auto ok = (*tr)->load_optimizer_state(*state); !ok) return ok.error();
+          }
+          return true;
+        };
+        return answer(run());
+      },
+      [st, answer](export_weights_atom, const std::string& adapter) -> caf::result<NamedTensorList> {
+        auto run = [&]() -> Result<NamedTensorList> {
+          auto t = st->tenant(adapter);
+          if (!t) return t.error();
+          NamedTensors named;
+          if (adapter.empty()) {
+            named = st->model->named_parameters();
+          } else {
+            auto a = st->model->adapter_parameters(adapter);
+            if (!a) return a.error();
+            named = std::move(*a);
+          }
+          NamedTensorList out;
+          for (auto& [n, tensor] : named) {
+            out.names.push_back(n);
+            out.tensors.push_back(tensor.clone());  // a snapshot: training goes on
+          }
+          return out;
+        };
+        return answer(run());
+      },
+  };
+}
+
+}  // namespace glint::actors

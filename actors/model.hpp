@@ -1,0 +1,190 @@
+#pragma once
+/// The model shard actor: one rank of a model group, holding a CausalLM,
+/// its LoRA adapters and one trainer (optimizer, schedule) per adapter, and
+/// answering the calls users know from Twinkle:
+///
+///   auto model = placement::spawn_group<actors::model_actor>(rt, DeviceGroup::of("model", 2), mesh,
+///                                                            actors::model_type, actors::ModelSpec{...});
+///   model->call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, std::string{""});
+///   model->call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, std::string{""});
+///
+/// Batches are glint::Batch with named tensors: input_ids (required),
+/// attention_mask, segment_ids, position_ids, target_ids, loss_mask,
+/// old_logps, ref_logps, advantages (see components/model/trainer.hpp). The
+/// adapter argument names a LoRA adapter; "" is the full model.
+///
+/// Data parallelism: ranks of a group with dp_size > 1 join one c10d process
+/// group (Gloo) at their first step, through the store address in their
+/// ModelSpec, and average gradients there; give every rank its slice with
+/// Dispatch::slice_dp and call clip_grad_and_step on all of them.
+///
+/// Handlers never throw and always answer: bad input (an id outside the
+/// vocabulary, mismatched shapes, an unknown adapter, NaN advantages, a
+/// missing or truncated weights file) is an error naming what and where, and
+/// the next call is served.
+
+#include "runtime/batch.hpp"
+#include "runtime/dispatch.hpp"
+#include "runtime/registry.hpp"
+#include "runtime/tensor.hpp"
+#include "runtime/types.hpp"
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace glint::actors {
+
+/// Named numbers: losses, gradient norms, learning rates.
+using Metrics = std::map<std::string, double>;
+
+/// What a model rank loads and where its data-parallel group meets.
+struct ModelSpec {
+  std::string model_dir{};    ///< a Hugging Face directory to load, or
+  std::string config_json{};  ///< a config.json text for random weights
+  uint64_t seed = 0;        ///< of the random weights (the same on every rank)
+  std::string store_host = "127.0.0.1";  ///< the dp group's TCPStore (hosted by dp rank 0)
+  int32_t store_port = 0;
+  friend bool operator==(const ModelSpec&, const ModelSpec&) = default;
+};
+
+struct LossSettings {
+  std::string kind = "cross_entropy";  ///< cross_entropy, grpo, gspo, dr_grpo, cispo
+  double epsilon = 0.2;
+  double epsilon_high = 0.2;
+  double beta = 0.0;
+  double entropy_coef = 0.0;
+  int64_t max_tokens = 0;
+  friend bool operator==(const LossSettings&, const LossSettings&) = default;
+};
+
+struct OptimizerSettings {
+  std::string kind = "adamw";  ///< adamw, sgd
+  double lr = 1e-4;
+  double weight_decay = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double momentum = 0.0;
+  double max_grad_norm = 1.0;
+  friend bool operator==(const OptimizerSettings&, const OptimizerSettings&) = default;
+};
+
+struct SchedulerSettings {
+  std::string kind = "constant";  ///< constant, linear, cosine
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;
+  double min_lr_ratio = 0.0;
+  friend bool operator==(const SchedulerSettings&, const SchedulerSettings&) = default;
+};
+
+struct LoraSettings {
+  int64_t r = 8;
+  double alpha = 16;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  bool rslora = false;
+  uint64_t seed = 0;
+  friend bool operator==(const LoraSettings&, const LoraSettings&) = default;
+};
+
+/// Named tensors (weights for sync, checkpoints).
+struct NamedTensorList {
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+  friend bool operator==(const NamedTensorList&, const NamedTensorList&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ModelSpec& x) {
+  return f(caf::meta::type_name("glint.model_spec"), x.model_dir, x.config_json, x.seed, x.store_host, x.store_port);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LossSettings& x) {
+  return f(caf::meta::type_name("glint.loss_settings"), x.kind, x.epsilon, x.epsilon_high, x.beta, x.entropy_coef,
+           x.max_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, OptimizerSettings& x) {
+  return f(caf::meta::type_name("glint.optimizer_settings"), x.kind, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps,
+           x.momentum, x.max_grad_norm);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SchedulerSettings& x) {
+  return f(caf::meta::type_name("glint.scheduler_settings"), x.kind, x.warmup_steps, x.total_steps, x.min_lr_ratio);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoraSettings& x) {
+  return f(caf::meta::type_name("glint.lora_settings"), x.r, x.alpha, x.dropout, x.target_modules, x.rslora, x.seed);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, NamedTensorList& x) {
+  return f(caf::meta::type_name("glint.named_tensors"), x.names, x.tensors);
+}
+
+using forward_backward_atom = caf::atom_constant<caf::atom("fwd_bwd")>;
+using forward_only_atom = caf::atom_constant<caf::atom("fwd_only")>;
+using clip_grad_and_step_atom = caf::atom_constant<caf::atom("step")>;
+using set_loss_atom = caf::atom_constant<caf::atom("set_loss")>;
+using set_optimizer_atom = caf::atom_constant<caf::atom("set_optim")>;
+using set_lr_scheduler_atom = caf::atom_constant<caf::atom("set_sched")>;
+using add_adapter_atom = caf::atom_constant<caf::atom("add_lora")>;
+using remove_adapter_atom = caf::atom_constant<caf::atom("rm_lora")>;
+using calculate_metric_atom = caf::atom_constant<caf::atom("metrics")>;
+using get_train_configs_atom = caf::atom_constant<caf::atom("configs")>;
+using save_atom = caf::atom_constant<caf::atom("save")>;
+using load_atom = caf::atom_constant<caf::atom("load")>;
+using export_weights_atom = caf::atom_constant<caf::atom("export")>;
+
+inline constexpr forward_backward_atom forward_backward_atom_v{};
+inline constexpr forward_only_atom forward_only_atom_v{};
+inline constexpr clip_grad_and_step_atom clip_grad_and_step_atom_v{};
+
+using model_actor = caf::typed_actor<
+    /// Adds the gradients of a batch for `adapter`; answers its metrics (loss, tokens, ...).
+    caf::replies_to<forward_backward_atom, Batch, std::string>::with<Metrics>,
+    /// Log-probabilities of the batch's targets (f32 [B, T]), no gradients.
+    caf::replies_to<forward_only_atom, Batch, std::string>::with<Tensor>,
+    /// Clips, steps the optimizer of `adapter`, clears its gradients; answers grad_norm, lr, step.
+    caf::replies_to<clip_grad_and_step_atom, std::string>::with<Metrics>,
+    /// The loss `adapter` trains with from now on.
+    caf::replies_to<set_loss_atom, std::string, LossSettings>::with<bool>,
+    /// A new optimizer for `adapter` (its state starts afresh).
+    caf::replies_to<set_optimizer_atom, std::string, OptimizerSettings>::with<bool>,
+    caf::replies_to<set_lr_scheduler_atom, std::string, SchedulerSettings>::with<bool>,
+    caf::replies_to<add_adapter_atom, std::string, LoraSettings>::with<bool>,
+    caf::replies_to<remove_adapter_atom, std::string>::with<bool>,
+    /// The mean of each metric over the forward_backward calls since the last
+    /// calculate_metric for `adapter`, and clears them.
+    caf::replies_to<calculate_metric_atom, std::string>::with<Metrics>,
+    /// A JSON text: the model config, adapters, loss, optimizer and schedule of `adapter`.
+    caf::replies_to<get_train_configs_atom, std::string>::with<std::string>,
+    /// Saves into directory `dir`: the full model (HF layout) for "", else the
+    /// adapter (PEFT layout); with the optimizer state (optimizer.safetensors)
+    /// when `with_optimizer`. Answers the directory.
+    caf::replies_to<save_atom, std::string, std::string, bool>::with<std::string>,
+    /// Loads `dir` into adapter `adapter` ("" : the full weights), and the
+    /// optimizer state too when `with_optimizer`.
+    caf::replies_to<load_atom, std::string, std::string, bool>::with<bool>,
+    /// The weights to sync to samplers: every base weight for "", else the
+    /// adapter's tensors under PEFT's names.
+    caf::replies_to<export_weights_atom, std::string>::with<NamedTensorList>>;
+
+inline constexpr const char* model_type = "glint.model";
+
+model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec);
+
+GLINT_REGISTER_MESSAGE_TYPE(model_spec, ModelSpec, "glint.model_spec");
+GLINT_REGISTER_MESSAGE_TYPE(loss_settings, LossSettings, "glint.loss_settings");
+GLINT_REGISTER_MESSAGE_TYPE(optimizer_settings, OptimizerSettings, "glint.optimizer_settings");
+GLINT_REGISTER_MESSAGE_TYPE(scheduler_settings, SchedulerSettings, "glint.scheduler_settings");
+GLINT_REGISTER_MESSAGE_TYPE(lora_settings, LoraSettings, "glint.lora_settings");
+GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensorList, "glint.named_tensors");
+GLINT_REGISTER_ACTOR(model, model_type, model_shard);
+
+}  // namespace glint::actors

@@ -1,0 +1,190 @@
+// The model shard actor in local and 2-process cluster mode: a dp=2 group
+// trains like one trainer on the whole batch; adapters, save/load and bad
+// input through the actor interface.
+#include "actors/model.hpp"
+#include "components/model/trainer.hpp"
+#include "placement/service.hpp"
+#include "runtime/group.hpp"
+#include "runtime/process.hpp"
+#include "support/cluster.hpp"
+#include "support/tensors.hpp"
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+namespace glint {
+namespace {
+
+using namespace std::chrono_literals;
+using actors::model_actor;
+using glint::testing::ids_of;
+
+components::ModelConfig tiny() { return components::ModelConfig::make(components::Architecture::qwen3, 31, 16, 32, 2, 4, 2); }
+
+Batch batch_of(const Tensor& ids, const Tensor& mask) {
+  Batch b;
+  b.tensors["input_ids"] = ids;
+  b.tensors["attention_mask"] = mask;
+  return b;
+}
+
+class ModelActorTest : public testing::ModeJobTest {
+protected:
+  Group<model_actor> spawn(actors::ModelSpec spec, int ranks = 2) {
+    auto port = pick_free_port();
+    EXPECT_TRUE(port);
+    spec.store_port = port ? *port : 0;
+    auto g = placement::spawn_group<model_actor>(*job_.rt, placement::DeviceGroup::of("model", ranks), actors::model_type,
+                                                 spec);
+    EXPECT_TRUE(g) << describe(g.error());
+    return g ? *g : Group<model_actor>{};
+  }
+};
+
+TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
+  auto group = spawn({.config_json = tiny().to_json(), .seed = 7});
+  auto ids = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 0, 0, 0}, {4, 4, 4, 4, 0, 0}, {9, 8, 7, 6, 5, 4}});
+  auto mask = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}, {1, 1, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 1}});
+  // SGD with momentum: Adam's per-element normalisation turns the rounding
+  // of near-zero gradients (the same sums in another order) into ~2e-5
+  // after 5 steps; the AdamW version of this check is in comm_test.
+  actors::OptimizerSettings opt{.kind = "sgd", .lr = 0.1, .momentum = 0.9};
+  ASSERT_TRUE((group.call<Collect::first>(Dispatch::all, actors::set_optimizer_atom::value, std::string{}, opt).get()));
+
+  auto single = components::Trainer::create(
+      *components::CausalLM::init_random(tiny(), 7),
+      {.optimizer = {.kind = components::OptimizerConfig::Kind::sgd, .lr = 0.1, .momentum = 0.9}});
+  ASSERT_TRUE(single);
+  for (int step = 0; step < 5; ++step) {
+    auto m = group.call<Collect::mean>(Dispatch::slice_dp, actors::forward_backward_atom_v, batch_of(ids, mask),
+                                       std::string{})
+                 .get();
+    ASSERT_TRUE(m) << describe(m.error());
+    EXPECT_GT(m->at("loss"), 0);
+    auto s = group.call<Collect::first>(Dispatch::all, actors::clip_grad_and_step_atom_v, std::string{}).get();
+    ASSERT_TRUE(s) << describe(s.error());
+    EXPECT_EQ(s->at("step"), step + 1);
+    ASSERT_TRUE(single->forward_backward({.tokens = {.input_ids = ids, .attention_mask = mask}}, {}));
+    ASSERT_TRUE(single->clip_grad_and_step());
+  }
+  auto weights = group.call<Collect::flatten>(Dispatch::all, actors::export_weights_atom::value, std::string{}).get();
+  ASSERT_TRUE(weights) << describe(weights.error());
+  ASSERT_EQ(weights->size(), 2u);
+  auto expected = single->model().named_parameters();
+  ASSERT_EQ((*weights)[0].names.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& [name, want] = expected[i];
+    EXPECT_EQ((*weights)[0].names[i], name);
+    EXPECT_EQ((*weights)[0].tensors[i], (*weights)[1].tensors[i]) << name << " differs between the dp ranks";
+    auto got = *(*weights)[0].tensors[i].values<float>();
+    auto ref = *want.values<float>();
+    // Within 1e-5, relative to the weight's size as at::allclose (the same
+    // sums in another order, amplified a little by Adam's normalisation).
+    double worst = 0;
+    for (size_t k = 0; k < ref.size(); ++k)
+      worst = std::max(worst, std::abs(got[k] - ref[k]) / (1.0 + std::abs(static_cast<double>(ref[k]))));
+    EXPECT_LT(worst, 1e-5) << name;
+  }
+  auto metrics = group.call<Collect::first>(Dispatch::all, actors::calculate_metric_atom::value, std::string{}).get();
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->at("step"), 5);
+  EXPECT_GT(metrics->at("loss"), 0);
+}
+
+TEST_P(ModelActorTest, BadInputGetsAClearErrorAndTheNextCallIsServed) {
+  auto group = spawn({.config_json = tiny().to_json(), .seed = 1});
+  auto ok_batch = batch_of(ids_of({{1, 2, 3}, {4, 5, 6}}), ids_of({{1, 1, 1}, {1, 1, 1}}));
+  auto call = [&](const Batch& b, const std::string& adapter = "") {
+    return group.call<Collect::mean>(Dispatch::slice_dp, actors::forward_backward_atom_v, b, adapter).get();
+  };
+  auto oov = call(batch_of(ids_of({{1, 2, 31}, {4, 5, 6}}), ids_of({{1, 1, 1}, {1, 1, 1}})));
+  ASSERT_FALSE(oov);
+  EXPECT_NE(describe(oov.error()).find("outside the vocabulary"), std::string::npos) << describe(oov.error());
+  EXPECT_NE(describe(oov.error()).find("of model group 'model'"), std::string::npos) << describe(oov.error());
+  auto shapes = call(batch_of(ids_of({{1, 2, 3}, {4, 5, 6}}), ids_of({{1, 1}, {1, 1}})));
+  ASSERT_FALSE(shapes);
+  EXPECT_NE(describe(shapes.error()).find("attention_mask is i64[1, 2]"), std::string::npos) << describe(shapes.error());
+  auto unknown = call(ok_batch, "tenant-x");
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(describe(unknown.error()).find("no adapter 'tenant-x'"), std::string::npos);
+  auto nan_batch = ok_batch;
+  nan_batch.tensors["advantages"] = *Tensor::from_values(std::vector<float>{1.f, NAN}, {2});
+  ASSERT_TRUE((group.call<Collect::first>(Dispatch::all, actors::set_loss_atom::value, std::string{},
+                                          actors::LossSettings{.kind = "grpo"})
+                   .get()));
+  auto nan = call(nan_batch);
+  ASSERT_FALSE(nan);
+  EXPECT_NE(describe(nan.error()).find("NaN"), std::string::npos) << describe(nan.error());
+  auto bad_loss = group.call<Collect::first>(Dispatch::all, actors::set_loss_atom::value, std::string{},
+                                             actors::LossSettings{.kind = "ppo2"})
+                      .get();
+  ASSERT_FALSE(bad_loss);
+  // Still serving.
+  auto adv = ok_batch;
+  adv.tensors["advantages"] = *Tensor::from_values(std::vector<float>{1.f, -1.f}, {2});
+  auto good = call(adv);
+  ASSERT_TRUE(good) << describe(good.error());
+  EXPECT_TRUE((group.call<Collect::first>(Dispatch::all, actors::clip_grad_and_step_atom_v, std::string{}).get()));
+}
+
+TEST_P(ModelActorTest, BrokenWeightsAreAnErrorOnEveryCall) {
+  auto dir = glint::testing::fresh_dir("actor-broken-model");
+  auto lm = components::CausalLM::init_random(tiny(), 2);
+  ASSERT_TRUE(lm->save(dir));
+  std::filesystem::resize_file(dir + "/model.safetensors", std::filesystem::file_size(dir + "/model.safetensors") / 3);
+  auto group = spawn({.model_dir = dir});
+  auto r = group.call<Collect::first>(Dispatch::all, actors::get_train_configs_atom::value, std::string{}).get();
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("truncated"), std::string::npos) << describe(r.error());
+  // A good model loads over it, and then it serves.
+  auto good = glint::testing::fresh_dir("actor-good-model");
+  ASSERT_TRUE(lm->save(good));
+  ASSERT_TRUE((group.call<Collect::first>(Dispatch::all, actors::load_atom::value, std::string{}, good, false).get()));
+  auto cfg = group.call<Collect::first>(Dispatch::all, actors::get_train_configs_atom::value, std::string{}).get();
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  EXPECT_NE(cfg->find("Qwen3ForCausalLM"), std::string::npos) << *cfg;
+}
+
+TEST_P(ModelActorTest, AdaptersTrainSaveAndLoadThroughTheActor) {
+  auto group = spawn({.config_json = tiny().to_json(), .seed = 3}, 1);
+  auto call1 = [&](auto... xs) { return group.call<Collect::first>(Dispatch::all, xs...).get(); };
+  ASSERT_TRUE(call1(actors::add_adapter_atom::value, std::string{"alice"}, actors::LoraSettings{.r = 4, .seed = 1}));
+  auto dupe = call1(actors::add_adapter_atom::value, std::string{"alice"}, actors::LoraSettings{});
+  ASSERT_FALSE(dupe);
+  ASSERT_TRUE(call1(actors::set_optimizer_atom::value, std::string{"alice"}, actors::OptimizerSettings{.lr = 1e-2}));
+  auto b = batch_of(ids_of({{1, 2, 3, 4}}), ids_of({{1, 1, 1, 1}}));
+  auto base = call1(actors::forward_only_atom_v, b, std::string{});
+  ASSERT_TRUE(base) << describe(base.error());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(call1(actors::forward_backward_atom_v, b, std::string{"alice"}));
+    ASSERT_TRUE(call1(actors::clip_grad_and_step_atom_v, std::string{"alice"}));
+  }
+  auto tuned = call1(actors::forward_only_atom_v, b, std::string{"alice"});
+  ASSERT_TRUE(tuned);
+  EXPECT_NE(*tuned, *base);
+  EXPECT_EQ(*call1(actors::forward_only_atom_v, b, std::string{}), *base) << "the base moved";
+  auto dir = glint::testing::fresh_dir("actor-adapter-" + std::to_string(static_cast<int>(GetParam())));
+  auto saved = call1(actors::save_atom::value, std::string{"alice"}, dir, true);
+  ASSERT_TRUE(saved) << describe(saved.error());
+  EXPECT_TRUE(std::filesystem::exists(dir + "/adapter_model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer.safetensors"));
+  ASSERT_TRUE(call1(actors::load_atom::value, std::string{"bob"}, dir, true));
+  EXPECT_EQ(*call1(actors::forward_only_atom_v, b, std::string{"bob"}), *tuned);
+  auto lora = call1(actors::export_weights_atom::value, std::string{"bob"});
+  ASSERT_TRUE(lora);
+  EXPECT_EQ(lora->names.front(), "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  auto cfg = call1(actors::get_train_configs_atom::value, std::string{"bob"});
+  ASSERT_TRUE(cfg);
+  EXPECT_NE(cfg->find("\"step\": 3"), std::string::npos) << *cfg;
+  ASSERT_TRUE(call1(actors::remove_adapter_atom::value, std::string{"alice"}));
+  EXPECT_FALSE(call1(actors::forward_only_atom_v, b, std::string{"alice"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ModelActorTest, ::testing::Values(Mode::local, Mode::cluster),
+                         [](const auto& info) { return info.param == Mode::local ? "local" : "cluster"; });
+
+}  // namespace
+}  // namespace glint

@@ -1,6 +1,8 @@
 #include "actors/model.hpp"
 
 #include "components/comm/process_group.hpp"
+#include "placement/service.hpp"
+#include "runtime/process.hpp"
 #include "components/model/trainer.hpp"
 #include "runtime/text.hpp"
 
@@ -378,6 +380,27 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
         return answer(run());
       },
   };
+}
+
+Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
+                                             const placement::DeviceMesh& mesh, ModelSpec spec) {
+  auto slots = placement::place(rt, group, mesh);
+  if (!slots) return slots.error();
+  if (spec.store_port == 0) {
+    int host_node = 0;
+    for (const auto& s : *slots)
+      if (s.dp_rank == 0) {
+        host_node = s.node;
+        break;
+      }
+    // Node 0 is this process: the address the node processes reach it by.
+    spec.store_host = host_node == 0 ? rt.options().cluster.master_addr : rt.node(host_node).hello.host;
+    if (rt.mode() == Mode::local) spec.store_host = "127.0.0.1";
+    auto port = pick_free_port();
+    if (!port) return with_context(port.error(), "choosing a port for the process group of '" + group.name + "'");
+    spec.store_port = *port;
+  }
+  return Group<model_actor>::spawn(rt, group.name, model_type, std::move(*slots), spec);
 }
 
 }  // namespace glint::actors

@@ -3,8 +3,8 @@
 /// its LoRA adapters and one trainer (optimizer, schedule) per adapter, and
 /// answering the calls users know from Twinkle:
 ///
-///   auto model = placement::spawn_group<actors::model_actor>(rt, DeviceGroup::of("model", 2), mesh,
-///                                                            actors::model_type, actors::ModelSpec{...});
+///   auto model = actors::spawn_model_group(rt, DeviceGroup::of("model", 2), mesh,
+///                                          {.model_dir = "models/tiny"});
 ///   model->call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, std::string{""});
 ///   model->call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, std::string{""});
 ///
@@ -23,7 +23,9 @@
 /// missing or truncated weights file) is an error naming what and where, and
 /// the next call is served.
 
+#include "placement/device_mesh.hpp"
 #include "runtime/batch.hpp"
+#include "runtime/group.hpp"
 #include "runtime/dispatch.hpp"
 #include "runtime/registry.hpp"
 #include "runtime/tensor.hpp"
@@ -48,8 +50,8 @@ struct ModelSpec {
   std::string model_dir{};    ///< a Hugging Face directory to load, or
   std::string config_json{};  ///< a config.json text for random weights
   uint64_t seed = 0;        ///< of the random weights (the same on every rank)
-  std::string store_host = "127.0.0.1";  ///< the dp group's TCPStore (hosted by dp rank 0)
-  int32_t store_port = 0;
+  std::string store_host = "127.0.0.1";  ///< the dp group's TCPStore (hosted by dp rank 0);
+  int32_t store_port = 0;                 ///< spawn_model_group fills both in
   friend bool operator==(const ModelSpec&, const ModelSpec&) = default;
 };
 
@@ -178,6 +180,12 @@ using model_actor = caf::typed_actor<
 inline constexpr const char* model_type = "glint.model";
 
 model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec);
+
+/// Places and spawns a model group. Its data-parallel ranks get the address
+/// of their process group's store: a free port on the machine of the node
+/// that hosts dp rank 0 (spec.store_host/store_port, when not given).
+Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
+                                             const placement::DeviceMesh& mesh, ModelSpec spec);
 
 GLINT_REGISTER_MESSAGE_TYPE(model_spec, ModelSpec, "glint.model_spec");
 GLINT_REGISTER_MESSAGE_TYPE(loss_settings, LossSettings, "glint.loss_settings");

@@ -34,11 +34,9 @@ Batch batch_of(const Tensor& ids, const Tensor& mask) {
 class ModelActorTest : public testing::ModeJobTest {
 protected:
   Group<model_actor> spawn(actors::ModelSpec spec, int ranks = 2) {
-    auto port = pick_free_port();
-    EXPECT_TRUE(port);
-    spec.store_port = port ? *port : 0;
-    auto g = placement::spawn_group<model_actor>(*job_.rt, placement::DeviceGroup::of("model", ranks), actors::model_type,
-                                                 spec);
+    auto mesh = placement::DeviceMesh::from_sizes({.dp = ranks});
+    EXPECT_TRUE(mesh);
+    auto g = actors::spawn_model_group(*job_.rt, placement::DeviceGroup::of("model", ranks), *mesh, spec);
     EXPECT_TRUE(g) << describe(g.error());
     return g ? *g : Group<model_actor>{};
   }

@@ -188,10 +188,17 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
   st->spec = std::move(spec);
   load_model(*st);
   (void)self;
-  // Every handler answers through `answer`: a result, or the error with the rank named.
-  auto answer = [st](auto&& r) -> caf::result<std::decay_t<decltype(*r)>> {
-    if (!r) return st->fail(r.error());
-    return std::move(*r);
+  // Every handler answers through `answer`: a result, or the error with the
+  // rank named; an exception (LibTorch out of memory, say) becomes an error
+  // too, so the rank and its training state survive it.
+  auto answer = [st](auto&& run) -> caf::result<std::decay_t<decltype(*run())>> {
+    try {
+      auto r = run();
+      if (!r) return st->fail(r.error());
+      return std::move(*r);
+    } catch (const std::exception& e) {
+      return st->fail(make_error(errc::internal, std::string{"unexpected failure: "} + e.what()));
+    }
   };
   return {
       [st, answer](forward_backward_atom, const Batch& b, const std::string& adapter) -> caf::result<Metrics> {
@@ -211,7 +218,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return m;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](forward_only_atom, const Batch& b, const std::string& adapter) -> caf::result<Tensor> {
         auto run = [&]() -> Result<Tensor> {
@@ -223,7 +230,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           if (!out) return out.error();
           return out->logprobs;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](clip_grad_and_step_atom, const std::string& adapter) -> caf::result<Metrics> {
         auto run = [&]() -> Result<Metrics> {
@@ -231,7 +238,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           if (!tr) return tr.error();
           return (*tr)->clip_grad_and_step();
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](set_loss_atom, const std::string& adapter, const LossSettings& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
@@ -241,7 +248,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           (*t)->loss = s;
           return true;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](set_optimizer_atom, const std::string& adapter, const OptimizerSettings& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
@@ -255,7 +262,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return true;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](set_lr_scheduler_atom, const std::string& adapter, const SchedulerSettings& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
@@ -269,7 +276,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return true;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](add_adapter_atom, const std::string& name, const LoraSettings& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
@@ -279,7 +286,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           if (auto ok = (*m)->add_adapter(name, c, s.seed); !ok) return ok.error();
           return true;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](remove_adapter_atom, const std::string& name) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
@@ -290,7 +297,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           st->tenants.erase(name);
           return true;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](calculate_metric_atom, const std::string& adapter) -> caf::result<Metrics> {
         auto run = [&]() -> Result<Metrics> {
@@ -305,7 +312,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return out;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](get_train_configs_atom, const std::string& adapter) -> caf::result<std::string> {
         auto run = [&]() -> Result<std::string> {
@@ -313,7 +320,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           if (!t) return t.error();
           return configs_json(*st, adapter, **t).dump(2);
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](save_atom, const std::string& adapter, const std::string& dir,
                    bool with_optimizer) -> caf::result<std::string> {
@@ -328,35 +335,47 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return dir;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](load_atom, const std::string& adapter, const std::string& dir, bool with_optimizer) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
+          // Read everything first; change nothing until all of it is good.
+          std::optional<std::map<std::string, Tensor>> state;
+          if (with_optimizer) {
+            auto s = load_safetensors((fs::path{dir} / "optimizer.safetensors").string());
+            if (!s) return s.error();
+            state = std::move(*s);
+          }
           if (adapter.empty()) {
+            // A new model: its adapters and trainers go with the old one.
             auto lm = CausalLM::load(dir);
             if (!lm) return lm.error();
             st->model = std::move(*lm);
             st->load_error = caf::none;
-            st->tenants.clear();  // trainers held the old weights
+            st->tenants.clear();
           } else {
             auto m = st->ready();
             if (!m) return m.error();
+            auto staging = "\x01loading " + adapter;
+            if (auto ok = (*m)->load_adapter(staging, dir); !ok) return ok.error();
             if ((*m)->has_adapter(adapter)) {
-              if (auto ok = (*m)->remove_adapter(adapter); !ok) return ok.error();
-              st->tenants.erase(adapter);
+              if (auto ok = (*m)->remove_adapter(adapter); !ok) {
+                (void)(*m)->remove_adapter(staging);
+                return ok.error();
+              }
             }
-            if (auto ok = (*m)->load_adapter(adapter, dir); !ok) return ok.error();
+            st->tenants.erase(adapter);
+            if (auto ok = (*m)->rename_adapter(staging, adapter); !ok) return ok.error();
           }
-          if (with_optimizer) {
-            auto state = load_safetensors((fs::path{dir} / "optimizer.safetensors").string());
-            if (!state) return state.error();
+          if (state) {
             auto tr = st->trainer(adapter);
             if (!tr) return tr.error();
-            if (auto ok = (*tr)->load_optimizer_state(*state); !ok) return ok.error();
+            if (auto ok = (*tr)->load_optimizer_state(*state); !ok)
+              return with_context(ok.error(), "the weights of " + dir + " are loaded, its optimizer state is not");
           }
           return true;
         };
-        return answer(run());
+        return answer(run);
       },
       [st, answer](export_weights_atom, const std::string& adapter) -> caf::result<NamedTensorList> {
         auto run = [&]() -> Result<NamedTensorList> {
@@ -377,7 +396,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return out;
         };
-        return answer(run());
+        return answer(run);
       },
   };
 }

@@ -126,20 +126,23 @@ public:
 
   void request(const caf::strong_actor_ptr& target, caf::message msg, std::chrono::milliseconds timeout, Reply reply) {
     auto addr = target->address();
-    auto deadline = clock::now() + timeout;
+    // A year at most: `now + milliseconds::max()` would overflow.
+    auto deadline = clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));
     uint64_t id = 0;
     bool monitor = false;
+    caf::strong_actor_ptr self;
     {
       std::unique_lock<std::mutex> lock{mx_};
       if (stopped_) {
         lock.unlock();
-        reply(make_error(errc::failed_precondition, "the runtime is shut down"));
+        deliver(reply, make_error(errc::failed_precondition, "the runtime is shut down"));
         return;
       }
+      self = self_;
       if (auto d = down_.find(addr); d != down_.end()) {
         auto why = d->second;
         lock.unlock();
-        reply(why);
+        deliver(reply, std::move(why));
         return;
       }
       monitor = monitored_.insert(addr).second;
@@ -154,10 +157,9 @@ public:
     }
     // Outside the lock: attaching to an actor that is already gone delivers
     // its down message to us at once.
-    if (monitor)
-      target->get()->attach(caf::default_attachable::make_monitor(addr, self_->get()->address()));
+    if (monitor) target->get()->attach(caf::default_attachable::make_monitor(addr, self->get()->address()));
     auto mid = caf::make_message_id(id);
-    target->enqueue(caf::make_mailbox_element(self_, mid, {}, std::move(msg)), nullptr);
+    target->enqueue(caf::make_mailbox_element(std::move(self), mid, {}, std::move(msg)), nullptr);
   }
 
   void enqueue(caf::mailbox_element_ptr what, caf::execution_unit*) override {
@@ -165,8 +167,8 @@ public:
       auto reply = take(what->mid.request_id().integer_value());
       if (!reply) return;  // timed out, or failed by its target's death
       auto answer = what->move_content_to_message();
-      if (answer.match_elements<caf::error>()) (*reply)(caf::error{answer.get_as<caf::error>(0)});
-      else (*reply)(std::move(answer));
+      if (answer.match_elements<caf::error>()) deliver(*reply, caf::error{answer.get_as<caf::error>(0)});
+      else deliver(*reply, std::move(answer));
       return;
     }
     auto& content = what->content();
@@ -187,7 +189,7 @@ public:
           i = pending_.erase(i);
         }
       }
-      for (auto& r : failed) r(caf::error{reason});
+      for (auto& r : failed) deliver(r, caf::error{reason});
     }
   }
 
@@ -203,12 +205,26 @@ public:
       cv_.notify_one();
     }
     if (sweeper_.joinable()) sweeper_.join();
-    for (auto& r : failed) r(make_error(errc::aborted, "the runtime shut down before the answer came"));
+    for (auto& r : failed) deliver(r, make_error(errc::aborted, "the runtime shut down before the answer came"));
     cleanup(caf::make_error(caf::exit_reason::user_shutdown), nullptr);
     self_ = nullptr;
   }
 
 private:
+  // Hands an answer to its call. It runs on whatever thread delivered the
+  // answer (an actor's, the middleman's, the sweeper), so nothing may escape.
+  static void deliver(const Reply& reply, caf::expected<caf::message>&& answer) {
+    try {
+      reply(std::move(answer));
+    } catch (const std::exception& e) {
+      try {
+        reply(make_error(errc::internal, std::string{"handling an answer failed: "} + e.what()));
+      } catch (...) {
+      }
+    } catch (...) {
+    }
+  }
+
   struct Pending {
     Reply reply;
     caf::actor_addr target;
@@ -248,7 +264,7 @@ private:
       if (!expired.empty()) {
         lock.unlock();
         for (auto& p : expired)
-          p.reply(make_error(errc::deadline_exceeded,
+          deliver(p.reply, make_error(errc::deadline_exceeded,
                              "no answer within " + std::to_string(p.timeout.count()) +
                                  " ms (raise it with Group::with_timeout or Options::call_timeout)"));
         lock.lock();
@@ -408,7 +424,17 @@ void Runtime::remember(caf::actor a) {
 
 void Runtime::request(const caf::strong_actor_ptr& target, caf::message msg, std::chrono::milliseconds timeout,
                       detail::Reply reply) {
-  impl_->responses->request(target, std::move(msg), timeout, std::move(reply));
+  caf::strong_actor_ptr sink;  // keeps the sink alive through a concurrent shutdown
+  {
+    std::lock_guard<std::mutex> guard{impl_->mx};
+    sink = impl_->responses_handle;
+  }
+  if (!sink) {
+    reply(make_error(errc::failed_precondition, "the runtime is shut down"));
+    return;
+  }
+  static_cast<detail::ResponseSink*>(caf::actor_cast<caf::abstract_actor*>(sink))
+      ->request(target, std::move(msg), timeout, std::move(reply));
 }
 
 caf::actor Runtime::service(const std::string& name) const {

@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -69,7 +71,9 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   }
   auto map = std::make_shared<Mapping>();
   map->size = static_cast<size_t>(st.st_size);
-  if (map->size > 0) map->addr = ::mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Private and writable: tensors from the file may be written in place
+  // (pages are copied on write; the file never changes).
+  if (map->size > 0) map->addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map->size > 0 && map->addr == MAP_FAILED) return io_error("cannot map", path);
   auto bad = [&](const std::string& why) {
@@ -124,6 +128,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
     if (e.end < e.begin) return bad(where + ": data_offsets end before they begin");
+    if (numel > UINT64_MAX / element_size(e.dtype)) return bad(where + ": shape overflows");
     if (e.end - e.begin != numel * element_size(e.dtype))
       return bad(where + ": shape and dtype need " + std::to_string(numel * element_size(e.dtype)) +
                  " bytes but data_offsets span " + std::to_string(e.end - e.begin));
@@ -160,6 +165,13 @@ Result<Tensor> SafetensorsFile::get(const std::string& name) const {
   return t;
 }
 
+std::string temp_path_for(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(::getpid()) + "." +
+         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 1000000) + "." +
+         std::to_string(counter.fetch_add(1));
+}
+
 Result<void> write_safetensors(const std::string& path, const NamedTensors& tensors,
                                const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -176,7 +188,7 @@ Result<void> write_safetensors(const std::string& path, const NamedTensors& tens
   if (!metadata.empty()) header["__metadata__"] = metadata;
   auto text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned
-  auto tmp = path + ".tmp." + std::to_string(::getpid());
+  auto tmp = temp_path_for(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return io_error("cannot create", tmp);
   auto write_all = [&](const void* p, size_t n) {

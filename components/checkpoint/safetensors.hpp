@@ -53,6 +53,10 @@ private:
   std::map<std::string, std::string> metadata_;
 };
 
+/// A name next to `path` for writing it atomically (write, fsync, rename):
+/// unique per process, thread and call, so concurrent writers never share one.
+std::string temp_path_for(const std::string& path);
+
 /// The safetensors dtype name of `d` ("F32", "BF16", ...).
 std::string_view safetensors_dtype(Dtype d);
 

@@ -52,7 +52,12 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.store_host, so);
     impl.store = c10::make_intrusive<c10d::PrefixStore>(cfg.prefix, tcp);
     auto opts = c10d::ProcessGroupGloo::Options::create(cfg.timeout);
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(cfg.store_host));
+    // Gloo binds to this machine: loopback when the whole group is on one
+    // machine (the store is on loopback), else the address this host's name
+    // resolves to, so that ranks on other machines reach it.
+    bool loopback = cfg.store_host == "127.0.0.1" || cfg.store_host == "localhost";
+    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                     : c10d::ProcessGroupGloo::createDefaultDevice());
     opts->threads = 1;
     impl.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl.store, cfg.rank, cfg.world_size, opts);
   });

@@ -101,6 +101,16 @@ Result<void> CausalLM::remove_adapter(const std::string& name) {
   return {};
 }
 
+Result<void> CausalLM::rename_adapter(const std::string& from, const std::string& to) {
+  if (auto a = impl_->adapter(from); !a) return a.error();
+  if (to.empty()) return make_error(errc::invalid_argument, "an adapter needs a name");
+  if (impl_->adapters.count(to)) return make_error(errc::failed_precondition, "adapter '" + to + "' exists already");
+  auto node = impl_->adapters.extract(from);
+  node.key() = to;
+  impl_->adapters.insert(std::move(node));
+  return {};
+}
+
 std::vector<std::string> CausalLM::adapters() const {
   std::vector<std::string> out;
   for (const auto& [n, a] : impl_->adapters) out.push_back(n);
@@ -151,12 +161,13 @@ Result<void> CausalLM::save_adapter(const std::string& name, const std::string& 
          {"modules_to_save", nullptr},
          {"base_model_name_or_path", nullptr}};
   auto cfg_path = (fs::path{dir} / "adapter_config.json").string();
+  auto tmp = temp_path_for(cfg_path);
   {
-    std::ofstream f{cfg_path + ".tmp"};
+    std::ofstream f{tmp};
     f << j.dump(2) << "\n";
     if (!f) return make_error(errc::unavailable, "cannot write " + cfg_path);
   }
-  fs::rename(cfg_path + ".tmp", cfg_path, ec);
+  fs::rename(tmp, cfg_path, ec);
   if (ec) return make_error(errc::unavailable, "cannot write " + cfg_path + ": " + ec.message());
   return write_safetensors((fs::path{dir} / "adapter_model.safetensors").string(), *tensors, {{"format", "pt"}});
 }

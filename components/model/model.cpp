@@ -340,7 +340,7 @@ Result<void> CausalLM::save(const std::string& dir) const {
   if (auto ok = write_safetensors((fs::path{dir} / "model.safetensors").string(), out, {{"format", "pt"}}); !ok)
     return ok.error();
   auto cfg_path = fs::path{dir} / "config.json";
-  auto tmp = cfg_path.string() + ".tmp";
+  auto tmp = temp_path_for(cfg_path.string());
   {
     std::ofstream f{tmp};
     f << impl_->cfg.to_json();

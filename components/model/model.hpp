@@ -96,6 +96,8 @@ public:
   /// model's output with it equals the base's until it is trained.
   Result<void> add_adapter(const std::string& name, const LoraConfig& cfg, uint64_t seed = 0);
   Result<void> remove_adapter(const std::string& name);
+  /// Gives adapter `from` the name `to` (which must be free).
+  Result<void> rename_adapter(const std::string& from, const std::string& to);
   std::vector<std::string> adapters() const;
   bool has_adapter(const std::string& name) const;
   const LoraConfig* adapter_config(const std::string& name) const;

@@ -7,6 +7,7 @@
 #include "components/tensor/torch_bridge.hpp"
 
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 
@@ -180,7 +181,25 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   if (!std::isfinite(value))
     return make_error(errc::invalid_argument, "the loss is not finite (" + std::to_string(value) +
                                                   "); nothing was accumulated");
-  (loss->loss * count).backward();
+  auto objective = loss->loss * count;
+  if (impl_->cfg.adapter.empty()) {
+    objective.backward();
+  } else {
+    // Only the adapter's tensors: a full-model trainer on the same model
+    // may have made the base weights require gradients, and they must not
+    // collect this tenant's.
+    auto params = impl_->params();
+    std::vector<at::Tensor> inputs;
+    for (auto& [n, p] : params) inputs.push_back(p);
+    auto grads = torch::autograd::grad({objective}, inputs, {}, c10::nullopt, false, /*allow_unused=*/true);
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      auto& p = inputs[i];
+      if (p.grad().defined()) p.mutable_grad().add_(grads[i]);
+      else p.mutable_grad() = grads[i].clone();
+    }
+  }
   impl_->accumulated += count;
   ++impl_->micro_batches;
   Metrics metrics = loss->metrics;
@@ -193,11 +212,16 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
 }
 
 Result<Metrics> Trainer::clip_grad_and_step() try {
-  if (impl_->micro_batches == 0)
+  const auto& dp = impl_->cfg.dp_group;
+  bool distributed = dp && dp->size() > 1;
+  // With data parallelism every rank must join the all-reduce, even one
+  // whose forward_backward failed (it adds zeros), or its peers would wait.
+  if (impl_->micro_batches == 0 && !distributed)
     return make_error(errc::failed_precondition, "clip_grad_and_step without forward_backward since the last step");
   auto params = impl_->params();
+  if (params.empty()) return make_error(errc::failed_precondition, "adapter '" + impl_->cfg.adapter + "' was removed");
   double total = impl_->accumulated;
-  if (const auto& dp = impl_->cfg.dp_group; dp && dp->size() > 1) {
+  if (distributed) {
     // Every rank must send the same tensors: a gradient a rank did not
     // produce (a module its batch skipped) counts as zero.
     std::vector<at::Tensor> parts;
@@ -211,6 +235,11 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
       return ok.error();
     }
     total = parts.back().item<double>();
+    if (total == 0) {
+      zero_grad();
+      return make_error(errc::failed_precondition,
+                        "clip_grad_and_step without forward_backward on any data-parallel rank since the last step");
+    }
   }
   {
     c10::NoGradGuard no_grad;

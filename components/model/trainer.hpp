@@ -13,6 +13,8 @@
 /// micro-batches since the last step. So four micro-batches of 2 give the
 /// same update as one batch of 8, whatever their token counts (and, with
 /// data parallelism, across ranks once counts and gradients are all-reduced).
+/// DR-GRPO normalises by a constant: set LossSpec::max_tokens, or each
+/// micro-batch uses its own length.
 ///
 /// Bad input (shapes, ids, NaN advantages) is an error and leaves the
 /// accumulated gradients as they were.
@@ -74,7 +76,8 @@ public:
   /// loss), tokens, sequences, and the loss's own (clip_fraction, kl, ...).
   Result<Metrics> forward_backward(const TrainBatch& batch, const LossSpec& loss);
   /// Clips the accumulated gradients by global norm, steps the optimizer at
-  /// the scheduled rate and clears the gradients. Metrics: grad_norm (before
+  /// the scheduled rate and clears the gradients. With a dp_group, call it
+  /// on every rank (a rank without gradients adds zeros). Metrics: grad_norm (before
   /// clipping), lr, step. A non-finite gradient norm skips the update and is
   /// an error (the gradients are cleared).
   Result<Metrics> clip_grad_and_step();

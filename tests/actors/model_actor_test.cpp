@@ -171,6 +171,13 @@ TEST_P(ModelActorTest, AdaptersTrainSaveAndLoadThroughTheActor) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer.safetensors"));
   ASSERT_TRUE(call1(actors::load_atom::value, std::string{"bob"}, dir, true));
   EXPECT_EQ(*call1(actors::forward_only_atom_v, b, std::string{"bob"}), *tuned);
+  // A failed load leaves the adapter it would have replaced as it was.
+  auto broken = glint::testing::fresh_dir("actor-adapter-broken-" + std::to_string(static_cast<int>(GetParam())));
+  std::filesystem::copy(dir, broken, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(broken + "/adapter_model.safetensors", 100);
+  auto failed = call1(actors::load_atom::value, std::string{"bob"}, broken, false);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(*call1(actors::forward_only_atom_v, b, std::string{"bob"}), *tuned);
   auto lora = call1(actors::export_weights_atom::value, std::string{"bob"});
   ASSERT_TRUE(lora);
   EXPECT_EQ(lora->names.front(), "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");

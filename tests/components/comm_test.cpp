@@ -87,5 +87,24 @@ TEST(Comm, DataParallelStepsEqualOneRankOnTheWholeBatch) {
   }
 }
 
+TEST(Comm, ARankWhoseBatchFailedStillJoinsTheStep) {
+  auto cfg = ModelConfig::make(Architecture::qwen3, 31, 16, 32, 1, 4, 2);
+  std::vector<std::map<std::string, at::Tensor>> ranks(2);
+  on_ranks(2, [&](int r, ProcessGroup& pg) {
+    auto tr = Trainer::create(*CausalLM::init_random(cfg, 3),
+                              {.optimizer = {.lr = 1e-2}, .dp_group = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {})});
+    ASSERT_TRUE(tr);
+    // Rank 1's batch is bad; its step adds zeros instead of leaving rank 0 waiting.
+    auto ids = r == 0 ? ids_of({{1, 2, 3, 4}}) : ids_of({{1, 2, 99, 4}});
+    EXPECT_EQ(static_cast<bool>(tr->forward_backward({.tokens = {.input_ids = ids}}, {})), r == 0);
+    auto start = std::chrono::steady_clock::now();
+    auto st = tr->clip_grad_and_step();
+    ASSERT_TRUE(st) << describe(st.error());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    for (auto& [n, p] : tr->model().impl().params) ranks[static_cast<size_t>(r)][n] = p.detach().clone();
+  });
+  for (auto& [n, p] : ranks[0]) EXPECT_TRUE(at::equal(p, ranks[1].at(n))) << n;
+}
+
 }  // namespace
 }  // namespace glint::components

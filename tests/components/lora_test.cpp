@@ -72,6 +72,21 @@ TEST(Lora, TrainingChangesOnlyItsAdapterAndTenantsStayApart) {
   EXPECT_LT(first->at("loss"), bob_first->at("loss"));
 }
 
+TEST(Lora, AnAdapterStepLeavesTheBaseGradientsAlone) {
+  auto lm = model();
+  ASSERT_TRUE(lm.add_adapter("a", {.r = 2}));
+  auto full = Trainer::create(lm, {});  // makes the base weights require gradients
+  auto tenant = Trainer::create(lm, {.adapter = "a"});
+  ASSERT_TRUE(full && tenant);
+  ASSERT_TRUE(tenant->forward_backward({.tokens = {.input_ids = ids_of({{1, 2, 3}})}}, {}));
+  for (auto& [n, p] : lm.impl().params)
+    EXPECT_FALSE(p.grad().defined() && p.grad().abs().sum().item<double>() > 0) << n << " got the tenant's gradient";
+  auto step = full->clip_grad_and_step();
+  ASSERT_FALSE(step);
+  EXPECT_EQ(code_of(step.error()), errc::failed_precondition);
+  ASSERT_TRUE(tenant->clip_grad_and_step());
+}
+
 TEST(Lora, SavesAndLoadsInPeftLayoutBitExact) {
   auto lm = model();
   ASSERT_TRUE(lm.add_adapter("a", {.r = 4, .alpha = 8, .dropout = 0.1, .target_modules = {"q_proj", "down_proj"}}, 3));

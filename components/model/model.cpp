@@ -1,5 +1,6 @@
 #include "components/model/transformer.hpp"
 
+#include "components/model/kernels.hpp"
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/text.hpp"
 
@@ -157,13 +158,13 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
 at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x, bool bias,
                                   const PassOptions& pass) const {
   const auto& w = param(prefix + ".weight");
-  auto y = bias ? at::linear(x, w, param(prefix + ".bias")) : at::linear(x, w);
+  auto y = bias ? fast_linear(x, w, param(prefix + ".bias")) : fast_linear(x, w);
   if (!pass.lora || pass.lora->merged) return y;
   auto it = pass.lora->weights.find(prefix);
   if (it == pass.lora->weights.end()) return y;
   const auto& [a, b] = it->second;
   auto in = pass.train && pass.lora->cfg.dropout > 0 ? at::dropout(x, pass.lora->cfg.dropout, true) : x;
-  return y + at::linear(at::linear(in, a), b) * pass.lora->cfg.scaling();
+  return y + fast_linear(fast_linear(in, a), b) * pass.lora->cfg.scaling();
 }
 
 at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -219,8 +220,9 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
     }
-    auto scores = at::matmul(q, k.transpose(-2, -1)) * scale + bias;  // [B, nh, T, T]
-    auto attn = at::matmul(at::softmax(scores, -1), v);               // [B, nh, T, D]
+    auto flat = [&](const at::Tensor& t) { return t.reshape({B * nh, t.size(2), t.size(3)}); };
+    auto scores = fast_bmm(flat(q), flat(k).transpose(1, 2)).view({B, nh, T, T}) * scale + bias;
+    auto attn = fast_bmm(flat(at::softmax(scores, -1)), flat(v)).view({B, nh, T, D});
     attn = attn.transpose(1, 2).reshape({B, T, nh * D});
     x = x + linear(pre + "self_attn.o_proj", attn, c.o_bias, pass);
     h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
@@ -233,7 +235,7 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
 
 at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden) const {
   const auto& w = cfg.tie_word_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
-  return at::linear(hidden, w);
+  return fast_linear(hidden, w);
 }
 
 CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,

@@ -1,0 +1,100 @@
+#include "components/model/kernels.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace glint::components {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// a [M, K] @ b[P, K]^T through oneDNN: dense in, dense out.
+at::Tensor dnnl_mm_nt(const at::Tensor& a, const at::Tensor& b) {
+  return at::mkldnn_linear(a.contiguous().to_mkldnn(), b.contiguous().to_mkldnn(), {}).to_dense();
+}
+
+bool wanted(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat && x.device().is_cpu() && onednn_matmul_enabled();
+}
+
+struct DnnlLinear : torch::autograd::Function<DnnlLinear> {
+  // The bias is added outside (LibTorch 1.13's custom functions take no
+  // undefined tensors).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    auto x2 = x.reshape({-1, x.size(-1)});
+    ctx->save_for_backward({x2, w});
+    auto sizes = x.sizes().vec();
+    sizes.back() = w.size(0);
+    return dnnl_mm_nt(x2, w).view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x2 = saved[0];
+    const auto& w = saved[1];
+    auto g = grads[0].reshape({-1, w.size(0)});
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(0)) {
+      auto sizes = grads[0].sizes().vec();
+      sizes.back() = w.size(1);
+      gx = dnnl_mm_nt(g, w.t()).view(sizes);  // g @ w
+    }
+    if (ctx->needs_input_grad(1)) gw = dnnl_mm_nt(g.t(), x2.t());  // g^T @ x
+    return {gx, gw};
+  }
+};
+
+// a [N, M, K] @ b [N, K, P], one oneDNN product per batch entry.
+at::Tensor dnnl_bmm_raw(const at::Tensor& a, const at::Tensor& b) {
+  auto out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  for (int64_t i = 0; i < a.size(0); ++i) out[i].copy_(dnnl_mm_nt(a[i], b[i].t()));
+  return out;
+}
+
+struct DnnlBmm : torch::autograd::Function<DnnlBmm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    return dnnl_bmm_raw(a, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& a = saved[0];
+    const auto& b = saved[1];
+    const auto& g = grads[0];
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = dnnl_bmm_raw(g, b.transpose(1, 2));  // g @ b^T
+    if (ctx->needs_input_grad(1)) gb = dnnl_bmm_raw(a.transpose(1, 2), g);  // a^T @ g
+    return {ga, gb};
+  }
+};
+
+}  // namespace
+
+bool onednn_matmul_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("GLINT_MATMUL");
+    if (env && std::strcmp(env, "aten") == 0) return false;
+    return at::hasMKLDNN();
+  }();
+  return enabled;
+}
+
+at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  // Below ~64k multiply-adds the conversions cost more than they save.
+  if (!wanted(x) || w.scalar_type() != at::kFloat || x.numel() / x.size(-1) * w.numel() < (1 << 16))
+    return at::linear(x, w, b);
+  auto y = DnnlLinear::apply(x, w);
+  return b && b->defined() ? y + *b : y;
+}
+
+at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b) {
+  if (!wanted(a) || b.scalar_type() != at::kFloat || a.size(1) * a.size(2) * b.size(2) < (1 << 16))
+    return at::matmul(a, b);
+  return DnnlBmm::apply(a, b);
+}
+
+}  // namespace glint::components

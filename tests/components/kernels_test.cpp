@@ -1,0 +1,57 @@
+// The oneDNN products equal ATen's, forward and backward.
+#include "components/model/kernels.hpp"
+
+#include <gtest/gtest.h>
+
+namespace glint::components {
+namespace {
+
+void expect_close(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-4)) << what << ": max difference " << (a - b).abs().max().item<double>();
+}
+
+TEST(Kernels, LinearMatchesATenWithGradients) {
+  if (!onednn_matmul_enabled()) GTEST_SKIP() << "this LibTorch has no oneDNN";
+  at::manual_seed(1);
+  for (bool bias : {false, true}) {
+    auto x = at::randn({3, 70, 48}).requires_grad_(true);
+    auto w = at::randn({96, 48}).requires_grad_(true);
+    auto b = at::randn({96}).requires_grad_(true);
+    auto x2 = x.detach().clone().requires_grad_(true), w2 = w.detach().clone().requires_grad_(true),
+         b2 = b.detach().clone().requires_grad_(true);
+    auto y = bias ? fast_linear(x, w, b) : fast_linear(x, w);
+    auto ref = bias ? at::linear(x2, w2, b2) : at::linear(x2, w2);
+    ASSERT_EQ(y.sizes(), ref.sizes());
+    expect_close(y, ref, "forward");
+    auto g = at::randn(y.sizes());
+    (y * g).sum().backward();
+    (ref * g).sum().backward();
+    expect_close(x.grad(), x2.grad(), "grad x");
+    expect_close(w.grad(), w2.grad(), "grad w");
+    if (bias) expect_close(b.grad(), b2.grad(), "grad b");
+  }
+}
+
+TEST(Kernels, BatchedProductMatchesATenWithGradients) {
+  if (!onednn_matmul_enabled()) GTEST_SKIP() << "this LibTorch has no oneDNN";
+  at::manual_seed(2);
+  auto a = at::randn({4, 64, 32}).requires_grad_(true);
+  auto b = at::randn({4, 32, 80}).requires_grad_(true);
+  auto a2 = a.detach().clone().requires_grad_(true), b2 = b.detach().clone().requires_grad_(true);
+  auto y = fast_bmm(a, b.transpose(1, 2).contiguous().transpose(1, 2));  // a non-contiguous operand too
+  auto ref = at::matmul(a2, b2);
+  expect_close(y, ref, "forward");
+  auto g = at::randn(y.sizes());
+  (y * g).sum().backward();
+  (ref * g).sum().backward();
+  expect_close(a.grad(), a2.grad(), "grad a");
+  expect_close(b.grad(), b2.grad(), "grad b");
+}
+
+TEST(Kernels, OtherDtypesFallBackToATen) {
+  auto x = at::randn({8, 300}, at::kDouble), w = at::randn({200, 300}, at::kDouble);
+  EXPECT_TRUE(at::equal(fast_linear(x, w), at::linear(x, w)));
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -5,6 +5,7 @@
 // transport on this machine has). Prints `name: value` lines; every value is
 // the median of --repeats runs.
 #include "actors/probe.hpp"
+#include "bench/measure.hpp"
 #include "runtime/group.hpp"
 #include "runtime/process.hpp"
 
@@ -27,17 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using actors::probe_actor;
-
-double seconds_of(const std::function<void()>& f) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Lines;
 double lookup(const Lines& lines, const std::string& name);

@@ -1,4 +1,5 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
+#include "bench/train_bench.hpp"
 #include "launcher/commands.hpp"
 #include "launcher/launch.hpp"
 #include "runtime/options.hpp"
@@ -76,6 +77,35 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"all", "local", "cluster"}));
 
+  glint::bench::TrainBenchArgs train_args;
+  auto* bench_train = bench->add_subcommand(
+      "train", "Training tokens/s (forward_backward + step) of a ~27M-parameter Qwen3 model against the same "
+               "model and step in Python PyTorch, interleaved in one run");
+  bench_train->add_option("--repeats", train_args.repeats, "Timed runs per side (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_train->add_option("--steps", train_args.steps, "Training steps per timed run (after one warm-up step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  bench_train->add_option("--batch", train_args.batch, "Sequences per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  bench_train->add_option("--seq", train_args.seq, "Tokens per sequence")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{32768}));
+  bench_train->add_flag("--small", train_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
+  bool bench_lora = false;
+  bench_train->add_flag("--lora", bench_lora, "Train a LoRA adapter (r 8, all-linear) on the frozen base instead of every weight");
+  bench_train->add_option("--python", train_args.python,
+                          "Python interpreter with torch for the baseline (Debian's python3-torch)")
+      ->capture_default_str();
+  bench_train->footer(
+      "Prints train_tokens_per_s, train_python_tokens_per_s, train_speedup_vs_python and train_mfu (achieved FLOP/s "
+      "over this machine's at::matmul FLOP/s, measured in the same run). Both sides start from the same weights and "
+      "tokens; if their initial losses differ by more than 1e-3 (relative) it warns and exits 1. The baseline is "
+      "bench/python/train_baseline.py in the source tree glint was built from; it needs python3-torch "
+      "(scripts/setup.sh installs it).");
+
   CLI11_PARSE(app, argc, argv);
 
   if (*run) {
@@ -90,5 +120,9 @@ int main(int argc, char** argv) {
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
+  if (*bench_train) {
+    if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;
+    return glint::bench::train(train_args);
+  }
   return 0;
 }

@@ -62,6 +62,20 @@ TEST(Cli, BenchActorsPrintsItsLinesWithTheirBaselines) {
   EXPECT_NE(bad.out.find("--mode"), std::string::npos) << bad.out;
 }
 
+TEST(Cli, BenchTrainSmokeRunPrintsItsLinesAndAgreesWithPython) {
+  // Needs /usr/bin/python3 with torch (scripts/setup.sh installs python3-torch).
+  for (std::string mode : {"", " --lora"}) {
+    auto r = run("bench train --small --repeats 1 --steps 1" + mode);
+    EXPECT_EQ(r.code, 0) << r.out;
+    for (auto* line : {"train_tokens_per_s: ", "train_python_tokens_per_s: ", "train_speedup_vs_python: ", "train_mfu: "})
+      EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+    EXPECT_EQ(r.out.find("# warning"), std::string::npos) << r.out;
+  }
+  auto missing = run("bench train --small --repeats 1 --steps 1 --python /nonexistent/python3");
+  EXPECT_EQ(missing.code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("install python3-torch"), std::string::npos) << missing.out;
+}
+
 TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
   auto dir = ::testing::TempDir() + "glint-init-model";
   auto r = run("init-model " + dir + " --arch llama --hidden 32 --intermediate 64 --layers 1 --heads 4 --vocab 50 --seed 3");

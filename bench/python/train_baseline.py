@@ -1,0 +1,304 @@
+"""The Python baseline of `glint bench train`: the same Qwen3 (or Llama/Qwen2)
+model and training step as glint's, written as a user writes it in plain
+PyTorch 1.13 (torch.nn, torch.nn.functional, torch.optim.AdamW; no
+torch.compile, which 1.13 lacks, and no scaled_dot_product_attention, which
+came in 2.0).
+
+    /usr/bin/python3 train_baseline.py MODEL_DIR TOKENS --threads 2
+
+MODEL_DIR holds config.json and model.safetensors (Hugging Face layout, as
+`CausalLM::save` writes it); TOKENS is a safetensors file with one i64
+tensor "input_ids" [batch, seq]. Both are read here without the safetensors
+package (Debian has none): an 8-byte little-endian header length, a JSON
+header, then the raw bytes.
+
+It is driven over stdin/stdout, one line each way, so that glint can
+interleave its own timed runs with these in one process (the machines are
+noisy; interleaving puts both sides under the same load):
+
+    -> ready: PARAMETERS THREADS           after loading
+    <- run N                               N training steps on the batch
+    -> ran: SECONDS FIRST_LOSS LAST_LOSS   wall time of the N steps, losses
+                                           of the first and last of them
+    (end of input, or "quit", ends it)
+
+Errors go to stdout as `error: ...` (exit code 3 when torch is missing).
+"""
+
+import argparse
+import json
+import math
+import struct
+import sys
+import time
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:
+    print(f"error: cannot import torch ({e}); install python3-torch (scripts/setup.sh does)", flush=True)
+    sys.exit(3)
+
+
+DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def load_safetensors(path):
+    """Every tensor of a safetensors file, as a dict of owned tensors."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())  # writable: torch.frombuffer warns on read-only buffers
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_len])
+    base = 8 + header_len
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        dtype = DTYPES[entry["dtype"]]
+        shape = entry["shape"]
+        count = math.prod(shape)
+        if count == 0:
+            out[name] = torch.empty(shape, dtype=dtype)
+            continue
+        t = torch.frombuffer(data, dtype=dtype, count=count, offset=base + begin)
+        assert t.numel() * t.element_size() == end - begin, name
+        out[name] = t.reshape(shape).clone()
+    return out
+
+
+class Config:
+    def __init__(self, j):
+        arch = (j.get("architectures") or [j.get("model_type", "")])[0].lower()
+        self.arch = "qwen3" if "qwen3" in arch else "qwen2" if "qwen2" in arch else "llama"
+        self.vocab_size = j["vocab_size"]
+        self.hidden_size = j["hidden_size"]
+        self.intermediate_size = j["intermediate_size"]
+        self.num_hidden_layers = j["num_hidden_layers"]
+        self.num_attention_heads = j["num_attention_heads"]
+        self.num_key_value_heads = j.get("num_key_value_heads") or self.num_attention_heads
+        self.head_dim = j.get("head_dim") or self.hidden_size // self.num_attention_heads
+        self.rms_norm_eps = j.get("rms_norm_eps", 1e-6)
+        self.rope_theta = j.get("rope_theta", 10000.0)
+        scaling = j.get("rope_scaling") or {}
+        self.rope_factor = scaling.get("factor", 1.0) if scaling.get("rope_type", scaling.get("type")) == "linear" else 1.0
+        self.tie_word_embeddings = j.get("tie_word_embeddings", False)
+        bias = j.get("attention_bias", False)
+        self.qkv_bias = True if self.arch == "qwen2" else bias
+        self.o_bias = False if self.arch == "qwen2" else bias
+        self.mlp_bias = j.get("mlp_bias", False) if self.arch == "llama" else False
+        self.qk_norm = self.arch == "qwen3"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, q, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, kv, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, kv, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(q, c.hidden_size, bias=c.o_bias)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask):
+        c = self.c
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        groups = c.num_attention_heads // c.num_key_value_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(c.head_dim) + mask
+        out = F.softmax(scores, dim=-1) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.model = Backbone(c)
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def forward(self, ids):
+        c = self.c
+        T = ids.shape[1]
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+        freqs = torch.outer(torch.arange(T).float() / c.rope_factor, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.model.norm(x)
+        head = self.model.embed_tokens.weight if c.tie_word_embeddings else self.lm_head.weight
+        return F.linear(x, head)
+
+
+class LoraLinear(nn.Module):
+    """A frozen nn.Linear plus a LoRA update, as PEFT initialises it."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base = base
+        bound = 1.0 / math.sqrt(base.in_features)
+        self.lora_A = nn.Parameter(torch.empty(r, base.in_features).uniform_(-bound, bound))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))
+        self.scaling = alpha / r
+
+    def forward(self, x):
+        return self.base(x) + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
+
+
+def add_lora(model, r, alpha):
+    """Freezes the model and wraps every projection (PEFT's all-linear)."""
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                setattr(parent, name, LoraLinear(getattr(parent, name), r, alpha))
+
+
+def trainable_parameter_groups(model, mode, weight_decay):
+    """AdamW groups: no decay on biases and normalisation weights (as glint)."""
+    if mode not in ("full", "lora"):
+        raise ValueError(f"mode {mode!r} is not implemented")
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if name.endswith(".bias") or "norm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("tokens")
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--mode", default="full", choices=["full", "lora"])
+    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--lora-alpha", type=float, default=16.0)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    with open(f"{args.model_dir}/config.json") as f:
+        cfg = Config(json.load(f))
+    model = CausalLM(cfg)
+    try:
+        model.load_state_dict(load_safetensors(f"{args.model_dir}/model.safetensors"), strict=True)
+    except (RuntimeError, KeyError, AssertionError) as e:
+        print(f"error: cannot load {args.model_dir}: {e}".replace("\n", " "), flush=True)
+        sys.exit(2)
+    model.float().train()
+    if args.mode == "lora":
+        add_lora(model, args.lora_r, args.lora_alpha)
+    ids = load_safetensors(args.tokens)["input_ids"].long()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable_parameter_groups(model, args.mode, args.weight_decay), lr=args.lr,
+                                  betas=(0.9, 0.999), eps=1e-8)
+
+    def train_step():
+        logits = model(ids)
+        vocab = logits.shape[-1]
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+        return loss.item()
+
+    print(f"ready: {sum(p.numel() for p in params)} {torch.get_num_threads()}", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        if words[0] != "run" or len(words) != 2 or not words[1].isdigit() or int(words[1]) < 1:
+            print(f"error: unknown command {line.strip()!r}; expected 'run N' or 'quit'", flush=True)
+            continue
+        t0 = time.perf_counter()
+        losses = [train_step() for _ in range(int(words[1]))]
+        seconds = time.perf_counter() - t0
+        print(f"ran: {seconds:.6f} {losses[0]:.9g} {losses[-1]:.9g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,472 @@
+// glint bench train: tokens/s of Trainer::forward_backward + clip_grad_and_step
+// against the same model, weights, tokens and step in Python PyTorch
+// (bench/python/train_baseline.py), which runs as a child process driven over
+// a socket so that its timed runs interleave with glint's: both sides then
+// share whatever else loads the machine.
+//
+// The script is found in the source tree this binary was built from
+// (GLINT_SOURCE_DIR, a compile definition set by bench/CMakeLists.txt).
+#include "bench/train_bench.hpp"
+#include "bench/measure.hpp"
+
+#include "components/checkpoint/safetensors.hpp"
+#include "components/model/kernels.hpp"
+#include "components/model/trainer.hpp"
+
+// The few ATen pieces the matmul FLOP/s measurement needs, not <ATen/ATen.h>
+// (compile time: see STYLE.md).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randn.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifndef GLINT_SOURCE_DIR
+#error "GLINT_SOURCE_DIR must name the source tree (bench/CMakeLists.txt sets it)"
+#endif
+
+extern char** environ;
+
+namespace glint::bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace glint::components;
+using namespace std::chrono_literals;
+
+constexpr const char* kName = "glint bench train";
+constexpr uint64_t kSeed = 1;  // weights and tokens
+constexpr int kWarmupSteps = 1;
+
+void line(const char* name, double v, int decimals) {
+  std::printf("%s: %.*f\n", name, decimals, v);
+  std::fflush(stdout);
+}
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", kName, what.c_str());
+  return 1;
+}
+
+// A directory under $TMPDIR removed with everything in it when this goes.
+class TempDir {
+public:
+  static Result<TempDir> create() {
+    auto pattern = (fs::temp_directory_path() / "glint-bench-train-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) return make_error(errc::unavailable, "cannot create a directory like " + pattern);
+    TempDir d;
+    d.path_ = pattern;
+    return d;
+  }
+  TempDir() = default;
+  TempDir(TempDir&& o) noexcept : path_(std::exchange(o.path_, {})) {}
+  TempDir& operator=(TempDir&&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+private:
+  std::string path_;
+};
+
+// The Python baseline as a child process whose stdin and stdout are one end of
+// a socket pair (a socket, not pipes, so that a write to a child that died is
+// an error, MSG_NOSIGNAL, rather than SIGPIPE). Its stderr is ours: a Python
+// traceback reaches the user. Not thread-safe. Dropping it closes the socket
+// (the script ends at end of input) and reaps the child, killing it after 10 s.
+class PythonChild {
+public:
+  static Result<PythonChild> start(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+      return make_error(errc::unavailable, std::string{"socketpair: "} + std::strerror(errno));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    // dup2 clears close-on-exec on the copies; the originals close at exec.
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = -1;
+    int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+    if (rc != 0) {
+      ::close(fds[0]);
+      return make_error(errc::not_found, "cannot run " + argv[0] + ": " + std::strerror(rc));
+    }
+    PythonChild c;
+    c.pid_ = pid;
+    c.fd_ = fds[0];
+    return c;
+  }
+
+  PythonChild() = default;
+  PythonChild(PythonChild&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)), buffer_(std::move(o.buffer_)) {}
+  PythonChild& operator=(PythonChild&&) = delete;
+  ~PythonChild() {
+    if (fd_ >= 0) ::close(fd_);
+    if (pid_ <= 0) return;
+    for (int i = 0; i < 100; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(100ms);
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+  bool send(const std::string& text) {
+    for (size_t done = 0; done < text.size();) {
+      auto n = ::send(fd_, text.data() + done, text.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  /// The next line (without its newline), or an error on end of output or
+  /// after `timeout`.
+  Result<std::string> read_line(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        auto out = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return out;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left <= 0ms) return make_error(errc::unavailable, "the Python baseline did not answer within " +
+                                                                std::to_string(timeout.count() / 1000) + " s");
+      pollfd p{fd_, POLLIN, 0};
+      int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) continue;
+      char chunk[4096];
+      auto n = ::recv(fd_, chunk, sizeof(chunk), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return make_error(errc::unavailable, "the Python baseline exited" + exit_status());
+      buffer_.append(chunk, static_cast<size_t>(n));
+    }
+  }
+
+private:
+  std::string exit_status() {
+    int status = 0;
+    for (int i = 0; i < 50; ++i) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        if (WIFEXITED(status)) return " with code " + std::to_string(WEXITSTATUS(status));
+        if (WIFSIGNALED(status)) return " on signal " + std::to_string(WTERMSIG(status));
+        return "";
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    return "";
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string buffer_;
+};
+
+struct RunResult {
+  double seconds = 0;
+  double first_loss = 0;
+  double last_loss = 0;
+};
+
+constexpr int64_t kLoraRank = 8;
+constexpr double kLoraAlpha = 16;
+
+// glint's side: training steps on a fixed batch, of every weight or of a
+// LoRA adapter on the frozen base.
+class GlintSide {
+public:
+  static Result<GlintSide> make(TrainMode mode, CausalLM model, Tensor ids, TrainConfig cfg) {
+    if (mode == TrainMode::lora) {
+      if (auto ok = model.add_adapter("bench", {.r = kLoraRank, .alpha = kLoraAlpha, .target_modules = {"all-linear"}},
+                                      kSeed);
+          !ok)
+        return ok.error();
+      cfg.adapter = "bench";
+    }
+    auto trainer = Trainer::create(std::move(model), cfg);
+    if (!trainer) return trainer.error();
+    GlintSide s;
+    s.trainer_ = std::move(*trainer);
+    s.batch_.tokens.input_ids = std::move(ids);
+    return s;
+  }
+
+  /// `steps` steps; the wall time and the losses of the first and last.
+  Result<RunResult> run(int steps) {
+    RunResult r;
+    caf::error err;
+    r.seconds = seconds_of([&] {
+      for (int i = 0; i < steps && !err; ++i) {
+        auto m = trainer_.forward_backward(batch_, {.kind = LossKind::cross_entropy});
+        if (!m) {
+          err = m.error();
+          break;
+        }
+        if (i == 0) r.first_loss = m->at("loss");
+        r.last_loss = m->at("loss");
+        if (auto s = trainer_.clip_grad_and_step(); !s) err = s.error();
+      }
+    });
+    if (err) return err;
+    return r;
+  }
+
+private:
+  Trainer trainer_;
+  TrainBatch batch_;
+};
+
+// The Python side, over PythonChild's line protocol (see train_baseline.py).
+Result<RunResult> run_python(PythonChild& py, int steps, std::chrono::milliseconds timeout) {
+  if (!py.send("run " + std::to_string(steps) + "\n"))
+    return make_error(errc::unavailable, "the Python baseline closed its input");
+  auto reply = py.read_line(timeout);
+  if (!reply) return reply.error();
+  std::istringstream in{*reply};
+  std::string tag;
+  RunResult r;
+  if (!(in >> tag >> r.seconds >> r.first_loss >> r.last_loss) || tag != "ran:")
+    return make_error(errc::internal, "the Python baseline answered '" + *reply + "' to 'run'");
+  return r;
+}
+
+// at::matmul of two 1024 x 1024 f32 matrices, in FLOP/s: what this machine's
+// libtorch gives the model's largest operations.
+// This machine's f32 matmul FLOP/s on 1024 x 1024: the faster of ATen's
+// (the system BLAS) and oneDNN's (what glint's model uses when present).
+struct MatmulRate {
+  double aten = 0, onednn = 0;
+  double best() const { return std::max(aten, onednn); }
+};
+
+Result<MatmulRate> matmul_flops() try {
+  constexpr int64_t n = 1024;
+  auto a = at::randn({n, n});
+  auto b = at::randn({n, n});
+  MatmulRate r;
+  r.aten = 2.0 * n * n * n / seconds_of([&] { (void)at::matmul(a, b); });
+  if (components::onednn_matmul_enabled()) {
+    (void)components::fast_linear(a, b);  // first use sets oneDNN up
+    r.onednn = 2.0 * n * n * n / seconds_of([&] { (void)components::fast_linear(a, b); });
+  }
+  return r;
+} catch (const std::exception& e) {
+  return make_error(errc::internal, std::string{"measuring matmul FLOP/s failed: "} + e.what());
+}
+
+// i64 [batch, seq] uniform token ids, the same for the same seed.
+Tensor random_tokens(int64_t batch, int64_t seq, int64_t vocab) {
+  std::mt19937_64 rng{kSeed};
+  std::uniform_int_distribution<int64_t> pick{0, vocab - 1};
+  std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
+  for (auto& id : ids) id = pick(rng);
+  return *Tensor::from_values(ids, {batch, seq});
+}
+
+std::string millions(int64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fM", static_cast<double>(n) / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+int train(const TrainBenchArgs& a) {
+  if (a.repeats < 1 || a.steps < 1 || a.batch < 1 || a.seq < 2)
+    return fail("--repeats, --steps and --batch must be at least 1, --seq at least 2");
+  // ~27M parameters at full size (Qwen3 with GQA and q/k norm, untied head).
+  auto cfg = a.small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
+                     : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
+  cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, a.seq);
+  const int threads = at::get_num_threads();
+  const auto script = fs::path{GLINT_SOURCE_DIR} / "bench" / "python" / "train_baseline.py";
+  if (!fs::exists(script))
+    return fail(script.string() + " is missing: the glint binary runs the Python baseline from the source tree it "
+                                  "was built from");
+
+  // FLOPs per trained token: 6 per weight that takes part in a matmul (the
+  // input embedding is a lookup, so it is left out unless it is also the
+  // head) plus PaLM's attention term 12 * layers * (heads * head_dim) * seq
+  // (scores and weighted sum, forward and backward, full T x T as computed).
+  const int64_t matmul_params =
+      cfg.num_parameters() - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size);
+  // LoRA: the frozen weights need no weight gradients, so 4 per weight
+  // (forward, and backward to the activations); the adapters are small.
+  const bool lora = a.mode == TrainMode::lora;
+  const double flops_per_token =
+      (lora ? 4.0 : 6.0) * static_cast<double>(matmul_params) +
+      12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * a.seq);
+  const double tokens_per_step = static_cast<double>(a.batch * a.seq);
+
+  std::printf("# %s: Qwen3 %s parameters (vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads, "
+              "%lld kv heads), %s AdamW lr 1e-4, batch %lld x %lld tokens, libtorch threads: %d; medians of %d "
+              "runs of %d steps after %d warm-up step\n",
+              kName, millions(cfg.num_parameters()).c_str(), static_cast<long long>(cfg.vocab_size),
+              static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),
+              static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(cfg.num_attention_heads),
+              static_cast<long long>(cfg.num_key_value_heads),
+              lora ? "LoRA (r 8, alpha 16, all-linear; base frozen)" : "full-parameter", static_cast<long long>(a.batch),
+              static_cast<long long>(a.seq), threads, a.repeats, a.steps, kWarmupSteps);
+  std::printf("# baseline train_python_*: the same model, weights, tokens and step in PyTorch (%s, %s), its runs "
+              "interleaved with glint's (alternately first)\n",
+              a.python.c_str(), script.string().c_str());
+  std::printf("# train_mfu: achieved FLOP/s / this machine's best 1024x1024 f32 matmul FLOP/s in this run (at::matmul or "
+              "oneDNN); %.3g FLOPs per token = "
+              "%d x %s matmul weights (input embedding excluded) + 12 x layers x heads x head_dim x seq\n",
+              flops_per_token, lora ? 4 : 6, millions(matmul_params).c_str());
+  std::fflush(stdout);
+
+  auto dir = TempDir::create();
+  if (!dir) return fail(describe(dir.error()));
+  auto lm = CausalLM::init_random(cfg, kSeed);
+  if (!lm) return fail(describe(lm.error()));
+  auto ids = random_tokens(a.batch, a.seq, cfg.vocab_size);
+  const auto tokens_path = (fs::path{dir->path()} / "tokens.safetensors").string();
+  if (auto ok = lm->save(dir->path()); !ok) return fail(describe(ok.error()));
+  if (auto ok = write_safetensors(tokens_path, {{"input_ids", ids}}); !ok) return fail(describe(ok.error()));
+
+  TrainConfig train_cfg{.optimizer = {.lr = 1e-4}, .max_grad_norm = 1.0};
+  auto number = [](double v) {
+    std::ostringstream s;
+    s.precision(17);
+    s << v;
+    return s.str();
+  };
+  auto py = PythonChild::start({a.python, script.string(), dir->path(), tokens_path, "--threads",
+                                std::to_string(threads), "--mode", lora ? "lora" : "full", "--lr", number(train_cfg.optimizer.lr),
+                                "--weight-decay", number(train_cfg.optimizer.weight_decay), "--max-grad-norm",
+                                number(train_cfg.max_grad_norm)});
+  const std::string install_hint = "; install python3-torch (scripts/setup.sh does) or name another with --python";
+  if (!py) return fail(describe(py.error()) + install_hint);
+  auto ready = py->read_line(300s);
+  if (!ready) return fail(describe(ready.error()) + " before it was ready" + install_hint);
+  if (ready->rfind("ready: ", 0) != 0) {
+    if (ready->find("cannot import torch") != std::string::npos)
+      return fail(a.python + " cannot import torch" + install_hint);
+    return fail("the Python baseline says: " + *ready);
+  }
+  {
+    std::istringstream in{ready->substr(7)};
+    int64_t py_params = 0;
+    int py_threads = 0;
+    in >> py_params >> py_threads;
+    // Trainable parameters: every weight, or r x (in + out) per projection.
+    int64_t trainable = cfg.num_parameters();
+    if (lora) {
+      int64_t h = cfg.hidden_size, q = cfg.num_attention_heads * cfg.head_dim, kv = cfg.num_key_value_heads * cfg.head_dim,
+              i = cfg.intermediate_size;
+      trainable = cfg.num_hidden_layers * kLoraRank * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h));
+    }
+    if (py_params != trainable || py_threads != threads)
+      return fail("the Python baseline trains " + std::to_string(py_params) + " parameters with " +
+                  std::to_string(py_threads) + " threads; glint trains " + std::to_string(trainable) + " with " +
+                  std::to_string(threads));
+  }
+
+  auto glint = GlintSide::make(a.mode, std::move(*lm), ids, train_cfg);
+  if (!glint) return fail(describe(glint.error()));
+
+  // Warm-up (allocations, optimizer state); its first step is each side's
+  // loss at the initial weights, which must agree.
+  auto g0 = glint->run(kWarmupSteps);
+  if (!g0) return fail(describe(g0.error()));
+  // The Python step does the same work; allow it far more time than glint took.
+  auto timeout = [](double glint_seconds) {
+    return std::chrono::milliseconds{static_cast<int64_t>(1000 * (60 + 20 * glint_seconds))};
+  };
+  auto p0 = run_python(*py, kWarmupSteps, timeout(g0->seconds));
+  if (!p0) return fail(describe(p0.error()));
+  const double loss_rel = std::abs(g0->first_loss - p0->first_loss) / std::max(std::abs(p0->first_loss), 1e-12);
+  if (!(loss_rel <= 1e-3)) {
+    std::printf("# warning: initial losses disagree: glint %.9g, python %.9g (relative difference %.3g > 1e-3); "
+                "glint's model or the baseline is wrong, so the timings compare different computations\n",
+                g0->first_loss, p0->first_loss, loss_rel);
+    std::fflush(stdout);
+    return 1;
+  }
+
+  std::vector<MatmulRate> flops;
+  std::vector<double> glint_rate, python_rate;
+  for (int i = 0; i < 3; ++i) {
+    auto f = matmul_flops();
+    if (!f) return fail(describe(f.error()));
+    flops.push_back(*f);
+  }
+  RunResult g_last = *g0, p_last = *p0;
+  // Runs alternate which side goes first, so that neither always follows the
+  // other (caches, a neighbour's load that rises or falls).
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    Result<RunResult> g = make_error(errc::internal, "not run"), p = g;
+    if (rep % 2 == 0) {
+      g = glint->run(a.steps);
+      if (g) p = run_python(*py, a.steps, timeout(g->seconds));
+    } else {
+      p = run_python(*py, a.steps, timeout(g0->seconds * a.steps));
+      if (p) g = glint->run(a.steps);
+    }
+    if (!g) return fail(describe(g.error()));
+    if (!p) return fail(describe(p.error()));
+    auto f = matmul_flops();
+    if (!f) return fail(describe(f.error()));
+    glint_rate.push_back(tokens_per_step * a.steps / g->seconds);
+    python_rate.push_back(tokens_per_step * a.steps / p->seconds);
+    flops.push_back(*f);
+    g_last = *g;
+    p_last = *p;
+  }
+  py->send("quit\n");
+
+  std::vector<double> aten, onednn, best;
+  for (const auto& f : flops) {
+    aten.push_back(f.aten);
+    onednn.push_back(f.onednn);
+    best.push_back(f.best());
+  }
+  const double matmul = median(best);
+  const double rate = median(glint_rate), py_rate = median(python_rate);
+  std::printf("# 1024x1024 f32 matmul: at::matmul %.2f GFLOP/s, oneDNN %.2f GFLOP/s (medians of %zu); loss at the "
+              "initial weights: glint %.6f, python %.6f (relative difference %.1e); after %d updates: glint %.6f, "
+              "python %.6f\n",
+              median(aten) / 1e9, median(onednn) / 1e9, flops.size(), g0->first_loss, p0->first_loss, loss_rel,
+              kWarmupSteps + a.repeats * a.steps - 1, g_last.last_loss, p_last.last_loss);
+  line("train_tokens_per_s", rate, 1);
+  line("train_python_tokens_per_s", py_rate, 1);
+  line("train_speedup_vs_python", rate / py_rate, 3);
+  line("train_mfu", rate * flops_per_token / matmul, 4);
+  return 0;
+}
+
+}  // namespace glint::bench

@@ -1,0 +1,39 @@
+#pragma once
+/// `glint bench train`: training throughput (tokens/s of forward_backward +
+/// clip_grad_and_step) of a Qwen3-shaped model against the same model, weights,
+/// tokens and step written in plain Python PyTorch (bench/python/
+/// train_baseline.py, run with Debian's python3-torch: the same libtorch and
+/// thread count), interleaved in one run. Also checks that both sides compute
+/// the same initial loss (a cross-check of glint's model against an
+/// independent implementation) and reports the model FLOP utilisation against
+/// this machine's at::matmul FLOP/s, measured in the same run.
+///
+/// Prints `name: value` lines (train_tokens_per_s, train_python_tokens_per_s,
+/// train_speedup_vs_python, train_mfu) after `# ...` comment lines, and
+/// returns the process exit code: 0, or 1 on an error or when the two sides'
+/// initial losses disagree (a `# warning: ...` line says by how much).
+
+#include <cstdint>
+#include <string>
+
+namespace glint::bench {
+
+/// What is trained. A LoRA mode (adapters on a frozen base) will be added as
+/// another value; both sides take it (the Python script as `--mode`).
+/// full: every weight trains. lora: a LoRA adapter (r 8, alpha 16, every
+/// projection) trains on the frozen base, as PEFT's all-linear.
+enum class TrainMode : uint8_t { full, lora };
+
+struct TrainBenchArgs {
+  int repeats = 3;       ///< timed runs per side; the median is printed
+  int steps = 1;         ///< training steps per timed run (the Python side takes ~2 min per step here)
+  int64_t batch = 8;     ///< sequences per batch
+  int64_t seq = 256;     ///< tokens per sequence
+  bool small = false;    ///< a ~0.1M-parameter model instead of ~27M, for smoke runs
+  std::string python = "/usr/bin/python3";  ///< an interpreter that can `import torch`
+  TrainMode mode = TrainMode::full;
+};
+
+int train(const TrainBenchArgs& args);
+
+}  // namespace glint::bench

@@ -42,9 +42,6 @@
 
 namespace glint::actors {
 
-/// Named numbers: losses, gradient norms, learning rates.
-using Metrics = std::map<std::string, double>;
-
 /// What a model rank loads and where its data-parallel group meets.
 struct ModelSpec {
   std::string model_dir{};    ///< a Hugging Face directory to load, or

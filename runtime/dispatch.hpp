@@ -9,6 +9,7 @@
 /// data-parallel coordinate the same part.
 
 #include "runtime/batch.hpp"
+#include "runtime/types.hpp"
 #include "runtime/tensor.hpp"
 
 #include <caf/unit.hpp>
@@ -93,8 +94,6 @@ template <class T>
 struct is_std_vector : std::false_type {};
 template <class T, class A>
 struct is_std_vector<std::vector<T, A>> : std::true_type {};
-
-using Metrics = std::map<std::string, double>;
 
 template <class V>
 Result<V> add(const V& a, const V& b) {

@@ -15,11 +15,9 @@
 #include "runtime/dispatch.hpp"
 #include "runtime/runtime.hpp"
 
-#include <caf/event_based_actor.hpp>
 #include <caf/response_type.hpp>
 #include <caf/send.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>

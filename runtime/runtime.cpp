@@ -286,6 +286,10 @@ private:
   std::thread sweeper_;
 };
 
+ResponseSink* sink(const caf::strong_actor_ptr& handle) {
+  return static_cast<ResponseSink*>(caf::actor_cast<caf::abstract_actor*>(handle));
+}
+
 }  // namespace detail
 
 // -- runtime state ----------------------------------------------------------
@@ -295,8 +299,7 @@ struct Runtime::Impl {
   std::condition_variable cv;
   std::vector<NodeInfo> nodes;
   int registered = 0;
-  detail::ResponseSink* responses = nullptr;  ///< owned through `responses_handle`
-  caf::strong_actor_ptr responses_handle;
+  caf::strong_actor_ptr responses_handle;  ///< the ResponseSink (see sink())
   caf::actor rendezvous;
   std::vector<caf::actor> spawned;
   std::map<std::string, caf::actor> services;
@@ -433,8 +436,7 @@ void Runtime::request(const caf::strong_actor_ptr& target, caf::message msg, std
     reply(make_error(errc::failed_precondition, "the runtime is shut down"));
     return;
   }
-  static_cast<detail::ResponseSink*>(caf::actor_cast<caf::abstract_actor*>(sink))
-      ->request(target, std::move(msg), timeout, std::move(reply));
+  detail::sink(sink)->request(target, std::move(msg), timeout, std::move(reply));
 }
 
 caf::actor Runtime::service(const std::string& name) const {
@@ -477,11 +479,10 @@ void Runtime::shutdown() {
         return true;
       });
     }
-    impl_->responses->stop();
+    detail::sink(impl_->responses_handle)->stop();
     if (impl_->rendezvous) caf::anon_send_exit(impl_->rendezvous, caf::exit_reason::user_shutdown);
     std::lock_guard<std::mutex> guard{impl_->mx};
     impl_->responses_handle = nullptr;
-    impl_->responses = nullptr;
     impl_->rendezvous = nullptr;
     for (auto& n : impl_->nodes) n.agent = nullptr;
   }
@@ -516,8 +517,7 @@ Result<std::unique_ptr<Runtime>> initialize(Options opts) {
   caf::actor_config sink_cfg;
   impl->responses_handle = caf::make_actor<detail::ResponseSink, caf::strong_actor_ptr>(
       rt->sys_->next_actor_id(), rt->sys_->node(), rt->sys_.get(), sink_cfg);
-  impl->responses = static_cast<detail::ResponseSink*>(caf::actor_cast<caf::abstract_actor*>(impl->responses_handle));
-  impl->responses->start(impl->responses_handle);
+  detail::sink(impl->responses_handle)->start(impl->responses_handle);
   if (opts.mode != Mode::cluster) return rt;
 
   impl->rendezvous = rt->sys_->spawn(rendezvous_fn, impl, world);

@@ -5,6 +5,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ typename Inspector::result_type inspect(Inspector& f, RankContext& x) {
 }
 
 /// Where a rank should live: the output of placement.
+/// Named numbers that calls answer and groups average: losses, gradient
+/// norms, learning rates (registered as "glint.metrics").
+using Metrics = std::map<std::string, double>;
+
 struct RankSlot {
   int node = 0;
   int device = -1;

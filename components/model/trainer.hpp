@@ -22,6 +22,7 @@
 #include "components/comm/process_group.hpp"
 #include "components/model/model.hpp"
 #include "components/model/optim.hpp"
+#include "runtime/types.hpp"
 
 #include <map>
 #include <memory>
@@ -65,8 +66,6 @@ struct TrainConfig {
   /// same weights take the same step (null or size 1: alone).
   std::shared_ptr<ProcessGroup> dp_group{};
 };
-
-using Metrics = std::map<std::string, double>;
 
 class Trainer {
 public:

@@ -129,7 +129,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None, start=0):
+        """With a cache (a (k, v) pair of [B, kv_heads, max_len, head_dim]
+        tensors, as sample_baseline.py generates with), the T positions of x
+        go to cache positions start..start+T-1 and attend to every cached
+        position before them, as mask [B, 1, T, start+T] allows."""
         c = self.c
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim)
@@ -140,6 +144,11 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            cache_k, cache_v = cache
+            cache_k[:, :, start : start + T] = k
+            cache_v[:, :, start : start + T] = v
+            k, v = cache_k[:, :, : start + T], cache_v[:, :, : start + T]
         groups = c.num_attention_heads // c.num_key_value_heads
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)

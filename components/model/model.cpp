@@ -159,12 +159,23 @@ at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x
                                   const PassOptions& pass) const {
   const auto& w = param(prefix + ".weight");
   auto y = bias ? fast_linear(x, w, param(prefix + ".bias")) : fast_linear(x, w);
-  if (!pass.lora || pass.lora->merged) return y;
-  auto it = pass.lora->weights.find(prefix);
-  if (it == pass.lora->weights.end()) return y;
-  const auto& [a, b] = it->second;
-  auto in = pass.train && pass.lora->cfg.dropout > 0 ? at::dropout(x, pass.lora->cfg.dropout, true) : x;
-  return y + fast_linear(fast_linear(in, a), b) * pass.lora->cfg.scaling();
+  if (pass.lora && !pass.lora->merged) {
+    if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
+      const auto& [a, b] = it->second;
+      auto in = pass.train && pass.lora->cfg.dropout > 0 ? at::dropout(x, pass.lora->cfg.dropout, true) : x;
+      y = y + fast_linear(fast_linear(in, a), b) * pass.lora->cfg.scaling();
+    }
+  }
+  const int64_t row_dim = x.dim() - 2;
+  for (const auto& ra : pass.row_adapters) {
+    if (ra.lora->merged) continue;
+    auto it = ra.lora->weights.find(prefix);
+    if (it == ra.lora->weights.end()) continue;
+    const auto& [a, b] = it->second;
+    auto delta = fast_linear(fast_linear(x.index_select(row_dim, ra.rows), a), b) * ra.lora->cfg.scaling();
+    y.index_add_(row_dim, ra.rows, delta);
+  }
+  return y;
 }
 
 at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -192,30 +203,51 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
-at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOptions& pass) const {
+at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
+                                        const PassOptions& pass) const {
   const auto& c = cfg;
-  int64_t B = p.ids.size(0), T = p.ids.size(1), D = c.head_dim;
-  int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
-  auto x = at::embedding(param("model.embed_tokens.weight"), p.ids);
-  auto [cos, sin] = rope(p.positions);
-  cos = cos.unsqueeze(1);  // [B, 1, T, D]
-  sin = sin.unsqueeze(1);
-  // Additive mask: 0 where allowed, -inf elsewhere; [B, 1, T, T].
-  auto bias = at::zeros({B, 1, T, T}, x.options())
-                  .masked_fill(p.allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
-  double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const int64_t D = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  auto x = at::embedding(param("model.embed_tokens.weight"), ids);
+  auto [cos, sin] = rope(positions);
+  cos = cos.unsqueeze(-2);  // [..., T, 1, D]: the same for every head
+  sin = sin.unsqueeze(-2);
+  auto heads = [&](const at::Tensor& t, int64_t n) {
+    auto shape = t.sizes().vec();
+    shape.back() = n;
+    shape.push_back(D);
+    return t.view(shape);
+  };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto pre = "model.layers." + std::to_string(l) + ".";
     auto h = rms_norm(x, param(pre + "input_layernorm.weight"));
-    auto q = linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass).view({B, T, nh, D}).transpose(1, 2);
-    auto k = linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass).view({B, T, nkv, D}).transpose(1, 2);
-    auto v = linear(pre + "self_attn.v_proj", h, c.qkv_bias, pass).view({B, T, nkv, D}).transpose(1, 2);
+    auto q = heads(linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass), nh);
+    auto k = heads(linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass), nkv);
+    auto v = heads(linear(pre + "self_attn.v_proj", h, c.qkv_bias, pass), nkv);
     if (c.qk_norm) {
       q = rms_norm(q, param(pre + "self_attn.q_norm.weight"));
       k = rms_norm(k, param(pre + "self_attn.k_norm.weight"));
     }
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
+    x = x + linear(pre + "self_attn.o_proj", attend(l, q, k, v), c.o_bias, pass);
+    h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
+    auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
+    auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
+    x = x + linear(pre + "mlp.down_proj", at::silu(gate) * up, c.mlp_bias, pass);
+  }
+  return rms_norm(x, param("model.norm.weight"));
+}
+
+at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOptions& pass) const {
+  const auto& c = cfg;
+  int64_t B = p.ids.size(0), T = p.ids.size(1), D = c.head_dim;
+  int64_t nh = c.num_attention_heads, groups = nh / c.num_key_value_heads;
+  // Additive mask: 0 where allowed, -inf elsewhere; [B, 1, T, T].
+  auto bias = at::zeros({B, 1, T, T}, param("model.embed_tokens.weight").options())
+                  .masked_fill(p.allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto attend = [&](int64_t, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
+    auto q = q4.transpose(1, 2), k = k4.transpose(1, 2), v = v4.transpose(1, 2);  // [B, heads, T, D]
     if (groups > 1) {
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
@@ -223,14 +255,9 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
     auto flat = [&](const at::Tensor& t) { return t.reshape({B * nh, t.size(2), t.size(3)}); };
     auto scores = fast_bmm(flat(q), flat(k).transpose(1, 2)).view({B, nh, T, T}) * scale + bias;
     auto attn = fast_bmm(flat(at::softmax(scores, -1)), flat(v)).view({B, nh, T, D});
-    attn = attn.transpose(1, 2).reshape({B, T, nh * D});
-    x = x + linear(pre + "self_attn.o_proj", attn, c.o_bias, pass);
-    h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
-    auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
-    auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
-    x = x + linear(pre + "mlp.down_proj", at::silu(gate) * up, c.mlp_bias, pass);
-  }
-  return rms_norm(x, param("model.norm.weight"));
+    return attn.transpose(1, 2).reshape({B, T, nh * D});
+  };
+  return decode_stack(p.ids, p.positions, attend, pass);
 }
 
 at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden) const {

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,11 +41,23 @@ struct LoraAdapter {
   bool merged = false;
 };
 
+/// An adapter for some rows of a batch that mixes tenants: `rows` (i64)
+/// index the second-to-last dimension of every projection's input.
+struct RowAdapter {
+  const LoraAdapter* lora = nullptr;
+  at::Tensor rows;
+};
+
 /// What one pass uses besides the base weights.
 struct PassOptions {
   const LoraAdapter* lora = nullptr;
   bool train = false;  ///< LoRA dropout is active
+  std::vector<RowAdapter> row_adapters{};  ///< per-row adapters (inference only), besides `lora`
 };
+
+/// One layer's attention: q [..., T, heads, D], k and v [..., T, kv_heads, D]
+/// (normed and rotated) to the weighted values [..., T, heads * D].
+using Attention = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
 struct CausalLM::Impl {
   ModelConfig cfg;
@@ -61,6 +74,12 @@ struct CausalLM::Impl {
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
   /// cos and sin tables [B, T, head_dim] for the positions.
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
+  /// The decoder stack on `ids` at `positions` (same shape: [B, T] or [N])
+  /// with attention computed by `attend`: final hidden states [..., hidden]
+  /// (after the last norm). Dense batches and the sampler's paged cache
+  /// differ only in `attend`.
+  at::Tensor decode_stack(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
+                          const PassOptions& pass = {}) const;
   /// Final hidden states [B, T, hidden] (after the last norm).
   at::Tensor hidden(const model_detail::Prepared& p, const PassOptions& pass = {}) const;
   /// Logits [B, T, vocab] from hidden states.

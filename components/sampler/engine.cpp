@@ -1,0 +1,797 @@
+#include "components/sampler/engine.hpp"
+
+#include "components/model/kernels.hpp"
+#include "components/model/transformer.hpp"
+#include "components/sampler/scheduler.hpp"
+#include "components/tensor/torch_bridge.hpp"
+#include "runtime/text.hpp"
+
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+
+namespace glint::components {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A uniform double in [0, 1) from 53 random bits: the same on every platform
+// (std::uniform_real_distribution is not specified bit for bit).
+double uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+uint64_t mix_seed(uint64_t seed, uint64_t sample) {
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(sample),
+                    static_cast<uint32_t>(sample >> 32)};
+  std::mt19937_64 g{seq};
+  return g();
+}
+
+// What the engine keeps per sequence besides the scheduler's state.
+struct SeqState {
+  Sequence* seq = nullptr;
+  std::mt19937_64 rng;
+  std::string bytes;         // the completion's bytes so far (for stop strings)
+  size_t stop_scan_from = 0; // stop strings cannot start before this byte
+};
+
+struct Request {
+  uint64_t id = 0;
+  SamplingParams params;
+  std::string adapter;
+  uint64_t seed = 0;
+  int64_t arrival_version = 0;
+  RequestOutput out;
+  std::vector<SeqState> seqs;  // by sample; empty entries until forked
+  bool forked = false;
+  int64_t prompt_logprobs_done = 0;  // prompt positions whose log-probabilities are recorded
+  bool done() const {
+    for (const auto& s : out.sequences)
+      if (s.stop_reason == StopReason::none) return false;
+    return true;
+  }
+};
+
+struct PendingUpdate {
+  std::map<std::string, at::Tensor> tensors;
+  std::string adapter;
+  int64_t version = 0;
+  uint64_t barrier = 0;  // requests with smaller ids finish first
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  CausalLM model;
+  EngineConfig cfg;
+  std::optional<Tokenizer> tokenizer;
+  int64_t max_len = 0;
+  int32_t num_blocks = 0;
+  std::unique_ptr<Scheduler> sched;
+  std::vector<at::Tensor> k_cache, v_cache;  // per layer [num_blocks * block_size, kv_heads, head_dim]
+  std::map<uint64_t, Request> requests;
+  std::map<uint64_t, std::pair<uint64_t, int32_t>> seq_owner;  // sequence id -> (request, sample)
+  uint64_t next_request = 1;
+  std::mt19937_64 seeds;
+  int64_t version = 0;
+  std::optional<PendingUpdate> pending;
+  bool asleep = false;
+  int64_t steps = 0, generated = 0;
+  int64_t max_stop_len = 0;
+
+  CausalLM::Impl& lm() const { return model.impl(); }
+  const ModelConfig& mc() const { return model.config(); }
+
+  void allocate_cache() {
+    const auto& c = mc();
+    const int64_t slots = static_cast<int64_t>(num_blocks) * cfg.block_size;
+    k_cache.clear();
+    v_cache.clear();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      k_cache.push_back(at::zeros({slots, c.num_key_value_heads, c.head_dim}, at::kFloat));
+      v_cache.push_back(at::zeros({slots, c.num_key_value_heads, c.head_dim}, at::kFloat));
+    }
+    sched = std::make_unique<Scheduler>(SchedulerConfig{cfg.block_size, num_blocks, cfg.max_num_seqs,
+                                                        cfg.max_num_batched_tokens, cfg.enable_prefix_caching});
+  }
+
+  // Cached keys and values depend on the adapter and the weights; a weight
+  // update clears the whole cache, so the adapter's name suffices.
+  static uint64_t salt_of(const std::string& adapter) { return hash_seed("adapter:" + adapter); }
+
+  Result<void> check_request(const std::vector<int64_t>& prompt, const SamplingParams& p,
+                             const std::string& adapter) const {
+    if (asleep) return make_error(errc::failed_precondition, "the sampler is asleep: wake it before sampling");
+    if (auto ok = p.validate(); !ok) return ok;
+    if (prompt.empty()) return make_error(errc::invalid_argument, "the prompt is empty");
+    for (size_t i = 0; i < prompt.size(); ++i)
+      if (prompt[i] < 0 || prompt[i] >= mc().vocab_size)
+        return make_error(errc::invalid_argument, "prompt token " + std::to_string(i) + " is " +
+                                                      std::to_string(prompt[i]) + ", outside the vocabulary [0, " +
+                                                      std::to_string(mc().vocab_size) + ")");
+    const auto len = static_cast<int64_t>(prompt.size());
+    if (len > max_len || (p.max_tokens > 0 && len == max_len))
+      return make_error(errc::invalid_argument, "the prompt has " + std::to_string(len) +
+                                                    " tokens; max_model_len is " + std::to_string(max_len) +
+                                                    (p.max_tokens > 0 ? ", and a completion needs at least one more" : ""));
+    for (auto t : p.stop_token_ids)
+      if (t < 0 || t >= mc().vocab_size)
+        return make_error(errc::invalid_argument, "stop token id " + std::to_string(t) + " is outside the vocabulary");
+    if (!p.stop.empty() && !tokenizer)
+      return make_error(errc::failed_precondition,
+                        "stop strings need a tokenizer, and this model has none (no tokenizer.json in its directory)");
+    if (!adapter.empty() && !model.has_adapter(adapter)) {
+      auto names = model.adapters();
+      return make_error(errc::not_found, "no LoRA adapter '" + adapter + "' in the sampler (it has: " +
+                                             (names.empty() ? std::string{"none"} : join(names)) + ")");
+    }
+    const int64_t longest = std::min(len + p.max_tokens, max_len);
+    const int64_t need = (longest + cfg.block_size - 1) / cfg.block_size;
+    if (need > num_blocks)
+      return make_error(errc::resource_exhausted,
+                        "a sequence of " + std::to_string(longest) + " tokens needs " + std::to_string(need) +
+                            " KV-cache blocks but the cache has " + std::to_string(num_blocks) +
+                            "; raise cache_bytes or lower max_tokens");
+    return {};
+  }
+
+  // -- one step ------------------------------------------------------------------
+
+  struct Rows {
+    at::Tensor ids, positions, slots;  // [N]
+    // Decodes (one token each) come first, then prefill chunks.
+    int64_t num_decode = 0;
+    at::Tensor decode_slots;  // i64 [S * Cmax]
+    at::Tensor decode_bias;   // f32 [S, 1, 1, Cmax]
+    int64_t decode_ctx = 0;
+    struct Prefill {
+      int64_t row = 0, count = 0, ctx = 0;
+      at::Tensor slots;  // i64 [ctx]
+      at::Tensor bias;   // f32 [count, ctx]
+    };
+    std::vector<Prefill> prefills;
+    std::vector<const Chunk*> order;  // chunks in row order
+    std::vector<int64_t> first_row;   // per chunk in `order`
+    std::vector<RowAdapter> adapters;
+  };
+
+  int64_t slot_of(const Sequence& s, int64_t pos) const {
+    return static_cast<int64_t>(s.blocks[static_cast<size_t>(pos / cfg.block_size)]) * cfg.block_size +
+           pos % cfg.block_size;
+  }
+
+  Rows build_rows(const Schedule& sch) {
+    Rows r;
+    for (const auto& c : sch.chunks)
+      if (c.count == 1) r.order.push_back(&c);
+    r.num_decode = static_cast<int64_t>(r.order.size());
+    for (const auto& c : sch.chunks)
+      if (c.count > 1) r.order.push_back(&c);
+    std::vector<int64_t> ids, pos, slots;
+    std::map<std::string, std::vector<int64_t>> by_adapter;
+    for (const auto* c : r.order) {
+      r.first_row.push_back(static_cast<int64_t>(ids.size()));
+      const auto& adapter = requests.at(c->seq->request).adapter;
+      for (int64_t i = 0; i < c->count; ++i) {
+        const int64_t p = c->begin + i;
+        if (!adapter.empty()) by_adapter[adapter].push_back(static_cast<int64_t>(ids.size()));
+        ids.push_back(c->seq->tokens[static_cast<size_t>(p)]);
+        pos.push_back(p);
+        slots.push_back(slot_of(*c->seq, p));
+      }
+    }
+    auto vec = [](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong); };
+    r.ids = vec(ids);
+    r.positions = vec(pos);
+    r.slots = vec(slots);
+    for (auto& [name, rows] : by_adapter) r.adapters.push_back({*lm().adapter(name), vec(rows)});
+    // Decodes: every sequence's context slots, padded to the longest; the
+    // padding points at slot 0 and is masked out.
+    if (r.num_decode > 0) {
+      int64_t cmax = 0;
+      for (int64_t i = 0; i < r.num_decode; ++i) cmax = std::max(cmax, r.order[static_cast<size_t>(i)]->begin + 1);
+      r.decode_ctx = cmax;
+      std::vector<int64_t> ds(static_cast<size_t>(r.num_decode * cmax), 0);
+      auto bias = at::zeros({r.num_decode, 1, 1, cmax}, at::kFloat);
+      auto b = bias.accessor<float, 4>();
+      for (int64_t i = 0; i < r.num_decode; ++i) {
+        const auto* c = r.order[static_cast<size_t>(i)];
+        for (int64_t j = 0; j < cmax; ++j) {
+          if (j <= c->begin) ds[static_cast<size_t>(i * cmax + j)] = slot_of(*c->seq, j);
+          else b[i][0][0][j] = kNegInf;
+        }
+      }
+      r.decode_slots = vec(ds);
+      r.decode_bias = bias;
+    }
+    for (size_t k = static_cast<size_t>(r.num_decode); k < r.order.size(); ++k) {
+      const auto* c = r.order[k];
+      Rows::Prefill p{r.first_row[k], c->count, c->begin + c->count, {}, {}};
+      std::vector<int64_t> s(static_cast<size_t>(p.ctx));
+      for (int64_t j = 0; j < p.ctx; ++j) s[static_cast<size_t>(j)] = slot_of(*c->seq, j);
+      p.slots = vec(s);
+      // Query i (position begin + i) sees keys 0..begin + i.
+      p.bias = at::ones({p.count, p.ctx}, at::kBool).triu(c->begin + 1);
+      p.bias = at::zeros({p.count, p.ctx}, at::kFloat).masked_fill(p.bias, kNegInf);
+      r.prefills.push_back(std::move(p));
+    }
+    return r;
+  }
+
+  // Final hidden states [N, hidden] of the step's rows, writing their keys
+  // and values into the cache.
+  at::Tensor forward(const Rows& r) {
+    const auto& c = mc();
+    const int64_t D = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, g = nh / nkv;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    auto attend = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      auto& kc = k_cache[static_cast<size_t>(layer)];
+      auto& vc = v_cache[static_cast<size_t>(layer)];
+      kc.index_copy_(0, r.slots, k);
+      vc.index_copy_(0, r.slots, v);
+      std::vector<at::Tensor> parts;
+      if (r.num_decode > 0) {
+        const int64_t S = r.num_decode, C = r.decode_ctx;
+        // [S, C, kv, D] -> [S, kv, C, D]
+        auto keys = kc.index_select(0, r.decode_slots).view({S, C, nkv, D}).permute({0, 2, 1, 3}).reshape({S * nkv, C, D});
+        auto vals = vc.index_select(0, r.decode_slots).view({S, C, nkv, D}).permute({0, 2, 1, 3}).reshape({S * nkv, C, D});
+        auto qd = q.narrow(0, 0, S).reshape({S * nkv, g, D});
+        auto scores = fast_bmm(qd, keys.transpose(1, 2)).view({S, nkv, g, C}) * scale + r.decode_bias;
+        auto probs = at::softmax(scores, -1).view({S * nkv, g, C});
+        parts.push_back(fast_bmm(probs, vals).view({S, nh * D}));
+      }
+      for (const auto& p : r.prefills) {
+        auto keys = kc.index_select(0, p.slots).permute({1, 0, 2});  // [kv, ctx, D]
+        auto vals = vc.index_select(0, p.slots).permute({1, 0, 2});
+        // [n, kv, g, D] -> [kv, g * n, D]
+        auto qp = q.narrow(0, p.row, p.count).view({p.count, nkv, g, D}).permute({1, 2, 0, 3}).reshape({nkv, g * p.count, D});
+        auto scores = fast_bmm(qp, keys.transpose(1, 2)).view({nkv, g, p.count, p.ctx}) * scale + p.bias;
+        auto probs = at::softmax(scores, -1).view({nkv, g * p.count, p.ctx});
+        auto out = fast_bmm(probs, vals).view({nkv, g, p.count, D}).permute({2, 0, 1, 3}).reshape({p.count, nh * D});
+        parts.push_back(out);
+      }
+      return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    };
+    PassOptions pass;
+    pass.row_adapters = r.adapters;
+    return lm().decode_stack(r.ids, r.positions, attend, pass);
+  }
+
+  // -- sampling ------------------------------------------------------------------
+
+  // One draw: a sequence's next token from logits row `row`.
+  struct Draw {
+    Request* req = nullptr;
+    int32_t sample = 0;
+    int64_t row = 0;  // into the step's logits
+    const std::vector<int64_t>* history = nullptr;  // for the repetition penalty
+    int64_t token = -1;
+  };
+
+  void sample(std::vector<Draw>& draws, const at::Tensor& logits) {
+    if (draws.empty()) return;
+    const int64_t R = static_cast<int64_t>(draws.size()), V = logits.size(1);
+    std::vector<int64_t> src(static_cast<size_t>(R));
+    for (int64_t i = 0; i < R; ++i) src[static_cast<size_t>(i)] = draws[static_cast<size_t>(i)].row;
+    auto x = logits.index_select(0, at::tensor(src, at::kLong)).contiguous();  // a copy: processed in place
+    auto xa = x.accessor<float, 2>();
+    bool any_top_k = false, any_top_p = false, any_min_p = false;
+    std::vector<float> temps(static_cast<size_t>(R), 1.0f);
+    for (int64_t i = 0; i < R; ++i) {
+      const auto& p = draws[static_cast<size_t>(i)].req->params;
+      if (p.repetition_penalty != 1.0) {
+        std::set<int64_t> seen(draws[static_cast<size_t>(i)].history->begin(), draws[static_cast<size_t>(i)].history->end());
+        const auto pen = static_cast<float>(p.repetition_penalty);
+        for (auto t : seen) {
+          float& v = xa[i][t];
+          v = v > 0 ? v / pen : v * pen;
+        }
+      }
+      if (p.temperature > 0) temps[static_cast<size_t>(i)] = static_cast<float>(p.temperature);
+      any_top_k |= p.temperature > 0 && p.top_k > 0 && p.top_k < V;
+      any_top_p |= p.temperature > 0 && p.top_p < 1.0;
+      any_min_p |= p.temperature > 0 && p.min_p > 0.0;
+    }
+    auto greedy = x.argmax(1);
+    x.div_(at::tensor(temps, at::kFloat).unsqueeze(1));
+    if (any_top_k) {
+      int64_t kmax = 0;
+      for (const auto& d : draws)
+        if (d.req->params.top_k > 0) kmax = std::max(kmax, std::min(d.req->params.top_k, V));
+      auto top = std::get<0>(x.topk(kmax, 1));  // sorted, largest first
+      auto ta = top.accessor<float, 2>();
+      for (int64_t i = 0; i < R; ++i) {
+        const auto k = draws[static_cast<size_t>(i)].req->params.top_k;
+        if (k <= 0 || k >= V) continue;
+        const float cut = ta[i][k - 1];
+        for (int64_t t = 0; t < V; ++t)
+          if (xa[i][t] < cut) xa[i][t] = kNegInf;
+      }
+    }
+    auto probs = at::softmax(x, 1);
+    if (any_top_p) {
+      auto [sorted, order] = probs.sort(1, /*descending=*/true);
+      auto before = sorted.cumsum(1) - sorted;  // mass of the likelier tokens
+      std::vector<float> ps(static_cast<size_t>(R));
+      for (int64_t i = 0; i < R; ++i) ps[static_cast<size_t>(i)] = static_cast<float>(draws[static_cast<size_t>(i)].req->params.top_p);
+      // Keep a token while the likelier ones have not reached top_p (the first always stays).
+      auto drop = before >= at::tensor(ps, at::kFloat).unsqueeze(1);
+      probs = probs.scatter(1, order, sorted.masked_fill(drop, 0));
+    }
+    if (any_min_p) {
+      std::vector<float> ms(static_cast<size_t>(R));
+      for (int64_t i = 0; i < R; ++i) ms[static_cast<size_t>(i)] = static_cast<float>(draws[static_cast<size_t>(i)].req->params.min_p);
+      auto floor = std::get<0>(probs.max(1, true)) * at::tensor(ms, at::kFloat).unsqueeze(1);
+      probs = probs.masked_fill(probs < floor, 0);
+    }
+    probs = probs.contiguous();
+    auto pa = probs.accessor<float, 2>();
+    auto ga = greedy.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < R; ++i) {
+      auto& d = draws[static_cast<size_t>(i)];
+      if (d.req->params.temperature == 0) {
+        d.token = ga[i];
+        continue;
+      }
+      // Inverse CDF with the sequence's own generator: what it draws does not
+      // depend on the other rows.
+      double total = 0;
+      for (int64_t t = 0; t < V; ++t) total += pa[i][t];
+      auto& rng = d.req->seqs[static_cast<size_t>(d.sample)].rng;
+      const double u = uniform(rng) * total;
+      double acc = 0;
+      int64_t pick = -1;
+      for (int64_t t = 0; t < V; ++t) {
+        if (pa[i][t] <= 0) continue;
+        pick = t;
+        acc += pa[i][t];
+        if (acc > u) break;
+      }
+      d.token = pick;
+    }
+  }
+
+  // Log-probabilities to record: the chosen token's and the top k.
+  static void record(TokenLogprobs& out, const at::Tensor& logprobs_row, int64_t token, int64_t k) {
+    out.chosen.push_back(logprobs_row[token].item<float>());
+    out.k = k;
+    if (k <= 0) return;
+    auto [vals, idx] = logprobs_row.topk(std::min<int64_t>(k, logprobs_row.size(0)));
+    auto va = vals.accessor<float, 1>();
+    auto ia = idx.accessor<int64_t, 1>();
+    for (int64_t j = 0; j < vals.size(0); ++j) {
+      out.top_ids.push_back(ia[j]);
+      out.top_logprobs.push_back(va[j]);
+    }
+  }
+
+  // Appends `token` to sample `k` of `req`; finishes it when a stop rule says so.
+  void append(Request& req, int32_t k, int64_t token, const at::Tensor& logprobs_row) {
+    auto& st = req.seqs[static_cast<size_t>(k)];
+    auto& out = req.out.sequences[static_cast<size_t>(k)];
+    const auto& p = req.params;
+    st.seq->tokens.push_back(token);
+    out.tokens.push_back(token);
+    out.weight_version = version;  // finish_old keeps one version per sequence
+    ++generated;
+    if (p.logprobs >= 0) record(out.logprobs, logprobs_row, token, p.logprobs);
+    StopReason why = StopReason::none;
+    if ((!p.ignore_eos && token == mc().eos_token_id) ||
+        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
+      why = StopReason::stop;
+      out.stop_token = token;
+    }
+    if (why == StopReason::none && !p.stop.empty()) {
+      if (!tokenizer->is_special(token)) st.bytes += tokenizer->token_bytes(token);
+      size_t best = std::string::npos;
+      const std::string* hit = nullptr;
+      for (const auto& s : p.stop) {
+        auto at = st.bytes.find(s, st.stop_scan_from);
+        if (at != std::string::npos && at < best) {
+          best = at;
+          hit = &s;
+        }
+      }
+      if (hit) {
+        why = StopReason::stop;
+        out.stop_string = *hit;
+        st.bytes.resize(best + (p.include_stop_str_in_output ? hit->size() : 0));
+      } else if (st.bytes.size() + 1 > static_cast<size_t>(max_stop_len)) {
+        st.stop_scan_from = st.bytes.size() + 1 - static_cast<size_t>(max_stop_len);
+      }
+    }
+    if (why == StopReason::none && (static_cast<int64_t>(out.tokens.size()) >= p.max_tokens ||
+                                    static_cast<int64_t>(st.seq->tokens.size()) >= max_len))
+      why = StopReason::length;
+    if (why != StopReason::none) finish(req, k, why);
+  }
+
+  void finish(Request& req, int32_t k, StopReason why) {
+    auto& st = req.seqs[static_cast<size_t>(k)];
+    auto& out = req.out.sequences[static_cast<size_t>(k)];
+    out.stop_reason = why;
+    if (tokenizer)
+      out.text = req.params.stop.empty() ? tokenizer->decode(out.tokens) : to_valid_utf8(st.bytes);
+    if (st.seq) {
+      seq_owner.erase(st.seq->id);
+      sched->finish(*st.seq);
+      st.seq = nullptr;
+    }
+    req.out.finished = req.done();
+  }
+
+  void abort_request(Request& req) {
+    for (int32_t k = 0; k < static_cast<int32_t>(req.out.sequences.size()); ++k)
+      if (req.out.sequences[static_cast<size_t>(k)].stop_reason == StopReason::none) finish(req, k, StopReason::abort);
+    // Samples not forked yet have no sequence of their own: all finished above.
+  }
+
+  Result<std::vector<uint64_t>> run_step();
+  void apply_update(PendingUpdate&& u);
+};
+
+// -- the step ---------------------------------------------------------------------
+
+Result<std::vector<uint64_t>> Engine::Impl::run_step() {
+  std::vector<uint64_t> touched;
+  if (asleep) return touched;
+  if (pending) {
+    bool before_left = false;
+    for (const auto& [id, r] : requests)
+      if (id < pending->barrier && !r.out.finished) before_left = true;
+    if (!before_left) apply_update(std::move(*pending)), pending.reset();
+  }
+  auto sch = sched->schedule(pending ? pending->barrier : std::numeric_limits<uint64_t>::max());
+  if (sch.chunks.empty()) return touched;
+  ++steps;
+  c10::NoGradGuard no_grad;
+  at::Tensor logits, logprobs;
+  std::vector<Draw> draws;
+  try {
+    for (auto [src, dst] : sch.copies) {
+      const auto bs = cfg.block_size;
+      for (size_t l = 0; l < k_cache.size(); ++l) {
+        k_cache[l].narrow(0, dst * bs, bs).copy_(k_cache[l].narrow(0, src * bs, bs));
+        v_cache[l].narrow(0, dst * bs, bs).copy_(v_cache[l].narrow(0, src * bs, bs));
+      }
+    }
+    auto rows = build_rows(sch);
+    auto hidden = forward(rows);
+    // Rows whose logits are needed: the last of a chunk that completes its
+    // sequence's known tokens (the next token), and prompt positions of
+    // requests that asked for prompt log-probabilities.
+    std::vector<int64_t> need;
+    std::vector<int64_t> next_row(rows.order.size(), -1), prompt_row(rows.order.size(), -1);
+    for (size_t k = 0; k < rows.order.size(); ++k) {
+      const auto* c = rows.order[k];
+      const auto& req = requests.at(c->seq->request);
+      if (req.params.prompt_logprobs >= 0 && c->begin < c->seq->prompt_len - 1) {
+        prompt_row[k] = static_cast<int64_t>(need.size());
+        const int64_t last = std::min(c->begin + c->count, c->seq->prompt_len - 1);
+        for (int64_t p = c->begin; p < last; ++p) need.push_back(rows.first_row[k] + p - c->begin);
+      }
+      if (c->completes() && req.params.max_tokens > 0) {
+        next_row[k] = static_cast<int64_t>(need.size());
+        need.push_back(rows.first_row[k] + c->count - 1);
+      }
+    }
+    if (!need.empty()) {
+      logits = lm().logits(hidden.index_select(0, at::tensor(need, at::kLong))).to(at::kFloat);
+      logprobs = at::log_softmax(logits, 1);
+    }
+    sched->commit(sch);
+    // Prompt log-probabilities first (the prompt's order), then the draws.
+    for (size_t k = 0; k < rows.order.size(); ++k) {
+      const auto* c = rows.order[k];
+      auto& req = requests.at(c->seq->request);
+      if (prompt_row[k] >= 0) {
+        const int64_t last = std::min(c->begin + c->count, c->seq->prompt_len - 1);
+        for (int64_t p = c->begin; p < last; ++p) {
+          if (p < req.prompt_logprobs_done) continue;  // recomputed after a preemption, or a fork's
+          record(req.out.prompt_logprobs, logprobs[prompt_row[k] + p - c->begin], req.out.prompt[static_cast<size_t>(p + 1)],
+                 req.params.prompt_logprobs);
+          req.prompt_logprobs_done = p + 1;
+        }
+      }
+      if (next_row[k] < 0) continue;
+      const int32_t sample = seq_owner.at(c->seq->id).second;
+      if (!req.forked && req.params.num_samples > 1) {
+        for (int32_t s = 0; s < req.params.num_samples; ++s)
+          draws.push_back({&req, s, next_row[k], &c->seq->tokens});
+      } else {
+        draws.push_back({&req, sample, next_row[k], &c->seq->tokens});
+      }
+    }
+    sample(draws, logits);
+  } catch (const std::exception& e) {
+    // Nothing of the step is trusted: its requests end as aborted.
+    std::set<uint64_t> hit;
+    for (const auto& c : sch.chunks) hit.insert(c.seq->request);
+    for (auto id : hit) abort_request(requests.at(id));
+    return make_error(errc::internal, std::string{"sampler step failed (its requests were aborted): "} + e.what());
+  }
+  std::set<uint64_t> seen;
+  for (const auto& c : sch.chunks) seen.insert(c.seq->request);
+  // Forks first (they copy the parent's prompt before its first token lands).
+  for (auto& d : draws) {
+    if (d.sample != 0 || d.req->forked || d.req->params.num_samples <= 1) continue;
+    auto& parent = *d.req->seqs[0].seq;
+    auto kids = sched->fork(parent, static_cast<int32_t>(d.req->params.num_samples));
+    for (size_t j = 0; j < kids.size(); ++j) {
+      d.req->seqs[j + 1].seq = kids[j];
+      seq_owner[kids[j]->id] = {d.req->id, static_cast<int32_t>(j + 1)};
+    }
+    d.req->forked = true;
+  }
+  for (auto& d : draws) append(*d.req, d.sample, d.token, logprobs[d.row]);
+  // Prompt-only requests (max_tokens 0) end when their prompt is done.
+  for (auto id : seen) {
+    auto& req = requests.at(id);
+    if (req.params.max_tokens == 0 && !req.out.finished && req.seqs[0].seq &&
+        req.seqs[0].seq->num_computed == req.seqs[0].seq->prompt_len)
+      for (int32_t k = 0; k < static_cast<int32_t>(req.out.sequences.size()); ++k) finish(req, k, StopReason::length);
+    touched.push_back(id);
+  }
+  return touched;
+}
+
+void Engine::Impl::apply_update(PendingUpdate&& u) {
+  for (auto& [name, t] : u.tensors) {
+    if (u.adapter.empty()) {
+      lm().params.at(name).copy_(t);
+    } else {
+      auto params = model.adapter_parameters(u.adapter);
+      for (auto& [n, w] : *params)
+        if (n == name) to_torch(w).copy_(t);
+    }
+  }
+  version = u.version;
+  sched->reset_prefix_cache();
+}
+
+// -- Engine ---------------------------------------------------------------------------
+
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+
+Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::optional<Tokenizer> tokenizer) try {
+  if (auto ok = cfg.validate(); !ok) return ok.error();
+  const auto& c = model.config();
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  impl->max_len = cfg.max_model_len > 0 ? cfg.max_model_len : c.max_position_embeddings;
+  const int64_t block_bytes = 2 * c.num_hidden_layers * cfg.block_size * c.num_key_value_heads * c.head_dim * 4;
+  const int64_t blocks = cfg.cache_bytes / block_bytes;
+  if (blocks < 1)
+    return make_error(errc::invalid_argument, "cache_bytes " + std::to_string(cfg.cache_bytes) +
+                                                  " holds no KV-cache block: one block of " +
+                                                  std::to_string(cfg.block_size) + " tokens takes " +
+                                                  std::to_string(block_bytes) + " bytes for this model");
+  impl->num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max() / cfg.block_size));
+  impl->model = std::move(model);
+  impl->tokenizer = std::move(tokenizer);
+  impl->seeds.seed(cfg.seed);
+  impl->allocate_cache();
+  Engine e;
+  e.impl_ = std::move(impl);
+  return e;
+} catch (const std::exception& e) {
+  return make_error(errc::resource_exhausted, std::string{"cannot allocate the KV cache: "} + e.what());
+}
+
+Result<Engine> Engine::load(const std::string& dir, const EngineConfig& cfg) {
+  auto lm = CausalLM::load(dir);
+  if (!lm) return lm.error();
+  std::optional<Tokenizer> tok;
+  if (auto path = fs::path{dir} / "tokenizer.json"; fs::exists(path)) {
+    auto t = Tokenizer::load(path.string());
+    if (!t) return t.error();
+    tok = std::move(*t);
+  }
+  return create(std::move(*lm), cfg, std::move(tok));
+}
+
+Result<uint64_t> Engine::add_request(std::vector<int64_t> prompt, const SamplingParams& params,
+                                     const std::string& adapter) {
+  auto& m = *impl_;
+  if (auto ok = m.check_request(prompt, params, adapter); !ok) return ok.error();
+  Request req;
+  req.id = m.next_request++;
+  req.params = params;
+  req.adapter = adapter;
+  req.seed = params.seed >= 0 ? static_cast<uint64_t>(params.seed) : m.seeds();
+  req.out.id = req.id;
+  req.out.prompt = prompt;
+  req.out.adapter = adapter;
+  const auto n = static_cast<size_t>(params.num_samples);
+  req.out.sequences.resize(n);
+  req.seqs.resize(n);
+  for (size_t k = 0; k < n; ++k) req.seqs[k].rng.seed(mix_seed(req.seed, k));
+  for (const auto& s : params.stop) m.max_stop_len = std::max<int64_t>(m.max_stop_len, static_cast<int64_t>(s.size()));
+  auto& seq = m.sched->add(req.id, std::move(prompt), m.salt_of(adapter), params.prompt_logprobs < 0,
+                           static_cast<int32_t>(n) - 1);
+  req.seqs[0].seq = &seq;
+  m.seq_owner[seq.id] = {req.id, 0};
+  auto id = req.id;
+  m.requests.emplace(id, std::move(req));
+  return id;
+}
+
+void Engine::abort(uint64_t id) {
+  auto it = impl_->requests.find(id);
+  if (it != impl_->requests.end() && !it->second.out.finished) impl_->abort_request(it->second);
+}
+
+bool Engine::has_unfinished() const {
+  for (const auto& [id, r] : impl_->requests)
+    if (!r.out.finished) return true;
+  return false;
+}
+
+Result<std::vector<uint64_t>> Engine::step() { return impl_->run_step(); }
+
+const RequestOutput* Engine::output(uint64_t id) const {
+  auto it = impl_->requests.find(id);
+  return it == impl_->requests.end() ? nullptr : &it->second.out;
+}
+
+std::optional<RequestOutput> Engine::take(uint64_t id) {
+  auto it = impl_->requests.find(id);
+  if (it == impl_->requests.end() || !it->second.out.finished) return std::nullopt;
+  auto out = std::move(it->second.out);
+  impl_->requests.erase(it);
+  return out;
+}
+
+std::vector<Result<RequestOutput>> Engine::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                                    const SamplingParams& params, const std::string& adapter) {
+  std::vector<Result<RequestOutput>> out;
+  std::vector<uint64_t> ids;
+  for (const auto& p : prompts) {
+    auto id = add_request(p, params, adapter);
+    ids.push_back(id ? *id : 0);
+    out.push_back(id ? Result<RequestOutput>{RequestOutput{}} : Result<RequestOutput>{id.error()});
+  }
+  auto unfinished = [&] {
+    for (auto id : ids)
+      if (id && !impl_->requests.at(id).out.finished) return true;
+    return false;
+  };
+  // A failed step aborts its requests, which then finish with StopReason::abort.
+  while (unfinished()) (void)step();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i]) continue;
+    auto o = take(ids[i]);
+    out[i] = std::move(*o);
+  }
+  return out;
+}
+
+Result<void> Engine::update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
+                                    UpdatePolicy policy) {
+  auto& m = *impl_;
+  if (m.pending)
+    return make_error(errc::failed_precondition, "a weight update (version " + std::to_string(m.pending->version) +
+                                                     ") is still waiting for requests in flight");
+  PendingUpdate u;
+  u.adapter = adapter;
+  u.version = version;
+  std::map<std::string, Tensor> current;
+  if (adapter.empty()) {
+    for (auto& [n, t] : m.model.named_parameters()) current.emplace(n, t);
+  } else {
+    auto p = m.model.adapter_parameters(adapter);
+    if (!p) return p.error();
+    for (auto& [n, t] : *p) current.emplace(n, t);
+  }
+  std::vector<std::string> problems;
+  for (const auto& [name, t] : weights) {
+    auto it = current.find(name);
+    if (it == current.end()) {
+      problems.push_back("unknown tensor " + name);
+      continue;
+    }
+    if (t.shape() != it->second.shape()) {
+      problems.push_back(name + " is " + t.describe() + ", the sampler's is " + it->second.describe());
+      continue;
+    }
+    if (t.dtype() != Dtype::f32 && t.dtype() != Dtype::bf16 && t.dtype() != Dtype::f16) {
+      problems.push_back(name + " is " + t.describe() + ", not floating point");
+      continue;
+    }
+    u.tensors[name] = to_torch(t).to(at::kFloat, false, /*copy=*/true);
+  }
+  if (!problems.empty())
+    return make_error(errc::invalid_argument, "weight update rejected (nothing changed): " + join(problems, "; "));
+  if (policy == UpdatePolicy::abort)
+    for (auto& [id, r] : m.requests)
+      if (!r.out.finished) m.abort_request(r);
+  u.barrier = m.next_request;
+  bool in_flight = false;
+  for (const auto& [id, r] : m.requests)
+    if (!r.out.finished) in_flight = true;
+  if (in_flight) m.pending = std::move(u);
+  else m.apply_update(std::move(u));
+  return {};
+}
+
+bool Engine::update_pending() const { return impl_->pending.has_value(); }
+int64_t Engine::weight_version() const { return impl_->version; }
+
+Result<void> Engine::add_adapter(const std::string& name, const LoraConfig& cfg) {
+  return impl_->model.add_adapter(name, cfg);
+}
+Result<void> Engine::load_adapter(const std::string& name, const std::string& dir) {
+  return impl_->model.load_adapter(name, dir);
+}
+Result<void> Engine::remove_adapter(const std::string& name) {
+  for (const auto& [id, r] : impl_->requests)
+    if (!r.out.finished && r.adapter == name)
+      return make_error(errc::failed_precondition, "adapter '" + name + "' is in use by request " + std::to_string(id));
+  return impl_->model.remove_adapter(name);
+}
+std::vector<std::string> Engine::adapters() const { return impl_->model.adapters(); }
+
+void Engine::reset_prefix_cache() {
+  if (impl_->sched) impl_->sched->reset_prefix_cache();
+}
+
+Result<void> Engine::sleep() {
+  auto& m = *impl_;
+  if (m.asleep) return {};
+  if (has_unfinished())
+    return make_error(errc::failed_precondition, "requests are in flight: wait for them or abort them before sleep");
+  m.k_cache.clear();
+  m.v_cache.clear();
+  m.sched.reset();
+  m.asleep = true;
+  return {};
+}
+
+Result<void> Engine::wake() try {
+  auto& m = *impl_;
+  if (!m.asleep) return {};
+  m.allocate_cache();
+  m.asleep = false;
+  return {};
+} catch (const std::exception& e) {
+  return make_error(errc::resource_exhausted, std::string{"cannot allocate the KV cache: "} + e.what());
+}
+
+bool Engine::sleeping() const { return impl_->asleep; }
+
+EngineStats Engine::stats() const {
+  const auto& m = *impl_;
+  EngineStats s;
+  s.num_blocks = m.num_blocks;
+  s.block_size = m.cfg.block_size;
+  s.steps = m.steps;
+  s.generated_tokens = m.generated;
+  if (m.sched) {
+    s.free_blocks = m.sched->pool().num_free();
+    const auto& st = m.sched->stats();
+    s.prompt_tokens = st.prompt_tokens;
+    s.cached_tokens = st.cached_tokens;
+    s.preemptions = st.preemptions;
+    s.recomputed_tokens = st.recomputed_tokens;
+    s.running = static_cast<int64_t>(m.sched->num_running());
+    s.waiting = static_cast<int64_t>(m.sched->num_waiting());
+  }
+  return s;
+}
+
+const EngineConfig& Engine::config() const { return impl_->cfg; }
+const CausalLM& Engine::model() const { return impl_->model; }
+const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer ? &*impl_->tokenizer : nullptr; }
+int64_t Engine::max_model_len() const { return impl_->max_len; }
+
+}  // namespace glint::components

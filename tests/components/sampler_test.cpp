@@ -1,0 +1,506 @@
+#include "components/model/transformer.hpp"
+#include "components/sampler/engine.hpp"
+#include "components/tensor/torch_bridge.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <random>
+
+namespace glint::components {
+namespace {
+
+constexpr int64_t kVocab = 300;  // 256 single bytes, then multi-byte tokens
+
+// A small Qwen3 (GQA, q/k norm) whose logits are far from uniform: random
+// weights of std 0.02 make near-ties, and greedy comparisons would then
+// depend on rounding rather than on the code under test.
+CausalLM test_model(uint64_t seed = 3) {
+  auto cfg = ModelConfig::make(Architecture::qwen3, kVocab, 64, 96, 2, 4, 2, 16);
+  cfg.max_position_embeddings = 256;
+  cfg.eos_token_id = 299;
+  auto lm = *CausalLM::init_random(cfg, seed);
+  auto& p = lm.impl().params;
+  for (auto& [name, t] : p) {
+    if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos) t.mul_(8);
+    if (name == "lm_head.weight") t.mul_(40);
+  }
+  return lm;
+}
+
+std::vector<int64_t> random_prompt(int64_t len, uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  std::vector<int64_t> v(static_cast<size_t>(len));
+  for (auto& t : v) t = static_cast<int64_t>(rng() % 256);
+  return v;
+}
+
+Tensor row(const std::vector<int64_t>& v) { return *Tensor::from_values(v, {1, static_cast<int64_t>(v.size())}); }
+
+// Greedy generation by recomputing the whole sequence for every token.
+std::vector<int64_t> naive_greedy(const CausalLM& lm, std::vector<int64_t> seq, int64_t n,
+                                  const std::string& adapter = "") {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto f = lm.forward({.input_ids = row(seq)}, {.logits = true, .adapter = adapter});
+    EXPECT_TRUE(f) << describe(f.error());
+    auto logits = to_torch(f->logits)[0][static_cast<int64_t>(seq.size()) - 1];
+    auto t = logits.argmax().item<int64_t>();
+    out.push_back(t);
+    seq.push_back(t);
+  }
+  return out;
+}
+
+// The model's log-probability of each token after the first.
+std::vector<float> model_logprobs(const CausalLM& lm, const std::vector<int64_t>& seq, const std::string& adapter = "") {
+  auto f = lm.forward({.input_ids = row(seq)}, {.adapter = adapter});
+  EXPECT_TRUE(f);
+  auto v = *f->logprobs.values<float>();
+  return {v.begin(), v.end() - 1};  // the last position has no target
+}
+
+Engine make_engine(CausalLM lm, EngineConfig cfg = {}, std::optional<Tokenizer> tok = {}) {
+  auto e = Engine::create(std::move(lm), cfg, std::move(tok));
+  EXPECT_TRUE(e) << describe(e.error());
+  return std::move(*e);
+}
+
+std::vector<std::vector<int64_t>> prompts_of(std::initializer_list<int64_t> lens, uint64_t seed = 10) {
+  std::vector<std::vector<int64_t>> out;
+  for (auto l : lens) out.push_back(random_prompt(l, seed++));
+  return out;
+}
+
+const SamplingParams greedy{.max_tokens = 24, .temperature = 0, .ignore_eos = true};
+
+void expect_greedy_matches(Engine& e, const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& p) {
+  auto outs = e.generate(prompts, p);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(outs[i]) << describe(outs[i].error());
+    auto want = naive_greedy(e.model(), prompts[i], p.max_tokens);
+    ASSERT_EQ(outs[i]->sequences.size(), static_cast<size_t>(p.num_samples));
+    for (const auto& s : outs[i]->sequences) {
+      EXPECT_EQ(s.tokens, want) << "prompt " << i << " of length " << prompts[i].size();
+      EXPECT_EQ(s.stop_reason, StopReason::length);
+    }
+  }
+}
+
+TEST(Sampler, GreedyEqualsFullRecompute) {
+  auto prompts = prompts_of({1, 5, 16, 17, 33, 40, 70});
+  for (bool prefix : {false, true}) {
+    SCOPED_TRACE(prefix ? "prefix caching" : "no prefix caching");
+    auto e = make_engine(test_model(), {.max_num_batched_tokens = 64, .enable_prefix_caching = prefix});
+    expect_greedy_matches(e, prompts, greedy);
+    EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);  // everything released
+  }
+}
+
+TEST(Sampler, PrefixCacheReusesSharedPromptBlocks) {
+  auto e = make_engine(test_model());
+  auto shared = random_prompt(40, 1);
+  auto a = shared, b = shared;
+  a.insert(a.end(), {1, 2, 3});
+  b.insert(b.end(), {4, 5, 6, 7});
+  expect_greedy_matches(e, {a}, greedy);
+  EXPECT_EQ(e.stats().cached_tokens, 0);
+  auto out = e.generate({b}, greedy);
+  ASSERT_TRUE(out[0]);
+  EXPECT_EQ(out[0]->cached_tokens, 0);  // reported per request below
+  EXPECT_EQ(e.stats().cached_tokens, 32);  // two full blocks of the shared 40
+  EXPECT_EQ(out[0]->sequences[0].tokens, naive_greedy(e.model(), b, greedy.max_tokens));
+  e.reset_prefix_cache();
+  (void)e.generate({b}, greedy);
+  EXPECT_EQ(e.stats().cached_tokens, 32);  // no new hits after the reset
+}
+
+TEST(Sampler, SamplesShareThePromptAndEachMatchesGreedy) {
+  auto e = make_engine(test_model());
+  auto p = greedy;
+  p.num_samples = 3;
+  expect_greedy_matches(e, prompts_of({7, 16, 21}), p);
+  EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);
+}
+
+TEST(Sampler, PreemptionByRecomputeKeepsGreedyOutput) {
+  // Six blocks of 16 tokens for four requests that each grow to four blocks.
+  auto lm = test_model();
+  const auto& c = lm.config();
+  const int64_t block_bytes = 2 * c.num_hidden_layers * 16 * c.num_key_value_heads * c.head_dim * 4;
+  auto e = make_engine(std::move(lm), {.cache_bytes = 6 * block_bytes, .enable_prefix_caching = false});
+  auto p = greedy;
+  p.max_tokens = 40;
+  expect_greedy_matches(e, prompts_of({20, 9, 18, 13}), p);
+  EXPECT_GT(e.stats().preemptions, 0);
+  EXPECT_GT(e.stats().recomputed_tokens, 0);
+  // Forked samples are preempted and recomputed one by one.
+  p.num_samples = 3;
+  p.max_tokens = 30;
+  expect_greedy_matches(e, prompts_of({20, 9}), p);
+}
+
+TEST(Sampler, LogprobsEqualTheModelsWithinFloatTolerance) {
+  auto e = make_engine(test_model());
+  SamplingParams p{.num_samples = 2, .max_tokens = 20, .temperature = 1.0, .seed = 5, .ignore_eos = true,
+                   .logprobs = 3, .prompt_logprobs = 2};
+  auto prompt = random_prompt(23, 4);
+  auto out = e.generate({prompt}, p);
+  ASSERT_TRUE(out[0]);
+  const auto& o = *out[0];
+  auto want_prompt = model_logprobs(e.model(), prompt);
+  ASSERT_EQ(o.prompt_logprobs.chosen.size(), prompt.size() - 1);
+  for (size_t i = 0; i < want_prompt.size(); ++i) EXPECT_NEAR(o.prompt_logprobs.chosen[i], want_prompt[i], 1e-4);
+  for (const auto& s : o.sequences) {
+    auto full = prompt;
+    full.insert(full.end(), s.tokens.begin(), s.tokens.end());
+    auto want = model_logprobs(e.model(), full);
+    ASSERT_EQ(s.logprobs.chosen.size(), s.tokens.size());
+    ASSERT_EQ(s.logprobs.k, 3);
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      EXPECT_NEAR(s.logprobs.chosen[i], want[prompt.size() - 1 + i], 1e-4) << i;
+      // The top entries are sorted and bound the chosen token's.
+      EXPECT_GE(s.logprobs.top_logprobs[3 * i], s.logprobs.top_logprobs[3 * i + 1]);
+      EXPECT_GE(s.logprobs.top_logprobs[3 * i] + 1e-6f, s.logprobs.chosen[i]);
+    }
+  }
+  EXPECT_NE(o.sequences[0].tokens, o.sequences[1].tokens);
+}
+
+TEST(Sampler, SameSeedSameSampleWhateverSharesTheBatch) {
+  SamplingParams p{.max_tokens = 30, .temperature = 0.9, .top_k = 50, .top_p = 0.95, .seed = 77, .ignore_eos = true};
+  auto prompt = random_prompt(19, 8);
+  auto alone = make_engine(test_model());
+  auto a = alone.generate({prompt}, p);
+  ASSERT_TRUE(a[0]);
+
+  auto busy = make_engine(test_model(), {.max_num_batched_tokens = 48});
+  SamplingParams other{.num_samples = 2, .max_tokens = 25, .temperature = 1.2, .ignore_eos = true};
+  std::vector<uint64_t> ids;
+  for (auto& q : prompts_of({40, 3, 60}, 50)) ids.push_back(*busy.add_request(q, other));
+  (void)busy.step();
+  (void)busy.step();
+  auto mine = *busy.add_request(prompt, p);  // joins mid-flight
+  ids.push_back(*busy.add_request(random_prompt(33, 9), other));
+  while (busy.has_unfinished()) ASSERT_TRUE(busy.step());
+  EXPECT_EQ(busy.output(mine)->sequences[0].tokens, a[0]->sequences[0].tokens);
+
+  p.seed = 78;
+  auto c = alone.generate({prompt}, p);
+  EXPECT_NE(c[0]->sequences[0].tokens, a[0]->sequences[0].tokens);
+}
+
+TEST(Sampler, FiltersThatLeaveOneTokenAreGreedy) {
+  auto e = make_engine(test_model());
+  auto prompt = random_prompt(12, 2);
+  auto want = naive_greedy(e.model(), prompt, 16);
+  for (SamplingParams p : {SamplingParams{.top_k = 1}, SamplingParams{.top_p = 1e-6}, SamplingParams{.min_p = 1.0}}) {
+    p.max_tokens = 16;
+    p.ignore_eos = true;
+    p.seed = 1;
+    auto out = e.generate({prompt}, p);
+    ASSERT_TRUE(out[0]);
+    EXPECT_EQ(out[0]->sequences[0].tokens, want) << p.top_k << " " << p.top_p << " " << p.min_p;
+  }
+}
+
+TEST(Sampler, DrawsFollowTheModelsDistribution) {
+  auto e = make_engine(test_model(), {.max_num_seqs = 512});
+  auto prompt = random_prompt(6, 3);
+  const int n = 400;
+  auto out = e.generate({prompt}, {.num_samples = n, .max_tokens = 1, .seed = 11, .logprobs = 0});
+  ASSERT_TRUE(out[0]);
+  std::map<int64_t, int> count;
+  std::map<int64_t, double> prob;
+  for (const auto& s : out[0]->sequences) {
+    ++count[s.tokens[0]];
+    prob[s.tokens[0]] = std::exp(s.logprobs.chosen[0]);
+  }
+  for (auto [t, k] : count) {
+    const double p = prob[t], sd = std::sqrt(n * p * (1 - p));
+    EXPECT_NEAR(k, n * p, 5 * sd + 1) << "token " << t;
+  }
+}
+
+TEST(Sampler, RepetitionPenaltyChangesGreedyChoicesAwayFromSeenTokens) {
+  auto e = make_engine(test_model());
+  auto prompt = random_prompt(10, 6);
+  auto plain = e.generate({prompt}, {.max_tokens = 40, .temperature = 0, .ignore_eos = true});
+  auto penal = e.generate({prompt}, {.max_tokens = 40, .temperature = 0, .repetition_penalty = 100, .ignore_eos = true});
+  auto distinct = [](const std::vector<int64_t>& v) { return std::set<int64_t>(v.begin(), v.end()).size(); };
+  EXPECT_GT(distinct(penal[0]->sequences[0].tokens), distinct(plain[0]->sequences[0].tokens));
+}
+
+// A byte-level tokenizer.json: ids 0..255 are single bytes, 256.. multi-byte
+// tokens, 299 a special end token.
+std::string byte_char(int b) {
+  static std::vector<int> map = [] {
+    std::vector<int> m(256);
+    int extra = 0;
+    for (int x = 0; x < 256; ++x) {
+      bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
+      m[static_cast<size_t>(x)] = printable ? x : 256 + extra++;
+    }
+    return m;
+  }();
+  int cp = map[static_cast<size_t>(b)];
+  std::string s;
+  if (cp < 0x80) s.push_back(static_cast<char>(cp));
+  else {
+    s.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+  return s;
+}
+
+Tokenizer test_tokenizer() {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  for (int i = 256; i < 299; ++i) {
+    // Three-byte tokens of letters: multi-byte, so stop strings end inside them.
+    std::string t;
+    for (int k = 0; k < 3; ++k) t += byte_char('a' + (i * 7 + k * 5) % 26);
+    vocab[t] = i;
+  }
+  nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                      {"decoder", {{"type", "ByteLevel"}}},
+                      {"added_tokens", {{{"id", 299}, {"content", "<|end|>"}, {"special", true}}}}};
+  return *Tokenizer::parse(j.dump());
+}
+
+TEST(Sampler, StopStringsCutTheTextExactly) {
+  auto e = make_engine(test_model(), {}, test_tokenizer());
+  auto prompt = random_prompt(9, 12);
+  SamplingParams p{.max_tokens = 40, .temperature = 0, .ignore_eos = true};
+  auto full = e.generate({prompt}, p);
+  ASSERT_TRUE(full[0]);
+  const auto& all = full[0]->sequences[0];
+  std::string bytes;
+  std::vector<size_t> ends;  // byte offset after each token
+  for (auto t : all.tokens) {
+    bytes += e.tokenizer()->token_bytes(t);
+    ends.push_back(bytes.size());
+  }
+  ASSERT_GT(bytes.size(), 12u);
+  // A stop string that starts mid-way and ends inside a later token.
+  const size_t from = bytes.size() / 3;
+  const std::string stop = bytes.substr(from, 4);
+  const size_t first = bytes.find(stop);
+  p.stop = {stop, "\x01never\x02"};
+  auto cut = e.generate({prompt}, p);
+  ASSERT_TRUE(cut[0]);
+  const auto& s = cut[0]->sequences[0];
+  EXPECT_EQ(s.stop_reason, StopReason::stop);
+  EXPECT_EQ(s.stop_string, stop);
+  EXPECT_EQ(s.text, to_valid_utf8(bytes.substr(0, first)));
+  // Tokens run up to the one that completed the match.
+  size_t last = 0;
+  while (ends[last] < first + stop.size()) ++last;
+  EXPECT_EQ(s.tokens, std::vector<int64_t>(all.tokens.begin(), all.tokens.begin() + static_cast<long>(last) + 1));
+  p.include_stop_str_in_output = true;
+  auto with = e.generate({prompt}, p);
+  EXPECT_EQ(with[0]->sequences[0].text, to_valid_utf8(bytes.substr(0, first + stop.size())));
+  // A stop token ends the sequence and is kept.
+  p.stop.clear();
+  p.stop_token_ids = {all.tokens[5]};
+  auto tok = e.generate({prompt}, p);
+  const auto& st = tok[0]->sequences[0];
+  EXPECT_EQ(st.stop_reason, StopReason::stop);
+  EXPECT_EQ(st.stop_token, all.tokens[5]);
+  auto k = std::find(all.tokens.begin(), all.tokens.end(), all.tokens[5]) - all.tokens.begin();
+  EXPECT_EQ(st.tokens.size(), static_cast<size_t>(k + 1));
+}
+
+TEST(Sampler, EosStopsUnlessIgnored) {
+  // Make the model's second greedy token its eos.
+  auto lm = test_model();
+  auto want = naive_greedy(lm, random_prompt(5, 1), 2);
+  lm.impl().cfg.eos_token_id = want[1];
+  auto e = make_engine(std::move(lm));
+  auto out = e.generate({random_prompt(5, 1)}, {.max_tokens = 10, .temperature = 0});
+  ASSERT_TRUE(out[0]);
+  EXPECT_EQ(out[0]->sequences[0].tokens, want);
+  EXPECT_EQ(out[0]->sequences[0].stop_reason, StopReason::stop);
+  out = e.generate({random_prompt(5, 1)}, {.max_tokens = 10, .temperature = 0, .ignore_eos = true});
+  EXPECT_EQ(out[0]->sequences[0].tokens.size(), 10u);
+}
+
+TEST(Sampler, MaxTokensZeroScoresThePrompt) {
+  auto e = make_engine(test_model());
+  auto prompt = random_prompt(30, 5);
+  auto out = e.generate({prompt}, {.max_tokens = 0, .prompt_logprobs = 0});
+  ASSERT_TRUE(out[0]);
+  EXPECT_TRUE(out[0]->sequences[0].tokens.empty());
+  EXPECT_EQ(out[0]->sequences[0].stop_reason, StopReason::length);
+  auto want = model_logprobs(e.model(), prompt);
+  ASSERT_EQ(out[0]->prompt_logprobs.chosen.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(out[0]->prompt_logprobs.chosen[i], want[i], 1e-4);
+}
+
+TEST(Sampler, BadRequestsFailAloneWhileTheBatchCompletes) {
+  auto e = make_engine(test_model(), {.max_model_len = 64});
+  auto ok = random_prompt(8, 1);
+  struct Case {
+    std::vector<int64_t> prompt;
+    SamplingParams params;
+    std::string adapter;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {{}, greedy, "", "empty"},
+      {random_prompt(65, 2), greedy, "", "max_model_len is 64"},
+      {ok, {.temperature = -1}, "", "temperature"},
+      {ok, {.top_p = 0}, "", "top_p"},
+      {ok, {.top_p = 1.5}, "", "top_p"},
+      {ok, greedy, "tenant-x", "no LoRA adapter 'tenant-x'"},
+      {{1, 2, kVocab}, greedy, "", "outside the vocabulary"},
+      {ok, {.stop = {"x"}}, "", "tokenizer"},
+  };
+  std::vector<uint64_t> good;
+  for (const auto& c : cases) {
+    auto id = e.add_request(c.prompt, c.params, c.adapter);
+    ASSERT_FALSE(id) << c.says;
+    EXPECT_NE(describe(id.error()).find(c.says), std::string::npos) << describe(id.error());
+    good.push_back(*e.add_request(ok, greedy));
+  }
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  for (auto id : good) EXPECT_EQ(e.output(id)->sequences[0].stop_reason, StopReason::length);
+  // A request that can never fit in the cache.
+  auto tiny = make_engine(test_model(), {.cache_bytes = 2 * 2 * 16 * 2 * 16 * 4});
+  auto id = tiny.add_request(random_prompt(40, 1), greedy);
+  ASSERT_FALSE(id);
+  EXPECT_NE(describe(id.error()).find("cache_bytes"), std::string::npos) << describe(id.error());
+}
+
+TEST(Sampler, ContinuousBatchingLetsRequestsJoinAndLeave) {
+  auto e = make_engine(test_model());
+  auto p = greedy;
+  p.max_tokens = 4;
+  auto shortie = *e.add_request(random_prompt(5, 1), p);
+  p.max_tokens = 30;
+  auto longer = *e.add_request(random_prompt(9, 2), p);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(e.step());
+  EXPECT_TRUE(e.output(shortie)->finished);
+  EXPECT_FALSE(e.output(longer)->finished);
+  auto late = *e.add_request(random_prompt(7, 3), p);
+  ASSERT_TRUE(e.step());
+  EXPECT_EQ(e.stats().running, 2);
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  EXPECT_EQ(e.output(late)->sequences[0].tokens, naive_greedy(e.model(), random_prompt(7, 3), 30));
+  EXPECT_EQ(e.output(longer)->sequences[0].tokens, naive_greedy(e.model(), random_prompt(9, 2), 30));
+  e.abort(late);  // finished: ignored
+  auto gone = *e.add_request(random_prompt(7, 3), p);
+  ASSERT_TRUE(e.step());
+  e.abort(gone);
+  EXPECT_EQ(e.output(gone)->sequences[0].stop_reason, StopReason::abort);
+  EXPECT_FALSE(e.has_unfinished());
+}
+
+// Gives adapter `name` random B matrices, so that it changes the output.
+void randomise(Engine& e, const std::string& name) {
+  auto& a = const_cast<CausalLM::Impl&>(e.model().impl()).adapters.at(name);
+  for (auto& [m, ab] : a.weights) ab.second.normal_(0, 0.5);
+}
+
+TEST(Sampler, AdaptersAndTheBaseModelInOneBatch) {
+  auto e = make_engine(test_model());
+  ASSERT_TRUE(e.add_adapter("a", {.r = 4, .target_modules = {"all-linear"}}));
+  ASSERT_TRUE(e.add_adapter("b", {.r = 4}));
+  randomise(e, "a");
+  randomise(e, "b");
+  auto prompt = random_prompt(21, 5);
+  std::vector<std::pair<uint64_t, std::string>> ids;
+  for (std::string name : {"a", "", "b", "a"}) ids.emplace_back(*e.add_request(prompt, greedy, name), name);
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  std::set<std::vector<int64_t>> distinct;
+  for (auto [id, name] : ids) {
+    auto got = e.output(id)->sequences[0].tokens;
+    EXPECT_EQ(got, naive_greedy(e.model(), prompt, greedy.max_tokens, name)) << "adapter '" << name << "'";
+    distinct.insert(got);
+  }
+  EXPECT_EQ(distinct.size(), 3u);
+  EXPECT_FALSE(e.remove_adapter("zzz"));
+  EXPECT_TRUE(e.remove_adapter("b"));
+}
+
+TEST(Sampler, WeightUpdatesWaitForRequestsInFlightOrAbortThem) {
+  auto e = make_engine(test_model());
+  auto other = test_model(4);
+  auto prompt = random_prompt(11, 3);
+  auto old_tokens = naive_greedy(e.model(), prompt, greedy.max_tokens);
+  auto new_tokens = naive_greedy(other, prompt, greedy.max_tokens);
+  ASSERT_NE(old_tokens, new_tokens);
+
+  auto before = *e.add_request(prompt, greedy);
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(other.named_parameters(), "", 1, UpdatePolicy::finish_old));
+  EXPECT_TRUE(e.update_pending());
+  auto after = *e.add_request(prompt, greedy);
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  EXPECT_FALSE(e.update_pending());
+  EXPECT_EQ(e.output(before)->sequences[0].tokens, old_tokens);
+  EXPECT_EQ(e.output(before)->sequences[0].weight_version, 0);
+  EXPECT_EQ(e.output(after)->sequences[0].tokens, new_tokens);
+  EXPECT_EQ(e.output(after)->sequences[0].weight_version, 1);
+
+  auto cut = *e.add_request(prompt, greedy);
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(test_model().named_parameters(), "", 2, UpdatePolicy::abort));
+  EXPECT_EQ(e.output(cut)->sequences[0].stop_reason, StopReason::abort);
+  EXPECT_EQ(e.weight_version(), 2);
+  auto again = e.generate({prompt}, greedy);
+  EXPECT_EQ(again[0]->sequences[0].tokens, old_tokens);
+  EXPECT_EQ(again[0]->sequences[0].weight_version, 2);
+
+  // Bad updates change nothing.
+  NamedTensors bad = {{"model.norm.weight", *Tensor::from_values(std::vector<float>{1, 2}, {2})}};
+  EXPECT_FALSE(e.update_weights(bad, "", 3));
+  bad = {{"no.such.weight", *Tensor::from_values(std::vector<float>{1}, {1})}};
+  EXPECT_FALSE(e.update_weights(bad, "", 3));
+  EXPECT_EQ(e.weight_version(), 2);
+}
+
+TEST(Sampler, LoraOnlyUpdatesChangeOneAdapter) {
+  auto e = make_engine(test_model());
+  ASSERT_TRUE(e.add_adapter("t", {.r = 4}));
+  auto prompt = random_prompt(11, 3);
+  auto base = naive_greedy(e.model(), prompt, greedy.max_tokens);
+  auto donor = test_model();
+  ASSERT_TRUE(donor.add_adapter("t", {.r = 4}, 9));
+  for (auto& [m, ab] : donor.impl().adapters.at("t").weights) ab.second.normal_(0, 0.5);
+  ASSERT_TRUE(e.update_weights(*donor.adapter_parameters("t"), "t", 7));
+  auto out = e.generate({prompt, prompt}, greedy, "t");
+  EXPECT_EQ(out[0]->sequences[0].tokens, naive_greedy(donor, prompt, greedy.max_tokens, "t"));
+  EXPECT_NE(out[0]->sequences[0].tokens, base);
+  EXPECT_EQ(e.generate({prompt}, greedy)[0]->sequences[0].tokens, base);
+}
+
+TEST(Sampler, SleepFreesTheCacheAndWakeRestoresIt) {
+  auto e = make_engine(test_model());
+  auto prompt = random_prompt(11, 3);
+  auto want = e.generate({prompt}, greedy)[0]->sequences[0].tokens;
+  ASSERT_TRUE(e.sleep());
+  EXPECT_TRUE(e.sleeping());
+  auto refused = e.add_request(prompt, greedy);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("asleep"), std::string::npos);
+  ASSERT_TRUE(e.wake());
+  EXPECT_EQ(e.generate({prompt}, greedy)[0]->sequences[0].tokens, want);
+  (void)e.add_request(prompt, greedy);
+  EXPECT_FALSE(e.sleep());  // a request is in flight
+}
+
+TEST(Tokenizer, DecodesByteLevelTokensAndSkipsSpecialOnes) {
+  auto tok = test_tokenizer();
+  std::vector<int64_t> ids = {'h', 'i', ' ', 299, 0xe2, 0x82, 0xac};
+  EXPECT_EQ(tok.decode(ids), "hi \xe2\x82\xac");
+  EXPECT_EQ(tok.decode(ids, false), "hi <|end|>\xe2\x82\xac");
+  // A character cut between tokens is U+FFFD, not invalid UTF-8.
+  EXPECT_EQ(tok.decode(std::vector<int64_t>{'a', 0xe2, 0x82}), "a\xef\xbf\xbd");
+  EXPECT_EQ(to_valid_utf8("\xc0\xaf" "b"), "\xef\xbf\xbd\xef\xbf\xbd" "b");
+  EXPECT_FALSE(Tokenizer::parse("{"));
+  EXPECT_FALSE(Tokenizer::load("/nonexistent/tokenizer.json"));
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -83,7 +83,18 @@ bool onednn_matmul_enabled() {
   return enabled;
 }
 
+at::Tensor pack_linear_weight(const at::Tensor& w) {
+  if (!wanted(w) || w.dim() != 2) return w;
+  return w.contiguous().to_mkldnn();
+}
+
 at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  if (w.is_mkldnn()) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = w.size(0);
+    auto y = at::mkldnn_linear(x.reshape({-1, x.size(-1)}).contiguous().to_mkldnn(), w, {}).to_dense().view(sizes);
+    return b && b->defined() ? y + *b : y;
+  }
   // Below ~64k multiply-adds the conversions cost more than they save.
   if (!wanted(x) || w.scalar_type() != at::kFloat || x.numel() / x.size(-1) * w.numel() < (1 << 16))
     return at::linear(x, w, b);

@@ -17,6 +17,12 @@ namespace glint::components {
 /// x [..., in] @ w[out, in]^T (+ b[out]), like at::linear.
 at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b = {});
 
+/// `w` [out, in] converted once to oneDNN's own layout, for inference that
+/// reuses it every step (the sampler): fast_linear then skips converting it
+/// on every call. Without oneDNN (or for another dtype) `w` itself. No
+/// gradients flow through a packed weight.
+at::Tensor pack_linear_weight(const at::Tensor& w);
+
 /// Batched a [N, M, K] @ b [N, K, P], like at::matmul on 3-d tensors.
 at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b);
 

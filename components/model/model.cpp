@@ -157,8 +157,10 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
 
 at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x, bool bias,
                                   const PassOptions& pass) const {
-  const auto& w = param(prefix + ".weight");
-  auto y = bias ? fast_linear(x, w, param(prefix + ".bias")) : fast_linear(x, w);
+  const at::Tensor* w = &param(prefix + ".weight");
+  if (pass.packed)
+    if (auto it = pass.packed->find(prefix + ".weight"); it != pass.packed->end()) w = &it->second;
+  auto y = bias ? fast_linear(x, *w, param(prefix + ".bias")) : fast_linear(x, *w);
   if (pass.lora && !pass.lora->merged) {
     if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
       const auto& [a, b] = it->second;

@@ -53,6 +53,9 @@ struct PassOptions {
   const LoraAdapter* lora = nullptr;
   bool train = false;  ///< LoRA dropout is active
   std::vector<RowAdapter> row_adapters{};  ///< per-row adapters (inference only), besides `lora`
+  /// Projection weights by name, packed by pack_linear_weight, used instead
+  /// of the parameters (inference only).
+  const std::map<std::string, at::Tensor>* packed = nullptr;
 };
 
 /// One layer's attention: q [..., T, heads, D], k and v [..., T, kv_heads, D]

@@ -2,6 +2,7 @@
 
 #include "components/model/kernels.hpp"
 #include "components/model/transformer.hpp"
+#include "components/sampler/paged_attention.hpp"
 #include "components/sampler/scheduler.hpp"
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/text.hpp"
@@ -9,6 +10,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -77,6 +79,9 @@ struct Engine::Impl {
   int32_t num_blocks = 0;
   std::unique_ptr<Scheduler> sched;
   std::vector<at::Tensor> k_cache, v_cache;  // per layer [num_blocks * block_size, kv_heads, head_dim]
+  // The projection and head weights in oneDNN's layout, converted once
+  // instead of at every call (rebuilt when weights change).
+  std::map<std::string, at::Tensor> packed;
   std::map<uint64_t, Request> requests;
   std::map<uint64_t, std::pair<uint64_t, int32_t>> seq_owner;  // sequence id -> (request, sample)
   uint64_t next_request = 1;
@@ -85,6 +90,7 @@ struct Engine::Impl {
   std::optional<PendingUpdate> pending;
   bool asleep = false;
   int64_t steps = 0, generated = 0;
+  double schedule_seconds = 0, forward_seconds = 0, sample_seconds = 0;
   int64_t max_stop_len = 0;
 
   CausalLM::Impl& lm() const { return model.impl(); }
@@ -105,6 +111,18 @@ struct Engine::Impl {
 
   // Cached keys and values depend on the adapter and the weights; a weight
   // update clears the whole cache, so the adapter's name suffices.
+  void pack_weights() {
+    packed.clear();
+    for (const auto& [name, w] : lm().params)
+      if (w.dim() == 2 && name != "model.embed_tokens.weight") packed[name] = pack_linear_weight(w);
+    if (mc().tie_word_embeddings)
+      packed["model.embed_tokens.weight"] = pack_linear_weight(lm().param("model.embed_tokens.weight"));
+  }
+
+  at::Tensor head(const at::Tensor& hidden) const {
+    return fast_linear(hidden, packed.at(mc().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+  }
+
   static uint64_t salt_of(const std::string& adapter) { return hash_seed("adapter:" + adapter); }
 
   Result<void> check_request(const std::vector<int64_t>& prompt, const SamplingParams& p,
@@ -149,9 +167,8 @@ struct Engine::Impl {
     at::Tensor ids, positions, slots;  // [N]
     // Decodes (one token each) come first, then prefill chunks.
     int64_t num_decode = 0;
-    at::Tensor decode_slots;  // i64 [S * Cmax]
-    at::Tensor decode_bias;   // f32 [S, 1, 1, Cmax]
-    int64_t decode_ctx = 0;
+    at::Tensor decode_slots;    // i64 [S, Cmax]
+    at::Tensor decode_lengths;  // i64 [S]
     struct Prefill {
       int64_t row = 0, count = 0, ctx = 0;
       at::Tensor slots;  // i64 [ctx]
@@ -193,24 +210,19 @@ struct Engine::Impl {
     r.positions = vec(pos);
     r.slots = vec(slots);
     for (auto& [name, rows] : by_adapter) r.adapters.push_back({*lm().adapter(name), vec(rows)});
-    // Decodes: every sequence's context slots, padded to the longest; the
-    // padding points at slot 0 and is masked out.
+    // Decodes: every sequence's context slots, padded to the longest (the
+    // padding is never read).
     if (r.num_decode > 0) {
       int64_t cmax = 0;
       for (int64_t i = 0; i < r.num_decode; ++i) cmax = std::max(cmax, r.order[static_cast<size_t>(i)]->begin + 1);
-      r.decode_ctx = cmax;
-      std::vector<int64_t> ds(static_cast<size_t>(r.num_decode * cmax), 0);
-      auto bias = at::zeros({r.num_decode, 1, 1, cmax}, at::kFloat);
-      auto b = bias.accessor<float, 4>();
+      std::vector<int64_t> ds(static_cast<size_t>(r.num_decode * cmax), 0), lens;
       for (int64_t i = 0; i < r.num_decode; ++i) {
         const auto* c = r.order[static_cast<size_t>(i)];
-        for (int64_t j = 0; j < cmax; ++j) {
-          if (j <= c->begin) ds[static_cast<size_t>(i * cmax + j)] = slot_of(*c->seq, j);
-          else b[i][0][0][j] = kNegInf;
-        }
+        for (int64_t j = 0; j <= c->begin; ++j) ds[static_cast<size_t>(i * cmax + j)] = slot_of(*c->seq, j);
+        lens.push_back(c->begin + 1);
       }
-      r.decode_slots = vec(ds);
-      r.decode_bias = bias;
+      r.decode_slots = vec(ds).view({r.num_decode, cmax});
+      r.decode_lengths = vec(lens);
     }
     for (size_t k = static_cast<size_t>(r.num_decode); k < r.order.size(); ++k) {
       const auto* c = r.order[k];
@@ -239,14 +251,9 @@ struct Engine::Impl {
       vc.index_copy_(0, r.slots, v);
       std::vector<at::Tensor> parts;
       if (r.num_decode > 0) {
-        const int64_t S = r.num_decode, C = r.decode_ctx;
-        // [S, C, kv, D] -> [S, kv, C, D]
-        auto keys = kc.index_select(0, r.decode_slots).view({S, C, nkv, D}).permute({0, 2, 1, 3}).reshape({S * nkv, C, D});
-        auto vals = vc.index_select(0, r.decode_slots).view({S, C, nkv, D}).permute({0, 2, 1, 3}).reshape({S * nkv, C, D});
-        auto qd = q.narrow(0, 0, S).reshape({S * nkv, g, D});
-        auto scores = fast_bmm(qd, keys.transpose(1, 2)).view({S, nkv, g, C}) * scale + r.decode_bias;
-        auto probs = at::softmax(scores, -1).view({S * nkv, g, C});
-        parts.push_back(fast_bmm(probs, vals).view({S, nh * D}));
+        auto qd = q.narrow(0, 0, r.num_decode);
+        parts.push_back(paged_decode_attention(qd, kc, vc, r.decode_slots, r.decode_lengths, scale)
+                            .view({r.num_decode, nh * D}));
       }
       for (const auto& p : r.prefills) {
         auto keys = kc.index_select(0, p.slots).permute({1, 0, 2});  // [kv, ctx, D]
@@ -262,6 +269,7 @@ struct Engine::Impl {
     };
     PassOptions pass;
     pass.row_adapters = r.adapters;
+    pass.packed = &packed;
     return lm().decode_stack(r.ids, r.positions, attend, pass);
   }
 
@@ -449,6 +457,9 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
       if (id < pending->barrier && !r.out.finished) before_left = true;
     if (!before_left) apply_update(std::move(*pending)), pending.reset();
   }
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   auto sch = sched->schedule(pending ? pending->barrier : std::numeric_limits<uint64_t>::max());
   if (sch.chunks.empty()) return touched;
   ++steps;
@@ -464,6 +475,8 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
       }
     }
     auto rows = build_rows(sch);
+    schedule_seconds += since(t0);
+    t0 = clock::now();
     auto hidden = forward(rows);
     // Rows whose logits are needed: the last of a chunk that completes its
     // sequence's known tokens (the next token), and prompt positions of
@@ -484,9 +497,11 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
       }
     }
     if (!need.empty()) {
-      logits = lm().logits(hidden.index_select(0, at::tensor(need, at::kLong))).to(at::kFloat);
+      logits = head(hidden.index_select(0, at::tensor(need, at::kLong))).to(at::kFloat);
       logprobs = at::log_softmax(logits, 1);
     }
+    forward_seconds += since(t0);
+    t0 = clock::now();
     sched->commit(sch);
     // Prompt log-probabilities first (the prompt's order), then the draws.
     for (size_t k = 0; k < rows.order.size(); ++k) {
@@ -512,7 +527,9 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     }
     sample(draws, logits);
   } catch (const std::exception& e) {
-    // Nothing of the step is trusted: its requests end as aborted.
+    // Nothing of the step is trusted: its requests end as aborted, and the
+    // blocks it registered may hold garbage.
+    sched->reset_prefix_cache();
     std::set<uint64_t> hit;
     for (const auto& c : sch.chunks) hit.insert(c.seq->request);
     for (auto id : hit) abort_request(requests.at(id));
@@ -532,6 +549,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     d.req->forked = true;
   }
   for (auto& d : draws) append(*d.req, d.sample, d.token, logprobs[d.row]);
+  sample_seconds += since(t0);
   // Prompt-only requests (max_tokens 0) end when their prompt is done.
   for (auto id : seen) {
     auto& req = requests.at(id);
@@ -554,6 +572,7 @@ void Engine::Impl::apply_update(PendingUpdate&& u) {
     }
   }
   version = u.version;
+  if (u.adapter.empty()) pack_weights();
   sched->reset_prefix_cache();
 }
 
@@ -581,6 +600,7 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
   impl->tokenizer = std::move(tokenizer);
   impl->seeds.seed(cfg.seed);
   impl->allocate_cache();
+  impl->pack_weights();
   Engine e;
   e.impl_ = std::move(impl);
   return e;
@@ -776,6 +796,9 @@ EngineStats Engine::stats() const {
   s.block_size = m.cfg.block_size;
   s.steps = m.steps;
   s.generated_tokens = m.generated;
+  s.schedule_seconds = m.schedule_seconds;
+  s.forward_seconds = m.forward_seconds;
+  s.sample_seconds = m.sample_seconds;
   if (m.sched) {
     s.free_blocks = m.sched->pool().num_free();
     const auto& st = m.sched->stats();

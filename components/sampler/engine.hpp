@@ -42,6 +42,9 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t recomputed_tokens = 0;  ///< computed again after a preemption
   int64_t running = 0, waiting = 0;
+  /// Wall time of the steps so far: scheduling and batch building, the
+  /// forward pass (with the logits), sampling and bookkeeping.
+  double schedule_seconds = 0, forward_seconds = 0, sample_seconds = 0;
   double prefix_cache_hit_rate() const {
     return prompt_tokens ? static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens) : 0.0;
   }

@@ -111,6 +111,7 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
       }
     }
     if (self_preempted) break;  // s was the last running sequence
+    register_blocks(s, s.num_computed + count);
     out.chunks.push_back({&s, s.num_computed, count});
     budget -= count;
     ++i;
@@ -139,6 +140,7 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
       return a->arrival != b->arrival ? a->arrival < b->arrival : a->sample < b->sample;
     });
     running_.insert(at, &s);
+    register_blocks(s, s.num_computed + count);
     out.chunks.push_back({&s, s.num_computed, count});
     budget -= count;
   }
@@ -146,20 +148,20 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
 }
 
 void Scheduler::commit(const Schedule& sched) {
+  for (const auto& c : sched.chunks) c.seq->num_computed = c.begin + c.count;
+}
+
+void Scheduler::register_blocks(Sequence& s, int64_t upto) {
+  if (!cfg_.enable_prefix_caching) return;
   const auto bs = cfg_.block_size;
-  for (const auto& c : sched.chunks) {
-    Sequence& s = *c.seq;
-    s.num_computed = c.begin + c.count;
-    if (!cfg_.enable_prefix_caching) continue;
-    const auto full = static_cast<size_t>(s.num_computed / bs);
-    uint64_t parent = s.block_keys.empty() ? s.salt : s.block_keys.back();
-    for (size_t i = s.block_keys.size(); i < full; ++i) {
-      std::span<const int64_t> toks{s.tokens.data() + i * bs, static_cast<size_t>(bs)};
-      auto key = chain_hash(parent, toks);
-      pool_.register_cached(s.blocks[i], key, parent, toks);
-      s.block_keys.push_back(key);
-      parent = key;
-    }
+  const auto full = static_cast<size_t>(upto / bs);
+  uint64_t parent = s.block_keys.empty() ? s.salt : s.block_keys.back();
+  for (size_t i = s.block_keys.size(); i < full; ++i) {
+    std::span<const int64_t> toks{s.tokens.data() + i * bs, static_cast<size_t>(bs)};
+    auto key = chain_hash(parent, toks);
+    pool_.register_cached(s.blocks[i], key, parent, toks);
+    s.block_keys.push_back(key);
+    parent = key;
   }
 }
 

@@ -90,8 +90,7 @@ public:
   /// sequences of requests numbered `admit_below` or higher stay waiting
   /// (a weight update waits for the ones before).
   Schedule schedule(uint64_t admit_below = UINT64_MAX);
-  /// Marks a step's chunks computed and registers newly full blocks in the
-  /// prefix cache.
+  /// Marks a step's chunks computed.
   void commit(const Schedule& s);
   /// Samples 1..n-1 of `parent`'s request: copies sharing every block of
   /// the parent (their tokens are the parent's prompt; the caller appends
@@ -116,6 +115,12 @@ private:
   void preempt(Sequence& s);
   void release_blocks(Sequence& s);
   void match_prefix(Sequence& s);
+  // Registers the sequence's blocks that are full once its first `upto`
+  // tokens are computed. Done when a chunk is scheduled, not after the step:
+  // the step writes every layer's keys and values before any attention
+  // reads them, so a prompt scheduled later in the same step may already
+  // read them (requests queued together share their common prefix).
+  void register_blocks(Sequence& s, int64_t upto);
   int64_t slots_in_use() const;
 
   SchedulerConfig cfg_;

@@ -182,6 +182,13 @@ TEST(Scheduler, PrefixCacheServesFullBlocksOfALaterPrompt) {
   EXPECT_EQ(st.chunks[0].begin, 8);
   EXPECT_EQ(b.num_computed, 8);
   EXPECT_EQ(s.stats().cached_tokens, 8);
+  // Prompts admitted in one step share what the first one computes in it.
+  auto& c = s.add(4, toks(100, 9), 5, true, 0);
+  auto& d = s.add(5, toks(100, 10), 5, true, 0);
+  st = s.schedule();
+  EXPECT_EQ(c.num_computed, 0);
+  EXPECT_EQ(d.num_computed, 8);
+  EXPECT_EQ(d.blocks[0], c.blocks[0]);
   // Another salt (adapter) shares nothing.
   s.add(3, toks(0, 9), 99, true, 0);
   st = s.schedule();

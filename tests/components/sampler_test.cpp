@@ -1,5 +1,6 @@
 #include "components/model/transformer.hpp"
 #include "components/sampler/engine.hpp"
+#include "components/sampler/paged_attention.hpp"
 #include "components/tensor/torch_bridge.hpp"
 
 #include <gtest/gtest.h>
@@ -113,6 +114,12 @@ TEST(Sampler, PrefixCacheReusesSharedPromptBlocks) {
   e.reset_prefix_cache();
   (void)e.generate({b}, greedy);
   EXPECT_EQ(e.stats().cached_tokens, 32);  // no new hits after the reset
+  // Requests queued together share their prefix within one step.
+  auto c = shared;
+  c.push_back(9);
+  e.reset_prefix_cache();
+  expect_greedy_matches(e, {a, b, c}, greedy);
+  EXPECT_EQ(e.stats().cached_tokens, 32 + 2 * 32);
 }
 
 TEST(Sampler, SamplesShareThePromptAndEachMatchesGreedy) {
@@ -500,6 +507,37 @@ TEST(Tokenizer, DecodesByteLevelTokensAndSkipsSpecialOnes) {
   EXPECT_EQ(to_valid_utf8("\xc0\xaf" "b"), "\xef\xbf\xbd\xef\xbf\xbd" "b");
   EXPECT_FALSE(Tokenizer::parse("{"));
   EXPECT_FALSE(Tokenizer::load("/nonexistent/tokenizer.json"));
+}
+
+}  // namespace
+}  // namespace glint::components
+
+namespace glint::components {
+namespace {
+
+// The fused kernel against gather + softmax + matmul, for the vectorised
+// head size (64) and one the scalar path takes (6).
+TEST(PagedAttention, DecodeEqualsGatherThenSoftmaxThenMatmul) {
+  for (int64_t D : {64, 6}) {
+    const int64_t S = 5, nh = 4, nkv = 2, slots_n = 200, C = 37;
+    auto q = at::randn({S, nh, D});
+    auto kc = at::randn({slots_n, nkv, D}), vc = at::randn({slots_n, nkv, D});
+    auto slots = at::randint(0, slots_n, {S, C}, at::kLong);
+    auto lengths = at::tensor(std::vector<int64_t>{1, 37, 16, 17, 5}, at::kLong);
+    const double scale = 0.3;
+    auto got = paged_decode_attention(q, kc, vc, slots, lengths, scale);
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t len = lengths[s].item<int64_t>();
+      auto idx = slots[s].narrow(0, 0, len);
+      auto k = kc.index_select(0, idx).to(at::kDouble), v = vc.index_select(0, idx).to(at::kDouble);  // [len, kv, D]
+      for (int64_t h = 0; h < nh; ++h) {
+        auto kh = k.select(1, h / (nh / nkv)), vh = v.select(1, h / (nh / nkv));
+        auto p = at::softmax(at::mv(kh, q[s][h].to(at::kDouble)) * scale, 0);
+        auto want = at::mv(vh.t(), p);
+        EXPECT_TRUE(at::allclose(got[s][h].to(at::kDouble), want, 1e-5, 1e-5)) << "D " << D << " s " << s << " h " << h;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "actors/model.hpp"
 
+#include "actors/detail/answer.hpp"
 #include "components/comm/process_group.hpp"
 #include "placement/service.hpp"
 #include "runtime/process.hpp"
@@ -189,17 +190,9 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
   load_model(*st);
   (void)self;
   // Every handler answers through `answer`: a result, or the error with the
-  // rank named; an exception (LibTorch out of memory, say) becomes an error
-  // too, so the rank and its training state survive it.
-  auto answer = [st](auto&& run) -> caf::result<std::decay_t<decltype(*run())>> {
-    try {
-      auto r = run();
-      if (!r) return st->fail(r.error());
-      return std::move(*r);
-    } catch (const std::exception& e) {
-      return st->fail(make_error(errc::internal, std::string{"unexpected failure: "} + e.what()));
-    }
-  };
+  // rank named; an exception becomes an error too, so the rank and its
+  // training state survive it.
+  auto answer = [st](auto&& run) { return detail::answer(*st, run); };
   return {
       [st, answer](forward_backward_atom, const Batch& b, const std::string& adapter) -> caf::result<Metrics> {
         auto run = [&]() -> Result<Metrics> {

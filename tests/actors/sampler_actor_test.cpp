@@ -1,0 +1,383 @@
+// The sampler actor in local and 2-process cluster mode: a dp=2 group samples
+// like one engine on the whole call, with the training input laid out as the
+// trainer reads it; per-request errors, streaming, weight updates,
+// sleep/wake, abort, and calls that share engine steps.
+#include "actors/sampler.hpp"
+#include "components/model/model.hpp"
+#include "components/sampler/engine.hpp"
+#include "support/cluster.hpp"
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+namespace glint {
+namespace {
+
+using actors::SampledSequence;
+using actors::sampler_actor;
+using components::CausalLM;
+using components::SamplingParams;
+using Prompts = std::vector<std::vector<int64_t>>;
+
+components::ModelConfig tiny() {
+  auto c = components::ModelConfig::make(components::Architecture::qwen3, 64, 32, 48, 2, 4, 2);
+  c.max_position_embeddings = 1024;
+  return c;
+}
+
+// Random weights whose logits are far from uniform (as in sampler_test):
+// greedy choices then do not hinge on rounding, which changes with the
+// batch a sequence shares a step with.
+CausalLM sharp_model(uint64_t seed) {
+  auto lm = *CausalLM::init_random(tiny(), seed);
+  for (auto& [name, t] : lm.named_parameters()) {
+    const bool qk = name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos;
+    const float f = qk ? 8.f : name == "lm_head.weight" ? 40.f : 1.f;
+    if (f == 1.f) continue;
+    auto values = *t.mutable_values<float>();  // a span: the Result it comes in is a temporary
+    for (auto& x : values) x *= f;
+  }
+  return lm;
+}
+
+actors::NamedTensorList weights_of(const CausalLM& lm) {
+  actors::NamedTensorList out;
+  for (auto& [name, t] : lm.named_parameters()) {
+    out.names.push_back(name);
+    out.tensors.push_back(t.clone());
+  }
+  return out;
+}
+
+// What one engine makes of the whole call.
+std::vector<components::RequestOutput> reference(const CausalLM& lm, const Prompts& prompts, const SamplingParams& p) {
+  auto engine = components::Engine::create(lm, {.cache_bytes = 1 << 20});
+  EXPECT_TRUE(engine) << describe(engine.error());
+  std::vector<components::RequestOutput> out;
+  for (auto& o : engine->generate(prompts, p)) {
+    EXPECT_TRUE(o) << describe(o.error());
+    out.push_back(o ? std::move(*o) : components::RequestOutput{});
+  }
+  return out;
+}
+
+// TrainBatch's convention: position t predicts token t + 1, so the
+// completion's tokens are the targets of positions P-1 .. L-2.
+void expect_training_input(const SampledSequence& s, const std::vector<int64_t>& prompt) {
+  const size_t p = prompt.size(), len = p + s.tokens.size();
+  std::vector<int64_t> ids = prompt;
+  ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
+  EXPECT_EQ(s.input_ids, ids);
+  ASSERT_EQ(s.loss_mask.size(), len);
+  ASSERT_EQ(s.old_logps.size(), len);
+  ASSERT_EQ(s.logprobs.chosen.size(), s.tokens.size());
+  for (size_t t = 0; t < len; ++t) {
+    const bool target_is_completion = t + 1 >= p && t + 1 < len;
+    EXPECT_EQ(s.loss_mask[t], target_is_completion ? 1.f : 0.f) << "position " << t;
+    EXPECT_EQ(s.old_logps[t], target_is_completion ? s.logprobs.chosen[t + 1 - p] : 0.f) << "position " << t;
+  }
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class SamplerActorTest : public testing::ModeJobTest {
+protected:
+  Group<sampler_actor> spawn(actors::SamplerSpec spec, int ranks = 2) {
+    auto mesh = placement::DeviceMesh::from_sizes({.dp = ranks});
+    EXPECT_TRUE(mesh);
+    auto g = actors::spawn_sampler_group(*job_.rt, placement::DeviceGroup::of("sampler", ranks), *mesh, spec);
+    EXPECT_TRUE(g) << describe(g.error());
+    return g ? g->with_timeout(std::chrono::seconds(30)) : Group<sampler_actor>{};
+  }
+
+  static actors::SamplerSpec random_spec(uint64_t seed) {
+    return {.config_json = tiny().to_json(), .seed = seed, .cache_bytes = 1 << 20};
+  }
+
+  // `lm` saved where every process of the job can load it.
+  actors::SamplerSpec saved_spec(const CausalLM& lm, const std::string& name) {
+    auto dir = glint::testing::fresh_dir(name + "-" + std::to_string(static_cast<int>(GetParam())));
+    EXPECT_TRUE(lm.save(dir));
+    return {.model_dir = dir, .cache_bytes = 1 << 20};
+  }
+
+  static Result<std::vector<SampledSequence>> sample(const Group<sampler_actor>& g, const Prompts& prompts,
+                                                     const SamplingParams& p, const std::string& adapter = "") {
+    return g.call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v, actors::requests_of(prompts), p, adapter)
+        .get();
+  }
+};
+
+const SamplingParams greedy{.max_tokens = 6, .temperature = 0, .ignore_eos = true};
+
+TEST_P(SamplerActorTest, DataParallelGroupSamplesLikeOneEngineOnTheWholeCall) {
+  auto lm = sharp_model(5);
+  auto group = spawn(saved_spec(lm, "sampler-dp"));
+  const Prompts prompts = {{1, 2, 3}, {4, 5, 6, 7, 8, 9, 10}, {11}, {12, 13, 14, 15}, {3, 2, 1, 0, 63}};
+  SamplingParams p{.num_samples = 2, .max_tokens = 6, .temperature = 0, .ignore_eos = true, .logprobs = 2};
+  auto seqs = sample(group, prompts, p);
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  ASSERT_EQ(seqs->size(), prompts.size() * 2);
+  auto ref = reference(lm, prompts, p);
+  ASSERT_EQ(ref.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (size_t k = 0; k < 2; ++k) {
+      const auto& s = (*seqs)[i * 2 + k];
+      const auto& want = ref[i].sequences[k];
+      EXPECT_EQ(s.index, static_cast<int64_t>(i));
+      EXPECT_EQ(s.sample, static_cast<int64_t>(k));
+      EXPECT_EQ(s.error, "");
+      EXPECT_EQ(s.stop_reason, "length");
+      EXPECT_EQ(s.weight_version, 0);
+      EXPECT_EQ(s.tokens, want.tokens) << "prompt " << i << " sample " << k;
+      EXPECT_EQ(s.logprobs.k, 2);
+      EXPECT_EQ(s.logprobs.top_ids, want.logprobs.top_ids);
+      ASSERT_EQ(s.logprobs.chosen.size(), want.logprobs.chosen.size());
+      for (size_t j = 0; j < want.logprobs.chosen.size(); ++j)
+        EXPECT_NEAR(s.logprobs.chosen[j], want.logprobs.chosen[j], 1e-4);
+      expect_training_input(s, prompts[i]);
+    }
+  }
+  // The old_logps are what the trainer computes for the same positions.
+  auto batch = actors::training_batch(*seqs);
+  ASSERT_TRUE(batch) << describe(batch.error());
+  const auto& ids = batch->tensors.at("input_ids");
+  EXPECT_EQ(ids.shape(), (std::vector<int64_t>{10, 13}));
+  auto fwd = lm.forward({.input_ids = ids, .attention_mask = batch->tensors.at("attention_mask")});
+  ASSERT_TRUE(fwd) << describe(fwd.error());
+  auto model_logps = *fwd->logprobs.values<float>();
+  auto mask = *batch->tensors.at("loss_mask").values<float>();
+  auto old = *batch->tensors.at("old_logps").values<float>();
+  double counted = 0;
+  for (size_t t = 0; t < mask.size(); ++t) {
+    counted += mask[t];
+    if (mask[t] > 0) {
+      EXPECT_NEAR(old[t], model_logps[t], 1e-4) << "flat position " << t;
+    }
+  }
+  EXPECT_EQ(counted, 10 * 6);
+}
+
+TEST_P(SamplerActorTest, BadRequestCarriesItsErrorWhileTheOthersComplete) {
+  auto spec = random_spec(1);
+  spec.max_model_len = 32;
+  auto group = spawn(spec);
+  const Prompts prompts = {{1, 2, 3}, {}, {1, 64}, {5, 6}, std::vector<int64_t>(40, 1)};
+  auto seqs = sample(group, prompts, greedy);
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  ASSERT_EQ(seqs->size(), 5u);
+  for (size_t i : {0, 3}) {
+    EXPECT_EQ((*seqs)[i].error, "");
+    EXPECT_EQ((*seqs)[i].tokens.size(), 6u);
+    expect_training_input((*seqs)[i], prompts[i]);
+  }
+  const std::map<size_t, std::string> why = {{1, "the prompt is empty"}, {2, "outside the vocabulary"}, {4, "max_model_len"}};
+  for (const auto& [i, text] : why) {
+    const auto& s = (*seqs)[i];
+    EXPECT_EQ(s.index, static_cast<int64_t>(i));
+    EXPECT_TRUE(contains(s.error, text)) << s.error;
+    EXPECT_TRUE(s.tokens.empty());
+    EXPECT_EQ(s.stop_reason, "");
+  }
+  auto unknown = sample(group, {{1, 2}, {3, 4}}, greedy, "nobody");
+  ASSERT_TRUE(unknown) << describe(unknown.error());
+  for (const auto& s : *unknown) EXPECT_TRUE(contains(s.error, "no LoRA adapter 'nobody'")) << s.error;
+  // Parameters belong to the whole call: bad ones fail it.
+  auto bad = sample(group, {{1, 2}, {3, 4}}, {.temperature = -1});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(code_of(bad.error()), errc::invalid_argument);
+  EXPECT_TRUE(contains(describe(bad.error()), "temperature")) << describe(bad.error());
+  EXPECT_TRUE(contains(describe(bad.error()), "of sampler group 'sampler'")) << describe(bad.error());
+  auto good = sample(group, {{1, 2}, {3, 4}}, greedy);
+  ASSERT_TRUE(good) << describe(good.error());
+  EXPECT_EQ((*good)[1].tokens.size(), 6u);
+}
+
+TEST_P(SamplerActorTest, SamplerWithoutAModelAnswersWhyOnEveryCall) {
+  auto group = spawn({.config_json = "{\"model_type\": \"qwen3\""}, 1);
+  auto seqs = sample(group, {{1, 2}}, greedy);
+  ASSERT_FALSE(seqs);
+  EXPECT_TRUE(contains(describe(seqs.error()), "SamplerSpec::config_json")) << describe(seqs.error());
+  auto stats = group.call<Collect::first>(Dispatch::all, actors::stats_atom::value).get();
+  ASSERT_FALSE(stats);
+  EXPECT_EQ(describe(stats.error()), describe(seqs.error()));
+}
+
+TEST_P(SamplerActorTest, StreamedChunksAddUpToTheFinalSequences) {
+  auto group = spawn(random_spec(2));
+  const auto requests = actors::requests_of({{1, 2, 3}, {}, {7, 8, 9, 10, 11}});
+  SamplingParams p{.num_samples = 2, .max_tokens = 5, .temperature = 1.0, .seed = 11, .ignore_eos = true};
+  struct Seen {
+    std::vector<int64_t> tokens;
+    std::vector<float> logprobs;
+    int chunks = 0;
+    bool finished = false;
+    std::string stop_reason, error;
+  };
+  std::map<std::pair<int64_t, int64_t>, Seen> seen;  // only the listener's thread writes, until the call returns
+  auto seqs = actors::sample_streaming(*job_.rt, group, requests, p, "", [&](const actors::SampleChunk& c) {
+    auto& s = seen[{c.index, c.sample}];
+    EXPECT_FALSE(s.finished) << "a chunk after the last one of " << c.index << "/" << c.sample;
+    EXPECT_EQ(c.tokens.size(), c.logprobs.size());
+    s.tokens.insert(s.tokens.end(), c.tokens.begin(), c.tokens.end());
+    s.logprobs.insert(s.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+    ++s.chunks;
+    s.finished = c.finished;
+    s.stop_reason = c.stop_reason;
+    s.error = c.error;
+  });
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  ASSERT_EQ(seqs->size(), 6u);
+  ASSERT_EQ(seen.size(), 6u);
+  for (const auto& s : *seqs) {
+    const auto& got = seen.at({s.index, s.sample});
+    EXPECT_TRUE(got.finished);
+    EXPECT_EQ(got.error, s.error);
+    EXPECT_EQ(got.tokens, s.tokens);
+    EXPECT_EQ(got.logprobs, s.logprobs.chosen);
+    EXPECT_EQ(got.stop_reason, s.stop_reason);
+    if (s.index == 1) {
+      EXPECT_TRUE(contains(s.error, "empty")) << s.error;
+      EXPECT_EQ(got.chunks, 1);
+    } else {
+      EXPECT_EQ(s.tokens.size(), 5u);
+      EXPECT_GE(got.chunks, 5) << "one chunk per step with a new token";
+    }
+  }
+  EXPECT_NE((*seqs)[0].tokens, (*seqs)[1].tokens) << "two samples of one prompt drew the same 5 tokens";
+}
+
+TEST_P(SamplerActorTest, UpdateWeightsChangesGreedyOutputAndReportsTheVersion) {
+  auto group = spawn(random_spec(3));
+  const Prompts prompts = {{1, 2, 3, 4}, {9, 8, 7}};
+  auto before = sample(group, prompts, greedy);
+  ASSERT_TRUE(before) << describe(before.error());
+  EXPECT_EQ((*before)[0].weight_version, 0);
+
+  auto fresh = sharp_model(99);
+  auto update = [&](const actors::NamedTensorList& w, const std::string& policy) {
+    return group.call<Collect::first>(Dispatch::all, actors::update_weights_atom::value, w, std::string{},
+                                      int64_t{7}, policy)
+        .get();
+  };
+  auto ok = update(weights_of(fresh), "finish_old");
+  ASSERT_TRUE(ok) << describe(ok.error());
+  auto after = sample(group, prompts, greedy);
+  ASSERT_TRUE(after) << describe(after.error());
+  auto ref = reference(fresh, prompts, greedy);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ((*after)[i].tokens, ref[i].sequences[0].tokens);
+    EXPECT_EQ((*after)[i].weight_version, 7);
+  }
+  EXPECT_NE((*after)[0].tokens, (*before)[0].tokens);
+  auto stats = group.call<Collect::first>(Dispatch::all, actors::stats_atom::value).get();
+  ASSERT_TRUE(stats) << describe(stats.error());
+  EXPECT_EQ(stats->at("weight_version"), 7);
+
+  // A bad update changes nothing.
+  auto wrong = weights_of(fresh);
+  wrong.tensors[1] = *Tensor::zeros(Dtype::f32, {3});
+  auto shape = update(wrong, "finish_old");
+  ASSERT_FALSE(shape);
+  EXPECT_TRUE(contains(describe(shape.error()), wrong.names[1])) << describe(shape.error());
+  auto policy = update(weights_of(sharp_model(1)), "later");
+  ASSERT_FALSE(policy);
+  EXPECT_TRUE(contains(describe(policy.error()), "'later' is neither finish_old nor abort")) << describe(policy.error());
+  auto again = sample(group, prompts, greedy);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, *after);
+}
+
+TEST_P(SamplerActorTest, AsleepSamplerRefusesCallsUntilWoken) {
+  auto group = spawn(random_spec(4));
+  auto all = [&](auto atom) { return group.call<Collect::first>(Dispatch::all, atom).get(); };
+  ASSERT_TRUE(all(actors::sleep_atom::value));
+  EXPECT_EQ(all(actors::stats_atom::value)->at("sleeping"), 1);
+  auto refused = sample(group, {{1, 2}, {3}}, greedy);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(code_of(refused.error()), errc::failed_precondition);
+  EXPECT_TRUE(contains(describe(refused.error()), "asleep")) << describe(refused.error());
+  ASSERT_TRUE(all(actors::wake_atom::value));
+  auto seqs = sample(group, {{1, 2}, {3}}, greedy);
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  EXPECT_EQ((*seqs)[1].tokens.size(), 6u);
+}
+
+TEST_P(SamplerActorTest, ConcurrentCallsShareEngineStepsAndBothComplete) {
+  auto lm = sharp_model(6);
+  auto group = spawn(saved_spec(lm, "sampler-concurrent"), 1);
+  const Prompts a = {{1, 2, 3}, {4, 5}, {6, 7, 8, 9}};
+  const Prompts b = {{10, 11}, {12}};
+  const SamplingParams pa{.max_tokens = 16, .temperature = 0, .ignore_eos = true};
+  const SamplingParams pb{.num_samples = 2, .max_tokens = 4, .temperature = 0, .ignore_eos = true};
+  auto fa = group.call<Collect::flatten>(Dispatch::all, actors::sample_atom_v, actors::requests_of(a), pa, std::string{});
+  auto fb = group.call<Collect::flatten>(Dispatch::all, actors::sample_atom_v, actors::requests_of(b), pb, std::string{});
+  auto ra = fa.get();
+  auto rb = fb.get();
+  ASSERT_TRUE(ra) << describe(ra.error());
+  ASSERT_TRUE(rb) << describe(rb.error());
+  auto want_a = reference(lm, a, pa);
+  auto want_b = reference(lm, b, pb);
+  ASSERT_EQ(ra->size(), 3u);
+  ASSERT_EQ(rb->size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ((*ra)[i].tokens, want_a[i].sequences[0].tokens);
+  for (size_t i = 0; i < rb->size(); ++i) EXPECT_EQ((*rb)[i].tokens, want_b[i / 2].sequences[i % 2].tokens);
+  // One after the other they take 16 + 4 steps; sharing them, about 16.
+  auto stats = group.call<Collect::first>(Dispatch::all, actors::stats_atom::value).get();
+  ASSERT_TRUE(stats);
+  EXPECT_LT(stats->at("steps"), 20);
+  EXPECT_EQ(stats->at("calls"), 0);
+}
+
+TEST_P(SamplerActorTest, AbortAnswersTheCallsInFlight) {
+  auto group = spawn(random_spec(5));
+  const Prompts prompts = {{1, 2}, {3, 4}, {5, 6}, {7, 8}};
+  const SamplingParams p{.max_tokens = 500, .temperature = 0, .ignore_eos = true};
+  auto running = group.call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v, actors::requests_of(prompts), p,
+                                              std::string{});
+  auto asleep = group.call<Collect::first>(Dispatch::all, actors::sleep_atom::value).get();
+  ASSERT_FALSE(asleep) << "sleep while requests are in flight";
+  EXPECT_TRUE(contains(describe(asleep.error()), "in flight")) << describe(asleep.error());
+  auto aborted = group.call<Collect::sum>(Dispatch::all, actors::abort_atom::value).get();
+  ASSERT_TRUE(aborted) << describe(aborted.error());
+  EXPECT_EQ(*aborted, 4);
+  auto seqs = running.get();
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  ASSERT_EQ(seqs->size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ((*seqs)[i].stop_reason, "abort");
+    EXPECT_LT((*seqs)[i].tokens.size(), 500u);
+    expect_training_input((*seqs)[i], prompts[i]);
+  }
+  auto next = sample(group, prompts, greedy);
+  ASSERT_TRUE(next) << describe(next.error());
+  EXPECT_EQ((*next)[3].stop_reason, "length");
+
+  // A weight update with the abort policy ends the calls in flight too, and
+  // applies at once.
+  running = group.call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v, actors::requests_of(prompts), p,
+                                         std::string{});
+  auto updated = group.call<Collect::first>(Dispatch::all, actors::update_weights_atom::value,
+                                            weights_of(sharp_model(8)), std::string{}, int64_t{3}, std::string{"abort"})
+                     .get();
+  ASSERT_TRUE(updated) << describe(updated.error());
+  seqs = running.get();
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  for (const auto& s : *seqs) {
+    EXPECT_EQ(s.stop_reason, "abort");
+    EXPECT_EQ(s.weight_version, 0);
+  }
+  next = sample(group, prompts, greedy);
+  ASSERT_TRUE(next) << describe(next.error());
+  EXPECT_EQ((*next)[0].weight_version, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SamplerActorTest, ::testing::Values(Mode::local, Mode::cluster),
+                         [](const auto& info) { return info.param == Mode::local ? "local" : "cluster"; });
+
+}  // namespace
+}  // namespace glint

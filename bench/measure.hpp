@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <vector>
 
@@ -19,6 +20,12 @@ inline double seconds_of(const std::function<void()>& f) {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// One machine-readable result line, `name: value`.
+inline void print_metric(const char* name, double v, int decimals) {
+  std::printf("%s: %.*f\n", name, decimals, v);
+  std::fflush(stdout);
 }
 
 }  // namespace glint::bench

@@ -8,6 +8,7 @@
 // (GLINT_SOURCE_DIR, a compile definition set by bench/CMakeLists.txt).
 #include "bench/train_bench.hpp"
 #include "bench/measure.hpp"
+#include "bench/python_child.hpp"
 
 #include "components/checkpoint/safetensors.hpp"
 #include "components/model/kernels.hpp"
@@ -19,13 +20,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
-
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -42,12 +36,6 @@
 #include <utility>
 #include <vector>
 
-#ifndef GLINT_SOURCE_DIR
-#error "GLINT_SOURCE_DIR must name the source tree (bench/CMakeLists.txt sets it)"
-#endif
-
-extern char** environ;
-
 namespace glint::bench {
 
 namespace {
@@ -60,140 +48,11 @@ constexpr const char* kName = "glint bench train";
 constexpr uint64_t kSeed = 1;  // weights and tokens
 constexpr int kWarmupSteps = 1;
 
-void line(const char* name, double v, int decimals) {
-  std::printf("%s: %.*f\n", name, decimals, v);
-  std::fflush(stdout);
-}
-
 int fail(const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", kName, what.c_str());
   return 1;
 }
 
-// A directory under $TMPDIR removed with everything in it when this goes.
-class TempDir {
-public:
-  static Result<TempDir> create() {
-    auto pattern = (fs::temp_directory_path() / "glint-bench-train-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) return make_error(errc::unavailable, "cannot create a directory like " + pattern);
-    TempDir d;
-    d.path_ = pattern;
-    return d;
-  }
-  TempDir() = default;
-  TempDir(TempDir&& o) noexcept : path_(std::exchange(o.path_, {})) {}
-  TempDir& operator=(TempDir&&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
-private:
-  std::string path_;
-};
-
-// The Python baseline as a child process whose stdin and stdout are one end of
-// a socket pair (a socket, not pipes, so that a write to a child that died is
-// an error, MSG_NOSIGNAL, rather than SIGPIPE). Its stderr is ours: a Python
-// traceback reaches the user. Not thread-safe. Dropping it closes the socket
-// (the script ends at end of input) and reaps the child, killing it after 10 s.
-class PythonChild {
-public:
-  static Result<PythonChild> start(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
-      return make_error(errc::unavailable, std::string{"socketpair: "} + std::strerror(errno));
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    // dup2 clears close-on-exec on the copies; the originals close at exec.
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    pid_t pid = -1;
-    int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    if (rc != 0) {
-      ::close(fds[0]);
-      return make_error(errc::not_found, "cannot run " + argv[0] + ": " + std::strerror(rc));
-    }
-    PythonChild c;
-    c.pid_ = pid;
-    c.fd_ = fds[0];
-    return c;
-  }
-
-  PythonChild() = default;
-  PythonChild(PythonChild&& o) noexcept
-      : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)), buffer_(std::move(o.buffer_)) {}
-  PythonChild& operator=(PythonChild&&) = delete;
-  ~PythonChild() {
-    if (fd_ >= 0) ::close(fd_);
-    if (pid_ <= 0) return;
-    for (int i = 0; i < 100; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      std::this_thread::sleep_for(100ms);
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-
-  bool send(const std::string& text) {
-    for (size_t done = 0; done < text.size();) {
-      auto n = ::send(fd_, text.data() + done, text.size() - done, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      done += static_cast<size_t>(n);
-    }
-    return true;
-  }
-
-  /// The next line (without its newline), or an error on end of output or
-  /// after `timeout`.
-  Result<std::string> read_line(std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
-        auto out = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return out;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left <= 0ms) return make_error(errc::unavailable, "the Python baseline did not answer within " +
-                                                                std::to_string(timeout.count() / 1000) + " s");
-      pollfd p{fd_, POLLIN, 0};
-      int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) continue;
-      char chunk[4096];
-      auto n = ::recv(fd_, chunk, sizeof(chunk), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return make_error(errc::unavailable, "the Python baseline exited" + exit_status());
-      buffer_.append(chunk, static_cast<size_t>(n));
-    }
-  }
-
-private:
-  std::string exit_status() {
-    int status = 0;
-    for (int i = 0; i < 50; ++i) {
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        if (WIFEXITED(status)) return " with code " + std::to_string(WEXITSTATUS(status));
-        if (WIFSIGNALED(status)) return " on signal " + std::to_string(WTERMSIG(status));
-        return "";
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-    return "";
-  }
-
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string buffer_;
-};
 
 struct RunResult {
   double seconds = 0;
@@ -312,10 +171,9 @@ int train(const TrainBenchArgs& a) {
                      : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
   cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, a.seq);
   const int threads = at::get_num_threads();
-  const auto script = fs::path{GLINT_SOURCE_DIR} / "bench" / "python" / "train_baseline.py";
-  if (!fs::exists(script))
-    return fail(script.string() + " is missing: the glint binary runs the Python baseline from the source tree it "
-                                  "was built from");
+  const auto script_path = baseline_script("train_baseline.py");
+  if (!script_path) return fail(describe(script_path.error()));
+  const std::string& script = *script_path;
 
   // FLOPs per trained token: 6 per weight that takes part in a matmul (the
   // input embedding is a lookup, so it is left out unless it is also the
@@ -342,7 +200,7 @@ int train(const TrainBenchArgs& a) {
               static_cast<long long>(a.seq), threads, a.repeats, a.steps, kWarmupSteps);
   std::printf("# baseline train_python_*: the same model, weights, tokens and step in PyTorch (%s, %s), its runs "
               "interleaved with glint's (alternately first)\n",
-              a.python.c_str(), script.string().c_str());
+              a.python.c_str(), script.c_str());
   std::printf("# train_mfu: achieved FLOP/s / this machine's best 1024x1024 f32 matmul FLOP/s in this run (at::matmul or "
               "oneDNN); %.3g FLOPs per token = "
               "%d x %s matmul weights (input embedding excluded) + 12 x layers x heads x head_dim x seq\n",
@@ -365,7 +223,7 @@ int train(const TrainBenchArgs& a) {
     s << v;
     return s.str();
   };
-  auto py = PythonChild::start({a.python, script.string(), dir->path(), tokens_path, "--threads",
+  auto py = PythonChild::start({a.python, script, dir->path(), tokens_path, "--threads",
                                 std::to_string(threads), "--mode", lora ? "lora" : "full", "--lr", number(train_cfg.optimizer.lr),
                                 "--weight-decay", number(train_cfg.optimizer.weight_decay), "--max-grad-norm",
                                 number(train_cfg.max_grad_norm)});
@@ -462,10 +320,10 @@ int train(const TrainBenchArgs& a) {
               "python %.6f\n",
               median(aten) / 1e9, median(onednn) / 1e9, flops.size(), g0->first_loss, p0->first_loss, loss_rel,
               kWarmupSteps + a.repeats * a.steps - 1, g_last.last_loss, p_last.last_loss);
-  line("train_tokens_per_s", rate, 1);
-  line("train_python_tokens_per_s", py_rate, 1);
-  line("train_speedup_vs_python", rate / py_rate, 3);
-  line("train_mfu", rate * flops_per_token / matmul, 4);
+  print_metric("train_tokens_per_s", rate, 1);
+  print_metric("train_python_tokens_per_s", py_rate, 1);
+  print_metric("train_speedup_vs_python", rate / py_rate, 3);
+  print_metric("train_mfu", rate * flops_per_token / matmul, 4);
   return 0;
 }
 

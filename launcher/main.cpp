@@ -1,4 +1,5 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
+#include "bench/sample_bench.hpp"
 #include "bench/train_bench.hpp"
 #include "launcher/commands.hpp"
 #include "launcher/launch.hpp"
@@ -106,6 +107,41 @@ int main(int argc, char** argv) {
       "bench/python/train_baseline.py in the source tree glint was built from; it needs python3-torch "
       "(scripts/setup.sh installs it).");
 
+  glint::bench::SampleBenchArgs sample_args;
+  auto* bench_sample = bench->add_subcommand(
+      "sample", "Generation tokens/s of the sampler engine (paged KV cache, continuous batching, prefix caching) on a "
+                "~27M-parameter Qwen3 model against a Python PyTorch generate loop, interleaved in one run");
+  bench_sample->add_option("--repeats", sample_args.repeats, "Timed runs per side (medians are printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_sample->add_option("--prompts", sample_args.prompts, "Prompts per run")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  bench_sample->add_option("--samples", sample_args.samples, "Completions per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  bench_sample->add_option("--max-tokens", sample_args.max_tokens, "New tokens per completion")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  bench_sample->add_option("--min-prompt", sample_args.min_prompt, "Shortest prompt (tokens)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{8192}));
+  bench_sample->add_option("--max-prompt", sample_args.max_prompt, "Longest prompt (tokens)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{8192}));
+  bench_sample->add_option("--shared-prefix", sample_args.shared_prefix,
+                           "Leading tokens all prompts share, like a system prompt (at most --min-prompt)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{8192}));
+  bench_sample->add_flag("--small", sample_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
+  bench_sample->add_option("--python", sample_args.python,
+                           "Python interpreter with torch for the baseline (Debian's python3-torch)")
+      ->capture_default_str();
+  bench_sample->footer(
+      "Prints sample_tokens_per_s, sample_python_tokens_per_s, sample_speedup_vs_python and prefix_cache_hit_rate. "
+      "Both sides use the same weights, prompts and threads; a greedy cross-check first exits 1 if they generate "
+      "different tokens. The baseline is bench/python/sample_baseline.py in the source tree glint was built from.");
+
   CLI11_PARSE(app, argc, argv);
 
   if (*run) {
@@ -120,6 +156,7 @@ int main(int argc, char** argv) {
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
+  if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;
     return glint::bench::train(train_args);

@@ -9,6 +9,10 @@ packages=(
   libhwloc-dev hwloc              # topology and CPU binding
   libtorch-dev libgloo-dev        # tensors, autograd, c10d (CPU build)
   python3-torch                   # Python baseline for benchmarks
+  # An optimised BLAS for LibTorch's own matmuls (Python baselines, ATen
+  # fallbacks): without it Debian resolves libblas.so.3 to the reference
+  # BLAS, ~2 GFLOP/s, against ~60 here (docs/architecture.md).
+  libopenblas0-openmp
   capnproto libcapnp-dev          # wire schema and remote RPC
   librocksdb-dev                  # durable metadata
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libspdlog-dev

@@ -76,6 +76,18 @@ TEST(Cli, BenchTrainSmokeRunPrintsItsLinesAndAgreesWithPython) {
   EXPECT_NE(missing.out.find("install python3-torch"), std::string::npos) << missing.out;
 }
 
+TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPython) {
+  auto r = run("bench sample --small --repeats 1 --prompts 6 --samples 2 --max-tokens 8 --max-prompt 48");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (auto* line : {"sample_tokens_per_s: ", "sample_python_tokens_per_s: ", "sample_speedup_vs_python: ",
+                     "prefix_cache_hit_rate: "})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_EQ(r.out.find("# warning"), std::string::npos) << r.out;
+  auto bad = run("bench sample --small --min-prompt 40 --max-prompt 20");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--max-prompt"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
   auto dir = ::testing::TempDir() + "glint-init-model";
   auto r = run("init-model " + dir + " --arch llama --hidden 32 --intermediate 64 --layers 1 --heads 4 --vocab 50 --seed 3");

@@ -1,0 +1,276 @@
+// glint bench sample: see sample_bench.hpp.
+#include "bench/sample_bench.hpp"
+#include "bench/measure.hpp"
+#include "bench/python_child.hpp"
+
+#include "components/checkpoint/safetensors.hpp"
+#include "components/sampler/engine.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+namespace glint::bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace glint::components;
+
+constexpr const char* kName = "glint bench sample";
+constexpr uint64_t kSeed = 1;
+constexpr int64_t kCheckPrompts = 4, kCheckTokens = 16;
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", kName, what.c_str());
+  return 1;
+}
+
+// Prompts of uniform random lengths that start with the same prefix.
+std::vector<std::vector<int64_t>> make_prompts(const SampleBenchArgs& a, int64_t vocab) {
+  std::mt19937_64 rng{kSeed};
+  std::uniform_int_distribution<int64_t> token{0, vocab - 1}, length{a.min_prompt, a.max_prompt};
+  std::vector<int64_t> prefix(static_cast<size_t>(std::min(a.shared_prefix, a.min_prompt)));
+  for (auto& t : prefix) t = token(rng);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t i = 0; i < a.prompts; ++i) {
+    auto p = prefix;
+    p.resize(static_cast<size_t>(length(rng)));
+    for (size_t j = prefix.size(); j < p.size(); ++j) p[j] = token(rng);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Right-padded input_ids [P, Lmax] and lengths [P], the baseline's input.
+Result<void> write_prompts(const std::string& path, const std::vector<std::vector<int64_t>>& prompts) {
+  size_t width = 0;
+  for (const auto& p : prompts) width = std::max(width, p.size());
+  std::vector<int64_t> ids(prompts.size() * width, 0), lengths;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::copy(prompts[i].begin(), prompts[i].end(), ids.begin() + static_cast<long>(i * width));
+    lengths.push_back(static_cast<int64_t>(prompts[i].size()));
+  }
+  auto t = Tensor::from_values(ids, {static_cast<int64_t>(prompts.size()), static_cast<int64_t>(width)});
+  auto l = Tensor::from_values(lengths, {static_cast<int64_t>(prompts.size())});
+  return write_safetensors(path, {{"input_ids", *t}, {"lengths", *l}});
+}
+
+struct GlintRun {
+  double seconds = 0;
+  int64_t tokens = 0;
+  double hit_rate = 0;
+};
+
+// Every prompt x samples completions, all requests queued at once (as an RL
+// step does), run to completion. The prefix cache starts empty each run, so
+// hits come from prompts of this run only.
+Result<GlintRun> run_glint(Engine& e, const std::vector<std::vector<int64_t>>& prompts, const SampleBenchArgs& a,
+                           uint64_t seed) {
+  e.reset_prefix_cache();
+  auto before = e.stats();
+  SamplingParams p{.num_samples = a.samples, .max_tokens = a.max_tokens, .temperature = 1.0, .ignore_eos = true,
+                   .logprobs = 0};
+  GlintRun r;
+  caf::error err;
+  std::vector<uint64_t> ids;
+  r.seconds = seconds_of([&] {
+    for (size_t i = 0; i < prompts.size() && !err; ++i) {
+      p.seed = static_cast<int64_t>(seed + i);
+      auto id = e.add_request(prompts[i], p);
+      if (!id) err = id.error();
+      else ids.push_back(*id);
+    }
+    while (!err && e.has_unfinished())
+      if (auto s = e.step(); !s) err = s.error();
+  });
+  if (err) return err;
+  for (auto id : ids) {
+    auto out = e.take(id);
+    for (const auto& s : out->sequences) r.tokens += static_cast<int64_t>(s.tokens.size());
+  }
+  auto after = e.stats();
+  const auto prompt_tokens = after.prompt_tokens - before.prompt_tokens;
+  r.hit_rate = prompt_tokens ? static_cast<double>(after.cached_tokens - before.cached_tokens) /
+                                   static_cast<double>(prompt_tokens)
+                             : 0.0;
+  return r;
+}
+
+Result<std::pair<double, int64_t>> run_python(PythonChild& py, std::chrono::milliseconds timeout) {
+  if (!py.send("run\n")) return make_error(errc::unavailable, "the Python baseline closed its input");
+  auto reply = py.read_line(timeout);
+  if (!reply) return reply.error();
+  std::istringstream in{*reply};
+  std::string tag;
+  double seconds = 0;
+  int64_t tokens = 0;
+  if (!(in >> tag >> seconds >> tokens) || tag != "ran:")
+    return make_error(errc::internal, "the Python baseline answered '" + *reply + "' to 'run'");
+  return std::pair{seconds, tokens};
+}
+
+}  // namespace
+
+int sample(const SampleBenchArgs& a) {
+  if (a.repeats < 1 || a.prompts < 1 || a.samples < 1 || a.max_tokens < 1 || a.min_prompt < 1 ||
+      a.max_prompt < a.min_prompt || a.shared_prefix < 0)
+    return fail("--repeats, --prompts, --samples, --max-tokens and --min-prompt must be at least 1, --max-prompt at "
+                "least --min-prompt, --shared-prefix at least 0");
+  auto cfg = a.small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
+                     : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
+  cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, a.max_prompt + a.max_tokens);
+  const int threads = at::get_num_threads();
+  const auto script_path = baseline_script("sample_baseline.py");
+  if (!script_path) return fail(describe(script_path.error()));
+  const std::string& script = *script_path;
+  auto prompts = make_prompts(a, cfg.vocab_size);
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
+  // Room for every sequence at once: forks share their prompt's blocks.
+  const int64_t block_bytes = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * cfg.head_dim * 4;
+  const int64_t blocks = a.prompts * ((a.max_prompt + 15) / 16 + a.samples * ((a.max_tokens + 15) / 16 + 1));
+  EngineConfig ecfg{.cache_bytes = blocks * block_bytes, .max_num_seqs = a.prompts * a.samples,
+                    .max_num_batched_tokens = 2048};
+
+  std::printf("# %s: Qwen3 %.2fM parameters (vocab %lld, hidden %lld, %lld layers, %lld heads, %lld kv heads); "
+              "%lld prompts of %lld-%lld tokens (%lld in all, the first %lld shared by every prompt) x %lld samples x "
+              "%lld new tokens, temperature 1; libtorch threads: %d; medians of %d runs per side\n",
+              kName, static_cast<double>(cfg.num_parameters()) / 1e6, static_cast<long long>(cfg.vocab_size),
+              static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.num_hidden_layers),
+              static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(cfg.num_key_value_heads),
+              static_cast<long long>(a.prompts), static_cast<long long>(a.min_prompt),
+              static_cast<long long>(a.max_prompt), static_cast<long long>(prompt_tokens),
+              static_cast<long long>(std::min(a.shared_prefix, a.min_prompt)), static_cast<long long>(a.samples),
+              static_cast<long long>(a.max_tokens), threads, a.repeats);
+  std::printf("# glint: Engine with a %.0f MiB KV cache (%lld blocks of 16 tokens), max_num_batched_tokens %lld, "
+              "every request queued at once; the prefix cache is emptied before each run\n",
+              static_cast<double>(ecfg.cache_bytes) / (1 << 20), static_cast<long long>(blocks),
+              static_cast<long long>(ecfg.max_num_batched_tokens));
+  std::printf("# baseline sample_python_*: %s %s: all prompts x samples in one left-padded batch, contiguous KV "
+              "cache, torch.multinomial; runs interleaved with glint's\n",
+              a.python.c_str(), script.c_str());
+  std::fflush(stdout);
+
+  auto dir = TempDir::create();
+  if (!dir) return fail(describe(dir.error()));
+  auto lm = CausalLM::init_random(cfg, kSeed);
+  if (!lm) return fail(describe(lm.error()));
+  const auto prompts_path = (fs::path{dir->path()} / "prompts.safetensors").string();
+  if (auto ok = lm->save(dir->path()); !ok) return fail(describe(ok.error()));
+  if (auto ok = write_prompts(prompts_path, prompts); !ok) return fail(describe(ok.error()));
+  auto engine = Engine::create(std::move(*lm), ecfg);
+  if (!engine) return fail(describe(engine.error()));
+
+  if (a.python == "none") {  // glint alone, for profiling
+    auto g = run_glint(*engine, prompts, a, kSeed);
+    if (!g) return fail(describe(g.error()));
+    auto st = engine->stats();
+    std::printf("# glint alone: %.1f tokens/s; schedule %.2f s, forward %.2f s, sample %.2f s; %lld steps\n",
+                static_cast<double>(g->tokens) / g->seconds, st.schedule_seconds, st.forward_seconds,
+                st.sample_seconds, static_cast<long long>(st.steps));
+    return 0;
+  }
+  auto py = PythonChild::start({a.python, script, dir->path(), prompts_path, "--threads",
+                                std::to_string(threads), "--samples", std::to_string(a.samples), "--max-new-tokens",
+                                std::to_string(a.max_tokens), "--seed", std::to_string(kSeed)});
+  const std::string install_hint = "; install python3-torch (scripts/setup.sh does) or name another with --python";
+  if (!py) return fail(describe(py.error()) + install_hint);
+  auto ready = py->read_line(300s);
+  if (!ready) return fail(describe(ready.error()) + " before it was ready" + install_hint);
+  if (ready->rfind("ready: ", 0) != 0) return fail("the Python baseline says: " + *ready);
+
+  // The greedy cross-check: both sides compute the same model.
+  const int64_t k = std::min<int64_t>(kCheckPrompts, a.prompts);
+  if (!py->send("check " + std::to_string(k) + " " + std::to_string(kCheckTokens) + "\n"))
+    return fail("the Python baseline closed its input");
+  auto checked = py->read_line(600s);
+  if (!checked) return fail(describe(checked.error()));
+  if (checked->rfind("checked: ", 0) != 0) return fail("the Python baseline answered '" + *checked + "' to 'check'");
+  std::vector<std::vector<int64_t>> theirs(1);
+  {
+    std::istringstream in{checked->substr(9)};
+    std::string word;
+    while (in >> word) {
+      if (word.back() == ';') {
+        theirs.back().push_back(std::stoll(word));
+        theirs.emplace_back();
+      } else if (word.find(';') != std::string::npos) {
+        auto semi = word.find(';');
+        theirs.back().push_back(std::stoll(word.substr(0, semi)));
+        theirs.emplace_back();
+        theirs.back().push_back(std::stoll(word.substr(semi + 1)));
+      } else {
+        theirs.back().push_back(std::stoll(word));
+      }
+    }
+  }
+  std::vector<std::vector<int64_t>> first(prompts.begin(), prompts.begin() + k);
+  auto ours = engine->generate(first, {.max_tokens = kCheckTokens, .temperature = 0, .ignore_eos = true});
+  int64_t agree = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    if (!ours[static_cast<size_t>(i)]) return fail(describe(ours[static_cast<size_t>(i)].error()));
+    const auto& mine = ours[static_cast<size_t>(i)]->sequences[0].tokens;
+    const auto& other = static_cast<size_t>(i) < theirs.size() ? theirs[static_cast<size_t>(i)] : std::vector<int64_t>{};
+    // Equal up to the first difference (after it the contexts differ).
+    size_t j = 0;
+    while (j < mine.size() && j < other.size() && mine[j] == other[j]) ++j;
+    agree += static_cast<int64_t>(j);
+  }
+  std::printf("# greedy check, %lld prompts x %lld tokens: %lld tokens equal before the first difference\n",
+              static_cast<long long>(k), static_cast<long long>(kCheckTokens), static_cast<long long>(agree));
+  std::fflush(stdout);
+  // Near-ties of random weights may flip a late token (float rounding
+  // differs); a wrong model differs at once.
+  if (agree * 10 < k * kCheckTokens * 9) {
+    std::printf("# warning: glint and the Python baseline generate different greedy tokens: they compute different "
+                "models, so the timings would compare different work\n");
+    return 1;
+  }
+
+  std::vector<double> glint_rate, python_rate, hits;
+  auto timeout = [](double glint_seconds) {
+    return std::chrono::milliseconds{static_cast<int64_t>(1000 * (120 + 30 * glint_seconds))};
+  };
+  double last_glint = 60;
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    auto one_glint = [&]() -> caf::error {
+      auto g = run_glint(*engine, prompts, a, kSeed + 1000 * static_cast<uint64_t>(rep));
+      if (!g) return g.error();
+      if (g->tokens != a.prompts * a.samples * a.max_tokens)
+        return make_error(errc::internal, "glint generated " + std::to_string(g->tokens) + " tokens, expected " +
+                                              std::to_string(a.prompts * a.samples * a.max_tokens));
+      glint_rate.push_back(static_cast<double>(g->tokens) / g->seconds);
+      hits.push_back(g->hit_rate);
+      last_glint = g->seconds;
+      return caf::none;
+    };
+    auto one_python = [&]() -> caf::error {
+      auto p = run_python(*py, timeout(last_glint));
+      if (!p) return p.error();
+      python_rate.push_back(static_cast<double>(p->second) / p->first);
+      return caf::none;
+    };
+    // Alternate which side goes first.
+    caf::error err = rep % 2 == 0 ? one_glint() : one_python();
+    if (!err) err = rep % 2 == 0 ? one_python() : one_glint();
+    if (err) return fail(describe(err));
+    auto st = engine->stats();
+    std::printf("# run %d: glint %.1f tokens/s, python %.1f tokens/s; glint's time so far: schedule %.1f s, forward "
+                "%.1f s, sample %.1f s\n",
+                rep + 1, glint_rate.back(), python_rate.back(), st.schedule_seconds, st.forward_seconds,
+                st.sample_seconds);
+    std::fflush(stdout);
+  }
+  py->send("quit\n");
+  const double rate = median(glint_rate), py_rate = median(python_rate);
+  print_metric("sample_tokens_per_s", rate, 1);
+  print_metric("sample_python_tokens_per_s", py_rate, 1);
+  print_metric("sample_speedup_vs_python", rate / py_rate, 3);
+  print_metric("prefix_cache_hit_rate", median(hits), 4);
+  return 0;
+}
+
+}  // namespace glint::bench

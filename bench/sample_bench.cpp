@@ -4,6 +4,7 @@
 #include "bench/python_child.hpp"
 
 #include "components/checkpoint/safetensors.hpp"
+#include "components/model/kernels.hpp"
 #include "components/sampler/engine.hpp"
 
 #include <ATen/Parallel.h>
@@ -266,6 +267,8 @@ int sample(const SampleBenchArgs& a) {
   }
   py->send("quit\n");
   const double rate = median(glint_rate), py_rate = median(python_rate);
+  std::printf("# glint's matmuls: %s (the faster here; GLINT_MATMUL=aten|onednn overrides)\n",
+              onednn_matmul_enabled() ? "oneDNN" : "ATen (the system BLAS)");
   print_metric("sample_tokens_per_s", rate, 1);
   print_metric("sample_python_tokens_per_s", py_rate, 1);
   print_metric("sample_speedup_vs_python", rate / py_rate, 3);

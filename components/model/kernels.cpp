@@ -2,7 +2,11 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 
 namespace glint::components {
@@ -74,13 +78,58 @@ struct DnnlBmm : torch::autograd::Function<DnnlBmm> {
 
 }  // namespace
 
+bool onednn_available() { return at::hasMKLDNN(); }
+
+namespace {
+
+// -1: not decided yet; 0: ATen; 1: oneDNN.
+std::atomic<int> use_onednn{-1};
+
+// Seconds of the best of a few runs of `f`.
+double best_seconds(const std::function<void()>& f) {
+  double best = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+bool decide() {
+  if (!onednn_available()) return false;
+  if (const char* env = std::getenv("GLINT_MATMUL")) {
+    if (std::strcmp(env, "aten") == 0) return false;
+    if (std::strcmp(env, "onednn") == 0) return true;
+  }
+  // A model-sized product: [256, 512] x [512, 1536], with oneDNN's per-call
+  // conversions included, as fast_linear pays them.
+  c10::InferenceMode guard;
+  auto x = at::randn({256, 512}), w = at::randn({1536, 512});
+  (void)at::linear(x, w);
+  (void)dnnl_mm_nt(x, w);
+  const double aten = best_seconds([&] { (void)at::linear(x, w); });
+  const double dnnl = best_seconds([&] { (void)dnnl_mm_nt(x, w); });
+  return dnnl < 0.8 * aten;
+}
+
+}  // namespace
+
 bool onednn_matmul_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("GLINT_MATMUL");
-    if (env && std::strcmp(env, "aten") == 0) return false;
-    return at::hasMKLDNN();
-  }();
-  return enabled;
+  int v = use_onednn.load(std::memory_order_relaxed);
+  if (v < 0) {
+    // Two threads may both measure; either answer is a valid choice.
+    int expected = -1;
+    use_onednn.compare_exchange_strong(expected, decide() ? 1 : 0);
+    v = use_onednn.load();
+  }
+  return v == 1;
+}
+
+bool set_onednn_matmul(bool on) {
+  if (on && !onednn_available()) return false;
+  use_onednn.store(on ? 1 : 0);
+  return true;
 }
 
 at::Tensor pack_linear_weight(const at::Tensor& w) {

@@ -1,14 +1,15 @@
 #pragma once
 /// Matrix products for the model, through oneDNN where it is faster.
 ///
-/// Debian's LibTorch sends f32 matmuls to the system BLAS, which is the
-/// reference implementation unless an optimised one is installed: about
-/// 2 GFLOP/s on one core of the 2-core VM this was measured on. The same
-/// LibTorch ships oneDNN, which does the same [2048, 512] x [512, 1536]
-/// product at about 58 GFLOP/s. These functions run f32 products through
-/// oneDNN (forward and backward, with autograd) and fall back to ATen for
-/// other dtypes (f64 in the gradient tests), tiny products, or a build
-/// without oneDNN. Set GLINT_MATMUL=aten to compare.
+/// Debian's LibTorch sends f32 matmuls to the system BLAS: the reference
+/// implementation unless an optimised one is installed, about 2 GFLOP/s on
+/// one core of the 2-core VM this was measured on, against ~70 for OpenBLAS.
+/// The same LibTorch ships oneDNN (~70 too, but its tensors are converted on
+/// every call). So the first product times both on a model-sized matmul and
+/// keeps oneDNN only when it is clearly faster (a reference BLAS); otherwise
+/// these are ATen's own functions. GLINT_MATMUL=aten or =onednn decides
+/// instead. oneDNN runs f32 only, with autograd; other dtypes (f64 in the
+/// gradient tests) and tiny products always go to ATen.
 
 #include <ATen/ATen.h>
 
@@ -28,5 +29,10 @@ at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b);
 
 /// Whether fast_linear/fast_bmm use oneDNN for f32 in this process.
 bool onednn_matmul_enabled();
+/// Whether this LibTorch has oneDNN at all.
+bool onednn_available();
+/// Overrides the choice (tests and benchmarks); false when oneDNN is
+/// missing and `on` asks for it.
+bool set_onednn_matmul(bool on);
 
 }  // namespace glint::components

@@ -151,6 +151,10 @@ struct Engine::Impl {
       return make_error(errc::not_found, "no LoRA adapter '" + adapter + "' in the sampler (it has: " +
                                              (names.empty() ? std::string{"none"} : join(names)) + ")");
     }
+    if (p.num_samples > cfg.max_num_seqs)
+      return make_error(errc::invalid_argument, "num_samples " + std::to_string(p.num_samples) +
+                                                    " exceeds max_num_seqs " + std::to_string(cfg.max_num_seqs) +
+                                                    ": the samples of a request run together");
     const int64_t longest = std::min(len + p.max_tokens, max_len);
     const int64_t need = (longest + cfg.block_size - 1) / cfg.block_size;
     if (need > num_blocks)

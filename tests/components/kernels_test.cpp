@@ -6,12 +6,23 @@
 namespace glint::components {
 namespace {
 
+// Runs a test with oneDNN on, whatever this machine's choice is, and puts
+// the choice back.
+class Kernels : public ::testing::Test {
+protected:
+  void SetUp() override {
+    before_ = onednn_matmul_enabled();
+    if (!set_onednn_matmul(true)) GTEST_SKIP() << "this LibTorch has no oneDNN";
+  }
+  void TearDown() override { set_onednn_matmul(before_); }
+  bool before_ = false;
+};
+
 void expect_close(const at::Tensor& a, const at::Tensor& b, const char* what) {
   EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-4)) << what << ": max difference " << (a - b).abs().max().item<double>();
 }
 
-TEST(Kernels, LinearMatchesATenWithGradients) {
-  if (!onednn_matmul_enabled()) GTEST_SKIP() << "this LibTorch has no oneDNN";
+TEST_F(Kernels, LinearMatchesATenWithGradients) {
   at::manual_seed(1);
   for (bool bias : {false, true}) {
     auto x = at::randn({3, 70, 48}).requires_grad_(true);
@@ -32,8 +43,7 @@ TEST(Kernels, LinearMatchesATenWithGradients) {
   }
 }
 
-TEST(Kernels, BatchedProductMatchesATenWithGradients) {
-  if (!onednn_matmul_enabled()) GTEST_SKIP() << "this LibTorch has no oneDNN";
+TEST_F(Kernels, BatchedProductMatchesATenWithGradients) {
   at::manual_seed(2);
   auto a = at::randn({4, 64, 32}).requires_grad_(true);
   auto b = at::randn({4, 32, 80}).requires_grad_(true);
@@ -48,7 +58,7 @@ TEST(Kernels, BatchedProductMatchesATenWithGradients) {
   expect_close(b.grad(), b2.grad(), "grad b");
 }
 
-TEST(Kernels, OtherDtypesFallBackToATen) {
+TEST_F(Kernels, OtherDtypesFallBackToATen) {
   auto x = at::randn({8, 300}, at::kDouble), w = at::randn({200, 300}, at::kDouble);
   EXPECT_TRUE(at::equal(fast_linear(x, w), at::linear(x, w)));
 }

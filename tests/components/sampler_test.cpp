@@ -362,6 +362,7 @@ TEST(Sampler, BadRequestsFailAloneWhileTheBatchCompletes) {
       {ok, greedy, "tenant-x", "no LoRA adapter 'tenant-x'"},
       {{1, 2, kVocab}, greedy, "", "outside the vocabulary"},
       {ok, {.stop = {"x"}}, "", "tokenizer"},
+      {ok, {.num_samples = 300}, "", "max_num_seqs"},
   };
   std::vector<uint64_t> good;
   for (const auto& c : cases) {

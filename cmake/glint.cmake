@@ -28,6 +28,7 @@ macro(glint_find_dependencies)
   add_library(glint::caf ALIAS glint_caf)
 
   pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+  pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
   find_package(tomlplusplus REQUIRED)
   find_package(CLI11 REQUIRED)
   find_package(nlohmann_json REQUIRED)

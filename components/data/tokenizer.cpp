@@ -1,8 +1,11 @@
 #include "components/data/tokenizer.hpp"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <nlohmann/json.hpp>
+#include <pcre2.h>
 
 #include <array>
+#include <climits>
 #include <fstream>
 #include <sstream>
 
@@ -65,6 +68,135 @@ std::string decode_metaspace(const std::string& token) {
   return out;
 }
 
+// GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string merge_key(std::string_view a, std::string_view b) {
+  std::string k = std::to_string(a.size());
+  k += ':';
+  k += a;
+  k += b;
+  return k;
+}
+
+}  // namespace
+
+struct Tokenizer::Encoder {
+  std::unordered_map<std::string, int64_t> ids;    // a vocabulary token's bytes -> id
+  std::unordered_map<std::string, int32_t> ranks;  // merge_key(left, right) -> rank
+  std::vector<std::pair<std::string, int64_t>> added;
+  std::shared_ptr<pcre2_code> regex;  // null: a segment is one piece
+  bool add_prefix_space = false;
+  bool ignore_merges = false;
+
+  // BPE of one pre-tokenized piece, appended to `out`.
+  Result<void> merge(std::string_view piece, std::vector<int64_t>& out) const {
+    if (piece.empty()) return {};
+    if (ignore_merges)
+      if (auto it = ids.find(std::string{piece}); it != ids.end()) {
+        out.push_back(it->second);
+        return {};
+      }
+    std::vector<std::string> sym;
+    for (char c : piece) sym.emplace_back(1, c);
+    while (sym.size() > 1) {
+      int32_t best = INT32_MAX;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i)
+        if (auto it = ranks.find(merge_key(sym[i], sym[i + 1])); it != ranks.end() && it->second < best) {
+          best = it->second;
+          at = i;
+        }
+      if (best == INT32_MAX) break;
+      sym[at] += sym[at + 1];
+      sym.erase(sym.begin() + static_cast<long>(at) + 1);
+    }
+    for (const auto& t : sym) {
+      auto it = ids.find(t);
+      if (it == ids.end()) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned char>(t[0]));
+        return make_error(errc::invalid_argument, "the vocabulary has no token for the bytes of '" + to_valid_utf8(t) +
+                                                      "' (first byte 0x" + hex + ")");
+      }
+      out.push_back(it->second);
+    }
+    return {};
+  }
+
+  // A segment without added tokens: pre-tokenized, then merged.
+  Result<void> encode_segment(std::string_view text, std::vector<int64_t>& out) const {
+    std::string buf;
+    if (add_prefix_space && !text.empty() && text[0] != ' ') {
+      buf = " " + std::string{text};
+      text = buf;
+    }
+    if (!regex) return merge(text, out);
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md{
+        pcre2_match_data_create_from_pattern(regex.get(), nullptr), pcre2_match_data_free};
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    size_t offset = 0;
+    while (offset < text.size()) {
+      int rc = pcre2_match(regex.get(), subject, text.size(), offset, 0, md.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) return make_error(errc::internal, "the pre-tokenizer's regex failed with PCRE2 error " + std::to_string(rc));
+      const auto* ov = pcre2_get_ovector_pointer(md.get());
+      const size_t begin = ov[0], end = ov[1];
+      // Bytes the regex skipped (not valid UTF-8) are pieces of their own.
+      if (auto ok = merge(text.substr(offset, begin - offset), out); !ok) return ok;
+      if (end == begin) {  // an empty match: step over one byte
+        offset = begin + 1;
+        if (auto ok = merge(text.substr(begin, 1), out); !ok) return ok;
+        continue;
+      }
+      if (auto ok = merge(text.substr(begin, end - begin), out); !ok) return ok;
+      offset = end;
+    }
+    return merge(text.substr(std::min(offset, text.size())), out);
+  }
+};
+
+namespace {
+
+// The regex and prefix-space setting of a tokenizer.json pre_tokenizer:
+// ByteLevel (GPT-2's regex unless use_regex is false), Split (a regex,
+// "Isolated": matches and the text between them are pieces), or a Sequence
+// of them. An empty pattern: no split.
+Result<void> read_pre_tokenizer(const nlohmann::json& p, std::string& pattern, bool& prefix_space,
+                                const std::string& origin) {
+  if (p.is_null()) return {};
+  auto type = p.value("type", std::string{});
+  if (type == "Sequence") {
+    for (const auto& q : p.at("pretokenizers"))
+      if (auto ok = read_pre_tokenizer(q, pattern, prefix_space, origin); !ok) return ok;
+    return {};
+  }
+  if (type == "ByteLevel") {
+    prefix_space = p.value("add_prefix_space", false);
+    if (p.value("use_regex", true)) {
+      if (!pattern.empty()) return make_error(errc::unimplemented, origin + ": two pre-tokenizer regexes in sequence");
+      pattern = kGpt2Pattern;
+    }
+    return {};
+  }
+  if (type == "Split") {
+    const auto& pat = p.at("pattern");
+    auto behavior = p.value("behavior", std::string{"Isolated"});
+    if (behavior != "Isolated" || p.value("invert", false))
+      return make_error(errc::unimplemented, origin + ": Split pre-tokenizer with behavior " + behavior +
+                                                 " (only Isolated, not inverted, is supported)");
+    if (!pattern.empty()) return make_error(errc::unimplemented, origin + ": two pre-tokenizer regexes in sequence");
+    if (pat.contains("Regex")) pattern = pat.at("Regex").get<std::string>();
+    else {
+      // A literal string: quote it for PCRE2.
+      pattern = "\\Q" + pat.at("String").get<std::string>() + "\\E";
+    }
+    return {};
+  }
+  return make_error(errc::unimplemented, origin + ": pre-tokenizer type '" + type + "' is not supported for encoding");
+}
+
 }  // namespace
 
 Result<Tokenizer> Tokenizer::load(const std::string& path) {
@@ -109,13 +241,65 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
     }
     if (auto ok = put(id.get<int64_t>(), std::move(bytes)); !ok) return ok.error();
   }
+  std::vector<std::pair<std::string, int64_t>> added_tokens;
   if (auto added = j.find("added_tokens"); added != j.end() && added->is_array()) {
     for (const auto& a : *added) {
       auto id = a.at("id").get<int64_t>();
       if (auto ok = put(id, a.at("content").get<std::string>()); !ok) return ok.error();
       if (a.value("special", false)) t.special_.insert(id);
+      added_tokens.emplace_back(a.at("content").get<std::string>(), id);
     }
   }
+  if (!byte_level) {
+    t.encode_error_ = origin + " is a SentencePiece-style tokenizer; encoding supports byte-level BPE only";
+    return t;
+  }
+  auto enc = std::make_shared<Encoder>();
+  enc->added = std::move(added_tokens);
+  for (auto& [token, id] : vocab.items()) enc->ids.emplace(*decode_byte_level(token, inv), id.get<int64_t>());
+  const auto& model = j.at("model");
+  enc->ignore_merges = model.value("ignore_merges", false);
+  if (auto merges = model.find("merges"); merges != model.end() && merges->is_array()) {
+    int32_t rank = 0;
+    for (const auto& m : *merges) {
+      std::string a, b;
+      if (m.is_string()) {
+        auto text = m.get<std::string>();
+        auto space = text.find(' ');
+        if (space == std::string::npos)
+          return make_error(errc::invalid_argument, origin + ": merge '" + text + "' is not two tokens");
+        a = text.substr(0, space);
+        b = text.substr(space + 1);
+      } else {
+        a = m.at(0).get<std::string>();
+        b = m.at(1).get<std::string>();
+      }
+      auto ra = decode_byte_level(a, inv), rb = decode_byte_level(b, inv);
+      if (!ra || !rb) return with_context(ra ? rb.error() : ra.error(), origin + ": merge " + std::to_string(rank));
+      enc->ranks.emplace(merge_key(*ra, *rb), rank++);
+    }
+  }
+  std::string pattern;
+  if (auto ok = read_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json{}), pattern, enc->add_prefix_space, origin);
+      !ok) {
+    t.encode_error_ = describe(ok.error());
+    return t;
+  }
+  if (!pattern.empty()) {
+    int err = 0;
+    PCRE2_SIZE where = 0;
+    auto* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                               PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &where, nullptr);
+    if (!code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      return make_error(errc::invalid_argument, origin + ": the pre-tokenizer regex does not compile at offset " +
+                                                    std::to_string(where) + ": " + reinterpret_cast<char*>(msg));
+    }
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; matching works without it
+    enc->regex.reset(code, pcre2_code_free);
+  }
+  t.encoder_ = std::move(enc);
   return t;
 } catch (const nlohmann::json::exception& e) {
   return make_error(errc::invalid_argument, origin + " is not a tokenizer.json: " + e.what());
@@ -131,6 +315,41 @@ std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special) c
   for (auto id : ids)
     if (!(skip_special && is_special(id))) out += token_bytes(id);
   return to_valid_utf8(out);
+}
+
+Result<std::vector<int64_t>> Tokenizer::encode(std::string_view text) const {
+  if (!encoder_) return make_error(errc::unimplemented, encode_error_);
+  std::vector<int64_t> out;
+  // Added tokens first, leftmost and then longest.
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t best = std::string_view::npos, len = 0;
+    int64_t id = -1;
+    for (const auto& [content, tid] : encoder_->added) {
+      if (content.empty()) continue;
+      auto at = text.find(content, pos);
+      if (at != std::string_view::npos && (at < best || (at == best && content.size() > len))) {
+        best = at;
+        len = content.size();
+        id = tid;
+      }
+    }
+    const auto stop = best == std::string_view::npos ? text.size() : best;
+    if (auto ok = encoder_->encode_segment(text.substr(pos, stop - pos), out); !ok) return ok.error();
+    if (best == std::string_view::npos) break;
+    out.push_back(id);
+    pos = best + len;
+  }
+  return out;
+}
+
+int64_t Tokenizer::token_id(std::string_view token) const {
+  if (encoder_) {
+    for (const auto& [content, id] : encoder_->added)
+      if (content == token) return id;
+    if (auto it = encoder_->ids.find(std::string{token}); it != encoder_->ids.end()) return it->second;
+  }
+  return -1;
 }
 
 std::string to_valid_utf8(std::string_view s) {

@@ -1,21 +1,28 @@
 #pragma once
-/// `Tokenizer`: a Hugging Face tokenizer.json, for turning token ids back
-/// into text (the sampler's decoded output and stop strings).
+/// `Tokenizer`: a Hugging Face tokenizer.json: text to token ids and back.
 ///
 ///   auto tok = Tokenizer::load("models/tiny/tokenizer.json");
-///   std::string text = tok->decode(ids);
+///   auto ids = tok->encode("Hello world");   // Result<std::vector<int64_t>>
+///   std::string text = tok->decode(*ids);
 ///
-/// Reads the vocabulary and added tokens of byte-level BPE tokenizers
-/// (GPT-2, Qwen, Llama-3: the ByteLevel decoder) and of SentencePiece-style
-/// ones ("▁" for spaces, <0xNN> byte fallback). Encoding comes with the
-/// data pipeline. Immutable after load: safe to share between threads.
+/// Encoding covers byte-level BPE tokenizers (GPT-2, Qwen, Llama-3): added
+/// and special tokens are matched literally first, the rest is split by the
+/// pre-tokenizer's regex (PCRE2 with Unicode properties) and merged by BPE
+/// rank. Any bytes encode: a byte sequence that is not valid UTF-8 is never
+/// matched by the regex and becomes pieces of its own, so encode then decode
+/// gives back valid UTF-8 text exactly and turns invalid bytes into U+FFFD.
+/// Decoding also reads SentencePiece-style vocabularies ("▁" for spaces,
+/// <0xNN> byte fallback), which do not encode yet. Immutable after load:
+/// safe to share between threads.
 
 #include "runtime/error.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -37,10 +44,18 @@ public:
   /// that are not valid UTF-8 (a character cut between tokens) become
   /// U+FFFD, as Hugging Face's decode does.
   std::string decode(std::span<const int64_t> ids, bool skip_special = true) const;
+  /// The ids of `text`; an error for a tokenizer that cannot encode (not
+  /// byte-level BPE, or a vocabulary without some byte).
+  Result<std::vector<int64_t>> encode(std::string_view text) const;
+  /// The id of an added or vocabulary token given by its text, or -1.
+  int64_t token_id(std::string_view token) const;
 
 private:
+  struct Encoder;
   std::vector<std::string> bytes_;  // by id
   std::unordered_set<int64_t> special_;
+  std::shared_ptr<const Encoder> encoder_;  // null: cannot encode (why in encode_error_)
+  std::string encode_error_;
 };
 
 /// `text` with every byte sequence that is not valid UTF-8 replaced by

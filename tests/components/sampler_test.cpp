@@ -2,6 +2,7 @@
 #include "components/sampler/engine.hpp"
 #include "components/sampler/paged_attention.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "support/tokenizers.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -238,35 +239,15 @@ TEST(Sampler, RepetitionPenaltyChangesGreedyChoicesAwayFromSeenTokens) {
   EXPECT_GT(distinct(penal[0]->sequences[0].tokens), distinct(plain[0]->sequences[0].tokens));
 }
 
-// A byte-level tokenizer.json: ids 0..255 are single bytes, 256.. multi-byte
-// tokens, 299 a special end token.
-std::string byte_char(int b) {
-  static std::vector<int> map = [] {
-    std::vector<int> m(256);
-    int extra = 0;
-    for (int x = 0; x < 256; ++x) {
-      bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-      m[static_cast<size_t>(x)] = printable ? x : 256 + extra++;
-    }
-    return m;
-  }();
-  int cp = map[static_cast<size_t>(b)];
-  std::string s;
-  if (cp < 0x80) s.push_back(static_cast<char>(cp));
-  else {
-    s.push_back(static_cast<char>(0xc0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  }
-  return s;
-}
-
+// A byte-level tokenizer.json: ids 0..255 are single bytes, 256.. three-byte
+// tokens of letters (multi-byte, so stop strings end inside them), 299 a
+// special end token.
 Tokenizer test_tokenizer() {
   nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  for (int b = 0; b < 256; ++b) vocab[glint::testing::byte_char(b)] = b;
   for (int i = 256; i < 299; ++i) {
-    // Three-byte tokens of letters: multi-byte, so stop strings end inside them.
     std::string t;
-    for (int k = 0; k < 3; ++k) t += byte_char('a' + (i * 7 + k * 5) % 26);
+    for (int k = 0; k < 3; ++k) t += glint::testing::byte_char('a' + (i * 7 + k * 5) % 26);
     vocab[t] = i;
   }
   nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
@@ -496,18 +477,6 @@ TEST(Sampler, SleepFreesTheCacheAndWakeRestoresIt) {
   EXPECT_EQ(e.generate({prompt}, greedy)[0]->sequences[0].tokens, want);
   (void)e.add_request(prompt, greedy);
   EXPECT_FALSE(e.sleep());  // a request is in flight
-}
-
-TEST(Tokenizer, DecodesByteLevelTokensAndSkipsSpecialOnes) {
-  auto tok = test_tokenizer();
-  std::vector<int64_t> ids = {'h', 'i', ' ', 299, 0xe2, 0x82, 0xac};
-  EXPECT_EQ(tok.decode(ids), "hi \xe2\x82\xac");
-  EXPECT_EQ(tok.decode(ids, false), "hi <|end|>\xe2\x82\xac");
-  // A character cut between tokens is U+FFFD, not invalid UTF-8.
-  EXPECT_EQ(tok.decode(std::vector<int64_t>{'a', 0xe2, 0x82}), "a\xef\xbf\xbd");
-  EXPECT_EQ(to_valid_utf8("\xc0\xaf" "b"), "\xef\xbf\xbd\xef\xbf\xbd" "b");
-  EXPECT_FALSE(Tokenizer::parse("{"));
-  EXPECT_FALSE(Tokenizer::load("/nonexistent/tokenizer.json"));
 }
 
 }  // namespace

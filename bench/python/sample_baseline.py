@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # train_baseline imports torch itself and exits 3, with the install hint, when it cannot.
-from train_baseline import CausalLM, Config, load_safetensors  # noqa: E402
+from train_baseline import CausalLM, Config, commands, load_safetensors  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -167,12 +167,7 @@ def main():
 
     print(f"ready: {sum(p.numel() for p in model.parameters())} {torch.get_num_threads()}", flush=True)
     with torch.no_grad():
-        for line in sys.stdin:
-            words = line.split()
-            if not words:
-                continue
-            if words[0] == "quit":
-                break
+        for words in commands():
             if words[0] == "run" and len(words) == 1:
                 t0 = time.perf_counter()
                 run()
@@ -184,7 +179,7 @@ def main():
                 tokens = generate(model, ids[:count], lengths[:count], new_tokens, greedy)
                 print("checked: " + ";".join(" ".join(str(t) for t in row) for row in tokens.tolist()), flush=True)
             else:
-                print(f"error: unknown command {line.strip()!r}; expected 'check K T' (1 <= K <= {prompt_count}, "
+                print(f"error: unknown command {' '.join(words)!r}; expected 'check K T' (1 <= K <= {prompt_count}, "
                       "T >= 1), 'run' or 'quit'", flush=True)
 
 

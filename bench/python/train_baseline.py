@@ -251,6 +251,18 @@ def trainable_parameter_groups(model, mode, weight_decay):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def commands():
+    """The words of each command line on stdin, until end of input or "quit"
+    (the line protocol both baselines speak)."""
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            return
+        yield words
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir")
@@ -294,14 +306,9 @@ def main():
         return loss.item()
 
     print(f"ready: {sum(p.numel() for p in params)} {torch.get_num_threads()}", flush=True)
-    for line in sys.stdin:
-        words = line.split()
-        if not words:
-            continue
-        if words[0] == "quit":
-            break
+    for words in commands():
         if words[0] != "run" or len(words) != 2 or not words[1].isdigit() or int(words[1]) < 1:
-            print(f"error: unknown command {line.strip()!r}; expected 'run N' or 'quit'", flush=True)
+            print(f"error: unknown command {' '.join(words)!r}; expected 'run N' or 'quit'", flush=True)
             continue
         t0 = time.perf_counter()
         losses = [train_step() for _ in range(int(words[1]))]

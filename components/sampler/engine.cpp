@@ -49,8 +49,6 @@ struct Request {
   uint64_t id = 0;
   SamplingParams params;
   std::string adapter;
-  uint64_t seed = 0;
-  int64_t arrival_version = 0;
   RequestOutput out;
   std::vector<SeqState> seqs;  // by sample; empty entries until forked
   bool forked = false;
@@ -467,6 +465,8 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
   auto sch = sched->schedule(pending ? pending->barrier : std::numeric_limits<uint64_t>::max());
   if (sch.chunks.empty()) return touched;
   ++steps;
+  std::set<uint64_t> stepped;  // the requests of this step's chunks
+  for (const auto& c : sch.chunks) stepped.insert(c.seq->request);
   c10::NoGradGuard no_grad;
   at::Tensor logits, logprobs;
   std::vector<Draw> draws;
@@ -534,13 +534,9 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     // Nothing of the step is trusted: its requests end as aborted, and the
     // blocks it registered may hold garbage.
     sched->reset_prefix_cache();
-    std::set<uint64_t> hit;
-    for (const auto& c : sch.chunks) hit.insert(c.seq->request);
-    for (auto id : hit) abort_request(requests.at(id));
+    for (auto id : stepped) abort_request(requests.at(id));
     return make_error(errc::internal, std::string{"sampler step failed (its requests were aborted): "} + e.what());
   }
-  std::set<uint64_t> seen;
-  for (const auto& c : sch.chunks) seen.insert(c.seq->request);
   // Forks first (they copy the parent's prompt before its first token lands).
   for (auto& d : draws) {
     if (d.sample != 0 || d.req->forked || d.req->params.num_samples <= 1) continue;
@@ -555,7 +551,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
   for (auto& d : draws) append(*d.req, d.sample, d.token, logprobs[d.row]);
   sample_seconds += since(t0);
   // Prompt-only requests (max_tokens 0) end when their prompt is done.
-  for (auto id : seen) {
+  for (auto id : stepped) {
     auto& req = requests.at(id);
     if (req.params.max_tokens == 0 && !req.out.finished && req.seqs[0].seq &&
         req.seqs[0].seq->num_computed == req.seqs[0].seq->prompt_len)
@@ -632,14 +628,14 @@ Result<uint64_t> Engine::add_request(std::vector<int64_t> prompt, const Sampling
   req.id = m.next_request++;
   req.params = params;
   req.adapter = adapter;
-  req.seed = params.seed >= 0 ? static_cast<uint64_t>(params.seed) : m.seeds();
+  const uint64_t seed = params.seed >= 0 ? static_cast<uint64_t>(params.seed) : m.seeds();
   req.out.id = req.id;
   req.out.prompt = prompt;
   req.out.adapter = adapter;
   const auto n = static_cast<size_t>(params.num_samples);
   req.out.sequences.resize(n);
   req.seqs.resize(n);
-  for (size_t k = 0; k < n; ++k) req.seqs[k].rng.seed(mix_seed(req.seed, k));
+  for (size_t k = 0; k < n; ++k) req.seqs[k].rng.seed(mix_seed(seed, k));
   for (const auto& s : params.stop) m.max_stop_len = std::max<int64_t>(m.max_stop_len, static_cast<int64_t>(s.size()));
   auto& seq = m.sched->add(req.id, std::move(prompt), m.salt_of(adapter), params.prompt_logprobs < 0,
                            static_cast<int32_t>(n) - 1);

@@ -99,14 +99,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
   // One task per (sequence, kv head): its group of query heads shares every
   // key and value row it reads.
   at::parallel_for(0, S * nkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(static_cast<size_t>(g * D)), p(static_cast<size_t>(g)), dots(static_cast<size_t>(g));
+    std::vector<float> scores, acc(static_cast<size_t>(g * D)), p(static_cast<size_t>(g)), dots(static_cast<size_t>(g)),
+        best(static_cast<size_t>(g)), total(static_cast<size_t>(g));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = task / nkv, h = task % nkv;
       const int64_t len = std::clamp<int64_t>(lp[s], 1, C);
       const float* qh = qp + (s * nh + h * g) * D;
       const int64_t* slot = sp + s * C;
       scores.resize(static_cast<size_t>(g * len));
-      std::vector<float> best(static_cast<size_t>(g), -INFINITY);
+      std::fill(best.begin(), best.end(), -INFINITY);
       for (int64_t j = 0; j < len; ++j) {
         kern.dots(qh, g, D, kp + slot[j] * row + h * D, dots.data());
         for (int64_t k = 0; k < g; ++k) {
@@ -115,7 +116,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
           best[static_cast<size_t>(k)] = std::max(best[static_cast<size_t>(k)], v);
         }
       }
-      std::vector<float> total(static_cast<size_t>(g), 0.0f);
+      std::fill(total.begin(), total.end(), 0.0f);
       for (int64_t k = 0; k < g; ++k)
         for (int64_t j = 0; j < len; ++j) {
           auto& e = scores[static_cast<size_t>(k * len + j)];

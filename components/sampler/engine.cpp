@@ -511,6 +511,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     for (size_t k = 0; k < rows.order.size(); ++k) {
       const auto* c = rows.order[k];
       auto& req = requests.at(c->seq->request);
+      if (c->seq->sample == 0) req.out.cached_tokens = c->seq->cached_tokens;
       if (prompt_row[k] >= 0) {
         const int64_t last = std::min(c->begin + c->count, c->seq->prompt_len - 1);
         for (int64_t p = c->begin; p < last; ++p) {

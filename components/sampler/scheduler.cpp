@@ -131,6 +131,7 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
     if (first_admission) {
       stats_.prompt_tokens += s.prompt_len;
       stats_.cached_tokens += s.num_computed;
+      s.cached_tokens = s.num_computed;
     } else {
       stats_.recomputed_tokens += static_cast<int64_t>(s.tokens.size()) - s.num_computed;
     }

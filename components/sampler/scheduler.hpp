@@ -52,6 +52,7 @@ struct Sequence {
   int64_t arrival = 0;
   Status status = Status::waiting;
   bool preempted = false;           ///< was preempted at least once
+  int64_t cached_tokens = 0;        ///< prompt tokens the prefix cache served at its first admission
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };

@@ -109,7 +109,7 @@ TEST(Sampler, PrefixCacheReusesSharedPromptBlocks) {
   EXPECT_EQ(e.stats().cached_tokens, 0);
   auto out = e.generate({b}, greedy);
   ASSERT_TRUE(out[0]);
-  EXPECT_EQ(out[0]->cached_tokens, 0);  // reported per request below
+  EXPECT_EQ(out[0]->cached_tokens, 32);
   EXPECT_EQ(e.stats().cached_tokens, 32);  // two full blocks of the shared 40
   EXPECT_EQ(out[0]->sequences[0].tokens, naive_greedy(e.model(), b, greedy.max_tokens));
   e.reset_prefix_cache();

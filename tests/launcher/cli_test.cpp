@@ -1,4 +1,6 @@
 // The glint binary as a user meets it: help, bad input, a cluster job.
+#include "support/temp_dir.hpp"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -39,7 +41,7 @@ TEST(Cli, InfoShowsTheMachine) {
 }
 
 TEST(Cli, InfoPlansAConfigAndExplainsARefusal) {
-  auto path = ::testing::TempDir() + "job.toml";
+  auto path = glint::testing::fresh_dir("cli-info") + "/job.toml";
   std::ofstream{path} << "[[group]]\nname = \"model\"\nranks = 2\n[[group]]\nname = \"sampler\"\nranks = 1\n"
                          "device_type = \"cuda\"\n";
   auto r = run("info --config " + path + " --nproc 2");
@@ -89,7 +91,7 @@ TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPython) {
 }
 
 TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
-  auto dir = ::testing::TempDir() + "glint-init-model";
+  auto dir = glint::testing::fresh_dir("init-model");
   auto r = run("init-model " + dir + " --arch llama --hidden 32 --intermediate 64 --layers 1 --heads 4 --vocab 50 --seed 3");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("LlamaForCausalLM"), std::string::npos) << r.out;
@@ -107,7 +109,7 @@ TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
 }
 
 TEST(Cli, MalformedConfigIsAClearError) {
-  auto path = ::testing::TempDir() + "bad.toml";
+  auto path = glint::testing::fresh_dir("cli-bad") + "/bad.toml";
   std::ofstream{path} << "[[group]\n";
   auto r = run("info --config " + path);
   EXPECT_EQ(r.code, 2);

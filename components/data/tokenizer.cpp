@@ -1,10 +1,12 @@
 #include "components/data/tokenizer.hpp"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
+#include "components/data/detail/byte_level.hpp"
+#include "components/data/detail/regex.hpp"
+
 #include <nlohmann/json.hpp>
-#include <pcre2.h>
 
 #include <array>
+#include <optional>
 #include <climits>
 #include <fstream>
 #include <sstream>
@@ -12,19 +14,6 @@
 namespace glint::components {
 
 namespace {
-
-// GPT-2's byte-level alphabet: printable bytes stand for themselves, the
-// others for code points 256 + their rank. Inverted here: code point -> byte.
-std::array<int, 512> byte_level_inverse() {
-  std::array<int, 512> inv;
-  inv.fill(-1);
-  int extra = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    inv[static_cast<size_t>(printable ? b : 256 + extra++)] = b;
-  }
-  return inv;
-}
 
 // The next code point of valid UTF-8 `s` at `i` (advanced), or -1.
 int32_t next_code_point(std::string_view s, size_t& i) {
@@ -68,10 +57,6 @@ std::string decode_metaspace(const std::string& token) {
   return out;
 }
 
-// GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 std::string merge_key(std::string_view a, std::string_view b) {
   std::string k = std::to_string(a.size());
   k += ':';
@@ -86,7 +71,7 @@ struct Tokenizer::Encoder {
   std::unordered_map<std::string, int64_t> ids;    // a vocabulary token's bytes -> id
   std::unordered_map<std::string, int32_t> ranks;  // merge_key(left, right) -> rank
   std::vector<std::pair<std::string, int64_t>> added;
-  std::shared_ptr<pcre2_code> regex;  // null: a segment is one piece
+  std::optional<detail::Regex> regex;  // none: a segment is one piece
   bool add_prefix_space = false;
   bool ignore_merges = false;
 
@@ -133,27 +118,7 @@ struct Tokenizer::Encoder {
       text = buf;
     }
     if (!regex) return merge(text, out);
-    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md{
-        pcre2_match_data_create_from_pattern(regex.get(), nullptr), pcre2_match_data_free};
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    size_t offset = 0;
-    while (offset < text.size()) {
-      int rc = pcre2_match(regex.get(), subject, text.size(), offset, 0, md.get(), nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) return make_error(errc::internal, "the pre-tokenizer's regex failed with PCRE2 error " + std::to_string(rc));
-      const auto* ov = pcre2_get_ovector_pointer(md.get());
-      const size_t begin = ov[0], end = ov[1];
-      // Bytes the regex skipped (not valid UTF-8) are pieces of their own.
-      if (auto ok = merge(text.substr(offset, begin - offset), out); !ok) return ok;
-      if (end == begin) {  // an empty match: step over one byte
-        offset = begin + 1;
-        if (auto ok = merge(text.substr(begin, 1), out); !ok) return ok;
-        continue;
-      }
-      if (auto ok = merge(text.substr(begin, end - begin), out); !ok) return ok;
-      offset = end;
-    }
-    return merge(text.substr(std::min(offset, text.size())), out);
+    return regex->split(text, [&](std::string_view piece) { return merge(piece, out); });
   }
 };
 
@@ -176,7 +141,7 @@ Result<void> read_pre_tokenizer(const nlohmann::json& p, std::string& pattern, b
     prefix_space = p.value("add_prefix_space", false);
     if (p.value("use_regex", true)) {
       if (!pattern.empty()) return make_error(errc::unimplemented, origin + ": two pre-tokenizer regexes in sequence");
-      pattern = kGpt2Pattern;
+      pattern = detail::kGpt2Pattern;
     }
     return {};
   }
@@ -219,7 +184,7 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
   } else if (auto m = j.at("model").find("byte_fallback"); m != j.at("model").end() && m->is_boolean() && m->get<bool>()) {
     byte_level = false;
   }
-  static const auto inv = byte_level_inverse();
+  const auto& inv = detail::byte_level_inverse();
   Tokenizer t;
   auto put = [&](int64_t id, std::string bytes) -> Result<void> {
     if (id < 0 || id > (int64_t{1} << 24))
@@ -286,18 +251,9 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
     return t;
   }
   if (!pattern.empty()) {
-    int err = 0;
-    PCRE2_SIZE where = 0;
-    auto* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                               PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &where, nullptr);
-    if (!code) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof(msg));
-      return make_error(errc::invalid_argument, origin + ": the pre-tokenizer regex does not compile at offset " +
-                                                    std::to_string(where) + ": " + reinterpret_cast<char*>(msg));
-    }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; matching works without it
-    enc->regex.reset(code, pcre2_code_free);
+    auto regex = detail::Regex::compile(pattern);
+    if (!regex) return with_context(regex.error(), origin);
+    enc->regex = std::move(*regex);
   }
   t.encoder_ = std::move(enc);
   return t;

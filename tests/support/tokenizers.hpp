@@ -1,7 +1,12 @@
 #pragma once
 // Hand-made byte-level tokenizer.json texts for tests.
 
+#include "components/data/bpe_trainer.hpp"
+#include "components/data/tokenizer.hpp"
+
 #include <nlohmann/json.hpp>
+
+#include <memory>
 
 #include <string>
 #include <vector>
@@ -56,6 +61,21 @@ inline std::string bpe_tokenizer_json(const std::vector<std::pair<std::string, s
                       {"decoder", {{"type", "ByteLevel"}}},
                       {"added_tokens", added_tokens}};
   return j.dump();
+}
+
+/// A small tokenizer trained on chat-like text, with the special tokens of
+/// ChatML and Llama-3.
+inline std::shared_ptr<const components::Tokenizer> chat_tokenizer() {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 30; ++i)
+    texts.push_back("system\nYou are helpful.\nuser\nWhat is " + std::to_string(i) + " + " + std::to_string(i * 3) +
+                    "?\nassistant\nThe answer is " + std::to_string(i * 4) + ".\n#### " + std::to_string(i * 4));
+  auto json = components::train_bpe(
+      texts, {.vocab_size = 400,
+              .special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+                                 "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}});
+  auto tok = components::Tokenizer::parse(*json);
+  return std::make_shared<const components::Tokenizer>(std::move(*tok));
 }
 
 }  // namespace glint::testing

@@ -1,0 +1,269 @@
+#include "components/data/dataset.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace glint::components {
+
+namespace {
+
+constexpr int kLoggedPerReason = 3;
+
+std::string scalar_text(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) return v.dump();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  return {};
+}
+
+// A row from a JSON object; a string error is the reason to skip it.
+Result<Row> row_of(const nlohmann::json& j, std::string origin) {
+  if (!j.is_object()) return make_error(errc::invalid_argument, "not a JSON object");
+  Row row;
+  row.origin = std::move(origin);
+  for (const auto& [key, v] : j.items()) {
+    if (key == "messages") {
+      if (!v.is_array()) return make_error(errc::invalid_argument, "\"messages\" is not an array");
+      for (const auto& m : v) {
+        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+            !(m["content"].is_string() || m["content"].is_null()))
+          return make_error(errc::invalid_argument, "a message lacks a string \"role\" or \"content\"");
+        row.messages.push_back({m["role"].get<std::string>(), m["content"].is_null() ? "" : m["content"].get<std::string>()});
+      }
+    } else if (v.is_primitive() && !v.is_null()) {
+      row.fields[key] = scalar_text(v);
+    }
+  }
+  return row;
+}
+
+std::string trim(std::string s) {
+  auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+int64_t SkipReport::total() const {
+  int64_t n = 0;
+  for (const auto& [_, c] : counts) n += c;
+  return n;
+}
+
+std::string SkipReport::summary() const {
+  if (counts.empty()) return "no rows skipped";
+  std::string s = std::to_string(total()) + (total() == 1 ? " row" : " rows") + " skipped:";
+  bool first = true;
+  for (const auto& [reason, c] : counts) {
+    s += (first ? " " : ", ") + std::to_string(c) + " " + reason;
+    first = false;
+  }
+  return s;
+}
+
+void Dataset::skip(const std::string& reason, const std::string& origin, const std::string& detail) {
+  auto n = ++skipped_.counts[reason];
+  if (n > kLoggedPerReason) return;
+  auto line = "dataset " + name_ + ": skipped " + origin + " (" + reason + ")" + (detail.empty() ? "" : ": " + detail);
+  if (n == kLoggedPerReason) line += " [further rows skipped for this reason are counted, not logged]";
+  if (log_) log_(line);
+  else std::fprintf(stderr, "glint: %s\n", line.c_str());
+}
+
+Result<Dataset> Dataset::load(const DatasetMeta& meta) {
+  std::ifstream in{meta.path, std::ios::binary};
+  if (!in) return make_error(errc::not_found, "cannot read dataset " + meta.path + " (does it exist, and may we read it?)");
+  if (meta.slice_begin < 0 || (meta.slice_end >= 0 && meta.slice_end < meta.slice_begin))
+    return make_error(errc::invalid_argument, "data slice [" + std::to_string(meta.slice_begin) + ", " +
+                                                  std::to_string(meta.slice_end) + ") of " + meta.path + " is empty or negative");
+  Dataset ds;
+  ds.name_ = meta.path;
+  ds.log_ = meta.log;
+  std::vector<Row> rows;
+  const bool jsonl = meta.path.size() >= 6 && meta.path.compare(meta.path.size() - 6, 6, ".jsonl") == 0;
+  if (jsonl) {
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+      auto origin = meta.path + ":" + std::to_string(n);
+      if (trim(line).empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) {
+        ds.skip("invalid JSON", origin, "");
+        continue;
+      }
+      auto row = row_of(j, origin);
+      if (!row) ds.skip("malformed row", origin, context_of(row.error()));
+      else rows.push_back(std::move(*row));
+    }
+    if (in.bad()) return make_error(errc::unavailable, "reading " + meta.path + " failed part way");
+  } else {
+    std::stringstream s;
+    s << in.rdbuf();
+    auto j = nlohmann::json::parse(s.str(), nullptr, false);
+    if (j.is_discarded() || !j.is_array())
+      return make_error(errc::invalid_argument, meta.path + " is not a JSON array of rows (a .jsonl file holds one JSON object per line)");
+    for (size_t i = 0; i < j.size(); ++i) {
+      auto origin = meta.path + "[" + std::to_string(i) + "]";
+      auto row = row_of(j[i], origin);
+      if (!row) ds.skip("malformed row", origin, context_of(row.error()));
+      else rows.push_back(std::move(*row));
+    }
+  }
+  auto begin = std::min<size_t>(static_cast<size_t>(meta.slice_begin), rows.size());
+  auto end = meta.slice_end < 0 ? rows.size() : std::min<size_t>(static_cast<size_t>(meta.slice_end), rows.size());
+  ds.rows_.assign(std::make_move_iterator(rows.begin() + static_cast<std::ptrdiff_t>(begin)),
+                  std::make_move_iterator(rows.begin() + static_cast<std::ptrdiff_t>(end)));
+  return ds;
+}
+
+Dataset Dataset::from_rows(std::vector<Row> rows, std::string name) {
+  Dataset ds;
+  ds.name_ = std::move(name);
+  ds.rows_ = std::move(rows);
+  return ds;
+}
+
+Dataset& Dataset::map(const Preprocessor& p) {
+  encoded_.clear();
+  std::vector<Row> kept;
+  kept.reserve(rows_.size());
+  for (auto& r : rows_) {
+    auto origin = r.origin;
+    auto out = p.apply(std::move(r));
+    if (!out) {
+      skip(p.name + ": " + context_of(out.error()), origin, "");
+      continue;
+    }
+    if (out->origin.empty()) out->origin = origin;
+    kept.push_back(std::move(*out));
+  }
+  rows_ = std::move(kept);
+  return *this;
+}
+
+Dataset& Dataset::filter(const std::string& name, const std::function<bool(const Row&)>& keep) {
+  encoded_.clear();
+  std::vector<Row> kept;
+  for (auto& r : rows_) {
+    if (keep(r)) kept.push_back(std::move(r));
+    else skip("filtered: " + name, r.origin, "");
+  }
+  rows_ = std::move(kept);
+  return *this;
+}
+
+Dataset& Dataset::shuffle(uint64_t seed) {
+  // splitmix64: a fixed generator and a fixed algorithm, so the order is the
+  // same with every standard library.
+  uint64_t state = seed;
+  auto next = [&] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = rows_.size(); i > 1; --i) std::swap(rows_[i - 1], rows_[next() % i]);
+  if (!encoded_.empty()) {
+    // Keep rows and encodings together: replay the same permutation.
+    state = seed;
+    for (size_t i = encoded_.size(); i > 1; --i) std::swap(encoded_[i - 1], encoded_[next() % i]);
+  }
+  return *this;
+}
+
+Result<void> Dataset::encode(const EncodeOptions& options) {
+  if (!template_) return make_error(errc::failed_precondition, "dataset " + name_ + " has no template: call set_template first");
+  const size_t n = rows_.size();
+  std::vector<Result<EncodedRow>> out(n, Result<EncodedRow>{EncodedRow{}});
+  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::max<size_t>(n / 64, 1))));
+  auto work = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      if (!rows_[i].messages.empty()) out[i] = template_->encode(rows_[i].messages, options.add_generation_prompt);
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t chunk = (n + threads - 1) / threads;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+  work(0, std::min(n, chunk));
+  for (auto& t : pool) t.join();
+
+  std::vector<Row> kept;
+  encoded_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (rows_[i].messages.empty()) {
+      skip("no messages (map a preprocessor first)", rows_[i].origin, "");
+      continue;
+    }
+    if (!out[i]) {
+      const auto& e = out[i].error();
+      std::string reason = code_of(e) != errc::resource_exhausted ? "cannot encode"
+                           : template_->options().truncation == Truncation::refuse ? "too long"
+                                                                                   : "too long after truncation";
+      skip(reason, rows_[i].origin, context_of(e));
+      continue;
+    }
+    kept.push_back(std::move(rows_[i]));
+    encoded_.push_back(std::move(*out[i]));
+  }
+  rows_ = std::move(kept);
+  return {};
+}
+
+std::optional<std::string> gsm8k_final_answer(std::string_view solution) {
+  auto at = solution.rfind("####");
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string a = trim(std::string{solution.substr(at + 4)});
+  std::string out;
+  for (char c : a)
+    if (c != ',' && c != '$') out.push_back(c);
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+namespace preprocess {
+
+Preprocessor self_cognition(std::string model_name, std::string model_author) {
+  return {"self_cognition", [name = std::move(model_name), author = std::move(model_author)](Row r) -> Result<Row> {
+            if (r.messages.empty()) {
+              auto q = r.fields.find("query"), a = r.fields.find("response");
+              if (q == r.fields.end() || a == r.fields.end())
+                return make_error(errc::invalid_argument, "no messages and no query/response fields");
+              r.messages = {{"user", q->second}, {"assistant", a->second}};
+            }
+            for (auto& m : r.messages) {
+              replace_all(m.content, "{{NAME}}", name);
+              replace_all(m.content, "{{AUTHOR}}", author);
+            }
+            return r;
+          }};
+}
+
+Preprocessor gsm8k(std::string system_prompt) {
+  if (system_prompt.empty())
+    system_prompt = "Solve the problem step by step. Write the final answer as a number on the last line, after '####'.";
+  return {"gsm8k", [system = std::move(system_prompt)](Row r) -> Result<Row> {
+            auto q = r.fields.find("question"), a = r.fields.find("answer");
+            if (q == r.fields.end() || a == r.fields.end())
+              return make_error(errc::invalid_argument, "no question/answer fields");
+            auto final = gsm8k_final_answer(a->second);
+            if (!final) return make_error(errc::invalid_argument, "the answer has no '#### n' final answer");
+            r.fields["solution"] = *final;
+            r.messages = {{"system", system}, {"user", q->second}, {"assistant", a->second}};
+            return r;
+          }};
+}
+
+}  // namespace preprocess
+
+}  // namespace glint::components

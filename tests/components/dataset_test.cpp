@@ -1,0 +1,188 @@
+// Datasets: JSONL and JSON, bad rows counted by reason, slices,
+// preprocessors, filters, a seeded shuffle, and encoding on a thread pool.
+#include "components/data/dataset.hpp"
+#include "support/temp_dir.hpp"
+#include "support/tokenizers.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+namespace glint::components {
+namespace {
+
+std::string write(const std::string& name, const std::string& text) {
+  auto path = glint::testing::fresh_dir("dataset") + "/" + name;
+  std::ofstream{path} << text;
+  return path;
+}
+
+std::vector<std::string> logged;
+DatasetMeta meta(std::string path) {
+  logged.clear();
+  return {.path = std::move(path), .log = [](const std::string& line) { logged.push_back(line); }};
+}
+
+Template chatml(TemplateOptions o = {}) { return *Template::make(glint::testing::chat_tokenizer(), o); }
+
+const char* kRows =
+    R"({"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am {{NAME}}, by {{AUTHOR}}."}]})"
+    "\n"
+    "{not json\n"
+    "\n"
+    R"({"messages": "oops"})"
+    "\n"
+    R"({"query": "Your name?", "response": "{{NAME}}.", "tag": 3})"
+    "\n"
+    R"([1, 2])"
+    "\n";
+
+TEST(Dataset, JsonlSkipsBadRowsCountedByReasonAndLogsWhere) {
+  auto path = write("rows.jsonl", kRows);
+  auto ds = Dataset::load(meta(path));
+  ASSERT_TRUE(ds) << describe(ds.error());
+  EXPECT_EQ(ds->size(), 2u);
+  EXPECT_EQ(ds->skipped().counts.at("invalid JSON"), 1);
+  EXPECT_EQ(ds->skipped().counts.at("malformed row"), 2);
+  EXPECT_EQ(ds->skipped().summary(), "3 rows skipped: 1 invalid JSON, 2 malformed row");
+  ASSERT_EQ(logged.size(), 3u);
+  EXPECT_NE(logged[0].find(path + ":2"), std::string::npos) << logged[0];
+  EXPECT_EQ(ds->row(1).fields.at("tag"), "3");
+  EXPECT_EQ(ds->row(0).origin, path + ":1");
+}
+
+TEST(Dataset, JsonArraysLoadAndOtherJsonIsAnError) {
+  auto ok = Dataset::load(meta(write("rows.json", R"([{"question": "1+1?", "answer": "#### 2"}, 7])")));
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(ok->size(), 1u);
+  EXPECT_EQ(ok->skipped().total(), 1);
+  auto bad = Dataset::load(meta(write("bad.json", R"({"rows": []})")));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("not a JSON array"), std::string::npos);
+  auto missing = Dataset::load(meta("/nonexistent/data.jsonl"));
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(code_of(missing.error()), errc::not_found);
+  EXPECT_NE(describe(missing.error()).find("/nonexistent/data.jsonl"), std::string::npos);
+}
+
+TEST(Dataset, SliceSelfCognitionAndEncode) {
+  auto path = write("rows.jsonl", kRows);
+  auto m = meta(path);
+  m.slice_begin = 1;
+  auto ds = Dataset::load(m);
+  ASSERT_TRUE(ds);
+  ASSERT_EQ(ds->size(), 1u);  // only the query/response row
+  ds->map(preprocess::self_cognition("glint", "the team"));
+  ASSERT_EQ(ds->size(), 1u);
+  EXPECT_EQ(ds->row(0).messages, (std::vector<Message>{{"user", "Your name?"}, {"assistant", "glint."}}));
+  EXPECT_FALSE(ds->encode()) << "no template yet";
+  ds->set_template(chatml());
+  ASSERT_TRUE(ds->encode());
+  EXPECT_EQ(chatml().tokenizer().decode(ds->encoded(0).input_ids, false),
+            "<|im_start|>user\nYour name?<|im_end|>\n<|im_start|>assistant\nglint.<|im_end|>\n");
+}
+
+TEST(Dataset, Gsm8kRowsBecomePromptsWithTheirSolution) {
+  auto path = write("gsm.jsonl",
+                    R"({"question": "Tom has 3 apples and buys 1,200 more. How many?", "answer": "3 + 1200 = 1203\n#### 1,203"})"
+                    "\n"
+                    R"({"question": "No answer here", "answer": "42"})"
+                    "\n"
+                    R"({"messages": []})"
+                    "\n");
+  auto ds = Dataset::load(meta(path));
+  ASSERT_TRUE(ds);
+  ds->map(preprocess::gsm8k());
+  ASSERT_EQ(ds->size(), 1u);
+  EXPECT_EQ(ds->skipped().counts.at("gsm8k: the answer has no '#### n' final answer"), 1);
+  EXPECT_EQ(ds->skipped().counts.at("gsm8k: no question/answer fields"), 1);
+  EXPECT_EQ(ds->row(0).fields.at("solution"), "1203");
+  ASSERT_EQ(ds->row(0).messages.size(), 3u);
+  EXPECT_EQ(ds->row(0).messages[0].role, "system");
+  ds->set_template(chatml());
+  ASSERT_TRUE(ds->encode({.add_generation_prompt = true}));
+  auto text = chatml().tokenizer().decode(ds->encoded(0).input_ids, false);
+  EXPECT_EQ(text.substr(text.size() - 22), "<|im_start|>assistant\n");
+  EXPECT_EQ(text.find("1203"), std::string::npos) << "the reference solution is not in the prompt";
+}
+
+TEST(Dataset, TooLongRowsAndRowsWithoutMessagesAreSkipped) {
+  std::vector<Row> rows;
+  for (int i = 0; i < 6; ++i)
+    rows.push_back({{{"user", "Q" + std::string(static_cast<size_t>(i * 20), 'x')}, {"assistant", "A"}}, {}, "row" + std::to_string(i)});
+  rows.push_back({{}, {{"question", "q"}}, "bare"});
+  auto ds = Dataset::from_rows(rows, "mem");
+  logged.clear();
+  ds.set_template(chatml({.max_length = 30}));
+  ASSERT_TRUE(ds.encode());
+  EXPECT_GT(ds.skipped().counts.at("too long"), 0);
+  EXPECT_EQ(ds.skipped().counts.at("no messages (map a preprocessor first)"), 1);
+  EXPECT_EQ(ds.size() + static_cast<size_t>(ds.skipped().total()), rows.size());
+  for (size_t i = 0; i < ds.size(); ++i) EXPECT_LE(ds.encoded(i).input_ids.size(), 30u);
+  auto left = Dataset::from_rows(rows, "mem");
+  left.set_template(chatml({.max_length = 30, .truncation = Truncation::left}));
+  ASSERT_TRUE(left.encode());
+  EXPECT_EQ(left.size(), 6u) << left.skipped().summary();
+}
+
+TEST(Dataset, EncodingDoesNotDependOnTheThreadCount) {
+  std::vector<Row> rows;
+  for (int i = 0; i < 300; ++i)
+    rows.push_back({{{"user", "What is " + std::to_string(i) + "?"}, {"assistant", std::to_string(i)}}, {}, ""});
+  auto one = Dataset::from_rows(rows), four = Dataset::from_rows(rows);
+  one.set_template(chatml());
+  four.set_template(chatml());
+  ASSERT_TRUE(one.encode({.threads = 1}));
+  ASSERT_TRUE(four.encode({.threads = 4}));
+  ASSERT_EQ(one.size(), 300u);
+  for (size_t i = 0; i < 300; ++i) {
+    EXPECT_EQ(one.encoded(i).input_ids, four.encoded(i).input_ids);
+    EXPECT_EQ(one.encoded(i).loss_mask, four.encoded(i).loss_mask);
+  }
+}
+
+TEST(Dataset, ShuffleIsASeededPermutationThatKeepsEncodingsWithTheirRows) {
+  std::vector<Row> rows;
+  for (int i = 0; i < 100; ++i) rows.push_back({{{"user", std::to_string(i)}, {"assistant", "ok"}}, {}, std::to_string(i)});
+  auto a = Dataset::from_rows(rows), b = Dataset::from_rows(rows), c = Dataset::from_rows(rows);
+  a.set_template(chatml());
+  ASSERT_TRUE(a.encode());
+  a.shuffle(7);
+  b.shuffle(7);
+  c.shuffle(8);
+  std::set<std::string> seen;
+  bool moved = false;
+  for (size_t i = 0; i < 100; ++i) {
+    EXPECT_EQ(a.row(i), b.row(i));
+    seen.insert(a.row(i).origin);
+    moved |= a.row(i).origin != std::to_string(i);
+    // The encoding still belongs to its row.
+    auto text = chatml().tokenizer().decode(a.encoded(i).input_ids, false);
+    EXPECT_NE(text.find("user\n" + a.row(i).origin + "<|im_end|>"), std::string::npos);
+  }
+  EXPECT_EQ(seen.size(), 100u);
+  EXPECT_TRUE(moved);
+  bool differs = false;
+  for (size_t i = 0; i < 100; ++i) differs |= !(b.row(i) == c.row(i));
+  EXPECT_TRUE(differs);
+}
+
+TEST(Dataset, FiltersCountWhatTheyDrop) {
+  std::vector<Row> rows;
+  for (int i = 0; i < 10; ++i) rows.push_back({{{"user", std::to_string(i)}}, {}, std::to_string(i)});
+  auto ds = Dataset::from_rows(rows);
+  ds.filter("even", [](const Row& r) { return std::stoi(r.origin) % 2 == 0; });
+  EXPECT_EQ(ds.size(), 5u);
+  EXPECT_EQ(ds.skipped().counts.at("filtered: even"), 5);
+}
+
+TEST(Gsm8k, FinalAnswerIsTheTextAfterTheLastMarks) {
+  EXPECT_EQ(gsm8k_final_answer("a\n#### 1,234"), "1234");
+  EXPECT_EQ(gsm8k_final_answer("#### 1\n#### $5 "), "5");
+  EXPECT_EQ(gsm8k_final_answer("no marks"), std::nullopt);
+  EXPECT_EQ(gsm8k_final_answer("####   "), std::nullopt);
+}
+
+}  // namespace
+}  // namespace glint::components

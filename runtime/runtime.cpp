@@ -417,6 +417,22 @@ caf::error Runtime::spawn_failed(const NodeInfo& node, const std::string& type, 
     return make_error(errc::invalid_argument, where + ": the actor does not take these arguments");
   if (err == caf::sec::unexpected_actor_messaging_interface)
     return make_error(errc::invalid_argument, where + ": the registered actor has another interface than the handle");
+  if (node.index > 0 && (err == caf::sec::request_receiver_down || err == caf::exit_reason::remote_link_unreachable)) {
+    // The node's connection dropped. The rendezvous actor learns it from its
+    // own down message, which may come after this reply: do not wait for it.
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> guard{impl_->mx};
+      auto& n = impl_->nodes[static_cast<size_t>(node.index)];
+      if (!n.lost) {
+        n.lost = true;
+        n.lost_reason = "its node process exited or lost its connection";
+      }
+      reason = n.lost_reason;
+    }
+    impl_->cv.notify_all();
+    return make_error(errc::unavailable, node.describe() + " was lost (" + reason + ")");
+  }
   return with_context(err, where);
 }
 

@@ -34,8 +34,24 @@ struct InitModelArgs {
   bool tie = false;
   std::string dtype = "f32";
   uint64_t seed = 0;
+  /// A JSONL/JSON dataset to train a ChatML byte-level BPE tokenizer of
+  /// `vocab` tokens on; written as tokenizer.json + tokenizer_config.json,
+  /// and the model's vocabulary and eos follow it. Empty: no tokenizer.
+  std::string tokenizer_from{};
 };
-/// Writes a random model directory (config.json + model.safetensors).
+/// Writes a random model directory (config.json + model.safetensors, and a
+/// trained tokenizer when asked).
 int init_model(const InitModelArgs& args);
+
+struct InitDataArgs {
+  std::string kind = "arithmetic";
+  std::string out;
+  int64_t rows = 2000;
+  int64_t max_operand = 20;
+  int64_t max_terms = 2;
+  uint64_t seed = 0;
+};
+/// Writes a generated dataset as JSONL (GSM8K format for arithmetic).
+int init_data(const InitDataArgs& args);
 
 }  // namespace glint::launcher

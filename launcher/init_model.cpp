@@ -1,8 +1,14 @@
 // `glint init-model`: writes a Hugging Face model directory with random
 // weights, so tests, examples and benchmarks need no download.
+#include "components/data/bpe_trainer.hpp"
+#include "components/data/dataset.hpp"
+#include "components/data/synthetic.hpp"
+#include "components/data/tokenizer.hpp"
 #include "components/model/model.hpp"
 #include "launcher/commands.hpp"
+#include "launcher/progress.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace glint::launcher {
@@ -23,6 +29,30 @@ int init_model(const InitModelArgs& a) {
     return 2;
   }
   cfg.dtype = *dtype;
+  std::string tokenizer_json;
+  if (!a.tokenizer_from.empty()) {
+    // The vocabulary first: the model's embedding size follows it.
+    auto ds = components::Dataset::load({.path = a.tokenizer_from});
+    if (!ds) {
+      std::fprintf(stderr, "glint init-model: %s\n", describe(ds.error()).c_str());
+      return 1;
+    }
+    auto texts = components::texts_of(*ds);
+    Progress bar{"tokenizer", static_cast<int>(std::max<int64_t>(1, a.vocab - 256 - 3))};
+    auto json = components::train_bpe(texts, {.vocab_size = a.vocab, .progress = [&](int64_t done, int64_t) {
+                                                bar.update(static_cast<int>(done), "merges");
+                                              }});
+    if (!json) {
+      std::fprintf(stderr, "glint init-model: training the tokenizer: %s\n", describe(json.error()).c_str());
+      return 2;
+    }
+    auto tok = components::Tokenizer::parse(*json);
+    bar.finish(std::to_string(tok->vocab_size()) + " tokens from " + std::to_string(texts.size()) + " texts");
+    cfg.vocab_size = tok->vocab_size();
+    cfg.eos_token_id = tok->token_id("<|im_end|>");
+    cfg.bos_token_id = -1;
+    tokenizer_json = std::move(*json);
+  }
   if (auto ok = cfg.validate(); !ok) {
     std::fprintf(stderr, "glint init-model: %s\n", describe(ok.error()).c_str());
     return 2;
@@ -36,10 +66,31 @@ int init_model(const InitModelArgs& a) {
     std::fprintf(stderr, "glint init-model: %s\n", describe(ok.error()).c_str());
     return 1;
   }
+  if (!tokenizer_json.empty())
+    if (auto ok = components::save_chatml_tokenizer(a.out, tokenizer_json); !ok) {
+      std::fprintf(stderr, "glint init-model: %s\n", describe(ok.error()).c_str());
+      return 1;
+    }
   std::printf("wrote %s: %s, %.2fM parameters (%s), seed %llu\n", a.out.c_str(),
               std::string{components::hf_class_name(cfg.architecture)}.c_str(),
               static_cast<double>(cfg.num_parameters()) / 1e6, a.dtype.c_str(),
               static_cast<unsigned long long>(a.seed));
+  return 0;
+}
+
+int init_data(const InitDataArgs& a) {
+  if (a.kind != "arithmetic") {
+    std::fprintf(stderr, "glint init-data: unknown kind '%s'; the generated datasets are: arithmetic\n", a.kind.c_str());
+    return 2;
+  }
+  auto rows = components::arithmetic_rows(
+      a.rows, {.seed = a.seed, .max_operand = a.max_operand, .max_terms = a.max_terms});
+  if (auto ok = components::save_jsonl(rows, a.out); !ok) {
+    std::fprintf(stderr, "glint init-data: %s\n", describe(ok.error()).c_str());
+    return 1;
+  }
+  std::printf("wrote %s: %lld arithmetic rows (GSM8K format: question, answer ending in '#### n'), seed %llu\n",
+              a.out.c_str(), static_cast<long long>(a.rows), static_cast<unsigned long long>(a.seed));
   return 0;
 }
 

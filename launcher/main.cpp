@@ -64,7 +64,24 @@ int main(int argc, char** argv) {
   init_cmd->add_flag("--tie", im.tie, "Tie the output head to the embeddings");
   init_cmd->add_option("--dtype", im.dtype, "Stored dtype: f32, bf16 or f16")->capture_default_str();
   init_cmd->add_option("--seed", im.seed, "Random seed (the same seed writes the same weights)")->capture_default_str();
-  init_cmd->footer("Example: glint init-model models/tiny --arch qwen3 --hidden 256 --layers 4 --vocab 2048");
+  init_cmd->add_option("--tokenizer-from", im.tokenizer_from,
+                       "Train a ChatML byte-level BPE tokenizer of --vocab tokens on this JSONL/JSON dataset and write "
+                       "it too (the model's vocab and eos follow it)");
+  init_cmd->footer("Examples:\n  glint init-model models/tiny --arch qwen3 --hidden 256 --layers 4 --vocab 2048\n"
+                   "  glint init-data arithmetic data/arith.jsonl && "
+                   "glint init-model models/arith --vocab 512 --tokenizer-from data/arith.jsonl");
+
+  glint::launcher::InitDataArgs idata;
+  auto* data_cmd = app.add_subcommand("init-data", "Write a generated dataset as JSONL (no download needed)");
+  data_cmd->add_option("kind", idata.kind, "What to generate: arithmetic (GSM8K format)")
+      ->required()
+      ->check(CLI::IsMember({"arithmetic"}));
+  data_cmd->add_option("out", idata.out, "The .jsonl file to write")->required();
+  data_cmd->add_option("--rows", idata.rows, "Rows")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000000}));
+  data_cmd->add_option("--max-operand", idata.max_operand, "Largest operand")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1000000000}));
+  data_cmd->add_option("--max-terms", idata.max_terms, "Operands per question: 2 or 3")->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{3}));
+  data_cmd->add_option("--seed", idata.seed, "Random seed (the same seed writes the same rows)")->capture_default_str();
+  data_cmd->footer("Example: glint init-data arithmetic data/arith.jsonl --rows 5000 --seed 1");
 
   auto* bench = app.add_subcommand("bench", "Run a benchmark and print `name: value` lines");
   bench->require_subcommand(1);
@@ -155,6 +172,7 @@ int main(int argc, char** argv) {
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);
+  if (*data_cmd) return glint::launcher::init_data(idata);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_train) {

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -194,6 +196,30 @@ Result<std::string> train_bpe(std::span<const std::string> texts, const BpeTrain
                 {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
                 {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merge_list}};
   return j.dump(1);
+}
+
+Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& tokenizer_json) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return make_error(errc::not_found, "cannot create " + dir + ": " + ec.message());
+  nlohmann::ordered_json config;
+  config["tokenizer_class"] = "PreTrainedTokenizerFast";
+  config["bos_token"] = nullptr;
+  config["eos_token"] = "<|im_end|>";
+  config["pad_token"] = "<|endoftext|>";
+  config["model_max_length"] = 32768;
+  config["chat_template"] =
+      "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  for (auto [name, text] : {std::pair<std::string, std::string>{"tokenizer.json", tokenizer_json},
+                            std::pair<std::string, std::string>{"tokenizer_config.json", config.dump(2)}}) {
+    auto path = dir + "/" + name;
+    std::ofstream out{path, std::ios::binary | std::ios::trunc};
+    out << text;
+    out.flush();
+    if (!out) return make_error(errc::unavailable, "cannot write " + path);
+  }
+  return {};
 }
 
 }  // namespace glint::components

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,5 +40,11 @@ struct BpeTrainerOptions {
 /// The tokenizer.json text. Errors: vocab_size below 256 + special tokens,
 /// a pattern that does not compile (invalid_argument).
 Result<std::string> train_bpe(std::span<const std::string> texts, const BpeTrainerOptions& options);
+
+/// Writes `tokenizer_json` as dir/tokenizer.json and a tokenizer_config.json
+/// naming the ChatML special tokens (eos <|im_end|>, pad <|endoftext|>) and
+/// its Jinja chat template, as a Qwen model directory has them. Error: a
+/// file that cannot be written.
+Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& tokenizer_json);
 
 }  // namespace glint::components

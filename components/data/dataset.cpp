@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -218,6 +219,38 @@ Result<void> Dataset::encode(const EncodeOptions& options) {
   }
   rows_ = std::move(kept);
   return {};
+}
+
+Result<void> save_jsonl(std::span<const Row> rows, const std::string& path) {
+  auto tmp = path + ".tmp";
+  {
+    std::ofstream out{tmp, std::ios::binary | std::ios::trunc};
+    if (!out) return make_error(errc::not_found, "cannot write " + tmp + " (does its directory exist?)");
+    for (const auto& r : rows) {
+      nlohmann::ordered_json j = nlohmann::ordered_json::object();
+      if (!r.messages.empty()) {
+        auto& ms = j["messages"] = nlohmann::ordered_json::array();
+        for (const auto& m : r.messages) ms.push_back({{"role", m.role}, {"content", m.content}});
+      }
+      for (const auto& [k, v] : r.fields) j[k] = v;
+      out << j.dump() << '\n';
+    }
+    out.flush();
+    if (!out) return make_error(errc::resource_exhausted, "writing " + tmp + " failed (is the disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return make_error(errc::unavailable, "cannot rename " + tmp + " to " + path + ": " + ec.message());
+  return {};
+}
+
+std::vector<std::string> texts_of(const Dataset& ds) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ds.size(); ++i) {
+    for (const auto& m : ds.row(i).messages) out.push_back(m.content);
+    for (const auto& [_, v] : ds.row(i).fields) out.push_back(v);
+  }
+  return out;
 }
 
 std::optional<std::string> gsm8k_final_answer(std::string_view solution) {

@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,14 @@ private:
   SkipReport skipped_;
   std::function<void(const std::string&)> log_;
 };
+
+/// Writes rows as JSONL (messages, then fields), through a temporary file
+/// renamed into place, so a reader never sees half a file.
+Result<void> save_jsonl(std::span<const Row> rows, const std::string& path);
+
+/// Every text of a row (message contents and field values): what a
+/// tokenizer is trained on.
+std::vector<std::string> texts_of(const Dataset& ds);
 
 /// Preprocessors users know from Twinkle.
 namespace preprocess {

@@ -1,6 +1,7 @@
 // Datasets: JSONL and JSON, bad rows counted by reason, slices,
 // preprocessors, filters, a seeded shuffle, and encoding on a thread pool.
 #include "components/data/dataset.hpp"
+#include "components/data/synthetic.hpp"
 #include "support/temp_dir.hpp"
 #include "support/tokenizers.hpp"
 
@@ -8,6 +9,7 @@
 
 #include <fstream>
 #include <set>
+#include <sstream>
 
 namespace glint::components {
 namespace {
@@ -175,6 +177,33 @@ TEST(Dataset, FiltersCountWhatTheyDrop) {
   ds.filter("even", [](const Row& r) { return std::stoi(r.origin) % 2 == 0; });
   EXPECT_EQ(ds.size(), 5u);
   EXPECT_EQ(ds.skipped().counts.at("filtered: even"), 5);
+}
+
+TEST(Arithmetic, RowsAreDeterministicCorrectAndRoundTripThroughJsonl) {
+  auto rows = arithmetic_rows(200, {.seed = 5, .max_operand = 30, .max_terms = 3});
+  EXPECT_EQ(rows, arithmetic_rows(200, {.seed = 5, .max_operand = 30, .max_terms = 3}));
+  EXPECT_NE(rows, arithmetic_rows(200, {.seed = 6, .max_operand = 30, .max_terms = 3}));
+  for (const auto& r : rows) {
+    // "What is a + b - c?" -> evaluate left to right.
+    std::string expr = r.fields.at("question").substr(8);
+    expr.pop_back();
+    std::istringstream in{expr};
+    int64_t value = 0, x = 0;
+    std::string op;
+    in >> value;
+    while (in >> op >> x) value = op == "+" ? value + x : value - x;
+    EXPECT_GE(value, 0);
+    EXPECT_EQ(gsm8k_final_answer(r.fields.at("answer")), std::to_string(value)) << r.fields.at("answer");
+  }
+  auto path = glint::testing::fresh_dir("arith") + "/arith.jsonl";
+  ASSERT_TRUE(save_jsonl(rows, path));
+  auto back = Dataset::load(meta(path));
+  ASSERT_TRUE(back);
+  ASSERT_EQ(back->size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(back->row(i).fields, rows[i].fields);
+  back->map(preprocess::gsm8k());
+  EXPECT_EQ(back->size(), rows.size()) << back->skipped().summary();
+  EXPECT_FALSE(save_jsonl(rows, "/nonexistent/dir/x.jsonl"));
 }
 
 TEST(Gsm8k, FinalAnswerIsTheTextAfterTheLastMarks) {

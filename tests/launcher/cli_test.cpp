@@ -2,6 +2,9 @@
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 
 #include <array>
 #include <cstdio>
@@ -106,6 +109,37 @@ TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
   auto arch = run("init-model " + dir + " --arch gpt2");
   EXPECT_NE(arch.code, 0);
   EXPECT_NE(arch.out.find("--arch"), std::string::npos) << arch.out;
+}
+
+TEST(Cli, InitDataAndATrainedTokenizerMakeAChatModelDirectory) {
+  auto dir = glint::testing::fresh_dir("init-data");
+  auto data = run("init-data arithmetic " + dir + "/arith.jsonl --rows 300 --seed 2");
+  ASSERT_EQ(data.code, 0) << data.out;
+  EXPECT_NE(data.out.find("300 arithmetic rows"), std::string::npos) << data.out;
+  auto model = run("init-model " + dir + "/model --hidden 32 --intermediate 64 --layers 1 --heads 4 --kv-heads 2 --vocab 300 "
+                   "--tokenizer-from " + dir + "/arith.jsonl");
+  ASSERT_EQ(model.code, 0) << model.out;
+  std::ifstream cfg{dir + "/model/config.json"}, tok{dir + "/model/tokenizer.json"}, tcfg{dir + "/model/tokenizer_config.json"};
+  std::string config{std::istreambuf_iterator<char>(cfg), {}}, tokenizer{std::istreambuf_iterator<char>(tok), {}},
+      tconfig{std::istreambuf_iterator<char>(tcfg), {}};
+  // The model's vocabulary and eos follow the trained tokenizer (which
+  // stops early: arithmetic text has few pairs worth merging).
+  auto c = nlohmann::json::parse(config), t = nlohmann::json::parse(tokenizer);
+  int64_t im_end = -1, last = -1;
+  for (const auto& a : t["added_tokens"]) {
+    if (a["content"] == "<|im_end|>") im_end = a["id"];
+    last = std::max<int64_t>(last, a["id"]);
+  }
+  EXPECT_EQ(c["vocab_size"], last + 1);
+  EXPECT_LE(c["vocab_size"].get<int64_t>(), 300);
+  EXPECT_GT(c["vocab_size"].get<int64_t>(), 256 + 3);
+  EXPECT_EQ(c["eos_token_id"], im_end);
+  EXPECT_NE(tconfig.find("chat_template"), std::string::npos);
+  auto missing = run("init-model " + dir + "/m2 --tokenizer-from " + dir + "/nope.jsonl");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("cannot read dataset"), std::string::npos) << missing.out;
+  auto kind = run("init-data poems " + dir + "/p.jsonl");
+  EXPECT_NE(kind.code, 0);
 }
 
 TEST(Cli, MalformedConfigIsAClearError) {

@@ -1,5 +1,7 @@
 #include "components/data/dataset.hpp"
 
+#include "components/data/detail/splitmix.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -164,21 +166,9 @@ Dataset& Dataset::filter(const std::string& name, const std::function<bool(const
 }
 
 Dataset& Dataset::shuffle(uint64_t seed) {
-  // splitmix64: a fixed generator and a fixed algorithm, so the order is the
-  // same with every standard library.
-  uint64_t state = seed;
-  auto next = [&] {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  };
-  for (size_t i = rows_.size(); i > 1; --i) std::swap(rows_[i - 1], rows_[next() % i]);
-  if (!encoded_.empty()) {
-    // Keep rows and encodings together: replay the same permutation.
-    state = seed;
-    for (size_t i = encoded_.size(); i > 1; --i) std::swap(encoded_[i - 1], encoded_[next() % i]);
-  }
+  detail::SplitMix64{seed}.shuffle(rows_);
+  // Keep rows and encodings together: the same permutation again.
+  if (!encoded_.empty()) detail::SplitMix64{seed}.shuffle(encoded_);
   return *this;
 }
 

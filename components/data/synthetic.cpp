@@ -1,17 +1,12 @@
 #include "components/data/synthetic.hpp"
 
+#include "components/data/detail/splitmix.hpp"
+
 namespace glint::components {
 
 std::vector<Row> arithmetic_rows(int64_t n, const ArithmeticOptions& o) {
-  // splitmix64: fixed, so rows do not depend on the standard library.
-  uint64_t state = o.seed;
-  auto next = [&](int64_t bound) {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return static_cast<int64_t>(z % static_cast<uint64_t>(bound + 1));
-  };
+  detail::SplitMix64 gen{o.seed};
+  auto next = [&](int64_t bound) { return static_cast<int64_t>(gen.next() % static_cast<uint64_t>(bound + 1)); };
   std::vector<Row> rows;
   rows.reserve(static_cast<size_t>(std::max<int64_t>(n, 0)));
   for (int64_t i = 0; i < n; ++i) {

@@ -1,0 +1,157 @@
+#pragma once
+/// The dataloader actor: owns a dataset (loaded, preprocessed and encoded
+/// where it runs, so a cluster job reads its data on the node that holds
+/// it), a BatchSampler, and a few batches made ahead of the driver:
+///
+///   auto data = actors::spawn_dataloader(rt, DeviceGroup::of("data", 1), {
+///       .dataset = "data/arith.jsonl", .preprocess = "gsm8k", .tokenizer = "models/arith",
+///       .add_generation_prompt = true, .batch_size = 8, .seed = 1, .epochs = 0});
+///   auto batch = data->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
+///   auto mine = actors::slice_for_rank(*batch, dp_rank, dp_size);     // or Dispatch::slice_dp
+///   auto state = data->call<Collect::first>(Dispatch::first, actors::loader_state_atom_v).get();
+///
+/// A batch carries the loader state after it. loader_state answers the
+/// state after the last batch *delivered*, not after those made ahead, so a
+/// checkpoint taken between steps resumes exactly: restore it with
+/// set_loader_state and the same batches follow. Once every epoch is done,
+/// next_batch answers a batch with `end` set and no rows.
+///
+/// Errors: a dataset that cannot be read, an unknown preprocessor or
+/// template, a tokenizer that does not load, or no row left after skipping
+/// bad ones fail every call with what went wrong (the actor stays up).
+/// Bad rows themselves are skipped and counted (loader_info).
+
+#include "components/data/batch_sampler.hpp"
+#include "placement/device_mesh.hpp"
+#include "runtime/batch.hpp"
+#include "runtime/group.hpp"
+#include "runtime/registry.hpp"
+#include "runtime/types.hpp"
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace glint::components {
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoaderState& x) {
+  return f(caf::meta::type_name("glint.loader_state"), x.seed, x.epoch, x.position);
+}
+}  // namespace glint::components
+
+namespace glint::actors {
+
+using components::LoaderState;
+
+struct DataLoaderSpec {
+  std::string dataset{};        ///< a .jsonl or .json file
+  int64_t slice_begin = 0;      ///< rows [slice_begin, slice_end) of it; -1: to the end
+  int64_t slice_end = -1;
+  std::string preprocess{};     ///< "", "gsm8k" or "self_cognition"
+  std::string model_name{};     ///< {{NAME}} and {{AUTHOR}} for self_cognition
+  std::string model_author{};
+  std::string tokenizer{};      ///< a tokenizer.json, or a model directory holding one
+  std::string template_name = "chatml";
+  int64_t max_length = 0;       ///< 0: no limit
+  std::string truncation = "refuse";  ///< refuse (skip the row), left or right
+  bool add_generation_prompt = false; ///< prompts to sample from (RL) rather than rows to train on (SFT)
+  int64_t batch_size = 8;       ///< the global batch
+  int64_t min_batch_size = 0;   ///< 0: batch_size (a short last batch of an epoch is dropped)
+  bool shuffle = true;
+  uint64_t seed = 0;
+  int64_t epochs = 1;           ///< 0: endless
+  int32_t prefetch = 2;         ///< batches made ahead
+  friend bool operator==(const DataLoaderSpec&, const DataLoaderSpec&) = default;
+};
+
+/// One encoded row and what rewards need of it.
+struct DataRow {
+  int64_t index = 0;                          ///< in the dataset after preprocessing and skipping
+  std::vector<int64_t> input_ids;
+  std::vector<float> loss_mask;               ///< TrainBatch's convention (all 0 for prompts)
+  std::map<std::string, std::string> fields;  ///< e.g. "solution" for GSM8K rewards
+  std::string origin;                         ///< file:line
+  friend bool operator==(const DataRow&, const DataRow&) = default;
+};
+
+struct DataBatch {
+  std::vector<DataRow> rows;
+  LoaderState state;  ///< after this batch
+  bool end = false;   ///< every epoch is done; no rows
+  friend bool operator==(const DataBatch&, const DataBatch&) = default;
+};
+
+struct LoaderInfo {
+  int64_t rows = 0;               ///< usable rows
+  int64_t batches_per_epoch = 0;
+  std::string skipped{};          ///< "N rows skipped: ..." by reason
+  LoaderState state{};
+  friend bool operator==(const LoaderInfo&, const LoaderInfo&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DataLoaderSpec& x) {
+  return f(caf::meta::type_name("glint.dataloader_spec"), x.dataset, x.slice_begin, x.slice_end, x.preprocess,
+           x.model_name, x.model_author, x.tokenizer, x.template_name, x.max_length, x.truncation,
+           x.add_generation_prompt, x.batch_size, x.min_batch_size, x.shuffle, x.seed, x.epochs, x.prefetch);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DataRow& x) {
+  return f(caf::meta::type_name("glint.data_row"), x.index, x.input_ids, x.loss_mask, x.fields, x.origin);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DataBatch& x) {
+  return f(caf::meta::type_name("glint.data_batch"), x.rows, x.state, x.end);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoaderInfo& x) {
+  return f(caf::meta::type_name("glint.loader_info"), x.rows, x.batches_per_epoch, x.skipped, x.state);
+}
+
+using next_batch_atom = caf::atom_constant<caf::atom("next_batch")>;
+using loader_state_atom = caf::atom_constant<caf::atom("ld_state")>;
+using set_loader_state_atom = caf::atom_constant<caf::atom("ld_set")>;
+using loader_info_atom = caf::atom_constant<caf::atom("ld_info")>;
+using prefetch_atom = caf::atom_constant<caf::atom("ld_fill")>;
+inline constexpr next_batch_atom next_batch_atom_v{};
+inline constexpr loader_state_atom loader_state_atom_v{};
+inline constexpr set_loader_state_atom set_loader_state_atom_v{};
+inline constexpr loader_info_atom loader_info_atom_v{};
+inline constexpr prefetch_atom prefetch_atom_v{};
+
+using dataloader_actor = caf::typed_actor<
+    caf::replies_to<next_batch_atom>::with<DataBatch>,
+    caf::replies_to<loader_state_atom>::with<LoaderState>,
+    /// Continues from `state` (batches made ahead are dropped).
+    caf::replies_to<set_loader_state_atom, LoaderState>::with<bool>,
+    caf::replies_to<loader_info_atom>::with<LoaderInfo>,
+    /// The actor's own: makes batches ahead after it answers next_batch.
+    caf::reacts_to<prefetch_atom>>;
+
+inline constexpr const char* dataloader_type = "glint.dataloader";
+
+dataloader_actor::behavior_type dataloader_rank(dataloader_actor::pointer self, RankContext ctx, DataLoaderSpec spec);
+
+/// A one-rank group (the loader is not replicated; slice its batches).
+Result<Group<dataloader_actor>> spawn_dataloader(Runtime& rt, const placement::DeviceGroup& group, DataLoaderSpec spec);
+
+/// Part dp_rank of dp_size of `batch`, split as Dispatch::slice_dp splits
+/// (contiguous, sizes differ by at most one). Error: fewer rows than parts.
+Result<DataBatch> slice_for_rank(const DataBatch& batch, int32_t dp_rank, int32_t dp_size);
+
+/// An SFT batch of `rows`: input_ids (padded with pad_id), attention_mask
+/// and loss_mask, for the model's forward_backward.
+Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id);
+
+GLINT_REGISTER_MESSAGE_TYPE(dataloader_spec, DataLoaderSpec, "glint.dataloader_spec");
+GLINT_REGISTER_MESSAGE_TYPE(loader_state, LoaderState, "glint.loader_state");
+GLINT_REGISTER_MESSAGE_TYPE(data_batch, DataBatch, "glint.data_batch");
+GLINT_REGISTER_MESSAGE_TYPE(loader_info, LoaderInfo, "glint.loader_info");
+GLINT_REGISTER_ACTOR(dataloader, dataloader_type, dataloader_rank);
+
+}  // namespace glint::actors

@@ -110,6 +110,26 @@ struct ModelState {
     return &tenants[adapter];
   }
 
+  /// Weights to sync or save: the base (adapter ""), an adapter's tensors,
+  /// or the base with the adapter folded in (merged).
+  Result<NamedTensorList> export_weights(const std::string& adapter, bool merged, bool snapshot) {
+    auto t = tenant(adapter);
+    if (!t) return t.error();
+    if (merged && adapter.empty())
+      return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights");
+    auto named = merged ? model->merged_parameters(adapter)
+                 : adapter.empty() ? Result<NamedTensors>{model->named_parameters()}
+                                   : model->adapter_parameters(adapter);
+    if (!named) return named.error();
+    NamedTensorList out;
+    for (auto& [n, tensor] : *named) {
+      out.names.push_back(n);
+      // A snapshot when asked (training goes on); merged tensors are fresh already.
+      out.tensors.push_back(snapshot && !merged ? tensor.clone() : tensor);
+    }
+    return out;
+  }
+
   Result<std::shared_ptr<ProcessGroup>> dp_group() {
     if (ctx.dp_size <= 1) return std::shared_ptr<ProcessGroup>{};
     if (dp) return dp;
@@ -371,25 +391,10 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
         return answer(run);
       },
       [st, answer](export_weights_atom, const std::string& adapter) -> caf::result<NamedTensorList> {
-        auto run = [&]() -> Result<NamedTensorList> {
-          auto t = st->tenant(adapter);
-          if (!t) return t.error();
-          NamedTensors named;
-          if (adapter.empty()) {
-            named = st->model->named_parameters();
-          } else {
-            auto a = st->model->adapter_parameters(adapter);
-            if (!a) return a.error();
-            named = std::move(*a);
-          }
-          NamedTensorList out;
-          for (auto& [n, tensor] : named) {
-            out.names.push_back(n);
-            out.tensors.push_back(tensor.clone());  // a snapshot: training goes on
-          }
-          return out;
-        };
-        return answer(run);
+        return answer([&] { return st->export_weights(adapter, false, /*snapshot=*/true); });
+      },
+      [st, answer](export_for_sync_atom, const std::string& adapter, bool merged) -> caf::result<NamedTensorList> {
+        return answer([&] { return st->export_weights(adapter, merged, /*snapshot=*/false); });
       },
   };
 }

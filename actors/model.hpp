@@ -139,6 +139,7 @@ using get_train_configs_atom = caf::atom_constant<caf::atom("configs")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using export_weights_atom = caf::atom_constant<caf::atom("export")>;
+using export_for_sync_atom = caf::atom_constant<caf::atom("export_syn")>;
 
 inline constexpr forward_backward_atom forward_backward_atom_v{};
 inline constexpr forward_only_atom forward_only_atom_v{};
@@ -172,7 +173,12 @@ using model_actor = caf::typed_actor<
     caf::replies_to<load_atom, std::string, std::string, bool>::with<bool>,
     /// The weights to sync to samplers: every base weight for "", else the
     /// adapter's tensors under PEFT's names.
-    caf::replies_to<export_weights_atom, std::string>::with<NamedTensorList>>;
+    caf::replies_to<export_weights_atom, std::string>::with<NamedTensorList>,
+    /// For the checkpoint engine: as export_weights, but in local mode the
+    /// tensors share the live weights (no copy), valid until the next call
+    /// that trains; with `merged` true, every base weight with `adapter`
+    /// folded in (fresh tensors; the model is not changed).
+    caf::replies_to<export_for_sync_atom, std::string, bool>::with<NamedTensorList>>;
 
 inline constexpr const char* model_type = "glint.model";
 

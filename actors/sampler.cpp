@@ -168,12 +168,30 @@ public:
     if (w.names.size() != w.tensors.size())
       return make_error(errc::invalid_argument, "the update has " + std::to_string(w.names.size()) + " names but " +
                                                     std::to_string(w.tensors.size()) + " tensors");
+    // Staged buckets and this last one apply together, as one version.
     NamedTensors named;
-    named.reserve(w.names.size());
+    if (staged_version_ == version) named = std::move(staged_);
+    staged_.clear();
+    staged_version_ = -1;
+    named.reserve(named.size() + w.names.size());
     for (size_t i = 0; i < w.names.size(); ++i) named.emplace_back(w.names[i], w.tensors[i]);
     if (auto ok = (*e)->update_weights(named, adapter, version, p); !ok) return ok.error();
     collect_all();  // with the abort policy, requests in flight have finished
     kick();         // a deferred update applies in a step
+    return true;
+  }
+
+  Result<bool> stage_weights(const NamedTensorList& w, int64_t version) {
+    auto e = engine();
+    if (!e) return e.error();
+    if (version != staged_version_) {
+      staged_.clear();
+      staged_version_ = version;
+    }
+    if (w.names.size() != w.tensors.size())
+      return make_error(errc::invalid_argument, "the bucket has " + std::to_string(w.names.size()) + " names but " +
+                                                    std::to_string(w.tensors.size()) + " tensors");
+    for (size_t i = 0; i < w.names.size(); ++i) staged_.emplace_back(w.names[i], w.tensors[i]);
     return true;
   }
 
@@ -346,6 +364,8 @@ private:
   RankContext ctx_;
   SamplerSpec spec_;
   std::optional<Engine> engine_;
+  NamedTensors staged_;  ///< buckets of a weight update not yet applied
+  int64_t staged_version_ = -1;  ///< the version they belong to
   caf::error load_error_;
   std::map<uint64_t, Call> calls_;
   uint64_t next_call_ = 0;
@@ -418,6 +438,9 @@ sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankConte
       [st, answer](update_weights_atom, const NamedTensorList& w, const std::string& adapter, int64_t version,
                    const std::string& policy) -> caf::result<bool> {
         return answer([&] { return st->update_weights(w, adapter, version, policy); });
+      },
+      [st, answer](stage_weights_atom, const NamedTensorList& w, int64_t version) -> caf::result<bool> {
+        return answer([&] { return st->stage_weights(w, version); });
       },
       [on_engine](add_adapter_atom, const std::string& name, const LoraSettings& s) -> caf::result<bool> {
         return on_engine([&](Engine& e) {

@@ -170,6 +170,7 @@ typename Inspector::result_type inspect(Inspector& f, SampleChunk& x) {
 using sample_atom = caf::atom_constant<caf::atom("sample")>;
 using sample_stream_atom = caf::atom_constant<caf::atom("sample_str")>;
 using update_weights_atom = caf::atom_constant<caf::atom("upd_weight")>;
+using stage_weights_atom = caf::atom_constant<caf::atom("stg_weight")>;
 using load_adapter_atom = caf::atom_constant<caf::atom("load_lora")>;
 using reset_prefix_cache_atom = caf::atom_constant<caf::atom("reset_pc")>;
 using sleep_atom = caf::atom_constant<caf::atom("sleep")>;  // also the probe's (same type)
@@ -196,6 +197,12 @@ using sampler_actor = caf::typed_actor<
     /// policy "finish_old": requests in flight finish on the old weights
     /// (later ones wait); "abort": they stop now, with stop_reason abort.
     caf::replies_to<update_weights_atom, NamedTensorList, std::string, int64_t, std::string>::with<bool>,
+    /// A bucket of the next update_weights: kept until it comes, then
+    /// checked and applied with it as one version (the checkpoint engine
+    /// sends big updates this way, so no message holds all the weights).
+    /// Buckets are kept under their version: update_weights applies only
+    /// those of its own version (what a failed sync left is dropped).
+    caf::replies_to<stage_weights_atom, NamedTensorList, int64_t>::with<bool>,
     /// A LoRA adapter (B zero: the base's output until its weights come);
     /// LoraSettings::seed is not used.
     caf::replies_to<add_adapter_atom, std::string, LoraSettings>::with<bool>,

@@ -270,6 +270,22 @@ Result<void> fold(CausalLM::Impl& impl, const std::string& name, bool merge) {
 
 }  // namespace
 
+Result<NamedTensors> CausalLM::merged_parameters(const std::string& name) const {
+  auto it = impl_->adapters.find(name);
+  if (it == impl_->adapters.end()) return impl_->adapter(name).error();
+  const auto& a = it->second;
+  c10::NoGradGuard no_grad;
+  NamedTensors out;
+  for (const auto& n : impl_->names) {
+    auto w = impl_->params.at(n).clone();
+    if (!a.merged && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0)
+      if (auto m = a.weights.find(n.substr(0, n.size() - 7)); m != a.weights.end())
+        w.add_(at::matmul(m->second.second, m->second.first).to(w.scalar_type()), a.cfg.scaling());
+    out.emplace_back(n, *from_torch(w));
+  }
+  return out;
+}
+
 Result<void> CausalLM::merge_adapter(const std::string& name) { return fold(*impl_, name, true); }
 Result<void> CausalLM::unmerge_adapter(const std::string& name) { return fold(*impl_, name, false); }
 

@@ -114,6 +114,11 @@ public:
   Result<void> unmerge_adapter(const std::string& name);
   /// The adapter's tensors under PEFT's key names, sharing memory.
   Result<NamedTensors> adapter_parameters(const std::string& name) const;
+  /// Copies of every base weight with adapter `name` folded in (W + scaling
+  /// * B A), for a sampler without LoRA; the model itself is not changed (a
+  /// merge then unmerge would leave rounding in the base). An adapter that
+  /// is merged already adds nothing more.
+  Result<NamedTensors> merged_parameters(const std::string& name) const;
 
   struct Impl;
   /// For components/ code and tests that work with LibTorch directly.

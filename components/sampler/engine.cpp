@@ -729,7 +729,7 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
       problems.push_back(name + " is " + t.describe() + ", not floating point");
       continue;
     }
-    u.tensors[name] = to_torch(t).to(at::kFloat, false, /*copy=*/true);
+    u.tensors[name] = to_torch(t);  // read now, or copied below if the update must wait
   }
   if (!problems.empty())
     return make_error(errc::invalid_argument, "weight update rejected (nothing changed): " + join(problems, "; "));
@@ -740,8 +740,13 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
   bool in_flight = false;
   for (const auto& [id, r] : m.requests)
     if (!r.out.finished) in_flight = true;
-  if (in_flight) m.pending = std::move(u);
-  else m.apply_update(std::move(u));
+  if (in_flight) {
+    // The caller's tensors may change once we return: keep our own copy.
+    for (auto& [name, t] : u.tensors) t = t.to(at::kFloat, false, /*copy=*/true);
+    m.pending = std::move(u);
+  } else {
+    m.apply_update(std::move(u));  // one copy, straight into the weights
+  }
   return {};
 }
 

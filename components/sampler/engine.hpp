@@ -97,7 +97,9 @@ public:
   /// UpdatePolicy::finish_old the update waits until the requests already
   /// admitted finish (new ones wait for it); with abort, they stop now. The
   /// prefix cache is cleared when it applies. `version` is reported by every
-  /// sequence sampled after it.
+  /// sequence sampled after it. `weights` are only read during the call (an
+  /// update that applies now copies them once, straight into the model; one
+  /// that must wait keeps its own copy), so the caller may reuse them after.
   Result<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               UpdatePolicy policy = UpdatePolicy::finish_old);
   /// Whether an update waits for requests in flight.

@@ -1,0 +1,74 @@
+#pragma once
+/// The checkpoint engine: moves the weights a model group trains to the
+/// sampler group that generates with them, as Twinkle's
+/// CheckpointEngineManager does between steps of an RL loop:
+///
+///   actors::CheckpointEngine ckpt{model, sampler};
+///   auto report = ckpt.sync_weights({.adapter = "default", .merge_and_sync = true});
+///   // report->version, bytes, buckets, seconds; every sampled sequence then
+///   // reports weight_version == report->version
+///
+/// What goes: every base weight (adapter ""), one adapter's LoRA tensors
+/// (the samplers must have that adapter: add_adapter), or with
+/// merge_and_sync the base with the adapter folded in, for samplers without
+/// LoRA. Model rank 0 exports (ranks of a data-parallel group hold the same
+/// weights); the tensors travel in buckets of about bucket_bytes, each
+/// staged on every sampler rank, and the last applies them all at once
+/// under one version, so no sequence ever sees half an update.
+///
+/// Transport: in local mode nothing is serialised: the model exports its
+/// live weights (no copy) and each sampler copies them once into its own.
+/// In cluster mode the buckets are actor messages over the job's
+/// connections (CAF's binary serialisation); a c10d broadcast path is not
+/// built yet (docs/rl.md).
+///
+/// Not thread-safe: one driver calls it. A failed sync leaves the samplers
+/// on their previous weights and version (what it staged is never applied:
+/// staged buckets carry their version).
+
+#include "actors/model.hpp"
+#include "actors/sampler.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace glint::actors {
+
+struct SyncOptions {
+  std::string adapter{};        ///< "": the base weights; else this adapter
+  bool merge_and_sync = false;  ///< with an adapter: send the base with it folded in
+  int64_t bucket_bytes = int64_t{256} << 20;
+  std::string policy = "finish_old";  ///< or "abort": requests in flight stop now
+};
+
+struct SyncReport {
+  int64_t version = 0;
+  int64_t tensors = 0;
+  int64_t buckets = 0;
+  int64_t bytes = 0;      ///< of the weights sent (per sampler rank)
+  double seconds = 0;     ///< export to last apply
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+class CheckpointEngine {
+public:
+  CheckpointEngine(Group<model_actor> model, Group<sampler_actor> sampler)
+      : model_(std::move(model)), sampler_(std::move(sampler)) {}
+
+  /// Errors: bad options (bucket_bytes < 1, merge without an adapter, an
+  /// unknown policy), an unknown adapter, a sampler that refuses the
+  /// weights (names, shapes; it names them), a rank that is gone.
+  Result<SyncReport> sync_weights(const SyncOptions& options = {});
+  /// The version the last successful sync gave the samplers (0: none yet).
+  /// Versions grow by one per sync; a failed sync's number is skipped.
+  int64_t version() const { return version_; }
+
+private:
+  Group<model_actor> model_;
+  Group<sampler_actor> sampler_;
+  int64_t version_ = 0;
+  int64_t attempts_ = 0;  ///< versions handed out, failed syncs included
+};
+
+}  // namespace glint::actors

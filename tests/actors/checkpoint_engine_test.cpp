@@ -1,0 +1,146 @@
+// The checkpoint engine in local and cluster mode: full weights in several
+// buckets make a sampler generate as one loaded with the model's weights;
+// a LoRA adapter synced as adapter equals the same adapter merged and
+// synced as base weights; refusals change nothing.
+#include "actors/checkpoint_engine.hpp"
+#include "components/model/config.hpp"
+#include "support/cluster.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace glint::actors {
+namespace {
+
+using placement::DeviceGroup;
+using placement::DeviceMesh;
+
+components::ModelConfig tiny(int64_t hidden = 32) {
+  auto c = components::ModelConfig::make(components::Architecture::qwen3, 64, hidden, 48, 2, 4, 2);
+  c.max_position_embeddings = 256;
+  return c;
+}
+
+const SamplingParams greedy{.max_tokens = 8, .temperature = 0, .ignore_eos = true, .logprobs = 1};
+const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3, 4}, {9, 8, 7}, {5, 50, 60, 10, 11}};
+
+class CheckpointEngineTest : public glint::testing::ModeJobTest {
+protected:
+  int groups_ = 0;
+  Group<model_actor> model(uint64_t seed) {
+    auto g = spawn_model_group(*job_.rt, DeviceGroup::of("model" + std::to_string(groups_++), 1),
+                               *DeviceMesh::from_sizes({.dp = 1}), {.config_json = tiny().to_json(), .seed = seed});
+    EXPECT_TRUE(g) << describe(g.error());
+    return std::move(*g);
+  }
+  Group<sampler_actor> sampler(uint64_t seed, int ranks = 2, int64_t hidden = 32) {
+    auto g = spawn_sampler_group(*job_.rt, DeviceGroup::of("sampler" + std::to_string(groups_++), ranks),
+                                 *DeviceMesh::from_sizes({.dp = ranks}),
+                                 {.config_json = tiny(hidden).to_json(), .seed = seed, .cache_bytes = 1 << 20});
+    EXPECT_TRUE(g) << describe(g.error());
+    return std::move(*g);
+  }
+  static std::vector<SampledSequence> sample(const Group<sampler_actor>& g, const std::string& adapter = "") {
+    auto s = g.call<Collect::flatten>(Dispatch::slice_dp, sample_atom_v, requests_of(prompts), greedy, adapter).get();
+    EXPECT_TRUE(s) << describe(s.error());
+    return s ? *s : std::vector<SampledSequence>{};
+  }
+  static void expect_same(const std::vector<SampledSequence>& a, const std::vector<SampledSequence>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].tokens, b[i].tokens) << "sequence " << i;
+      ASSERT_EQ(a[i].logprobs.chosen.size(), b[i].logprobs.chosen.size());
+      for (size_t k = 0; k < a[i].logprobs.chosen.size(); ++k)
+        EXPECT_NEAR(a[i].logprobs.chosen[k], b[i].logprobs.chosen[k], 1e-4);
+    }
+  }
+};
+
+TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheModel) {
+  auto m = model(3);
+  auto s = sampler(9);
+  auto reference = sample(sampler(3, 1));  // loaded with the model's own weights
+  auto before = sample(s);
+  CheckpointEngine ckpt{m, s};
+  auto r = ckpt.sync_weights({.bucket_bytes = 16 << 10});
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->version, 1);
+  EXPECT_GT(r->buckets, 3) << "16 KiB buckets split the weights";
+  EXPECT_EQ(r->bytes, tiny().num_parameters() * 4);
+  auto after = sample(s);
+  expect_same(after, reference);
+  for (const auto& q : after) EXPECT_EQ(q.weight_version, 1);
+  bool changed = false;
+  for (size_t i = 0; i < after.size(); ++i) changed |= after[i].tokens != before[i].tokens;
+  EXPECT_TRUE(changed) << "the sampler's own random weights generate something else";
+  auto again = ckpt.sync_weights();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->version, 2);
+  EXPECT_EQ(again->buckets, 1);
+}
+
+TEST_P(CheckpointEngineTest, AnAdapterSyncedEqualsTheSameAdapterMergedIntoTheBase) {
+  auto m = model(3);
+  ASSERT_TRUE(m.call<Collect::first>(Dispatch::all, add_adapter_atom::value, std::string{"a"}, LoraSettings{.r = 4, .seed = 1}).get());
+  ASSERT_TRUE(m.call<Collect::first>(Dispatch::all, set_optimizer_atom::value, std::string{"a"},
+                                     OptimizerSettings{.lr = 0.05}).get());
+  Batch b;
+  b.tensors["input_ids"] = *Tensor::from_values(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  for (int step = 0; step < 3; ++step) {  // B moves off zero
+    ASSERT_TRUE(m.call<Collect::mean>(Dispatch::all, forward_backward_atom_v, b, std::string{"a"}).get());
+    ASSERT_TRUE(m.call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, std::string{"a"}).get());
+  }
+  auto with_lora = sampler(3);
+  ASSERT_TRUE(with_lora.call<Collect::first>(Dispatch::all, add_adapter_atom::value, std::string{"a"},
+                                             LoraSettings{.r = 4}).get());
+  auto base_before = sample(with_lora);
+  auto untrained = sample(with_lora, "a");
+  expect_same(untrained, base_before);  // B zero: the base's output
+  CheckpointEngine lora_sync{m, with_lora};
+  auto r = lora_sync.sync_weights({.adapter = "a"});
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->tensors, 2 * 4 * 2) << "A and B of q, k, v, o in 2 layers";
+  auto plain = sampler(3);
+  CheckpointEngine merged_sync{m, plain};
+  auto merged = merged_sync.sync_weights({.adapter = "a", .merge_and_sync = true, .bucket_bytes = 8 << 10});
+  ASSERT_TRUE(merged) << describe(merged.error());
+  auto tuned = sample(with_lora, "a");
+  expect_same(sample(plain), tuned);
+  bool changed = false;
+  for (size_t i = 0; i < tuned.size(); ++i) changed |= tuned[i].tokens != base_before[i].tokens;
+  EXPECT_TRUE(changed) << "training moved the adapter";
+  expect_same(sample(with_lora), base_before);  // the sampler's base is untouched by an adapter sync
+}
+
+TEST_P(CheckpointEngineTest, RefusalsChangeNothing) {
+  auto m = model(3);
+  auto s = sampler(9);
+  auto before = sample(s);
+  CheckpointEngine ckpt{m, s};
+  EXPECT_FALSE(ckpt.sync_weights({.bucket_bytes = 0}));
+  EXPECT_NE(describe(ckpt.sync_weights({.merge_and_sync = true}).error()).find("needs the adapter"), std::string::npos);
+  EXPECT_NE(describe(ckpt.sync_weights({.policy = "later"}).error()).find("'later'"), std::string::npos);
+  auto unknown = ckpt.sync_weights({.adapter = "nobody"});
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(describe(unknown.error()).find("no adapter 'nobody'"), std::string::npos) << describe(unknown.error());
+  // A sampler of another shape refuses, naming a tensor; in buckets, nothing of it applies.
+  auto other = sampler(9, 1, 16);
+  auto other_before = sample(other);
+  CheckpointEngine mismatch{m, other};
+  auto bad = mismatch.sync_weights({.bucket_bytes = 8 << 10});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("embed_tokens"), std::string::npos) << describe(bad.error());
+  EXPECT_EQ(mismatch.version(), 0);
+  expect_same(sample(other), other_before);
+  for (const auto& q : sample(other)) EXPECT_EQ(q.weight_version, 0);
+  // The failed version is skipped; the next good sync to `s` works.
+  expect_same(sample(s), before);
+  ASSERT_TRUE(ckpt.sync_weights());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CheckpointEngineTest, ::testing::Values(Mode::local, Mode::cluster),
+                         [](const auto& info) { return info.param == Mode::local ? "local" : "cluster"; });
+
+}  // namespace
+}  // namespace glint::actors

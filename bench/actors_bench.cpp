@@ -6,6 +6,7 @@
 // the median of --repeats runs.
 #include "actors/probe.hpp"
 #include "bench/measure.hpp"
+#include "bench/two_process_job.hpp"
 #include "runtime/group.hpp"
 #include "runtime/process.hpp"
 
@@ -157,35 +158,21 @@ int actors(int repeats, const std::string& modes) {
     if (!d || !measure(**rt, *d, "local_detached", repeats, lines, false)) return 1;
   }
   if (modes != "local") {
-    auto port = pick_free_port();
-    if (!port) return 1;
-    Options opts;
-    opts.mode = Mode::cluster;
-    opts.cluster.world_size = 2;
-    opts.cluster.local_world_size = 2;
-    opts.cluster.master_port = *port;
-    auto node_env = opts.cluster;
-    node_env.rank = node_env.local_rank = 1;
-    auto child = ChildProcess::start({self_executable()}, node_env.to_environment());
-    if (!child) {
-      std::fprintf(stderr, "glint bench actors: %s\n", describe(child.error()).c_str());
+    auto job = TwoProcessJob::start();
+    if (!job) {
+      std::fprintf(stderr, "glint bench actors: %s\n", describe(job.error()).c_str());
       return 1;
     }
-    auto rt = initialize(opts);
-    if (!rt) {
-      std::fprintf(stderr, "glint bench actors: %s\n", describe(rt.error()).c_str());
-      return 1;
-    }
+    auto& rt = job->rt;
     RankSlot remote;
     remote.node = 1;
-    auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {remote});
-    if (!g || !measure(**rt, *g, "cluster", repeats, lines, true)) return 1;
+    auto g = Group<probe_actor>::spawn(*rt, "bench", actors::probe_type, {remote});
+    if (!g || !measure(*rt, *g, "cluster", repeats, lines, true)) return 1;
     std::vector<double> tcp;
     for (int rep = 0; rep < repeats; ++rep) tcp.push_back(tcp_loopback_rtt_us(5000));
     lines.add("tcp_rtt_loopback_us", median(tcp));
     if (median(tcp) > 0) lines.add("actor_rtt_cluster_vs_tcp", lookup(lines, "actor_rtt_cluster_us") / median(tcp));
-    (*rt)->shutdown();
-    child->wait_for(10s);
+    job->stop();
   }
   return 0;
 }

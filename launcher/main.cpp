@@ -1,5 +1,6 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
 #include "bench/sample_bench.hpp"
+#include "bench/sync_bench.hpp"
 #include "bench/train_bench.hpp"
 #include "launcher/commands.hpp"
 #include "launcher/launch.hpp"
@@ -159,6 +160,20 @@ int main(int argc, char** argv) {
       "Both sides use the same weights, prompts and threads; a greedy cross-check first exits 1 if they generate "
       "different tokens. The baseline is bench/python/sample_baseline.py in the source tree glint was built from.");
 
+  glint::bench::SyncBenchArgs sync_args;
+  auto* bench_sync = bench->add_subcommand(
+      "sync", "Weight sync GB/s of the checkpoint engine (model group -> sampler group) for ~30M and ~300M-parameter "
+              "models, against one memcpy of the same bytes measured in the same run");
+  bench_sync->add_option("--repeats", sync_args.repeats, "Timed syncs per model (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_sync->add_option("--mode", sync_args.mode, "local (the goal: at least half of memcpy), cluster or all")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local", "cluster", "all"}));
+  bench_sync->add_flag("--small", sync_args.small, "~1M and ~5M-parameter models instead, for a quick smoke run");
+  bench_sync->footer("Prints memcpy_gbps, weight_sync_gbps_<size> and weight_sync_vs_memcpy_<size> (local), "
+                     "weight_sync_cluster_gbps_<size> (cluster). Needs about 6 GB of memory for the 300M model.");
+
   CLI11_PARSE(app, argc, argv);
 
   if (*run) {
@@ -175,6 +190,7 @@ int main(int argc, char** argv) {
   if (*data_cmd) return glint::launcher::init_data(idata);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   if (*bench_sample) return glint::bench::sample(sample_args);
+  if (*bench_sync) return glint::bench::sync(sync_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;
     return glint::bench::train(train_args);

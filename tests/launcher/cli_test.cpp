@@ -93,6 +93,14 @@ TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPython) {
   EXPECT_NE(bad.out.find("--max-prompt"), std::string::npos) << bad.out;
 }
 
+TEST(Cli, BenchSyncSmokeRunPrintsItsLinesInBothModes) {
+  auto r = run("bench sync --small --repeats 1 --mode all");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (auto* line : {"memcpy_gbps: ", "weight_sync_gbps_1m: ", "weight_sync_vs_memcpy_5m: ",
+                     "weight_sync_cluster_gbps_5m: "})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+}
+
 TEST(Cli, InitModelWritesAHuggingFaceDirectory) {
   auto dir = glint::testing::fresh_dir("init-model");
   auto r = run("init-model " + dir + " --arch llama --hidden 32 --intermediate 64 --layers 1 --heads 4 --vocab 50 --seed 3");

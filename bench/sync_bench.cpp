@@ -1,0 +1,116 @@
+// glint bench sync: see sync_bench.hpp.
+#include "bench/sync_bench.hpp"
+#include "bench/measure.hpp"
+#include "bench/two_process_job.hpp"
+
+#include "actors/checkpoint_engine.hpp"
+#include "components/model/config.hpp"
+#include "runtime/process.hpp"
+#include "runtime/runtime.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+namespace glint::bench {
+
+namespace {
+
+using namespace std::chrono_literals;
+constexpr const char* kName = "glint bench sync";
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", kName, what.c_str());
+  return 1;
+}
+
+struct Size {
+  std::string label;
+  components::ModelConfig config;
+};
+
+std::vector<Size> sizes(bool small) {
+  using components::Architecture;
+  auto make = [](int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads) {
+    auto c = components::ModelConfig::make(Architecture::qwen3, vocab, hidden, inter, layers, heads, heads / 2);
+    c.max_position_embeddings = 512;
+    return c;
+  };
+  if (small) return {{"1m", make(1024, 128, 384, 4, 4)}, {"5m", make(4096, 256, 768, 4, 4)}};
+  return {{"30m", make(8192, 512, 1408, 6, 8)}, {"300m", make(32768, 1024, 2816, 20, 16)}};
+}
+
+// GB/s of one memcpy of `bytes` between two buffers whose pages are touched.
+double memcpy_gbps(size_t bytes, int repeats) {
+  std::unique_ptr<char[]> src{new char[bytes]}, dst{new char[bytes]};
+  std::memset(src.get(), 1, bytes);
+  std::memset(dst.get(), 0, bytes);
+  std::vector<double> secs;
+  for (int r = 0; r < repeats; ++r) secs.push_back(seconds_of([&] { std::memcpy(dst.get(), src.get(), bytes); }));
+  return static_cast<double>(bytes) / median(secs) / 1e9;
+}
+
+// Median GB/s of `repeats` syncs (after one warm-up sync) from a model rank
+// in this process to a sampler rank on node `sampler_node`.
+Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repeats, const std::string& tag) {
+  auto config = s.config.to_json();
+  auto model = Group<actors::model_actor>::spawn(rt, "model-" + tag, actors::model_type, {RankSlot{}},
+                                                 actors::ModelSpec{.config_json = config, .seed = 1});
+  if (!model) return model.error();
+  RankSlot remote;
+  remote.node = sampler_node;
+  auto sampler = Group<actors::sampler_actor>::spawn(
+      rt, "sampler-" + tag, actors::sampler_type, {remote},
+      actors::SamplerSpec{.config_json = config, .seed = 2, .cache_bytes = 4 << 20});
+  if (!sampler) return sampler.error();
+  actors::CheckpointEngine ckpt{model->with_timeout(10min), sampler->with_timeout(10min)};
+  std::vector<double> gbps;
+  for (int r = 0; r <= repeats; ++r) {
+    auto report = ckpt.sync_weights();
+    if (!report) return report.error();
+    if (r > 0) gbps.push_back(report->gbps());
+  }
+  return median(gbps);
+}
+
+}  // namespace
+
+int sync(const SyncBenchArgs& a) {
+  if (a.mode != "local" && a.mode != "cluster" && a.mode != "all")
+    return fail("--mode must be local, cluster or all, not '" + a.mode + "'");
+  auto list = sizes(a.small);
+  std::printf("# %s: full-weight sync model -> sampler, 256 MiB buckets, f32; medians of %d syncs after a warm-up\n",
+              kName, a.repeats);
+  for (const auto& s : list)
+    std::printf("# model %s: %.1fM parameters, %.0f MB\n", s.label.c_str(), static_cast<double>(s.config.num_parameters()) / 1e6,
+                static_cast<double>(s.config.num_parameters()) * 4 / 1e6);
+  const auto biggest = static_cast<size_t>(list.back().config.num_parameters() * 4);
+  const double ceiling = memcpy_gbps(biggest, a.repeats);
+  print_metric("memcpy_gbps", ceiling, 2);
+  if (a.mode != "cluster") {
+    auto rt = initialize(Options{});
+    if (!rt) return fail(describe(rt.error()));
+    for (const auto& s : list) {
+      auto g = sync_gbps(**rt, s, 0, a.repeats, s.label);
+      if (!g) return fail(describe(g.error()));
+      print_metric(("weight_sync_gbps_" + s.label).c_str(), *g, 2);
+      print_metric(("weight_sync_vs_memcpy_" + s.label).c_str(), *g / ceiling, 3);
+    }
+    (*rt)->shutdown();
+  }
+  if (a.mode != "local") {
+    auto job = TwoProcessJob::start();
+    if (!job) return fail(describe(job.error()));
+    auto& rt = job->rt;
+    for (const auto& s : list) {
+      auto g = sync_gbps(*rt, s, 1, a.repeats, s.label);
+      if (!g) return fail(describe(g.error()));
+      print_metric(("weight_sync_cluster_gbps_" + s.label).c_str(), *g, 2);
+    }
+    job->stop();
+  }
+  return 0;
+}
+
+}  // namespace glint::bench

@@ -30,7 +30,7 @@ public:
       const auto& s = spec_;
       auto ds = Dataset::load({.path = s.dataset, .slice_begin = s.slice_begin, .slice_end = s.slice_end});
       if (!ds) return ds.error();
-      if (s.preprocess == "gsm8k") ds->map(preprocess::gsm8k());
+      if (s.preprocess == "gsm8k") ds->map(preprocess::gsm8k(s.system_prompt));
       else if (s.preprocess == "self_cognition") ds->map(preprocess::self_cognition(s.model_name, s.model_author));
       else if (!s.preprocess.empty())
         return make_error(errc::invalid_argument,

@@ -55,6 +55,7 @@ struct DataLoaderSpec {
   std::string preprocess{};     ///< "", "gsm8k" or "self_cognition"
   std::string model_name{};     ///< {{NAME}} and {{AUTHOR}} for self_cognition
   std::string model_author{};
+  std::string system_prompt{};  ///< gsm8k's system message; empty: its default
   std::string tokenizer{};      ///< a tokenizer.json, or a model directory holding one
   std::string template_name = "chatml";
   int64_t max_length = 0;       ///< 0: no limit
@@ -97,7 +98,7 @@ struct LoaderInfo {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DataLoaderSpec& x) {
   return f(caf::meta::type_name("glint.dataloader_spec"), x.dataset, x.slice_begin, x.slice_end, x.preprocess,
-           x.model_name, x.model_author, x.tokenizer, x.template_name, x.max_length, x.truncation,
+           x.model_name, x.model_author, x.system_prompt, x.tokenizer, x.template_name, x.max_length, x.truncation,
            x.add_generation_prompt, x.batch_size, x.min_batch_size, x.shuffle, x.seed, x.epochs, x.prefetch);
 }
 template <class Inspector>

@@ -1,7 +1,7 @@
 #include "actors/probe.hpp"
 #include "runtime/text.hpp"
 #include "launcher/commands.hpp"
-#include "launcher/progress.hpp"
+#include "runtime/progress.hpp"
 #include "placement/service.hpp"
 #include "runtime/group.hpp"
 

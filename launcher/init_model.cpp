@@ -6,7 +6,7 @@
 #include "components/data/tokenizer.hpp"
 #include "components/model/model.hpp"
 #include "launcher/commands.hpp"
-#include "launcher/progress.hpp"
+#include "runtime/progress.hpp"
 
 #include <algorithm>
 #include <cstdio>

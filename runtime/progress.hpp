@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-namespace glint::launcher {
+namespace glint {
 
 class Progress {
 public:
@@ -21,4 +21,4 @@ private:
   std::chrono::steady_clock::time_point start_;
 };
 
-}  // namespace glint::launcher
+}  // namespace glint

@@ -1,8 +1,8 @@
-#include "launcher/progress.hpp"
+#include "runtime/progress.hpp"
 
 #include <unistd.h>
 
-namespace glint::launcher {
+namespace glint {
 
 Progress::Progress(std::string label, int total)
     : label_(std::move(label)), total_(total), tty_(isatty(fileno(stderr)) != 0),
@@ -24,8 +24,10 @@ void Progress::update(int done, const std::string& status) {
 }
 
 void Progress::finish(const std::string& status) {
+  // Off a terminal every update is a line already; the last needs no repeat.
+  if (!tty_ && status.empty()) return;
   update(total_, status);
   if (tty_) std::fprintf(stderr, "\n");
 }
 
-}  // namespace glint::launcher
+}  // namespace glint

@@ -1,0 +1,92 @@
+#pragma once
+// What the examples write about a run: metrics.jsonl (one JSON object per
+// step, as it happens, so a crash keeps what was done) and report.html, a
+// page of SVG charts of chosen metrics per step that any browser opens
+// without a network.
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace glint::examples {
+
+class Report {
+public:
+  explicit Report(std::string dir) : dir_(std::move(dir)), jsonl_(dir_ + "/metrics.jsonl", std::ios::trunc) {}
+  bool ok() const { return static_cast<bool>(jsonl_); }
+
+  /// Appends one step: its phase ("sft", "grpo", ...) and numbers.
+  void add(int step, const std::string& phase, const std::map<std::string, double>& values) {
+    jsonl_ << "{\"step\": " << step << ", \"phase\": \"" << phase << "\"";
+    for (const auto& [k, v] : values) {
+      jsonl_ << ", \"" << k << "\": ";
+      if (std::isfinite(v)) jsonl_ << v;
+      else jsonl_ << "null";
+    }
+    jsonl_ << "}\n";
+    jsonl_.flush();
+    rows_.push_back({step, phase, values});
+  }
+
+  /// Writes report.html: one chart per (phase, metric) asked for. Returns its path.
+  std::string write_html(const std::string& title, const std::vector<std::pair<std::string, std::string>>& charts) const {
+    auto path = dir_ + "/report.html";
+    std::ofstream html{path, std::ios::trunc};
+    html << "<!doctype html><html><head><meta charset=\"utf-8\"><title>" << title
+         << "</title><style>body{font-family:sans-serif;margin:2em}svg{background:#fafafa;border:1px solid #ddd;"
+            "margin:0 1em 1em 0}h2{font-size:1em;margin:.2em 0}.c{display:inline-block}</style></head><body><h1>"
+         << title << "</h1>\n";
+    for (const auto& [phase, metric] : charts) html << chart(phase, metric);
+    html << "<p>Data: metrics.jsonl, one JSON object per step.</p></body></html>\n";
+    return path;
+  }
+
+private:
+  struct Row {
+    int step;
+    std::string phase;
+    std::map<std::string, double> values;
+  };
+
+  std::string chart(const std::string& phase, const std::string& metric) const {
+    std::vector<std::pair<double, double>> pts;
+    for (const auto& r : rows_)
+      if (r.phase == phase)
+        if (auto it = r.values.find(metric); it != r.values.end() && std::isfinite(it->second))
+          pts.emplace_back(r.step, it->second);
+    if (pts.empty()) return {};
+    double x0 = pts.front().first, x1 = pts.back().first, y0 = pts.front().second, y1 = y0;
+    for (auto [x, y] : pts) {
+      y0 = std::min(y0, y);
+      y1 = std::max(y1, y);
+    }
+    if (x1 == x0) x1 = x0 + 1;
+    if (y1 == y0) y1 = y0 + 1;
+    constexpr double w = 480, h = 220, m = 40;
+    std::string poly;
+    for (auto [x, y] : pts) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", m + (x - x0) / (x1 - x0) * (w - 2 * m),
+                    h - m - (y - y0) / (y1 - y0) * (h - 2 * m));
+      poly += buf;
+    }
+    char axis[512];
+    std::snprintf(axis, sizeof axis,
+                  "<text x=\"%g\" y=\"%g\" font-size=\"11\">%.3g</text><text x=\"4\" y=\"%g\" font-size=\"11\">%.3g</text>"
+                  "<text x=\"%g\" y=\"%g\" font-size=\"11\">step %g</text><text x=\"%g\" y=\"%g\" font-size=\"11\" "
+                  "text-anchor=\"end\">%g</text>",
+                  4.0, m - 4, y1, h - m, y0, m, h - 8, x0, w - m, h - 8, x1);
+    return "<div class=\"c\"><h2>" + phase + ": " + metric + "</h2><svg width=\"480\" height=\"220\">" + axis +
+           "<polyline fill=\"none\" stroke=\"#2a6\" stroke-width=\"2\" points=\"" + poly + "\"/></svg></div>\n";
+  }
+
+  std::string dir_;
+  std::ofstream jsonl_;
+  std::vector<Row> rows_;
+};
+
+}  // namespace glint::examples

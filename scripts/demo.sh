@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The main job: set up, build, show the machine, and run the runtime demo in
-# local mode and in 2-process cluster mode.
+# The main job: set up, build, and run the GRPO demo (examples/grpo) in local
+# mode: generated arithmetic data, a tiny model with a trained tokenizer, a
+# short SFT warm-up, then GRPO with weight sync every step. Writes
+# runs/grpo/metrics.jsonl and runs/grpo/report.html. Extra arguments go to
+# the example (e.g. --steps 40); GLINT_DEMO_NPROC=2 runs it as a 2-process
+# cluster job instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-glint=${GLINT_BUILD_DIR:-build}/launcher/glint
-"$glint" info
-echo
-"$glint" demo "$@"
-echo
-"$glint" run --nproc 2 -- "$glint" demo "$@"
+build=${GLINT_BUILD_DIR:-build}
+if [[ ${GLINT_DEMO_NPROC:-1} -gt 1 ]]; then
+  exec "$build/launcher/glint" run --nproc "$GLINT_DEMO_NPROC" -- "$build/examples/grpo" "$@"
+fi
+exec "$build/examples/grpo" "$@"

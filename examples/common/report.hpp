@@ -4,6 +4,7 @@
 // page of SVG charts of chosen metrics per step that any browser opens
 // without a network.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -41,7 +42,8 @@ public:
             "margin:0 1em 1em 0}h2{font-size:1em;margin:.2em 0}.c{display:inline-block}</style></head><body><h1>"
          << title << "</h1>\n";
     for (const auto& [phase, metric] : charts) html << chart(phase, metric);
-    html << "<p>Data: metrics.jsonl, one JSON object per step.</p></body></html>\n";
+    html << "<p>Light: each step; dark: the mean of the last 10 steps. Data: metrics.jsonl, one JSON object per "
+            "step.</p></body></html>\n";
     return path;
   }
 
@@ -67,12 +69,22 @@ private:
     if (x1 == x0) x1 = x0 + 1;
     if (y1 == y0) y1 = y0 + 1;
     constexpr double w = 480, h = 220, m = 40;
-    std::string poly;
-    for (auto [x, y] : pts) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", m + (x - x0) / (x1 - x0) * (w - 2 * m),
-                    h - m - (y - y0) / (y1 - y0) * (h - 2 * m));
-      poly += buf;
+    auto polyline = [&](const std::vector<std::pair<double, double>>& ps) {
+      std::string poly;
+      for (auto [x, y] : ps) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", m + (x - x0) / (x1 - x0) * (w - 2 * m),
+                      h - m - (y - y0) / (y1 - y0) * (h - 2 * m));
+        poly += buf;
+      }
+      return poly;
+    };
+    // The raw values, and their running mean over 10 steps (the trend).
+    std::vector<std::pair<double, double>> smooth;
+    double sum = 0;
+    for (size_t i = 0; i < pts.size(); ++i) {
+      sum += pts[i].second - (i >= 10 ? pts[i - 10].second : 0);
+      smooth.emplace_back(pts[i].first, sum / static_cast<double>(std::min<size_t>(i + 1, 10)));
     }
     char axis[512];
     std::snprintf(axis, sizeof axis,
@@ -81,7 +93,9 @@ private:
                   "text-anchor=\"end\">%g</text>",
                   4.0, m - 4, y1, h - m, y0, m, h - 8, x0, w - m, h - 8, x1);
     return "<div class=\"c\"><h2>" + phase + ": " + metric + "</h2><svg width=\"480\" height=\"220\">" + axis +
-           "<polyline fill=\"none\" stroke=\"#2a6\" stroke-width=\"2\" points=\"" + poly + "\"/></svg></div>\n";
+           "<polyline fill=\"none\" stroke=\"#9cd\" stroke-width=\"1\" points=\"" + polyline(pts) +
+           "\"/><polyline fill=\"none\" stroke=\"#16a\" stroke-width=\"2.5\" points=\"" + polyline(smooth) +
+           "\"/></svg></div>\n";
   }
 
   std::string dir_;

@@ -13,6 +13,10 @@
 
 namespace glint::testing {
 int (*driver_role)(const Options&) = nullptr;
+std::map<std::string, int (*)()>& roles() {
+  static std::map<std::string, int (*)()> r;
+  return r;
+}
 }
 
 int main(int argc, char** argv) {
@@ -22,6 +26,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (opts->mode == glint::Mode::cluster && opts->cluster.rank != 0) return glint::serve_node(*opts);
+  if (const char* role = std::getenv("GLINT_TEST_ROLE"); role && glint::testing::roles().count(role))
+    return glint::testing::roles().at(role)();
   if (const char* role = std::getenv("GLINT_TEST_ROLE"); role && std::string{role} == "driver") {
     if (!glint::testing::driver_role) {
       std::fprintf(stderr, "this test binary has no driver role\n");

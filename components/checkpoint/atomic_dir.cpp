@@ -1,0 +1,155 @@
+#include "components/checkpoint/atomic_dir.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+namespace glint::components {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+
+std::string errno_text() { return std::strerror(errno); }
+
+Result<void> fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return make_error(errc::unavailable, "cannot open " + path + " to sync it: " + errno_text());
+  int rc = ::fsync(fd);
+  int saved = errno;
+  ::close(fd);
+  if (rc != 0) return make_error(errc::unavailable, "fsync of " + path + " failed: " + std::strerror(saved));
+  return {};
+}
+
+// Size and FNV-1a 64 of a file.
+Result<std::pair<uint64_t, uint64_t>> digest(const std::string& path) {
+  std::ifstream in{path, std::ios::binary};
+  if (!in) return make_error(errc::not_found, "cannot read " + path);
+  uint64_t h = 1469598103934665603ULL, size = 0;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    auto n = static_cast<size_t>(in.gcount());
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ULL;
+    size += n;
+  }
+  return std::pair{size, h};
+}
+
+std::string hex(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+}  // namespace
+
+Result<AtomicDir> AtomicDir::begin(const std::string& final_path) {
+  fs::path f{final_path};
+  if (f.filename().empty()) f = f.parent_path();
+  std::error_code ec;
+  if (fs::exists(f, ec))
+    return make_error(errc::failed_precondition, final_path + " exists already; checkpoints are never overwritten");
+  fs::create_directories(f.parent_path().empty() ? fs::path{"."} : f.parent_path(), ec);
+  if (ec) return make_error(errc::unavailable, "cannot create " + f.parent_path().string() + ": " + ec.message());
+  AtomicDir d;
+  d.final_ = f.string();
+  d.tmp_ = (f.parent_path() / ("." + f.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
+  fs::remove_all(d.tmp_, ec);  // a leftover of a killed process with our pid
+  fs::create_directory(d.tmp_, ec);
+  if (ec) return make_error(errc::unavailable, "cannot create " + d.tmp_ + ": " + ec.message());
+  return d;
+}
+
+AtomicDir::AtomicDir(AtomicDir&& o) noexcept : tmp_(std::move(o.tmp_)), final_(std::move(o.final_)), done_(o.done_) {
+  o.done_ = true;
+}
+AtomicDir& AtomicDir::operator=(AtomicDir&& o) noexcept {
+  std::swap(tmp_, o.tmp_);
+  std::swap(final_, o.final_);
+  std::swap(done_, o.done_);
+  return *this;
+}
+AtomicDir::~AtomicDir() {
+  if (!done_ && !tmp_.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+}
+
+Result<void> AtomicDir::commit() {
+  if (done_) return make_error(errc::failed_precondition, final_ + " is committed already");
+  // The manifest: every regular file below, with its size and hash.
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  std::vector<std::string> dirs{tmp_};
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(tmp_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    auto rel = fs::relative(it->path(), tmp_).string();
+    if (it->is_directory()) {
+      dirs.push_back(it->path().string());
+      continue;
+    }
+    if (rel == kManifest) continue;
+    auto d = digest(it->path().string());
+    if (!d) return d.error();
+    files[rel] = {{"bytes", d->first}, {"fnv1a", hex(d->second)}};
+    if (auto ok = fsync_path(it->path().string(), false); !ok) return ok;
+  }
+  if (ec) return make_error(errc::unavailable, "cannot list " + tmp_ + ": " + ec.message());
+  {
+    std::ofstream m{tmp_ + "/" + kManifest, std::ios::trunc};
+    m << nlohmann::ordered_json{{"files", files}}.dump(1);
+    m.flush();
+    if (!m) return make_error(errc::resource_exhausted, "cannot write the manifest in " + tmp_ + " (disk full?)");
+  }
+  if (auto ok = fsync_path(tmp_ + "/" + kManifest, false); !ok) return ok;
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
+    if (auto ok = fsync_path(*it, true); !ok) return ok;
+  if (::rename(tmp_.c_str(), final_.c_str()) != 0)
+    return make_error(errc::unavailable, "cannot rename " + tmp_ + " to " + final_ + ": " + errno_text());
+  done_ = true;
+  auto parent = fs::path{final_}.parent_path();
+  return fsync_path(parent.empty() ? "." : parent.string(), true);
+}
+
+Result<void> verify_dir(const std::string& dir) {
+  std::ifstream in{dir + "/" + kManifest};
+  if (!in) return make_error(errc::not_found, dir + " has no " + kManifest + ": not a complete checkpoint");
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.contains("files") || !j["files"].is_object())
+    return make_error(errc::invalid_argument, dir + "/" + kManifest + " is damaged");
+  for (const auto& [rel, want] : j["files"].items()) {
+    auto d = digest(dir + "/" + rel);
+    if (!d) return make_error(errc::not_found, dir + " lacks " + rel + ", which its manifest lists");
+    if (d->first != want.value("bytes", uint64_t{0}) || hex(d->second) != want.value("fnv1a", std::string{}))
+      return make_error(errc::invalid_argument, dir + "/" + rel + " differs from its manifest (" +
+                                                    std::to_string(d->first) + " bytes; changed or truncated)");
+  }
+  return {};
+}
+
+int remove_temporaries(const std::string& parent) {
+  int n = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (name.size() > 1 && name[0] == '.' && name.find(".tmp-") != std::string::npos) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+      if (!rm) ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace glint::components

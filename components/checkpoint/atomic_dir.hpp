@@ -1,0 +1,52 @@
+#pragma once
+/// `AtomicDir`: a directory that appears whole or not at all, so a process
+/// killed at any moment while saving a checkpoint leaves the previous ones
+/// intact and no half-written one under a real name:
+///
+///   auto dir = AtomicDir::begin("runs/grpo/step-40");   // writes go to runs/grpo/.step-40.tmp-<pid>
+///   write files under dir->path() ...
+///   dir->commit();   // manifest.json (sizes, FNV-1a hashes), fsync files and
+///                    // directory, rename into place, fsync the parent
+///
+/// A temporary left by a killed process is never read; remove_temporaries
+/// clears them. verify_dir checks a committed directory against its
+/// manifest (a file truncated or changed later is found). Not thread-safe;
+/// one AtomicDir per directory.
+
+#include "runtime/error.hpp"
+
+#include <string>
+
+namespace glint::components {
+
+class AtomicDir {
+public:
+  /// Error: the final path exists already (a checkpoint is never
+  /// overwritten), or the temporary cannot be created.
+  static Result<AtomicDir> begin(const std::string& final_path);
+  AtomicDir(AtomicDir&&) noexcept;
+  AtomicDir& operator=(AtomicDir&&) noexcept;
+  AtomicDir(const AtomicDir&) = delete;
+  ~AtomicDir();  ///< removes the temporary unless committed
+
+  /// Where to write.
+  const std::string& path() const { return tmp_; }
+  const std::string& final_path() const { return final_; }
+  /// Error (nothing appears under the final name): a file that cannot be
+  /// read back or synced, a failed rename.
+  Result<void> commit();
+
+private:
+  AtomicDir() = default;
+  std::string tmp_, final_;
+  bool done_ = false;
+};
+
+/// Checks every file listed in dir/manifest.json (size and hash). Errors:
+/// no manifest (not a committed directory), a missing or changed file.
+Result<void> verify_dir(const std::string& dir);
+
+/// Removes the temporaries of killed saves under `parent`; returns how many.
+int remove_temporaries(const std::string& parent);
+
+}  // namespace glint::components

@@ -1,0 +1,65 @@
+#pragma once
+/// `RunIndex`: the durable list of runs and their checkpoints, kept in
+/// RocksDB under a root directory (root/index), so `glint runs` and
+/// `glint checkpoints RUN` can list them and `--resume latest` find the
+/// newest:
+///
+///   auto index = RunIndex::open("runs");
+///   index->add_checkpoint({.run = "grpo", .name = "step-40", .path = "runs/grpo/step-40", .step = 40});
+///   auto last = index->latest("grpo");     // optional<CheckpointRecord>
+///
+/// A checkpoint is indexed after its directory is committed (AtomicDir), so
+/// an indexed checkpoint is always complete. One process opens the index
+/// for writing (RocksDB's lock; a second gets `unavailable` naming the
+/// holder's lock file); any number may open it read-only meanwhile.
+/// Thread-safe as RocksDB is.
+
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace glint::components {
+
+struct CheckpointRecord {
+  std::string run;
+  std::string name;
+  std::string path;
+  int64_t step = 0;
+  int64_t created_ms = 0;  ///< Unix time; filled in by add_checkpoint when 0
+  std::string summary{};   ///< a short line: "loss 0.42, reward 1.3"
+};
+
+struct RunRecord {
+  std::string run;
+  int64_t created_ms = 0;
+  int64_t checkpoints = 0;
+  std::optional<CheckpointRecord> latest;
+};
+
+class RunIndex {
+public:
+  static Result<RunIndex> open(const std::string& root, bool read_only = false);
+  RunIndex(RunIndex&&) noexcept;
+  RunIndex& operator=(RunIndex&&) noexcept;
+  ~RunIndex();
+
+  /// Records the run (first time) and the checkpoint, in one atomic write.
+  Result<void> add_checkpoint(CheckpointRecord record);
+  Result<std::vector<RunRecord>> runs() const;
+  /// By step, oldest first. Error: an unknown run.
+  Result<std::vector<CheckpointRecord>> checkpoints(const std::string& run) const;
+  /// The one with the highest step (the latest added among equal steps);
+  /// nullopt for a run without checkpoints.
+  Result<std::optional<CheckpointRecord>> latest(const std::string& run) const;
+
+private:
+  RunIndex() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace glint::components

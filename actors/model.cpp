@@ -365,7 +365,12 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
             if (!lm) return lm.error();
             st->model = std::move(*lm);
             st->load_error = caf::none;
+            // Adapters go with the old model; the full model's settings stay
+            // (its trainer is made again, on the new weights).
+            std::optional<Tenant> base;
+            if (auto it = st->tenants.find(""); it != st->tenants.end()) base = std::move(it->second);
             st->tenants.clear();
+            if (base) st->tenants[""] = Tenant{base->loss, base->optimizer, base->scheduler, std::nullopt, {}};
           } else {
             auto m = st->ready();
             if (!m) return m.error();
@@ -377,7 +382,11 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
                 return ok.error();
               }
             }
-            st->tenants.erase(adapter);
+            // Its settings stay; its trainer is made again, on the new tensors.
+            if (auto it = st->tenants.find(adapter); it != st->tenants.end()) {
+              it->second.trainer.reset();
+              it->second.metric_sums.clear();
+            }
             if (auto ok = (*m)->rename_adapter(staging, adapter); !ok) return ok.error();
           }
           if (state) {

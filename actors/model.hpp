@@ -169,7 +169,9 @@ using model_actor = caf::typed_actor<
     /// when `with_optimizer`. Answers the directory.
     caf::replies_to<save_atom, std::string, std::string, bool>::with<std::string>,
     /// Loads `dir` into adapter `adapter` ("" : the full weights), and the
-    /// optimizer state too when `with_optimizer`.
+    /// optimizer state too when `with_optimizer` (else it starts afresh).
+    /// The loss, optimizer and schedule settings of `adapter` stay; loading
+    /// full weights drops every adapter.
     caf::replies_to<load_atom, std::string, std::string, bool>::with<bool>,
     /// The weights to sync to samplers: every base weight for "", else the
     /// adapter's tensors under PEFT's names.

@@ -54,4 +54,11 @@ struct InitDataArgs {
 /// Writes a generated dataset as JSONL (GSM8K format for arithmetic).
 int init_data(const InitDataArgs& args);
 
+struct RunsArgs {
+  std::string root = "runs";
+  std::string run{};  ///< empty: list the runs; else that run's checkpoints
+};
+/// Lists the runs (or one run's checkpoints) of the run index under root.
+int runs(const RunsArgs& args);
+
 }  // namespace glint::launcher

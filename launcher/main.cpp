@@ -84,6 +84,16 @@ int main(int argc, char** argv) {
   data_cmd->add_option("--seed", idata.seed, "Random seed (the same seed writes the same rows)")->capture_default_str();
   data_cmd->footer("Example: glint init-data arithmetic data/arith.jsonl --rows 5000 --seed 1");
 
+  glint::launcher::RunsArgs runs_args;
+  auto* runs_cmd = app.add_subcommand("runs", "List the runs saved under a root directory, with their latest checkpoint");
+  runs_cmd->add_option("--root", runs_args.root, "Where the runs and their index live")->capture_default_str();
+  runs_cmd->footer("Example: glint runs --root runs");
+  glint::launcher::RunsArgs ckpt_args;
+  auto* ckpts_cmd = app.add_subcommand("checkpoints", "List the checkpoints of a run, oldest step first");
+  ckpts_cmd->add_option("run", ckpt_args.run, "The run's name")->required();
+  ckpts_cmd->add_option("--root", ckpt_args.root, "Where the runs and their index live")->capture_default_str();
+  ckpts_cmd->footer("Example: glint checkpoints grpo --root runs");
+
   auto* bench = app.add_subcommand("bench", "Run a benchmark and print `name: value` lines");
   bench->require_subcommand(1);
   int repeats = 5;
@@ -188,6 +198,8 @@ int main(int argc, char** argv) {
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);
   if (*data_cmd) return glint::launcher::init_data(idata);
+  if (*runs_cmd) return glint::launcher::runs(runs_args);
+  if (*ckpts_cmd) return glint::launcher::runs(ckpt_args);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_sync) return glint::bench::sync(sync_args);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
@@ -17,7 +18,28 @@ namespace glint::examples {
 
 class Report {
 public:
-  explicit Report(std::string dir) : dir_(std::move(dir)), jsonl_(dir_ + "/metrics.jsonl", std::ios::trunc) {}
+  /// A new metrics.jsonl; or, resuming a run at step `resumed_step` of
+  /// `phase`, the old one without the lines after that step (the resumed
+  /// run writes them again).
+  explicit Report(std::string dir, const std::string& phase = "", int resumed_step = -1) : dir_(std::move(dir)) {
+    const auto path = dir_ + "/metrics.jsonl";
+    std::vector<std::string> kept;
+    if (resumed_step >= 0) {
+      std::ifstream old{path};
+      for (std::string line; std::getline(old, line);) {
+        int step = 0;
+        char ph[64] = {0};
+        if (std::sscanf(line.c_str(), "{\"step\": %d, \"phase\": \"%63[^\"]\"", &step, ph) == 2 &&
+            (ph != phase || step <= resumed_step))
+          kept.push_back(line);
+      }
+    }
+    jsonl_.open(path, std::ios::trunc);
+    for (const auto& line : kept) {
+      jsonl_ << line << '\n';
+      rows_.push_back(parse(line));
+    }
+  }
   bool ok() const { return static_cast<bool>(jsonl_); }
 
   /// Appends one step: its phase ("sft", "grpo", ...) and numbers.
@@ -53,6 +75,27 @@ private:
     std::string phase;
     std::map<std::string, double> values;
   };
+
+  // A line this class wrote: {"step": N, "phase": "P", "key": number-or-null, ...}.
+  static Row parse(const std::string& line) {
+    Row r{0, {}, {}};
+    char ph[64] = {0};
+    std::sscanf(line.c_str(), "{\"step\": %d, \"phase\": \"%63[^\"]\"", &r.step, ph);
+    r.phase = ph;
+    size_t at = line.find("\"phase\"");
+    at = line.find(',', at);
+    while (at != std::string::npos) {
+      auto k0 = line.find('"', at), k1 = k0 == std::string::npos ? k0 : line.find('"', k0 + 1);
+      if (k1 == std::string::npos) break;
+      auto key = line.substr(k0 + 1, k1 - k0 - 1);
+      const char* v = line.c_str() + k1 + 3;  // past `": `
+      char* end = nullptr;
+      double x = std::strtod(v, &end);
+      r.values[key] = end != v ? x : NAN;
+      at = line.find(',', k1);
+    }
+    return r;
+  }
 
   std::string chart(const std::string& phase, const std::string& metric) const {
     std::vector<std::pair<double, double>> pts;

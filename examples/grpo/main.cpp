@@ -13,6 +13,7 @@
 // answers. It writes metrics.jsonl (one JSON object per step) and
 // report.html (reward and loss per step) there.
 #include "actors/checkpoint_engine.hpp"
+#include "actors/checkpointer.hpp"
 #include "actors/dataloader.hpp"
 #include "actors/model.hpp"
 #include "actors/sampler.hpp"
@@ -47,6 +48,8 @@ struct Args {
   double sft_lr = 3e-3;
   double lr = 1e-4;  ///< GRPO moves a tiny model far per step: 1e-3 collapses it
   uint64_t seed = 1;
+  int save_every = 40;       ///< GRPO steps between checkpoints; 0: none
+  std::string resume{};      ///< "latest" or a checkpoint name
 };
 
 constexpr const char* kSystem = "Compute.";
@@ -110,15 +113,22 @@ int main(int argc, char** argv) {
   app.add_option("--sft-lr", a.sft_lr, "Learning rate of the warm-up")->capture_default_str();
   app.add_option("--lr", a.lr, "Learning rate of GRPO")->capture_default_str();
   app.add_option("--seed", a.seed, "Seed of the data, the weights and the sampling")->capture_default_str();
+  app.add_option("--save-every", a.save_every, "Save a checkpoint every N GRPO steps (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--resume", a.resume,
+                 "Continue the run from a checkpoint: latest, or a name (glint checkpoints RUN lists them); the "
+                 "steps after it repeat an uninterrupted run's exactly");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results in order with the progress lines on stderr
 
   return run_main([&](Runtime& rt) -> int {
-    const auto out = fs::absolute(a.out).string();
+    const auto out = fs::absolute(a.out).lexically_normal().string();
     const auto data = out + "/arith.jsonl", model_dir = out + "/model";
     if (auto ok = prepare(a, data, model_dir); !ok) return fail("preparing " + out, ok.error());
-    examples::Report report{out};
-    if (!report.ok()) return fail("writing " + out + "/metrics.jsonl", make_error(errc::unavailable, "cannot open it"));
+    // Checkpoints: the run is --out's name, indexed in its parent (glint runs --root <parent>).
+    auto checkpoints = actors::Checkpointer::open(fs::path{out}.parent_path().string(), fs::path{out}.filename().string());
+    if (!checkpoints) return fail("opening the run index", checkpoints.error());
     auto tok = components::Tokenizer::load(model_dir + "/tokenizer.json");
     if (!tok) return fail("loading the tokenizer", tok.error());
     const int64_t im_end = tok->token_id("<|im_end|>"), pad = tok->token_id("<|endoftext|>");
@@ -149,8 +159,37 @@ int main(int argc, char** argv) {
       return model->call<Collect::first>(Dispatch::all, atom, args...).get();
     };
 
+    // GRPO's loss and optimizer come first when resuming: the checkpoint's
+    // optimizer state loads into them.
+    auto set_grpo = [&]() -> Result<void> {
+      if (auto ok = call_model(actors::set_loss_atom::value, std::string{}, actors::LossSettings{.kind = "grpo"}); !ok)
+        return ok.error();
+      if (auto ok = call_model(actors::set_optimizer_atom::value, std::string{}, actors::OptimizerSettings{.lr = a.lr}); !ok)
+        return ok.error();
+      return {};
+    };
+    auto rl_spec = loader;
+    rl_spec.add_generation_prompt = true;
+    rl_spec.batch_size = a.prompts;
+    rl_spec.seed = a.seed + 1;
+    auto rl_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("rl-data", 1), rl_spec);
+    if (!rl_data) return fail("spawning the GRPO dataloader", rl_data.error());
+    std::optional<actors::TrainerState> resumed;
+    if (!a.resume.empty()) {
+      if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
+      auto r = checkpoints->resume(*model, "", &*rl_data, a.resume);
+      if (!r) return fail("resuming", r.error());
+      resumed = *r;
+      if (resumed) std::printf("resumed run %s at GRPO step %lld\n", checkpoints->run().c_str(),
+                               static_cast<long long>(resumed->step));
+      else std::printf("run %s has no checkpoint yet: starting afresh\n", checkpoints->run().c_str());
+    }
+    const int start = resumed ? static_cast<int>(resumed->step) : 0;
+    examples::Report report{out, "grpo", resumed ? start : -1};
+    if (!report.ok()) return fail("writing " + out + "/metrics.jsonl", make_error(errc::unavailable, "cannot open it"));
+
     // 1. SFT warm-up: the answer format, and some arithmetic.
-    if (a.sft_steps > 0) {
+    if (a.sft_steps > 0 && !resumed) {
       auto sft_spec = loader;
       sft_spec.batch_size = 32;
       auto sft_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("sft-data", 1), sft_spec);
@@ -214,22 +253,16 @@ int main(int argc, char** argv) {
     std::printf("greedy accuracy on 256 held-out prompts after the warm-up: %.3f\n", *before);
 
     // 2. GRPO.
-    if (auto ok = call_model(actors::set_loss_atom::value, std::string{}, actors::LossSettings{.kind = "grpo"}); !ok)
-      return fail("setting the loss", ok.error());
-    if (auto ok = call_model(actors::set_optimizer_atom::value, std::string{}, actors::OptimizerSettings{.lr = a.lr}); !ok)
-      return fail("setting the optimizer", ok.error());
-    auto rl_spec = loader;
-    rl_spec.add_generation_prompt = true;
-    rl_spec.batch_size = a.prompts;
-    rl_spec.seed = a.seed + 1;
-    auto rl_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("rl-data", 1), rl_spec);
-    if (!rl_data) return fail("spawning the GRPO dataloader", rl_data.error());
+    if (!resumed)
+      if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
     components::SamplingParams params{.num_samples = a.generations, .max_tokens = a.max_tokens, .temperature = 1.0,
                                       .stop_token_ids = {im_end}};
     components::rl::CompletionRewardMetric metric;
     Progress bar{"grpo", a.steps};
     std::vector<double> rewards;  // per step, for the running mean
-    for (int step = 1; step <= a.steps; ++step) {
+    for (int step = start + 1; step <= a.steps; ++step) {
+      // Each step's draws come from (seed, step), so a resumed run repeats them.
+      params.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
       auto sync = ckpt.sync_weights();
       if (!sync) return fail("syncing weights", sync.error());
       auto b = rl_data->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
@@ -278,12 +311,22 @@ int main(int argc, char** argv) {
       std::snprintf(status, sizeof status, "reward %.2f (last 20: %.2f)  accuracy %.2f", rewards.back(),
                     window_mean(rewards, rewards.size(), 20), row["reward/accuracy/mean"]);
       bar.update(step, status);
+      if (a.save_every > 0 && step % a.save_every == 0) {
+        char summary[64];
+        std::snprintf(summary, sizeof summary, "reward %.3f, accuracy %.3f", rewards.back(), row["reward/accuracy/mean"]);
+        auto saved = checkpoints->save("step-" + std::to_string(step), *model, "", &*rl_data,
+                                       {.step = step, .consumed_samples = step * a.prompts, .seed = a.seed,
+                                        .phase = "grpo", .metrics = {{"reward", rewards.back()}}},
+                                       summary);
+        if (!saved) return fail("saving a checkpoint", saved.error());
+      }
     }
     bar.finish();
     auto after = evaluate();
     if (!after) return fail("evaluating", after.error());
     std::printf("greedy accuracy on 256 held-out prompts: %.3f after the warm-up, %.3f after GRPO\n", *before, *after);
     const size_t w = std::min<size_t>(20, rewards.size());
+    if (w == 0) return 0;
     std::printf("mean reward (accuracy + format, at most 2) over %zu steps: %.3f at the start, %.3f at the end\n", w,
                 window_mean(rewards, w, w), window_mean(rewards, rewards.size(), w));
     auto html = report.write_html("glint GRPO on arithmetic",

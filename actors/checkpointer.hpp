@@ -1,0 +1,82 @@
+#pragma once
+/// `Checkpointer`: saves and resumes a training run. A checkpoint is one
+/// directory, root/run/name, written atomically (components::AtomicDir:
+/// killing the process at any moment leaves earlier checkpoints intact) and
+/// then recorded in the run index (components::RunIndex, RocksDB), which
+/// `glint runs` and `glint checkpoints RUN` list:
+///
+///   auto ckpt = actors::Checkpointer::open("runs", "grpo");
+///   ckpt->save("step-40", model, "", &loader, {.step = 40, .seed = 1});
+///   // ...a new process...
+///   auto state = ckpt->resume(model, "", &loader);   // latest; nullopt: start afresh
+///
+/// It holds: model/ (the full model in Hugging Face layout, or the adapter
+/// in PEFT layout, with optimizer.safetensors: moments and step, so the
+/// learning-rate schedule continues), trainer_state.json (step, consumed
+/// samples, gradient accumulation, the driver's seed for its random
+/// streams, the dataloader's position, the model's train configs, the
+/// caller's metrics), and manifest.json (sizes and hashes, checked before a
+/// resume loads anything).
+///
+/// The model rank 0 writes the model files and the driver the rest, into
+/// the same directory: in cluster mode the job's processes must share the
+/// file system under root (one machine, or a shared mount). Not
+/// thread-safe: the driver owns it. One process opens a run index for
+/// writing at a time.
+
+#include "actors/dataloader.hpp"
+#include "actors/model.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace glint::components {
+class RunIndex;
+}
+
+namespace glint::actors {
+
+struct TrainerState {
+  int64_t step = 0;                    ///< optimizer steps the loop has taken
+  int64_t consumed_samples = 0;
+  int64_t gradient_accumulation = 1;
+  uint64_t seed = 0;                   ///< the driver's seed; with step, it seeds each step's draws
+  std::string phase{};                 ///< the loop's own label ("sft", "grpo")
+  LoaderState loader{};                ///< filled in by save from the dataloader given
+  std::map<std::string, double> metrics{};
+  std::string train_configs{};         ///< filled in by save: the model's configs for the adapter (JSON)
+};
+
+class Checkpointer {
+public:
+  /// Opens (creating) the run index under `root`. Error: another process
+  /// holds it for writing, or root cannot be created.
+  static Result<Checkpointer> open(const std::string& root, const std::string& run);
+  Checkpointer(Checkpointer&&) noexcept;
+  Checkpointer& operator=(Checkpointer&&) noexcept;
+  ~Checkpointer();
+
+  /// Saves checkpoint `name` (a new name: checkpoints are never
+  /// overwritten) and indexes it with `summary`. Returns its directory.
+  Result<std::string> save(const std::string& name, const Group<model_actor>& model, const std::string& adapter,
+                           const Group<dataloader_actor>* loader, TrainerState state, const std::string& summary = "");
+  /// Loads checkpoint `which` ("latest", or a name) into every model rank
+  /// (weights and optimizer state) and the loader, and answers its trainer
+  /// state; nullopt when the run has no checkpoint yet (and `which` is
+  /// "latest"). Error: a damaged checkpoint (nothing is loaded then), one
+  /// of another model, an unknown name.
+  Result<std::optional<TrainerState>> resume(const Group<model_actor>& model, const std::string& adapter,
+                                             const Group<dataloader_actor>* loader, const std::string& which = "latest");
+
+  const std::string& run() const { return run_; }
+  std::string run_dir() const { return root_ + "/" + run_; }
+
+private:
+  Checkpointer() = default;
+  std::string root_, run_;
+  std::unique_ptr<components::RunIndex> index_;
+};
+
+}  // namespace glint::actors

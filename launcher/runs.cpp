@@ -1,0 +1,54 @@
+// `glint runs` and `glint checkpoints RUN`: what the run index under a root
+// directory holds.
+#include "components/store/index.hpp"
+#include "launcher/commands.hpp"
+
+#include <cstdio>
+#include <ctime>
+
+namespace glint::launcher {
+
+namespace {
+
+std::string when(int64_t ms) {
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int runs(const RunsArgs& a) {
+  auto idx = components::RunIndex::open(a.root, /*read_only=*/true);
+  if (!idx) {
+    std::fprintf(stderr, "glint runs: %s\n", describe(idx.error()).c_str());
+    return 1;
+  }
+  if (a.run.empty()) {
+    auto list = idx->runs();
+    if (!list) {
+      std::fprintf(stderr, "glint runs: %s\n", describe(list.error()).c_str());
+      return 1;
+    }
+    std::printf("%-20s %-19s %11s  %s\n", "RUN", "CREATED", "CHECKPOINTS", "LATEST");
+    for (const auto& r : *list)
+      std::printf("%-20s %-19s %11lld  %s\n", r.run.c_str(), when(r.created_ms).c_str(),
+                  static_cast<long long>(r.checkpoints),
+                  r.latest ? (r.latest->name + " (step " + std::to_string(r.latest->step) + ")").c_str() : "-");
+    if (list->empty()) std::printf("(no runs under %s)\n", a.root.c_str());
+    return 0;
+  }
+  auto list = idx->checkpoints(a.run);
+  if (!list) {
+    std::fprintf(stderr, "glint checkpoints: %s\n", describe(list.error()).c_str());
+    return 1;
+  }
+  std::printf("%8s  %-20s %-19s  %-30s %s\n", "STEP", "NAME", "CREATED", "SUMMARY", "PATH");
+  for (const auto& c : *list)
+    std::printf("%8lld  %-20s %-19s  %-30s %s\n", static_cast<long long>(c.step), c.name.c_str(),
+                when(c.created_ms).c_str(), c.summary.c_str(), c.path.c_str());
+  return 0;
+}
+
+}  // namespace glint::launcher

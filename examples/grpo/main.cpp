@@ -18,11 +18,10 @@
 #include "actors/model.hpp"
 #include "actors/sampler.hpp"
 #include "common/report.hpp"
-#include "components/data/bpe_trainer.hpp"
+#include "common/tiny_model.hpp"
 #include "components/data/dataset.hpp"
 #include "components/data/synthetic.hpp"
 #include "components/data/tokenizer.hpp"
-#include "components/model/model.hpp"
 #include "components/rl/metrics.hpp"
 #include "components/rl/rewards.hpp"
 #include "placement/service.hpp"
@@ -67,19 +66,7 @@ Result<void> prepare(const Args& a, const std::string& data, const std::string& 
     if (!ds) return ds.error();
     auto texts = components::texts_of(*ds);
     texts.push_back(kSystem);
-    auto json = components::train_bpe(texts, {.vocab_size = 320});
-    if (!json) return json.error();
-    auto tok = components::Tokenizer::parse(*json);
-    if (!tok) return tok.error();
-    auto cfg = components::ModelConfig::make(components::Architecture::qwen3, tok->vocab_size(), 96, 256, 3, 4, 2);
-    cfg.max_position_embeddings = 256;
-    cfg.eos_token_id = tok->token_id("<|im_end|>");
-    auto lm = components::CausalLM::init_random(cfg, a.seed);
-    if (!lm) return lm.error();
-    if (auto ok = lm->save(model_dir); !ok) return ok;
-    if (auto ok = components::save_chatml_tokenizer(model_dir, *json); !ok) return ok;
-    std::printf("wrote %s: Qwen3, %.2fM parameters, a %lld-token tokenizer trained on the data\n", model_dir.c_str(),
-                static_cast<double>(cfg.num_parameters()) / 1e6, static_cast<long long>(tok->vocab_size()));
+    if (auto ok = examples::make_tiny_model(model_dir, texts, {.seed = a.seed}); !ok) return ok;
   }
   return {};
 }

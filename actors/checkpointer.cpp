@@ -68,6 +68,29 @@ Result<Checkpointer> Checkpointer::open(const std::string& root, const std::stri
   return c;
 }
 
+Result<std::vector<std::string>> Checkpointer::list() const {
+  auto all = index_->checkpoints(run_);
+  if (!all) {
+    if (code_of(all.error()) == errc::not_found) return std::vector<std::string>{};
+    return all.error();
+  }
+  std::vector<std::string> names;
+  for (const auto& c : *all) names.push_back(c.name);
+  return names;
+}
+
+Result<void> Checkpointer::reset() {
+  auto all = index_->checkpoints(run_);
+  if (!all) return code_of(all.error()) == errc::not_found ? Result<void>{} : Result<void>{all.error()};
+  if (auto ok = index_->remove_run(run_); !ok) return ok;
+  for (const auto& c : *all) {
+    std::error_code ec;
+    fs::remove_all(c.path, ec);
+    if (ec) return make_error(errc::unavailable, "cannot remove " + c.path + ": " + ec.message());
+  }
+  return {};
+}
+
 Result<std::string> Checkpointer::save(const std::string& name, const Group<model_actor>& model,
                                        const std::string& adapter, const Group<dataloader_actor>* loader,
                                        TrainerState state, const std::string& summary) {

@@ -70,6 +70,12 @@ public:
   Result<std::optional<TrainerState>> resume(const Group<model_actor>& model, const std::string& adapter,
                                              const Group<dataloader_actor>* loader, const std::string& which = "latest");
 
+  /// The run's checkpoints, newest last (empty for a new run).
+  Result<std::vector<std::string>> list() const;
+  /// Starts the run over: deletes its checkpoint directories and forgets
+  /// them in the index (other files of the run directory stay).
+  Result<void> reset();
+
   const std::string& run() const { return run_; }
   std::string run_dir() const { return root_ + "/" + run_; }
 

@@ -132,6 +132,19 @@ Result<std::optional<CheckpointRecord>> RunIndex::latest(const std::string& run)
   return std::optional<CheckpointRecord>{best};
 }
 
+Result<void> RunIndex::remove_run(const std::string& run) {
+  auto all = checkpoints(run);
+  if (!all) return code_of(all.error()) == errc::not_found ? Result<void>{} : Result<void>{all.error()};
+  rocksdb::WriteBatch batch;
+  for (const auto& r : *all) batch.Delete(ckpt_key(r));
+  batch.Delete(run_key(run));
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  auto s = impl_->db->Write(w, &batch);
+  if (!s.ok()) return from_status(s, "removing run " + run);
+  return {};
+}
+
 Result<std::vector<RunRecord>> RunIndex::runs() const {
   std::vector<RunRecord> out;
   std::unique_ptr<rocksdb::Iterator> it{impl_->db->NewIterator(rocksdb::ReadOptions{})};

@@ -55,6 +55,8 @@ public:
   /// The one with the highest step (the latest added among equal steps);
   /// nullopt for a run without checkpoints.
   Result<std::optional<CheckpointRecord>> latest(const std::string& run) const;
+  /// Forgets a run and its checkpoints (their directories are the caller's).
+  Result<void> remove_run(const std::string& run);
 
 private:
   RunIndex() = default;

@@ -49,6 +49,7 @@ struct Args {
   uint64_t seed = 1;
   int save_every = 40;       ///< GRPO steps between checkpoints; 0: none
   std::string resume{};      ///< "latest" or a checkpoint name
+  bool fresh = false;        ///< start over, deleting the run's checkpoints
 };
 
 constexpr const char* kSystem = "Compute.";
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   app.add_option("--resume", a.resume,
                  "Continue the run from a checkpoint: latest, or a name (glint checkpoints RUN lists them); the "
                  "steps after it repeat an uninterrupted run's exactly");
+  app.add_flag("--fresh", a.fresh, "Start the run over: delete its earlier checkpoints (the data and model stay)");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results in order with the progress lines on stderr
 
@@ -162,7 +164,18 @@ int main(int argc, char** argv) {
     auto rl_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("rl-data", 1), rl_spec);
     if (!rl_data) return fail("spawning the GRPO dataloader", rl_data.error());
     std::optional<actors::TrainerState> resumed;
-    if (!a.resume.empty()) {
+    if (a.resume.empty()) {
+      auto earlier = checkpoints->list();
+      if (!earlier) return fail("reading the run index", earlier.error());
+      if (!earlier->empty() && !a.fresh) {
+        std::fprintf(stderr,
+                     "grpo: run %s has checkpoints already (latest %s): pass --resume latest to continue it, --fresh "
+                     "to start it over, or another --out\n",
+                     checkpoints->run().c_str(), earlier->back().c_str());
+        return 2;
+      }
+      if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
+    } else {
       if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
       auto r = checkpoints->resume(*model, "", &*rl_data, a.resume);
       if (!r) return fail("resuming", r.error());

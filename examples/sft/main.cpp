@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
     }
     auto checkpoints = actors::Checkpointer::open(fs::path{out}.parent_path().string(), fs::path{out}.filename().string());
     if (!checkpoints) return fail("opening the run index", checkpoints.error());
+    // Each run of this example starts over: its best checkpoint is of this run.
+    if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
     examples::Report report{out};
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());

@@ -91,6 +91,11 @@ TEST(RunIndex, ListsRunsAndCheckpointsAndFindsTheLatest) {
   EXPECT_EQ(idx->latest("sft")->value().path, "pb");
   EXPECT_EQ(code_of(idx->checkpoints("nope").error()), errc::not_found);
   EXPECT_EQ(code_of(RunIndex::open(root + "/empty", true).error()), errc::not_found);
+  idx = RunIndex::open(root);
+  ASSERT_TRUE(idx->remove_run("grpo"));
+  EXPECT_EQ(code_of(idx->checkpoints("grpo").error()), errc::not_found);
+  EXPECT_EQ(idx->runs()->size(), 1u);
+  EXPECT_TRUE(idx->remove_run("never-was"));
 }
 
 // The child: saves step after step until it is killed.

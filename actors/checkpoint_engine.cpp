@@ -1,5 +1,9 @@
 #include "actors/checkpoint_engine.hpp"
 
+#include "runtime/process.hpp"
+
+#include <optional>
+
 namespace glint::actors {
 
 Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
@@ -9,11 +13,29 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
     return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights");
   if (o.policy != "finish_old" && o.policy != "abort")
     return make_error(errc::invalid_argument, "update policy '" + o.policy + "' is neither finish_old nor abort");
-  const auto start = std::chrono::steady_clock::now();
-  auto weights = model_.call<Collect::first>(Dispatch::first, export_for_sync_atom::value, o.adapter, o.merge_and_sync).get();
-  if (!weights) return with_context(weights.error(), "sync_weights: exporting from the model group");
+  if (o.transport != "auto" && o.transport != "messages" && o.transport != "collective")
+    return make_error(errc::invalid_argument, "transport '" + o.transport + "' is not auto, messages or collective");
+  // auto: the collective pays off with NCCL between GPUs; on CPU, across
+  // processes on loopback, actor messages measured twice as fast as Gloo's
+  // broadcast (0.85 vs 0.41 GB/s, glint bench sync --mode cluster).
+  bool across_gpus = false;
+  for (int r = 0; r < sampler_.size(); ++r)
+    across_gpus |= sampler_.rank(r).ctx.node != model_.rank(0).ctx.node && model_.rank(0).ctx.device >= 0;
+  const bool collective = o.transport == "collective" || (o.transport == "auto" && across_gpus);
   SyncReport r;
   r.version = ++attempts_;  // never reused: a failed sync's staged buckets keep their version
+  r.transport = collective ? "collective" : "messages";
+  const auto start = std::chrono::steady_clock::now();
+  auto done = collective ? by_collective(o, r) : by_messages(o, r);
+  if (!done) return done.error();
+  done->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  version_ = done->version;
+  return done;
+}
+
+Result<SyncReport> CheckpointEngine::by_messages(const SyncOptions& o, SyncReport r) {
+  auto weights = model_.call<Collect::first>(Dispatch::first, export_for_sync_atom::value, o.adapter, o.merge_and_sync).get();
+  if (!weights) return with_context(weights.error(), "sync_weights: exporting from the model group");
   r.tensors = static_cast<int64_t>(weights->names.size());
   const std::string target = o.merge_and_sync ? std::string{} : o.adapter;
   // Buckets in export order; a tensor larger than a bucket is a bucket of its own.
@@ -42,8 +64,47 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
     r.bytes += bytes;
   }
   if (auto ok = send(true); !ok) return ok.error();
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  version_ = r.version;
+  return r;
+}
+
+Result<SyncReport> CheckpointEngine::by_collective(const SyncOptions& o, SyncReport r) {
+  auto manifest = model_.call<Collect::first>(Dispatch::first, sync_manifest_atom::value, o.adapter, o.merge_and_sync).get();
+  if (!manifest) return with_context(manifest.error(), "sync_weights: the model's manifest");
+  if (store_port_ == 0) {
+    if (o.store_port > 0) {
+      store_port_ = o.store_port;
+    } else {
+      auto port = pick_free_port();
+      if (!port) return with_context(port.error(), "sync_weights: a port for the collective's store");
+      store_port_ = static_cast<int32_t>(*port);
+    }
+  }
+  r.tensors = static_cast<int64_t>(manifest->names.size());
+  for (size_t i = 0; i < manifest->shapes.size(); ++i) {
+    int64_t n = 1;
+    for (auto d : manifest->shapes[i]) n *= d;
+    auto dtype = parse_dtype(manifest->dtypes[i]);
+    r.bytes += n * (dtype ? static_cast<int64_t>(element_size(*dtype)) : 4);
+  }
+  const std::string target = o.merge_and_sync ? std::string{} : o.adapter;
+  const int32_t world = 1 + sampler_.size();
+  // Every member blocks in the collective until all have joined: send to all, then wait.
+  auto sent = model_.call_rank(0, sync_send_atom::value, o.adapter, o.merge_and_sync, o.store_host, store_port_, world,
+                               o.bucket_bytes);
+  std::vector<Future<bool>> received;
+  for (int s = 0; s < sampler_.size(); ++s)
+    received.push_back(sampler_.call_rank(s, sync_recv_atom::value, *manifest, target, r.version, o.policy, o.store_host,
+                                          store_port_, static_cast<int32_t>(s + 1), world, o.bucket_bytes));
+  auto buckets = sent.get();
+  std::optional<caf::error> failed;
+  if (!buckets) failed = with_context(buckets.error(), "sync_weights: broadcasting from the model");
+  for (auto& f : received)
+    if (auto ok = f.get(); !ok && !failed) failed = with_context(ok.error(), "sync_weights: receiving on the sampler");
+  if (failed) {
+    store_port_ = o.store_port;  // the group may be broken: make a new one next time
+    return *failed;
+  }
+  r.buckets = *buckets;
   return r;
 }
 

@@ -16,11 +16,13 @@
 /// staged on every sampler rank, and the last applies them all at once
 /// under one version, so no sequence ever sees half an update.
 ///
-/// Transport: in local mode nothing is serialised: the model exports its
+/// Transport: in one process nothing is serialised: the model exports its
 /// live weights (no copy) and each sampler copies them once into its own.
-/// In cluster mode the buckets are actor messages over the job's
-/// connections (CAF's binary serialisation); a c10d broadcast path is not
-/// built yet (docs/rl.md).
+/// Across processes the buckets are actor messages, or, with the
+/// collective transport, model rank 0 and the sampler ranks form a c10d
+/// group (Gloo on CPU; made at the first sync, kept after) and the weights
+/// are broadcast in flat buckets, each sampler applying them at the end as
+/// one version.
 ///
 /// Not thread-safe: one driver calls it. A failed sync leaves the samplers
 /// on their previous weights and version (what it staged is never applied:
@@ -40,6 +42,17 @@ struct SyncOptions {
   bool merge_and_sync = false;  ///< with an adapter: send the base with it folded in
   int64_t bucket_bytes = int64_t{256} << 20;
   std::string policy = "finish_old";  ///< or "abort": requests in flight stop now
+  /// "messages": buckets as actor messages (no copy in one process; CAF's
+  /// serialisation across processes). "collective": a c10d broadcast from
+  /// model rank 0 to the sampler ranks. "auto": the collective between
+  /// GPU ranks of different processes (where NCCL wins), else messages,
+  /// which on CPU measured faster than Gloo (docs/rl.md).
+  std::string transport = "auto";
+  /// The collective's store, hosted by model rank 0. The port is picked on
+  /// this machine at the first sync: a job on several machines sets the
+  /// model node's address and a port free there.
+  std::string store_host = "127.0.0.1";
+  int32_t store_port = 0;
 };
 
 struct SyncReport {
@@ -47,6 +60,7 @@ struct SyncReport {
   int64_t tensors = 0;
   int64_t buckets = 0;
   int64_t bytes = 0;      ///< of the weights sent (per sampler rank)
+  std::string transport{};  ///< "messages" or "collective"
   double seconds = 0;     ///< export to last apply
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
@@ -65,10 +79,14 @@ public:
   int64_t version() const { return version_; }
 
 private:
+  Result<SyncReport> by_messages(const SyncOptions& options, SyncReport r);
+  Result<SyncReport> by_collective(const SyncOptions& options, SyncReport r);
+
   Group<model_actor> model_;
   Group<sampler_actor> sampler_;
   int64_t version_ = 0;
   int64_t attempts_ = 0;  ///< versions handed out, failed syncs included
+  int32_t store_port_ = 0;  ///< of the collective, once made
 };
 
 }  // namespace glint::actors

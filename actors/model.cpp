@@ -87,6 +87,8 @@ struct ModelState {
   caf::error load_error;  ///< why there is no model; every call answers it
   std::map<std::string, Tenant> tenants;
   std::shared_ptr<ProcessGroup> dp;
+  std::shared_ptr<ProcessGroup> sync;  ///< the weight-sync group (sync_send)
+  int32_t sync_port = 0;
 
   std::string where() const {
     return "rank " + std::to_string(ctx.rank) + " of model group '" + ctx.group + "'";
@@ -128,6 +130,18 @@ struct ModelState {
       out.tensors.push_back(snapshot && !merged ? tensor.clone() : tensor);
     }
     return out;
+  }
+
+  /// The weight-sync group this rank joined (rank 0: it hosts the store),
+  /// kept while the address stays the same.
+  Result<std::shared_ptr<ProcessGroup>> sync_group(const std::string& host, int32_t port, int rank, int world) {
+    if (sync && sync_port == port) return sync;
+    auto pg = ProcessGroup::create({.store_host = host, .store_port = static_cast<uint16_t>(port), .rank = rank,
+                                    .world_size = world, .prefix = "glint/sync"});  // its own store: no other group shares it
+    if (!pg) return with_context(pg.error(), "joining the weight-sync group at " + host + ":" + std::to_string(port));
+    sync = *pg;
+    sync_port = port;
+    return sync;
   }
 
   Result<std::shared_ptr<ProcessGroup>> dp_group() {
@@ -404,6 +418,29 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
       },
       [st, answer](export_for_sync_atom, const std::string& adapter, bool merged) -> caf::result<NamedTensorList> {
         return answer([&] { return st->export_weights(adapter, merged, /*snapshot=*/false); });
+      },
+      [st, answer](sync_manifest_atom, const std::string& adapter, bool merged) -> caf::result<SyncManifest> {
+        return answer([&]() -> Result<SyncManifest> {
+          auto w = st->export_weights(adapter, merged, false);
+          if (!w) return w.error();
+          SyncManifest m;
+          m.names = w->names;
+          for (const auto& t : w->tensors) {
+            m.shapes.push_back(t.shape());
+            m.dtypes.emplace_back(to_string(t.dtype()));
+          }
+          return m;
+        });
+      },
+      [st, answer](sync_send_atom, const std::string& adapter, bool merged, const std::string& host, int32_t port,
+                   int32_t world, int64_t bucket_bytes) -> caf::result<int64_t> {
+        return answer([&]() -> Result<int64_t> {
+          auto w = st->export_weights(adapter, merged, false);
+          if (!w) return w.error();
+          auto pg = st->sync_group(host, port, 0, world);
+          if (!pg) return pg.error();
+          return (*pg)->broadcast_buckets(w->tensors, 0, bucket_bytes);
+        });
       },
   };
 }

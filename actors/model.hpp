@@ -99,6 +99,20 @@ struct NamedTensorList {
   friend bool operator==(const NamedTensorList&, const NamedTensorList&) = default;
 };
 
+/// What a weight sync over a collective carries, without the data: the
+/// receivers allocate from it (CheckpointEngine, cluster transport).
+struct SyncManifest {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::string> dtypes;
+  friend bool operator==(const SyncManifest&, const SyncManifest&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SyncManifest& x) {
+  return f(caf::meta::type_name("glint.sync_manifest"), x.names, x.shapes, x.dtypes);
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ModelSpec& x) {
   return f(caf::meta::type_name("glint.model_spec"), x.model_dir, x.config_json, x.seed, x.store_host, x.store_port);
@@ -140,6 +154,8 @@ using save_atom = caf::atom_constant<caf::atom("save")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using export_weights_atom = caf::atom_constant<caf::atom("export")>;
 using export_for_sync_atom = caf::atom_constant<caf::atom("export_syn")>;
+using sync_manifest_atom = caf::atom_constant<caf::atom("sync_man")>;
+using sync_send_atom = caf::atom_constant<caf::atom("sync_send")>;
 
 inline constexpr forward_backward_atom forward_backward_atom_v{};
 inline constexpr forward_only_atom forward_only_atom_v{};
@@ -180,7 +196,14 @@ using model_actor = caf::typed_actor<
     /// tensors share the live weights (no copy), valid until the next call
     /// that trains; with `merged` true, every base weight with `adapter`
     /// folded in (fresh tensors; the model is not changed).
-    caf::replies_to<export_for_sync_atom, std::string, bool>::with<NamedTensorList>>;
+    caf::replies_to<export_for_sync_atom, std::string, bool>::with<NamedTensorList>,
+    /// The names, shapes and dtypes export_for_sync(adapter, merged) would send.
+    caf::replies_to<sync_manifest_atom, std::string, bool>::with<SyncManifest>,
+    /// Broadcasts export_for_sync(adapter, merged) as rank 0 of a c10d group
+    /// of `world` ranks whose store it hosts on store_host:store_port (made
+    /// at the first call, kept for the next), in buckets of bucket_bytes.
+    /// Answers the buckets. Blocks this rank until the receivers join.
+    caf::replies_to<sync_send_atom, std::string, bool, std::string, int32_t, int32_t, int64_t>::with<int64_t>>;
 
 inline constexpr const char* model_type = "glint.model";
 
@@ -198,6 +221,7 @@ GLINT_REGISTER_MESSAGE_TYPE(optimizer_settings, OptimizerSettings, "glint.optimi
 GLINT_REGISTER_MESSAGE_TYPE(scheduler_settings, SchedulerSettings, "glint.scheduler_settings");
 GLINT_REGISTER_MESSAGE_TYPE(lora_settings, LoraSettings, "glint.lora_settings");
 GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensorList, "glint.named_tensors");
+GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
 GLINT_REGISTER_ACTOR(model, model_type, model_shard);
 
 }  // namespace glint::actors

@@ -1,6 +1,7 @@
 #include "actors/sampler.hpp"
 
 #include "actors/detail/answer.hpp"
+#include "components/comm/process_group.hpp"
 #include "components/sampler/engine.hpp"
 #include "placement/service.hpp"
 
@@ -195,6 +196,32 @@ public:
     return true;
   }
 
+  Result<bool> sync_recv(const SyncManifest& m, const std::string& adapter, int64_t version, const std::string& policy,
+                         const std::string& host, int32_t port, int32_t rank, int32_t world, int64_t bucket_bytes) {
+    auto e = engine();
+    if (!e) return e.error();
+    if (m.names.size() != m.shapes.size() || m.names.size() != m.dtypes.size())
+      return make_error(errc::invalid_argument, "the sync manifest's names, shapes and dtypes differ in number");
+    NamedTensorList w;
+    for (size_t i = 0; i < m.names.size(); ++i) {
+      auto dtype = parse_dtype(m.dtypes[i]);
+      if (!dtype) return with_context(dtype.error(), "the sync manifest's " + m.names[i]);
+      auto t = Tensor::zeros(*dtype, m.shapes[i]);
+      if (!t) return t.error();
+      w.names.push_back(m.names[i]);
+      w.tensors.push_back(std::move(*t));
+    }
+    if (!sync_ || sync_port_ != port) {
+      auto pg = ProcessGroup::create({.store_host = host, .store_port = static_cast<uint16_t>(port), .rank = rank,
+                                      .world_size = world, .prefix = "glint/sync"});
+      if (!pg) return with_context(pg.error(), "joining the weight-sync group at " + host + ":" + std::to_string(port));
+      sync_ = *pg;
+      sync_port_ = port;
+    }
+    if (auto got = sync_->broadcast_buckets(w.tensors, 0, bucket_bytes); !got) return got.error();
+    return update_weights(w, adapter, version, policy);
+  }
+
   Result<int64_t> abort_all() {
     auto e = engine();
     if (!e) return e.error();
@@ -364,6 +391,8 @@ private:
   RankContext ctx_;
   SamplerSpec spec_;
   std::optional<Engine> engine_;
+  std::shared_ptr<ProcessGroup> sync_;  ///< the weight-sync group (sync_recv)
+  int32_t sync_port_ = 0;
   NamedTensors staged_;  ///< buckets of a weight update not yet applied
   int64_t staged_version_ = -1;  ///< the version they belong to
   caf::error load_error_;
@@ -438,6 +467,11 @@ sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankConte
       [st, answer](update_weights_atom, const NamedTensorList& w, const std::string& adapter, int64_t version,
                    const std::string& policy) -> caf::result<bool> {
         return answer([&] { return st->update_weights(w, adapter, version, policy); });
+      },
+      [st, answer](sync_recv_atom, const SyncManifest& m, const std::string& adapter, int64_t version,
+                   const std::string& policy, const std::string& host, int32_t port, int32_t rank, int32_t world,
+                   int64_t bucket_bytes) -> caf::result<bool> {
+        return answer([&] { return st->sync_recv(m, adapter, version, policy, host, port, rank, world, bucket_bytes); });
       },
       [st, answer](stage_weights_atom, const NamedTensorList& w, int64_t version) -> caf::result<bool> {
         return answer([&] { return st->stage_weights(w, version); });

@@ -171,6 +171,7 @@ using sample_atom = caf::atom_constant<caf::atom("sample")>;
 using sample_stream_atom = caf::atom_constant<caf::atom("sample_str")>;
 using update_weights_atom = caf::atom_constant<caf::atom("upd_weight")>;
 using stage_weights_atom = caf::atom_constant<caf::atom("stg_weight")>;
+using sync_recv_atom = caf::atom_constant<caf::atom("sync_recv")>;
 using load_adapter_atom = caf::atom_constant<caf::atom("load_lora")>;
 using reset_prefix_cache_atom = caf::atom_constant<caf::atom("reset_pc")>;
 using sleep_atom = caf::atom_constant<caf::atom("sleep")>;  // also the probe's (same type)
@@ -203,6 +204,13 @@ using sampler_actor = caf::typed_actor<
     /// Buckets are kept under their version: update_weights applies only
     /// those of its own version (what a failed sync left is dropped).
     caf::replies_to<stage_weights_atom, NamedTensorList, int64_t>::with<bool>,
+    /// Receives the tensors `manifest` lists as rank `rank` of the c10d
+    /// weight-sync group at host:port (of `world` ranks; the model's
+    /// sync_send is rank 0), in buckets of bucket_bytes, then applies them
+    /// as update_weights(..., adapter, version, policy) would. Blocks this
+    /// rank until the transfer ends.
+    caf::replies_to<sync_recv_atom, SyncManifest, std::string, int64_t, std::string, std::string, int32_t, int32_t,
+                    int32_t, int64_t>::with<bool>,
     /// A LoRA adapter (B zero: the base's output until its weights come);
     /// LoraSettings::seed is not used.
     caf::replies_to<add_adapter_atom, std::string, LoraSettings>::with<bool>,

@@ -53,7 +53,8 @@ double memcpy_gbps(size_t bytes, int repeats) {
 
 // Median GB/s of `repeats` syncs (after one warm-up sync) from a model rank
 // in this process to a sampler rank on node `sampler_node`.
-Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repeats, const std::string& tag) {
+Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repeats, const std::string& tag,
+                         const std::string& transport = "auto") {
   auto config = s.config.to_json();
   auto model = Group<actors::model_actor>::spawn(rt, "model-" + tag, actors::model_type, {RankSlot{}},
                                                  actors::ModelSpec{.config_json = config, .seed = 1});
@@ -67,7 +68,7 @@ Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repea
   actors::CheckpointEngine ckpt{model->with_timeout(10min), sampler->with_timeout(10min)};
   std::vector<double> gbps;
   for (int r = 0; r <= repeats; ++r) {
-    auto report = ckpt.sync_weights();
+    auto report = ckpt.sync_weights({.transport = transport});
     if (!report) return report.error();
     if (r > 0) gbps.push_back(report->gbps());
   }
@@ -107,6 +108,9 @@ int sync(const SyncBenchArgs& a) {
       auto g = sync_gbps(*rt, s, 1, a.repeats, s.label);
       if (!g) return fail(describe(g.error()));
       print_metric(("weight_sync_cluster_gbps_" + s.label).c_str(), *g, 2);
+      auto c = sync_gbps(*rt, s, 1, a.repeats, s.label + "-c10d", "collective");
+      if (!c) return fail(describe(c.error()));
+      print_metric(("weight_sync_cluster_c10d_gbps_" + s.label).c_str(), *c, 2);
     }
     job->stop();
   }

@@ -9,7 +9,8 @@
 /// weight_sync_gbps_<size> and weight_sync_vs_memcpy_<size> (local mode,
 /// one model rank and one sampler rank in this process), and with --mode
 /// cluster or all weight_sync_cluster_gbps_<size> (the sampler in a second
-/// process: its buckets travel as actor messages). GB/s counts the weight
+/// process: its buckets travel as actor messages) and
+/// weight_sync_cluster_c10d_gbps_<size> (a Gloo broadcast). GB/s counts the weight
 /// bytes once (f32) over the seconds from export to the last apply.
 
 #include <string>

@@ -115,6 +115,47 @@ Result<void> ProcessGroup::broadcast(std::vector<Tensor>& tensors, int root) {
   });
 }
 
+Result<int64_t> ProcessGroup::broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) {
+  if (root < 0 || root >= size())
+    return make_error(errc::invalid_argument, "broadcast root " + std::to_string(root) + " is not a rank");
+  if (bucket_bytes < 1) return make_error(errc::invalid_argument, "bucket_bytes must be at least 1");
+  int64_t buckets = 0;
+  auto ok = impl_->run("broadcast", [&] {
+    c10::NoGradGuard no_grad;
+    size_t i = 0;
+    while (i < tensors.size()) {
+      // A bucket: consecutive tensors of one dtype, up to bucket_bytes (at least one).
+      std::vector<at::Tensor> part;
+      int64_t bytes = 0;
+      const auto dtype = tensors[i].dtype();
+      while (i < tensors.size() && tensors[i].dtype() == dtype &&
+             (part.empty() || bytes + static_cast<int64_t>(tensors[i].nbytes()) <= bucket_bytes)) {
+        part.push_back(to_torch(tensors[i]));
+        bytes += static_cast<int64_t>(tensors[i].nbytes());
+        ++i;
+      }
+      ++buckets;
+      if (size() == 1) continue;
+      std::vector<at::Tensor> flat_parts;
+      for (auto& t : part) flat_parts.push_back(t.reshape({-1}));
+      std::vector<at::Tensor> flat{rank() == root ? at::cat(flat_parts) : at::empty({bytes / part.front().element_size()},
+                                                                                   part.front().options())};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      impl_->pg->broadcast(flat, o)->wait();
+      if (rank() != root) {
+        int64_t at = 0;
+        for (auto& t : part) {
+          t.copy_(flat[0].narrow(0, at, t.numel()).view(t.sizes()));
+          at += t.numel();
+        }
+      }
+    }
+  });
+  if (!ok) return ok.error();
+  return buckets;
+}
+
 Result<void> ProcessGroup::barrier() {
   if (size() == 1) return {};
   return impl_->run("barrier", [&] { impl_->pg->barrier()->wait(); });

@@ -44,6 +44,11 @@ public:
   Result<void> all_reduce_sum(std::vector<Tensor>& tensors);
   /// Copies each of root's tensors to every rank, in place.
   Result<void> broadcast(std::vector<Tensor>& tensors, int root);
+  /// The same, in buckets: runs of tensors of one dtype, up to about
+  /// bucket_bytes, travel as one flat buffer each (few large messages
+  /// instead of many small ones). Every rank passes tensors of the same
+  /// shapes and dtypes, in the same order. Answers the buckets sent.
+  Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes);
   Result<void> barrier();
 
   struct Impl;

@@ -78,6 +78,20 @@ TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheMode
   ASSERT_TRUE(again);
   EXPECT_EQ(again->version, 2);
   EXPECT_EQ(again->buckets, 1);
+  // The c10d broadcast (Gloo) moves the same weights, in buckets, twice over one group.
+  auto fresh = sampler(9);
+  CheckpointEngine c10d{m, fresh};
+  for (int64_t version = 1; version <= 2; ++version) {
+    auto c = c10d.sync_weights({.bucket_bytes = 16 << 10, .transport = "collective"});
+    ASSERT_TRUE(c) << describe(c.error());
+    EXPECT_EQ(c->transport, "collective");
+    EXPECT_GT(c->buckets, 3);
+    EXPECT_EQ(c->bytes, r->bytes);
+    auto out = sample(fresh);
+    expect_same(out, reference);
+    for (const auto& q : out) EXPECT_EQ(q.weight_version, version);
+  }
+  EXPECT_FALSE(c10d.sync_weights({.transport = "pigeon"}));
 }
 
 TEST_P(CheckpointEngineTest, AnAdapterSyncedEqualsTheSameAdapterMergedIntoTheBase) {

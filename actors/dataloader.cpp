@@ -1,6 +1,7 @@
 #include "actors/dataloader.hpp"
 
 #include "actors/detail/answer.hpp"
+#include "actors/detail/pad.hpp"
 #include "components/data/dataset.hpp"
 #include "components/data/template.hpp"
 #include "components/data/tokenizer.hpp"
@@ -165,24 +166,7 @@ Result<DataBatch> slice_for_rank(const DataBatch& batch, int32_t dp_rank, int32_
 
 Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id) {
   if (rows.empty()) return make_error(errc::invalid_argument, "no rows to make a training batch of");
-  size_t t = 0;
-  for (const auto& r : rows) t = std::max(t, r.input_ids.size());
-  const auto b = rows.size();
-  std::vector<int64_t> ids(b * t, pad_id), attention(b * t, 0);
-  std::vector<float> loss_mask(b * t, 0.f);
-  for (size_t i = 0; i < b; ++i) {
-    const auto& r = rows[i];
-    const auto at = static_cast<std::ptrdiff_t>(i * t);
-    std::copy(r.input_ids.begin(), r.input_ids.end(), ids.begin() + at);
-    std::fill_n(attention.begin() + at, r.input_ids.size(), 1);
-    std::copy(r.loss_mask.begin(), r.loss_mask.end(), loss_mask.begin() + at);
-  }
-  const std::vector<int64_t> shape{static_cast<int64_t>(b), static_cast<int64_t>(t)};
-  Batch out;
-  out.tensors["input_ids"] = *Tensor::from_values(ids, shape);
-  out.tensors["attention_mask"] = *Tensor::from_values(attention, shape);
-  out.tensors["loss_mask"] = *Tensor::from_values(loss_mask, shape);
-  return out;
+  return detail::pad_rows(rows, pad_id, {{"loss_mask", &DataRow::loss_mask}});
 }
 
 }  // namespace glint::actors

@@ -1,6 +1,7 @@
 #include "actors/model.hpp"
 
 #include "actors/detail/answer.hpp"
+#include "actors/detail/sync_group.hpp"
 #include "components/comm/process_group.hpp"
 #include "placement/service.hpp"
 #include "runtime/process.hpp"
@@ -87,8 +88,7 @@ struct ModelState {
   caf::error load_error;  ///< why there is no model; every call answers it
   std::map<std::string, Tenant> tenants;
   std::shared_ptr<ProcessGroup> dp;
-  std::shared_ptr<ProcessGroup> sync;  ///< the weight-sync group (sync_send)
-  int32_t sync_port = 0;
+  detail::SyncGroup sync;  ///< for sync_send
 
   std::string where() const {
     return "rank " + std::to_string(ctx.rank) + " of model group '" + ctx.group + "'";
@@ -130,18 +130,6 @@ struct ModelState {
       out.tensors.push_back(snapshot && !merged ? tensor.clone() : tensor);
     }
     return out;
-  }
-
-  /// The weight-sync group this rank joined (rank 0: it hosts the store),
-  /// kept while the address stays the same.
-  Result<std::shared_ptr<ProcessGroup>> sync_group(const std::string& host, int32_t port, int rank, int world) {
-    if (sync && sync_port == port) return sync;
-    auto pg = ProcessGroup::create({.store_host = host, .store_port = static_cast<uint16_t>(port), .rank = rank,
-                                    .world_size = world, .prefix = "glint/sync"});  // its own store: no other group shares it
-    if (!pg) return with_context(pg.error(), "joining the weight-sync group at " + host + ":" + std::to_string(port));
-    sync = *pg;
-    sync_port = port;
-    return sync;
   }
 
   Result<std::shared_ptr<ProcessGroup>> dp_group() {
@@ -437,7 +425,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
         return answer([&]() -> Result<int64_t> {
           auto w = st->export_weights(adapter, merged, false);
           if (!w) return w.error();
-          auto pg = st->sync_group(host, port, 0, world);
+          auto pg = st->sync.join(host, port, 0, world);
           if (!pg) return pg.error();
           return (*pg)->broadcast_buckets(w->tensors, 0, bucket_bytes);
         });

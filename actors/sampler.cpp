@@ -1,7 +1,8 @@
 #include "actors/sampler.hpp"
 
 #include "actors/detail/answer.hpp"
-#include "components/comm/process_group.hpp"
+#include "actors/detail/pad.hpp"
+#include "actors/detail/sync_group.hpp"
 #include "components/sampler/engine.hpp"
 #include "placement/service.hpp"
 
@@ -211,14 +212,9 @@ public:
       w.names.push_back(m.names[i]);
       w.tensors.push_back(std::move(*t));
     }
-    if (!sync_ || sync_port_ != port) {
-      auto pg = ProcessGroup::create({.store_host = host, .store_port = static_cast<uint16_t>(port), .rank = rank,
-                                      .world_size = world, .prefix = "glint/sync"});
-      if (!pg) return with_context(pg.error(), "joining the weight-sync group at " + host + ":" + std::to_string(port));
-      sync_ = *pg;
-      sync_port_ = port;
-    }
-    if (auto got = sync_->broadcast_buckets(w.tensors, 0, bucket_bytes); !got) return got.error();
+    auto pg = sync_.join(host, port, rank, world);
+    if (!pg) return pg.error();
+    if (auto got = (*pg)->broadcast_buckets(w.tensors, 0, bucket_bytes); !got) return got.error();
     return update_weights(w, adapter, version, policy);
   }
 
@@ -391,8 +387,7 @@ private:
   RankContext ctx_;
   SamplerSpec spec_;
   std::optional<Engine> engine_;
-  std::shared_ptr<ProcessGroup> sync_;  ///< the weight-sync group (sync_recv)
-  int32_t sync_port_ = 0;
+  detail::SyncGroup sync_;  ///< for sync_recv
   NamedTensors staged_;  ///< buckets of a weight update not yet applied
   int64_t staged_version_ = -1;  ///< the version they belong to
   caf::error load_error_;
@@ -414,30 +409,12 @@ std::vector<SampleRequest> requests_of(const std::vector<std::vector<int64_t>>& 
 
 Result<Batch> training_batch(const std::vector<SampledSequence>& seqs, int64_t pad_id) {
   if (seqs.empty()) return make_error(errc::invalid_argument, "no sequences to make a training batch of");
-  size_t t = 0;
-  for (const auto& s : seqs) {
+  for (const auto& s : seqs)
     if (!s.error.empty())
       return make_error(errc::invalid_argument, "sequence " + std::to_string(s.sample) + " of request " +
                                                     std::to_string(s.index) + " was not sampled: " + s.error);
-    t = std::max(t, s.input_ids.size());
-  }
-  const auto b = seqs.size();
-  std::vector<int64_t> ids(b * t, pad_id), attention(b * t, 0);
-  std::vector<float> loss_mask(b * t, 0.f), old_logps(b * t, 0.f);
-  for (size_t i = 0; i < b; ++i) {
-    const auto& s = seqs[i];
-    std::copy(s.input_ids.begin(), s.input_ids.end(), ids.begin() + static_cast<std::ptrdiff_t>(i * t));
-    std::fill_n(attention.begin() + static_cast<std::ptrdiff_t>(i * t), s.input_ids.size(), 1);
-    std::copy(s.loss_mask.begin(), s.loss_mask.end(), loss_mask.begin() + static_cast<std::ptrdiff_t>(i * t));
-    std::copy(s.old_logps.begin(), s.old_logps.end(), old_logps.begin() + static_cast<std::ptrdiff_t>(i * t));
-  }
-  const std::vector<int64_t> shape{static_cast<int64_t>(b), static_cast<int64_t>(t)};
-  Batch out;
-  out.tensors["input_ids"] = *Tensor::from_values(ids, shape);
-  out.tensors["attention_mask"] = *Tensor::from_values(attention, shape);
-  out.tensors["loss_mask"] = *Tensor::from_values(loss_mask, shape);
-  out.tensors["old_logps"] = *Tensor::from_values(old_logps, shape);
-  return out;
+  return detail::pad_rows(seqs, pad_id,
+                          {{"loss_mask", &SampledSequence::loss_mask}, {"old_logps", &SampledSequence::old_logps}});
 }
 
 sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankContext ctx, SamplerSpec spec) {

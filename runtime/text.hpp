@@ -19,4 +19,11 @@ std::string join(const Range& range, std::string_view sep = ", ") {
   return out;
 }
 
+/// `s` without leading and trailing spaces, tabs and line breaks.
+inline std::string_view trim(std::string_view s) {
+  auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
 }  // namespace glint

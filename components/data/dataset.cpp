@@ -1,6 +1,7 @@
 #include "components/data/dataset.hpp"
 
 #include "components/data/detail/splitmix.hpp"
+#include "runtime/text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -43,12 +44,6 @@ Result<Row> row_of(const nlohmann::json& j, std::string origin) {
     }
   }
   return row;
-}
-
-std::string trim(std::string s) {
-  auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
@@ -246,7 +241,7 @@ std::vector<std::string> texts_of(const Dataset& ds) {
 std::optional<std::string> gsm8k_final_answer(std::string_view solution) {
   auto at = solution.rfind("####");
   if (at == std::string_view::npos) return std::nullopt;
-  std::string a = trim(std::string{solution.substr(at + 4)});
+  std::string_view a = trim(solution.substr(at + 4));
   std::string out;
   for (char c : a)
     if (c != ',' && c != '$') out.push_back(c);

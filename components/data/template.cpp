@@ -1,5 +1,7 @@
 #include "components/data/template.hpp"
 
+#include "runtime/text.hpp"
+
 #include <algorithm>
 
 namespace glint::components {
@@ -22,13 +24,6 @@ const Format* format_of(const std::string& name) {
   if (name == "chatml" || name == "qwen") return &kChatml;
   if (name == "llama3") return &kLlama3;
   return nullptr;
-}
-
-std::string trim(const std::string& s) {
-  auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  auto e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
 }
 
 }  // namespace
@@ -76,7 +71,7 @@ Result<std::vector<Template::Piece>> Template::pieces(std::span<const Message> m
   auto turn = [&](const std::string& role, const std::string& content, bool learned) {
     out.push_back({f.header_open, false, true});
     out.push_back({role + f.header_close, false, false});
-    out.push_back({f.trim ? trim(content) : content, learned, false});
+    out.push_back({f.trim ? std::string{trim(content)} : content, learned, false});
     out.push_back({f.end_of_turn, learned, true});
     if (*f.after_turn) out.push_back({f.after_turn, false, false});
   };

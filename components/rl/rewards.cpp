@@ -1,17 +1,13 @@
 #include "components/rl/rewards.hpp"
 
+#include "runtime/text.hpp"
+
 #include <cmath>
 #include <cstdlib>
 
 namespace glint::components::rl {
 
 namespace {
-
-std::string_view trim(std::string_view s) {
-  auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
 
 // The content of the last \boxed{...} and where it starts, or npos.
 std::pair<size_t, std::string> last_boxed(std::string_view s) {

@@ -130,8 +130,10 @@ int main(int argc, char** argv) {
     // As Twinkle's DeviceGroup(ranks=...): the model on the first core of the
     // job, the sampler on the last, so in a 2-process job they are in
     // different processes and in local mode on different cores.
+    auto resources = placement::cluster_resources(rt);
+    if (!resources) return fail("reading the job's resources", resources.error());
     int cores = 0;
-    for (const auto& n : rt.nodes()) cores += std::max(n.hello.cores / std::max(n.hello.local_world_size, 1), 1);
+    for (const auto& node : *resources) cores += static_cast<int>(node.cores.size());
     auto on = [&](const char* name, int core) {
       return cores >= 2 ? placement::DeviceGroup::on(name, {core}) : placement::DeviceGroup::of(name, 1);
     };

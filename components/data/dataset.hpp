@@ -95,7 +95,6 @@ public:
   /// fail are skipped (in row order, so the result does not depend on the
   /// thread count). Error: no template set.
   Result<void> encode(const EncodeOptions& options = {});
-  bool encoded() const { return !encoded_.empty() || rows_.empty(); }
   /// Row i's tokens; valid after encode().
   const EncodedRow& encoded(size_t i) const { return encoded_.at(i); }
 

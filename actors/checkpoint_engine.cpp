@@ -6,47 +6,67 @@
 
 namespace glint::actors {
 
+std::string_view to_string(SyncTransport t) {
+  switch (t) {
+    case SyncTransport::automatic: return "auto";
+    case SyncTransport::messages: return "messages";
+    case SyncTransport::collective: return "collective";
+  }
+  return "?";
+}
+
+Result<SyncTransport> parse_sync_transport(std::string_view name) {
+  for (auto t : {SyncTransport::automatic, SyncTransport::messages, SyncTransport::collective})
+    if (name == to_string(t)) return t;
+  return make_error(errc::invalid_argument, "transport '" + std::string{name} + "' is not auto, messages or collective");
+}
+
 Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
   if (o.bucket_bytes < 1)
     return make_error(errc::invalid_argument, "bucket_bytes must be at least 1, not " + std::to_string(o.bucket_bytes));
-  if (o.merge_and_sync && o.adapter.empty())
-    return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights");
-  if (o.policy != "finish_old" && o.policy != "abort")
-    return make_error(errc::invalid_argument, "update policy '" + o.policy + "' is neither finish_old nor abort");
-  if (o.transport != "auto" && o.transport != "messages" && o.transport != "collective")
-    return make_error(errc::invalid_argument, "transport '" + o.transport + "' is not auto, messages or collective");
+  if (o.merge_and_sync && model_.adapter().empty())
+    return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights: "
+                                              "give the engine model.with_adapter(name)");
+  const auto* model = model_.backend().actor_group();
+  const auto* sampler = sampler_.backend().actor_group();
+  if (!model || !sampler)
+    return make_error(errc::unimplemented, "sync_weights moves weights between actor groups of this runtime; these "
+                                           "groups are served elsewhere (remote mode syncs on the server)");
   // auto: the collective pays off with NCCL between GPUs; on CPU, across
   // processes on loopback, actor messages measured twice as fast as Gloo's
   // broadcast (0.85 vs 0.41 GB/s, glint bench sync --mode cluster).
   bool across_gpus = false;
-  for (int r = 0; r < sampler_.size(); ++r)
-    across_gpus |= sampler_.rank(r).ctx.node != model_.rank(0).ctx.node && model_.rank(0).ctx.device >= 0;
-  const bool collective = o.transport == "collective" || (o.transport == "auto" && across_gpus);
+  for (int r = 0; r < sampler->size(); ++r)
+    across_gpus |= sampler->rank(r).ctx.node != model->rank(0).ctx.node && model->rank(0).ctx.device >= 0;
+  const bool collective =
+      o.transport == SyncTransport::collective || (o.transport == SyncTransport::automatic && across_gpus);
   SyncReport r;
   r.version = ++attempts_;  // never reused: a failed sync's staged buckets keep their version
-  r.transport = collective ? "collective" : "messages";
+  r.transport = collective ? SyncTransport::collective : SyncTransport::messages;
   const auto start = std::chrono::steady_clock::now();
-  auto done = collective ? by_collective(o, r) : by_messages(o, r);
+  auto done = collective ? by_collective(*model, *sampler, o, r) : by_messages(*model, *sampler, o, r);
   if (!done) return done.error();
   done->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   version_ = done->version;
   return done;
 }
 
-Result<SyncReport> CheckpointEngine::by_messages(const SyncOptions& o, SyncReport r) {
-  auto weights = model_.call<Collect::first>(Dispatch::first, export_for_sync_atom::value, o.adapter, o.merge_and_sync).get();
+Result<SyncReport> CheckpointEngine::by_messages(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
+                                                 const SyncOptions& o, SyncReport r) {
+  const auto& adapter = model_.adapter();
+  auto weights = model.call<Collect::first>(Dispatch::first, export_for_sync_atom::value, adapter, o.merge_and_sync).take();
   if (!weights) return with_context(weights.error(), "sync_weights: exporting from the model group");
   r.tensors = static_cast<int64_t>(weights->names.size());
-  const std::string target = o.merge_and_sync ? std::string{} : o.adapter;
+  const std::string target = o.merge_and_sync ? std::string{} : adapter;
   // Buckets in export order; a tensor larger than a bucket is a bucket of its own.
   NamedTensorList bucket;
   int64_t bucket_bytes = 0;
   auto send = [&](bool last) -> Result<void> {
     ++r.buckets;
-    auto done = last ? sampler_.call<Collect::first>(Dispatch::all, update_weights_atom::value, bucket, target,
-                                                     r.version, o.policy)
+    auto done = last ? sampler.call<Collect::first>(Dispatch::all, update_weights_atom::value, bucket,
+                                                    WeightUpdate{target, r.version, o.policy})
                            .get()
-                     : sampler_.call<Collect::first>(Dispatch::all, stage_weights_atom::value, bucket, r.version)
+                     : sampler.call<Collect::first>(Dispatch::all, stage_weights_atom::value, bucket, r.version)
                            .get();
     bucket = {};
     bucket_bytes = 0;
@@ -67,8 +87,10 @@ Result<SyncReport> CheckpointEngine::by_messages(const SyncOptions& o, SyncRepor
   return r;
 }
 
-Result<SyncReport> CheckpointEngine::by_collective(const SyncOptions& o, SyncReport r) {
-  auto manifest = model_.call<Collect::first>(Dispatch::first, sync_manifest_atom::value, o.adapter, o.merge_and_sync).get();
+Result<SyncReport> CheckpointEngine::by_collective(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
+                                                   const SyncOptions& o, SyncReport r) {
+  const auto& adapter = model_.adapter();
+  auto manifest = model.call<Collect::first>(Dispatch::first, sync_manifest_atom::value, adapter, o.merge_and_sync).get();
   if (!manifest) return with_context(manifest.error(), "sync_weights: the model's manifest");
   if (store_port_ == 0) {
     if (o.store_port > 0) {
@@ -86,15 +108,17 @@ Result<SyncReport> CheckpointEngine::by_collective(const SyncOptions& o, SyncRep
     auto dtype = parse_dtype(manifest->dtypes[i]);
     r.bytes += n * (dtype ? static_cast<int64_t>(element_size(*dtype)) : 4);
   }
-  const std::string target = o.merge_and_sync ? std::string{} : o.adapter;
-  const int32_t world = 1 + sampler_.size();
+  const std::string target = o.merge_and_sync ? std::string{} : adapter;
+  const int32_t world = 1 + sampler.size();
   // Every member blocks in the collective until all have joined: send to all, then wait.
-  auto sent = model_.call_rank(0, sync_send_atom::value, o.adapter, o.merge_and_sync, o.store_host, store_port_, world,
-                               o.bucket_bytes);
+  SyncGroupAddress at{o.store_host, store_port_, 0, world, o.bucket_bytes};
+  auto sent = model.call_rank(0, sync_send_atom::value, adapter, o.merge_and_sync, at);
   std::vector<Future<bool>> received;
-  for (int s = 0; s < sampler_.size(); ++s)
-    received.push_back(sampler_.call_rank(s, sync_recv_atom::value, *manifest, target, r.version, o.policy, o.store_host,
-                                          store_port_, static_cast<int32_t>(s + 1), world, o.bucket_bytes));
+  const WeightUpdate update{target, r.version, o.policy};
+  for (int s = 0; s < sampler.size(); ++s) {
+    at.rank = s + 1;
+    received.push_back(sampler.call_rank(s, sync_recv_atom::value, *manifest, update, at));
+  }
   auto buckets = sent.get();
   std::optional<caf::error> failed;
   if (!buckets) failed = with_context(buckets.error(), "sync_weights: broadcasting from the model");

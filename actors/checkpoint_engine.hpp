@@ -3,13 +3,14 @@
 /// sampler group that generates with them, as Twinkle's
 /// CheckpointEngineManager does between steps of an RL loop:
 ///
-///   actors::CheckpointEngine ckpt{model, sampler};
-///   auto report = ckpt.sync_weights({.adapter = "default", .merge_and_sync = true});
+///   actors::CheckpointEngine ckpt{model.with_adapter("default"), sampler};
+///   auto report = ckpt.sync_weights({.merge_and_sync = true});
 ///   // report->version, bytes, buckets, seconds; every sampled sequence then
 ///   // reports weight_version == report->version
 ///
-/// What goes: every base weight (adapter ""), one adapter's LoRA tensors
-/// (the samplers must have that adapter: add_adapter), or with
+/// What goes is what the ModelGroup handle trains: every base weight (the
+/// full model), one adapter's LoRA tensors (model.with_adapter(name); the
+/// samplers must have that adapter: add_adapter), or with
 /// merge_and_sync the base with the adapter folded in, for samplers without
 /// LoRA. Model rank 0 exports (ranks of a data-parallel group hold the same
 /// weights); the tensors travel in buckets of about bucket_bytes, each
@@ -28,8 +29,9 @@
 /// on their previous weights and version (what it staged is never applied:
 /// staged buckets carry their version).
 
-#include "actors/model.hpp"
-#include "actors/sampler.hpp"
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
+#include "components/sampler/params.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -37,17 +39,27 @@
 
 namespace glint::actors {
 
+/// How the weights travel.
+enum class SyncTransport : uint8_t {
+  /// The collective between GPU ranks of different processes (where NCCL
+  /// wins), else messages, which on CPU measured faster than Gloo (docs/rl.md).
+  automatic,
+  /// Buckets as actor messages (no copy in one process; CAF's serialisation
+  /// across processes).
+  messages,
+  /// A c10d broadcast from model rank 0 to the sampler ranks.
+  collective,
+};
+std::string_view to_string(SyncTransport t);
+/// "auto", "messages" or "collective".
+Result<SyncTransport> parse_sync_transport(std::string_view name);
+
 struct SyncOptions {
-  std::string adapter{};        ///< "": the base weights; else this adapter
   bool merge_and_sync = false;  ///< with an adapter: send the base with it folded in
   int64_t bucket_bytes = int64_t{256} << 20;
-  std::string policy = "finish_old";  ///< or "abort": requests in flight stop now
-  /// "messages": buckets as actor messages (no copy in one process; CAF's
-  /// serialisation across processes). "collective": a c10d broadcast from
-  /// model rank 0 to the sampler ranks. "auto": the collective between
-  /// GPU ranks of different processes (where NCCL wins), else messages,
-  /// which on CPU measured faster than Gloo (docs/rl.md).
-  std::string transport = "auto";
+  /// What happens to requests in flight: finish on the old weights, or stop now.
+  components::UpdatePolicy policy = components::UpdatePolicy::finish_old;
+  SyncTransport transport = SyncTransport::automatic;
   /// The collective's store, hosted by model rank 0. The port is picked on
   /// this machine at the first sync: a job on several machines sets the
   /// model node's address and a port free there.
@@ -60,30 +72,33 @@ struct SyncReport {
   int64_t tensors = 0;
   int64_t buckets = 0;
   int64_t bytes = 0;      ///< of the weights sent (per sampler rank)
-  std::string transport{};  ///< "messages" or "collective"
+  SyncTransport transport = SyncTransport::messages;  ///< the one used (never automatic)
   double seconds = 0;     ///< export to last apply
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
 class CheckpointEngine {
 public:
-  CheckpointEngine(Group<model_actor> model, Group<sampler_actor> sampler)
-      : model_(std::move(model)), sampler_(std::move(sampler)) {}
+  /// Syncs what `model` trains (its adapter, or the full model) to `sampler`.
+  CheckpointEngine(ModelGroup model, SamplerGroup sampler) : model_(std::move(model)), sampler_(std::move(sampler)) {}
 
-  /// Errors: bad options (bucket_bytes < 1, merge without an adapter, an
-  /// unknown policy), an unknown adapter, a sampler that refuses the
-  /// weights (names, shapes; it names them), a rank that is gone.
+  /// Errors: bad options (bucket_bytes < 1, merge without an adapter), an
+  /// unknown adapter, a sampler that refuses the weights (names, shapes; it
+  /// names them), a rank that is gone; `unimplemented` for groups that are
+  /// not actor groups of this runtime (remote mode syncs on the server).
   Result<SyncReport> sync_weights(const SyncOptions& options = {});
   /// The version the last successful sync gave the samplers (0: none yet).
   /// Versions grow by one per sync; a failed sync's number is skipped.
   int64_t version() const { return version_; }
 
 private:
-  Result<SyncReport> by_messages(const SyncOptions& options, SyncReport r);
-  Result<SyncReport> by_collective(const SyncOptions& options, SyncReport r);
+  Result<SyncReport> by_messages(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
+                                 const SyncOptions& options, SyncReport r);
+  Result<SyncReport> by_collective(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
+                                   const SyncOptions& options, SyncReport r);
 
-  Group<model_actor> model_;
-  Group<sampler_actor> sampler_;
+  ModelGroup model_;
+  SamplerGroup sampler_;
   int64_t version_ = 0;
   int64_t attempts_ = 0;  ///< versions handed out, failed syncs included
   int32_t store_port_ = 0;  ///< of the collective, once made

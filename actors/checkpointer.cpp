@@ -91,21 +91,20 @@ Result<void> Checkpointer::reset() {
   return {};
 }
 
-Result<std::string> Checkpointer::save(const std::string& name, const Group<model_actor>& model,
-                                       const std::string& adapter, const Group<dataloader_actor>* loader,
+Result<std::string> Checkpointer::save(const std::string& name, const ModelGroup& model, const DataLoaderGroup* loader,
                                        TrainerState state, const std::string& summary) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
     return make_error(errc::invalid_argument, "checkpoint name '" + name + "' must be non-empty, without '/'");
   auto dir = components::AtomicDir::begin(run_dir() + "/" + name);
   if (!dir) return dir.error();
-  auto saved = model.call<Collect::first>(Dispatch::first, save_atom::value, adapter, dir->path() + "/model", true).get();
+  auto saved = model.save({.dir = dir->path() + "/model", .with_optimizer = true}).get();
   if (!saved) return with_context(saved.error(), "saving checkpoint " + name);
   if (loader) {
-    auto pos = loader->call<Collect::first>(Dispatch::first, loader_state_atom_v).get();
+    auto pos = loader->state().get();
     if (!pos) return with_context(pos.error(), "saving checkpoint " + name + ": the dataloader's position");
     state.loader = *pos;
   }
-  if (auto cfg = model.call<Collect::first>(Dispatch::first, get_train_configs_atom::value, adapter).get())
+  if (auto cfg = model.train_configs().get())
     state.train_configs = *cfg;
   {
     std::ofstream out{dir->path() + "/" + kState, std::ios::trunc};
@@ -121,8 +120,8 @@ Result<std::string> Checkpointer::save(const std::string& name, const Group<mode
   return dir->final_path();
 }
 
-Result<std::optional<TrainerState>> Checkpointer::resume(const Group<model_actor>& model, const std::string& adapter,
-                                                         const Group<dataloader_actor>* loader, const std::string& which) {
+Result<std::optional<TrainerState>> Checkpointer::resume(const ModelGroup& model, const DataLoaderGroup* loader,
+                                                         const std::string& which) {
   std::string path;
   if (which == "latest") {
     auto latest = index_->latest(run_);
@@ -142,10 +141,10 @@ Result<std::optional<TrainerState>> Checkpointer::resume(const Group<model_actor
   if (auto ok = components::verify_dir(path); !ok) return with_context(ok.error(), "resuming from " + path);
   auto state = from_json(path + "/" + kState);
   if (!state) return state.error();
-  auto loaded = model.call<Collect::first>(Dispatch::all, load_atom::value, adapter, path + "/model", true).get();
+  auto loaded = model.load({.dir = path + "/model", .with_optimizer = true}).get();
   if (!loaded) return with_context(loaded.error(), "resuming from " + path);
   if (loader) {
-    auto ok = loader->call<Collect::first>(Dispatch::first, set_loader_state_atom_v, state->loader).get();
+    auto ok = loader->set_state(state->loader).get();
     if (!ok) return with_context(ok.error(), "resuming from " + path + ": the dataloader's position");
   }
   return std::optional<TrainerState>{std::move(*state)};

@@ -6,9 +6,12 @@
 /// `glint runs` and `glint checkpoints RUN` list:
 ///
 ///   auto ckpt = actors::Checkpointer::open("runs", "grpo");
-///   ckpt->save("step-40", model, "", &loader, {.step = 40, .seed = 1});
+///   ckpt->save("step-40", model, &loader, {.step = 40, .seed = 1});
 ///   // ...a new process...
-///   auto state = ckpt->resume(model, "", &loader);   // latest; nullopt: start afresh
+///   auto state = ckpt->resume(model, &loader);   // latest; nullopt: start afresh
+///
+/// What is saved is what the ModelGroup handle trains: the full model, or
+/// its adapter (model.with_adapter(name)).
 ///
 /// It holds: model/ (the full model in Hugging Face layout, or the adapter
 /// in PEFT layout, with optimizer.safetensors: moments and step, so the
@@ -24,8 +27,8 @@
 /// thread-safe: the driver owns it. One process opens a run index for
 /// writing at a time.
 
-#include "actors/dataloader.hpp"
-#include "actors/model.hpp"
+#include "actors/dataloader_group.hpp"
+#include "actors/model_group.hpp"
 
 #include <map>
 #include <memory>
@@ -60,15 +63,15 @@ public:
 
   /// Saves checkpoint `name` (a new name: checkpoints are never
   /// overwritten) and indexes it with `summary`. Returns its directory.
-  Result<std::string> save(const std::string& name, const Group<model_actor>& model, const std::string& adapter,
-                           const Group<dataloader_actor>* loader, TrainerState state, const std::string& summary = "");
+  Result<std::string> save(const std::string& name, const ModelGroup& model, const DataLoaderGroup* loader,
+                           TrainerState state, const std::string& summary = "");
   /// Loads checkpoint `which` ("latest", or a name) into every model rank
   /// (weights and optimizer state) and the loader, and answers its trainer
   /// state; nullopt when the run has no checkpoint yet (and `which` is
   /// "latest"). Error: a damaged checkpoint (nothing is loaded then), one
   /// of another model, an unknown name.
-  Result<std::optional<TrainerState>> resume(const Group<model_actor>& model, const std::string& adapter,
-                                             const Group<dataloader_actor>* loader, const std::string& which = "latest");
+  Result<std::optional<TrainerState>> resume(const ModelGroup& model, const DataLoaderGroup* loader,
+                                             const std::string& which = "latest");
 
   /// The run's checkpoints, newest last (empty for a new run).
   Result<std::vector<std::string>> list() const;

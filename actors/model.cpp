@@ -420,14 +420,14 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           return m;
         });
       },
-      [st, answer](sync_send_atom, const std::string& adapter, bool merged, const std::string& host, int32_t port,
-                   int32_t world, int64_t bucket_bytes) -> caf::result<int64_t> {
+      [st, answer](sync_send_atom, const std::string& adapter, bool merged,
+                   const SyncGroupAddress& at) -> caf::result<int64_t> {
         return answer([&]() -> Result<int64_t> {
           auto w = st->export_weights(adapter, merged, false);
           if (!w) return w.error();
-          auto pg = st->sync.join(host, port, 0, world);
+          auto pg = st->sync.join(at.host, at.port, 0, at.world);
           if (!pg) return pg.error();
-          return (*pg)->broadcast_buckets(w->tensors, 0, bucket_bytes);
+          return (*pg)->broadcast_buckets(w->tensors, 0, at.bucket_bytes);
         });
       },
   };

@@ -108,9 +108,24 @@ struct SyncManifest {
   friend bool operator==(const SyncManifest&, const SyncManifest&) = default;
 };
 
+/// Where the members of a weight-sync collective meet: model rank 0 (rank 0
+/// of the collective, hosting its store at host:port) and the sampler ranks.
+struct SyncGroupAddress {
+  std::string host = "127.0.0.1";
+  int32_t port = 0;
+  int32_t rank = 0;   ///< this member's rank in the collective
+  int32_t world = 1;  ///< members: 1 + sampler ranks
+  int64_t bucket_bytes = int64_t{256} << 20;
+  friend bool operator==(const SyncGroupAddress&, const SyncGroupAddress&) = default;
+};
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SyncManifest& x) {
   return f(caf::meta::type_name("glint.sync_manifest"), x.names, x.shapes, x.dtypes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SyncGroupAddress& x) {
+  return f(caf::meta::type_name("glint.sync_group_address"), x.host, x.port, x.rank, x.world, x.bucket_bytes);
 }
 
 template <class Inspector>
@@ -199,11 +214,11 @@ using model_actor = caf::typed_actor<
     caf::replies_to<export_for_sync_atom, std::string, bool>::with<NamedTensorList>,
     /// The names, shapes and dtypes export_for_sync(adapter, merged) would send.
     caf::replies_to<sync_manifest_atom, std::string, bool>::with<SyncManifest>,
-    /// Broadcasts export_for_sync(adapter, merged) as rank 0 of a c10d group
-    /// of `world` ranks whose store it hosts on store_host:store_port (made
-    /// at the first call, kept for the next), in buckets of bucket_bytes.
-    /// Answers the buckets. Blocks this rank until the receivers join.
-    caf::replies_to<sync_send_atom, std::string, bool, std::string, int32_t, int32_t, int64_t>::with<int64_t>>;
+    /// Broadcasts export_for_sync(adapter, merged) as rank 0 of the c10d
+    /// group at `address`, whose store it hosts (made at the first call, kept
+    /// for the next), in buckets of address.bucket_bytes. Answers the
+    /// buckets. Blocks this rank until the receivers join.
+    caf::replies_to<sync_send_atom, std::string, bool, SyncGroupAddress>::with<int64_t>>;
 
 inline constexpr const char* model_type = "glint.model";
 
@@ -222,6 +237,7 @@ GLINT_REGISTER_MESSAGE_TYPE(scheduler_settings, SchedulerSettings, "glint.schedu
 GLINT_REGISTER_MESSAGE_TYPE(lora_settings, LoraSettings, "glint.lora_settings");
 GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensorList, "glint.named_tensors");
 GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
+GLINT_REGISTER_MESSAGE_TYPE(sync_group_address, SyncGroupAddress, "glint.sync_group_address");
 GLINT_REGISTER_ACTOR(model, model_type, model_shard);
 
 }  // namespace glint::actors

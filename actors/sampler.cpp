@@ -10,6 +10,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -158,15 +159,16 @@ public:
     else stepping_ = false;
   }
 
-  Result<bool> update_weights(const NamedTensorList& w, const std::string& adapter, int64_t version,
-                              const std::string& policy) {
+  Result<bool> update_weights(const NamedTensorList& w, const WeightUpdate& u) {
+    const auto& adapter = u.adapter;
+    const auto version = u.version;
+    const auto p = u.policy;
     auto e = engine();
     if (!e) return e.error();
-    UpdatePolicy p;
-    if (policy == "finish_old") p = UpdatePolicy::finish_old;
-    else if (policy == "abort") p = UpdatePolicy::abort;
-    else
-      return make_error(errc::invalid_argument, "update policy '" + policy + "' is neither finish_old nor abort");
+    // An enum from the wire can hold any number.
+    if (p != UpdatePolicy::finish_old && p != UpdatePolicy::abort)
+      return make_error(errc::invalid_argument, "update policy " + std::to_string(static_cast<int>(p)) +
+                                                    " is neither finish_old nor abort");
     if (w.names.size() != w.tensors.size())
       return make_error(errc::invalid_argument, "the update has " + std::to_string(w.names.size()) + " names but " +
                                                     std::to_string(w.tensors.size()) + " tensors");
@@ -197,8 +199,7 @@ public:
     return true;
   }
 
-  Result<bool> sync_recv(const SyncManifest& m, const std::string& adapter, int64_t version, const std::string& policy,
-                         const std::string& host, int32_t port, int32_t rank, int32_t world, int64_t bucket_bytes) {
+  Result<bool> sync_recv(const SyncManifest& m, const WeightUpdate& u, const SyncGroupAddress& at) {
     auto e = engine();
     if (!e) return e.error();
     if (m.names.size() != m.shapes.size() || m.names.size() != m.dtypes.size())
@@ -212,10 +213,10 @@ public:
       w.names.push_back(m.names[i]);
       w.tensors.push_back(std::move(*t));
     }
-    auto pg = sync_.join(host, port, rank, world);
+    auto pg = sync_.join(at.host, at.port, at.rank, at.world);
     if (!pg) return pg.error();
-    if (auto got = (*pg)->broadcast_buckets(w.tensors, 0, bucket_bytes); !got) return got.error();
-    return update_weights(w, adapter, version, policy);
+    if (auto got = (*pg)->broadcast_buckets(w.tensors, 0, at.bucket_bytes); !got) return got.error();
+    return update_weights(w, u);
   }
 
   Result<int64_t> abort_all() {
@@ -407,14 +408,26 @@ std::vector<SampleRequest> requests_of(const std::vector<std::vector<int64_t>>& 
   return out;
 }
 
-Result<Batch> training_batch(const std::vector<SampledSequence>& seqs, int64_t pad_id) {
+Result<Batch> training_batch(const std::vector<SampledSequence>& seqs, const TrainingBatchOptions& o) {
   if (seqs.empty()) return make_error(errc::invalid_argument, "no sequences to make a training batch of");
   for (const auto& s : seqs)
     if (!s.error.empty())
       return make_error(errc::invalid_argument, "sequence " + std::to_string(s.sample) + " of request " +
                                                     std::to_string(s.index) + " was not sampled: " + s.error);
-  return detail::pad_rows(seqs, pad_id,
-                          {{"loss_mask", &SampledSequence::loss_mask}, {"old_logps", &SampledSequence::old_logps}});
+  if (!o.advantages.empty() && o.advantages.size() != seqs.size())
+    return make_error(errc::invalid_argument, std::to_string(o.advantages.size()) + " advantages for " +
+                                                  std::to_string(seqs.size()) + " sequences; give one per sequence");
+  for (size_t i = 0; i < o.advantages.size(); ++i)
+    if (!std::isfinite(o.advantages[i]))
+      return make_error(errc::invalid_argument, "advantage " + std::to_string(i) + " is not finite");
+  auto batch = detail::pad_rows(seqs, o.pad_id,
+                                {{"loss_mask", &SampledSequence::loss_mask}, {"old_logps", &SampledSequence::old_logps}});
+  if (o.advantages.empty()) return batch;
+  std::vector<float> adv(o.advantages.begin(), o.advantages.end());
+  auto t = Tensor::from_values(adv, {static_cast<int64_t>(adv.size())});
+  if (!t) return t.error();
+  batch.tensors["advantages"] = std::move(*t);
+  return batch;
 }
 
 sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankContext ctx, SamplerSpec spec) {
@@ -441,14 +454,12 @@ sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankConte
           return st->fail(make_error(errc::invalid_argument, "sample_stream needs a listener actor for its chunks"));
         return st->sample(requests, params, adapter, listener);
       },
-      [st, answer](update_weights_atom, const NamedTensorList& w, const std::string& adapter, int64_t version,
-                   const std::string& policy) -> caf::result<bool> {
-        return answer([&] { return st->update_weights(w, adapter, version, policy); });
+      [st, answer](update_weights_atom, const NamedTensorList& w, const WeightUpdate& u) -> caf::result<bool> {
+        return answer([&] { return st->update_weights(w, u); });
       },
-      [st, answer](sync_recv_atom, const SyncManifest& m, const std::string& adapter, int64_t version,
-                   const std::string& policy, const std::string& host, int32_t port, int32_t rank, int32_t world,
-                   int64_t bucket_bytes) -> caf::result<bool> {
-        return answer([&] { return st->sync_recv(m, adapter, version, policy, host, port, rank, world, bucket_bytes); });
+      [st, answer](sync_recv_atom, const SyncManifest& m, const WeightUpdate& u,
+                   const SyncGroupAddress& at) -> caf::result<bool> {
+        return answer([&] { return st->sync_recv(m, u, at); });
       },
       [st, answer](stage_weights_atom, const NamedTensorList& w, int64_t version) -> caf::result<bool> {
         return answer([&] { return st->stage_weights(w, version); });

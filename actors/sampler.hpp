@@ -7,7 +7,7 @@
 ///                                              {.model_dir = "models/tiny"});
 ///   auto seqs = sampler->call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v,
 ///                                               actors::requests_of(prompts), params, std::string{}).get();
-///   auto batch = actors::training_batch(*seqs);  // input_ids, attention_mask, loss_mask, old_logps
+///   auto batch = actors::training_batch(*seqs, {.advantages = adv});  // input_ids, masks, old_logps, advantages
 ///
 /// A call answers num_samples sequences per request, request by request in
 /// the order given; Collect::flatten joins the dp ranks' contiguous slices
@@ -68,6 +68,7 @@ namespace glint::actors {
 
 using components::SamplingParams;
 using components::TokenLogprobs;
+using components::UpdatePolicy;
 
 /// What a sampler rank loads and how its engine lays out its cache.
 struct SamplerSpec {
@@ -84,6 +85,15 @@ struct SamplerSpec {
   bool enable_prefix_caching = true;
   int64_t block_size = 16;
   friend bool operator==(const SamplerSpec&, const SamplerSpec&) = default;
+};
+
+/// Which weights an update replaces, the version it makes, and what
+/// happens to requests in flight.
+struct WeightUpdate {
+  std::string adapter{};  ///< empty: base weights (HF names); else this adapter's (PEFT names)
+  int64_t version = 0;    ///< reported by every sequence sampled with the new weights
+  UpdatePolicy policy = UpdatePolicy::finish_old;
+  friend bool operator==(const WeightUpdate&, const WeightUpdate&) = default;
 };
 
 /// One prompt of a sample call.
@@ -138,16 +148,28 @@ struct SampleChunk {
 /// Where a streamed call sends its chunks.
 using sample_listener = caf::typed_actor<caf::reacts_to<SampleChunk>>;
 
-/// The right-padded [B, T] training batch of `seqs` that the model actor
-/// reads: input_ids (padded with `pad_id`), attention_mask, loss_mask and
-/// old_logps. An error for no sequences or one that carries an error.
-Result<Batch> training_batch(const std::vector<SampledSequence>& seqs, int64_t pad_id = 0);
+/// How training_batch builds a batch of sampled sequences.
+struct TrainingBatchOptions {
+  int64_t pad_id = 0;               ///< fills input_ids past a sequence's end
+  std::vector<double> advantages{};  ///< one per sequence (GRPO, RLOO); empty: none in the batch
+};
+
+/// The right-padded [B, T] training batch of `seqs` that the model's
+/// forward_backward reads: input_ids, attention_mask, loss_mask, old_logps,
+/// and advantages [B] when given. An error for no sequences, one that
+/// carries an error, or advantages that are not one per sequence or not
+/// finite.
+Result<Batch> training_batch(const std::vector<SampledSequence>& seqs, const TrainingBatchOptions& options = {});
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplerSpec& x) {
   return f(caf::meta::type_name("glint.sampler_spec"), x.model_dir, x.config_json, x.seed, x.sampling_seed,
            x.cache_bytes, x.max_num_seqs, x.max_num_batched_tokens, x.max_model_len, x.enable_prefix_caching,
            x.block_size);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightUpdate& x) {
+  return f(caf::meta::type_name("glint.weight_update"), x.adapter, x.version, x.policy);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampleRequest& x) {
@@ -195,22 +217,21 @@ using sampler_actor = caf::typed_actor<
         std::vector<SampledSequence>>,
     /// New weights (HF names, any subset; or an adapter's under PEFT's
     /// names), reported as `version` by the sequences sampled with them.
-    /// policy "finish_old": requests in flight finish on the old weights
-    /// (later ones wait); "abort": they stop now, with stop_reason abort.
-    caf::replies_to<update_weights_atom, NamedTensorList, std::string, int64_t, std::string>::with<bool>,
+    /// policy finish_old: requests in flight finish on the old weights
+    /// (later ones wait); abort: they stop now, with stop_reason abort.
+    caf::replies_to<update_weights_atom, NamedTensorList, WeightUpdate>::with<bool>,
     /// A bucket of the next update_weights: kept until it comes, then
     /// checked and applied with it as one version (the checkpoint engine
     /// sends big updates this way, so no message holds all the weights).
     /// Buckets are kept under their version: update_weights applies only
     /// those of its own version (what a failed sync left is dropped).
     caf::replies_to<stage_weights_atom, NamedTensorList, int64_t>::with<bool>,
-    /// Receives the tensors `manifest` lists as rank `rank` of the c10d
-    /// weight-sync group at host:port (of `world` ranks; the model's
-    /// sync_send is rank 0), in buckets of bucket_bytes, then applies them
-    /// as update_weights(..., adapter, version, policy) would. Blocks this
+    /// Receives the tensors `manifest` lists as a member of the c10d
+    /// weight-sync group at `address` (the model's sync_send is rank 0), in
+    /// buckets of address.bucket_bytes, then applies them as
+    /// update_weights(tensors, update) would. Blocks this
     /// rank until the transfer ends.
-    caf::replies_to<sync_recv_atom, SyncManifest, std::string, int64_t, std::string, std::string, int32_t, int32_t,
-                    int32_t, int64_t>::with<bool>,
+    caf::replies_to<sync_recv_atom, SyncManifest, WeightUpdate, SyncGroupAddress>::with<bool>,
     /// A LoRA adapter (B zero: the base's output until its weights come);
     /// LoraSettings::seed is not used.
     caf::replies_to<add_adapter_atom, std::string, LoraSettings>::with<bool>,
@@ -254,6 +275,7 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
 
 GLINT_REGISTER_MESSAGE_TYPE(sampler_spec, SamplerSpec, "glint.sampler_spec");
 GLINT_REGISTER_MESSAGE_TYPE(sampling_params, SamplingParams, "glint.sampling_params");
+GLINT_REGISTER_MESSAGE_TYPE(weight_update, WeightUpdate, "glint.weight_update");
 GLINT_REGISTER_MESSAGE_TYPE(sample_requests, std::vector<SampleRequest>, "glint.sample_requests");
 GLINT_REGISTER_MESSAGE_TYPE(sampled_sequences, std::vector<SampledSequence>, "glint.sampled_sequences");
 GLINT_REGISTER_MESSAGE_TYPE(sample_chunk, SampleChunk, "glint.sample_chunk");

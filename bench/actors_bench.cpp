@@ -5,6 +5,7 @@
 // transport on this machine has). Prints `name: value` lines; every value is
 // the median of --repeats runs.
 #include "actors/probe.hpp"
+#include "actors/probe_group.hpp"
 #include "bench/measure.hpp"
 #include "bench/two_process_job.hpp"
 #include "runtime/group.hpp"
@@ -139,6 +140,33 @@ bool measure(Runtime& rt, const Group<probe_actor>& g, const std::string& suffix
   return true;
 }
 
+// What a typed client call costs over the raw Group call to the same actor:
+// echo round trips through ProbeGroup (handle -> backend -> Group::call_rank)
+// and through Group::call_rank, interleaved, `repeats` times each; the
+// difference of the medians, in microseconds.
+bool typed_overhead(const Group<probe_actor>& g, int repeats, Lines& lines) {
+  const auto client = actors::probe_group_of(g);
+  const int calls = 20000;
+  std::vector<double> raw, typed;
+  bool ok = true;
+  for (int rep = 0; rep < repeats && ok; ++rep) {
+    raw.push_back(seconds_of([&] {
+                    for (int64_t i = 0; i < calls; ++i) ok = ok && g.call_rank(0, actors::echo_atom::value, i).get();
+                  }) / calls * 1e6);
+    typed.push_back(seconds_of([&] {
+                      for (int64_t i = 0; i < calls; ++i) ok = ok && client.echo(i).get();
+                    }) / calls * 1e6);
+  }
+  if (!ok) {
+    std::fprintf(stderr, "glint bench actors: a call failed while timing the typed client\n");
+    return false;
+  }
+  lines.add("raw_group_call_local_us", median(raw));
+  lines.add("typed_client_call_local_us", median(typed));
+  lines.add("typed_call_overhead_us", median(typed) - median(raw));
+  return true;
+}
+
 }  // namespace
 
 int actors(int repeats, const std::string& modes) {
@@ -154,6 +182,7 @@ int actors(int repeats, const std::string& modes) {
     }
     auto g = Group<probe_actor>::spawn(**rt, "bench", actors::probe_scheduled_type, {RankSlot{}});
     if (!g || !measure(**rt, *g, "local", repeats, lines, false)) return 1;
+    if (!typed_overhead(*g, std::max(repeats, 5), lines)) return 1;
     auto d = Group<probe_actor>::spawn(**rt, "bench", actors::probe_type, {RankSlot{}});
     if (!d || !measure(**rt, *d, "local_detached", repeats, lines, false)) return 1;
   }

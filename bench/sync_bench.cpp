@@ -54,7 +54,7 @@ double memcpy_gbps(size_t bytes, int repeats) {
 // Median GB/s of `repeats` syncs (after one warm-up sync) from a model rank
 // in this process to a sampler rank on node `sampler_node`.
 Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repeats, const std::string& tag,
-                         const std::string& transport = "auto") {
+                         actors::SyncTransport transport = actors::SyncTransport::automatic) {
   auto config = s.config.to_json();
   auto model = Group<actors::model_actor>::spawn(rt, "model-" + tag, actors::model_type, {RankSlot{}},
                                                  actors::ModelSpec{.config_json = config, .seed = 1});
@@ -65,7 +65,8 @@ Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repea
       rt, "sampler-" + tag, actors::sampler_type, {remote},
       actors::SamplerSpec{.config_json = config, .seed = 2, .cache_bytes = 4 << 20});
   if (!sampler) return sampler.error();
-  actors::CheckpointEngine ckpt{model->with_timeout(10min), sampler->with_timeout(10min)};
+  actors::CheckpointEngine ckpt{actors::model_group_of(model->with_timeout(10min)),
+                                actors::sampler_group_of(rt, sampler->with_timeout(10min))};
   std::vector<double> gbps;
   for (int r = 0; r <= repeats; ++r) {
     auto report = ckpt.sync_weights({.transport = transport});
@@ -108,7 +109,7 @@ int sync(const SyncBenchArgs& a) {
       auto g = sync_gbps(*rt, s, 1, a.repeats, s.label);
       if (!g) return fail(describe(g.error()));
       print_metric(("weight_sync_cluster_gbps_" + s.label).c_str(), *g, 2);
-      auto c = sync_gbps(*rt, s, 1, a.repeats, s.label + "-c10d", "collective");
+      auto c = sync_gbps(*rt, s, 1, a.repeats, s.label + "-c10d", actors::SyncTransport::collective);
       if (!c) return fail(describe(c.error()));
       print_metric(("weight_sync_cluster_c10d_gbps_" + s.label).c_str(), *c, 2);
     }

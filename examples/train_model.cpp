@@ -4,7 +4,7 @@
 //   glint run --nproc 2 -- build/examples/train_model
 // where rank 1 lives in the second process. Pass a Hugging Face directory
 // (e.g. one written by `glint init-model`) to train that model instead.
-#include "actors/model.hpp"
+#include "actors/model_group.hpp"
 #include "components/model/config.hpp"
 #include "placement/service.hpp"
 
@@ -24,14 +24,12 @@ int main(int argc, char** argv) {
     }
     auto mesh = placement::DeviceMesh::from_sizes({.dp = 2});
     if (!mesh) return 1;
-    auto model = actors::spawn_model_group(rt, placement::DeviceGroup::of("model", 2), *mesh, spec);
+    auto model = actors::open_model_group(rt, placement::DeviceGroup::of("model", 2), *mesh, spec);
     if (!model) {
       std::fprintf(stderr, "%s\n", describe(model.error()).c_str());
       return 1;
     }
-    auto set = model->call<Collect::first>(Dispatch::all, actors::set_optimizer_atom::value, std::string{},
-                                           actors::OptimizerSettings{.lr = 3e-3})
-                   .get();
+    auto set = model->set_optimizer({.lr = 3e-3}).get();
     if (!set) {
       std::fprintf(stderr, "%s\n", describe(set.error()).c_str());
       return 1;
@@ -44,14 +42,13 @@ int main(int argc, char** argv) {
     batch.tensors["input_ids"] = *Tensor::from_values(ids, {8, 16});
     double first = 0, last = 0;
     for (int step = 1; step <= 30; ++step) {
-      auto loss = model->call<Collect::mean>(Dispatch::slice_dp, actors::forward_backward_atom_v, batch,
-                                             std::string{})
-                      .get();
+      // Each rank gets its half of the rows; the ranks' metrics are averaged.
+      auto loss = model->forward_backward(batch).take();
       if (!loss) {
         std::fprintf(stderr, "%s\n", describe(loss.error()).c_str());
         return 1;
       }
-      auto st = model->call<Collect::first>(Dispatch::all, actors::clip_grad_and_step_atom_v, std::string{}).get();
+      auto st = model->clip_grad_and_step().take();  // every rank steps, after averaging gradients
       if (!st) {
         std::fprintf(stderr, "%s\n", describe(st.error()).c_str());
         return 1;

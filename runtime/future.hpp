@@ -18,6 +18,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
+#include <vector>
 
 namespace glint {
 
@@ -40,6 +42,13 @@ bool spin_until(const Ready& ready) {
   }
 }
 
+template <class R>
+struct result_value;
+template <class T>
+struct result_value<caf::expected<T>> {
+  using type = T;
+};
+
 template <class T>
 struct FutureState {
   std::mutex mx;
@@ -47,17 +56,35 @@ struct FutureState {
   std::optional<Result<T>> value;  ///< written once, under mx, before `ready`
   std::atomic<bool> ready{false};
   std::atomic<int> sleepers{0};
+  /// Run once, after the value is set, on the thread that sets it (under no
+  /// lock); `then` registers them.
+  std::vector<std::function<void()>> callbacks;
 
   /// Sets the value once; later calls are ignored and return false.
   bool set(Result<T> v) {
+    std::vector<std::function<void()>> run;
     {
       std::lock_guard<std::mutex> guard{mx};
       if (value) return false;
       value.emplace(std::move(v));
       ready.store(true, std::memory_order_release);
+      run.swap(callbacks);
     }
     if (sleepers.load(std::memory_order_acquire) > 0) cv.notify_all();
+    for (auto& f : run) f();
     return true;
+  }
+
+  /// Calls `f` once the value is set: now, on this thread, if it is already.
+  void on_ready(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> guard{mx};
+      if (!value) {
+        callbacks.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
   }
 
   bool is_ready() const { return ready.load(std::memory_order_acquire); }
@@ -91,6 +118,32 @@ public:
   Result<T> get() const {
     wait();
     return *state_->value;
+  }
+
+  /// Waits for the result and moves it out, without a copy (a batch of
+  /// sampled sequences, a tensor). The future keeps a `failed_precondition`
+  /// error in its place: take a result once, and only where no other copy of
+  /// this future still reads it.
+  Result<T> take() const {
+    wait();
+    std::lock_guard<std::mutex> guard{state_->mx};
+    Result<T> out = std::move(*state_->value);
+    state_->value.emplace(make_error(errc::failed_precondition, "this future's result was taken already"));
+    return out;
+  }
+
+  /// A future of `f(result)`, computed on the thread that completes this one
+  /// (or now, if it is complete). `f` takes `const Result<T>&` and returns a
+  /// Result<U>; keep it short, it runs on a transport thread.
+  template <class F>
+  auto then(F f) const {
+    using U = typename detail::result_value<std::invoke_result_t<F, const Result<T>&>>::type;
+    auto out = std::make_shared<detail::FutureState<U>>();
+    // The source calls back from its own set(), so a raw pointer to it stays
+    // valid; a shared one would be a cycle until then.
+    auto* src = state_.get();
+    state_->on_ready([src, out, f = std::move(f)]() mutable { out->set(f(*src->value)); });
+    return Future<U>(std::move(out));
   }
 
   bool ready() const { return state_->is_ready(); }

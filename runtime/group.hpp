@@ -26,6 +26,16 @@
 
 namespace glint {
 
+/// Where the ranks of a group live, as a driver sees them in any mode (the
+/// typed clients report it; a remote group reports the server's layout).
+struct GroupInfo {
+  std::string name;
+  std::vector<RankContext> ranks;   ///< rank i's context: node, device, cpus, dp coordinate
+  std::vector<std::string> labels;  ///< "rank 1 of group 'model' on node 1 (host, pid 42)"
+  int size() const { return static_cast<int>(ranks.size()); }
+  int dp_size() const { return ranks.empty() ? 0 : ranks.front().dp_size; }
+};
+
 namespace detail {
 
 /// Phrase the death of a rank's actor as an `unavailable` error.
@@ -174,6 +184,15 @@ public:
   }
 
   const std::string& name() const { return name_; }
+  /// The group's layout (a copy).
+  GroupInfo info() const {
+    GroupInfo out{name_, {}, {}};
+    for (int r = 0; r < size(); ++r) {
+      out.ranks.push_back(rank(r).ctx);
+      out.labels.push_back(rank(r).label);
+    }
+    return out;
+  }
   int size() const { return ranks_ ? static_cast<int>(ranks_->size()) : 0; }
   const Rank& rank(int r) const { return ranks_->at(static_cast<size_t>(r)); }
   Handle handle(int r) const { return rank(r).handle(); }

@@ -34,6 +34,14 @@ Result<void> SamplingParams::validate() const {
   return {};
 }
 
+std::string_view to_string(UpdatePolicy p) {
+  switch (p) {
+    case UpdatePolicy::finish_old: return "finish_old";
+    case UpdatePolicy::abort: return "abort";
+  }
+  return "unknown";
+}
+
 std::string_view to_string(StopReason r) {
   switch (r) {
     case StopReason::none: return "none";

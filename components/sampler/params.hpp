@@ -105,5 +105,7 @@ enum class UpdatePolicy : uint8_t {
   finish_old,  ///< running requests finish on the old weights; new ones wait, then use the new
   abort,       ///< running requests stop now with stop_reason abort; the update applies at once
 };
+/// "finish_old" or "abort".
+std::string_view to_string(UpdatePolicy p);
 
 }  // namespace glint::components

@@ -14,9 +14,9 @@
 // report.html (reward and loss per step) there.
 #include "actors/checkpoint_engine.hpp"
 #include "actors/checkpointer.hpp"
-#include "actors/dataloader.hpp"
-#include "actors/model.hpp"
-#include "actors/sampler.hpp"
+#include "actors/dataloader_group.hpp"
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
 #include "common/report.hpp"
 #include "common/tiny_model.hpp"
 #include "components/data/dataset.hpp"
@@ -85,6 +85,33 @@ double window_mean(const std::vector<double>& v, size_t end, size_t n) {
   return n ? sum / static_cast<double>(n) : NAN;
 }
 
+// A batch's prompts, and each prompt's reference solution repeated for its
+// `generations` completions (the sampler answers them prompt by prompt).
+struct Prompts {
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::string> solutions;
+};
+Prompts prompts_of(const std::vector<actors::DataRow>& rows, int64_t generations) {
+  Prompts p;
+  for (const auto& r : rows) {
+    p.ids.push_back(r.input_ids);
+    for (int64_t g = 0; g < generations; ++g) p.solutions.push_back(r.fields.at("solution"));
+  }
+  return p;
+}
+
+std::vector<std::string> texts_of(const std::vector<actors::SampledSequence>& seqs) {
+  std::vector<std::string> out;
+  for (const auto& s : seqs) out.push_back(s.text);
+  return out;
+}
+
+std::vector<int64_t> completion_lengths(const std::vector<actors::SampledSequence>& seqs) {
+  std::vector<int64_t> out;
+  for (const auto& s : seqs) out.push_back(static_cast<int64_t>(s.tokens.size()));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,34 +164,28 @@ int main(int argc, char** argv) {
     auto on = [&](const char* name, int core) {
       return cores >= 2 ? placement::DeviceGroup::on(name, {core}) : placement::DeviceGroup::of(name, 1);
     };
-    auto model = actors::spawn_model_group(rt, on("model", 0), one, {.model_dir = model_dir});
-    if (!model) return fail("spawning the model group", model.error());
-    auto sampler = actors::spawn_sampler_group(rt, on("sampler", cores - 1), one,
-                                               {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = 16 << 20});
-    if (!sampler) return fail("spawning the sampler group", sampler.error());
+    auto model = actors::open_model_group(rt, on("model", 0), one, {.model_dir = model_dir});
+    if (!model) return fail("opening the model group", model.error());
+    auto sampler = actors::open_sampler_group(rt, on("sampler", cores - 1), one,
+                                              {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = 16 << 20});
+    if (!sampler) return fail("opening the sampler group", sampler.error());
     std::printf("%s mode: the model group runs on node %d, the sampler group on node %d\n",
-                std::string{to_string(rt.mode())}.c_str(), model->rank(0).ctx.node, sampler->rank(0).ctx.node);
+                std::string{to_string(rt.mode())}.c_str(), model->info().ranks[0].node, sampler->info().ranks[0].node);
     actors::DataLoaderSpec loader{.dataset = data, .slice_begin = 256, .preprocess = "gsm8k", .system_prompt = kSystem,
                                   .tokenizer = model_dir, .seed = a.seed, .epochs = 0};
-    auto call_model = [&](auto atom, auto... args) {
-      return model->call<Collect::first>(Dispatch::all, atom, args...).get();
-    };
 
     // GRPO's loss and optimizer come first when resuming: the checkpoint's
     // optimizer state loads into them.
     auto set_grpo = [&]() -> Result<void> {
-      if (auto ok = call_model(actors::set_loss_atom::value, std::string{}, actors::LossSettings{.kind = "grpo"}); !ok)
-        return ok.error();
-      if (auto ok = call_model(actors::set_optimizer_atom::value, std::string{}, actors::OptimizerSettings{.lr = a.lr}); !ok)
-        return ok.error();
-      return {};
+      if (auto ok = model->set_loss({.kind = "grpo"}).get(); !ok) return ok;
+      return model->set_optimizer({.lr = a.lr}).get();
     };
     auto rl_spec = loader;
     rl_spec.add_generation_prompt = true;
     rl_spec.batch_size = a.prompts;
     rl_spec.seed = a.seed + 1;
-    auto rl_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("rl-data", 1), rl_spec);
-    if (!rl_data) return fail("spawning the GRPO dataloader", rl_data.error());
+    auto dataloader = actors::open_dataloader(rt, placement::DeviceGroup::of("rl-data", 1), rl_spec);
+    if (!dataloader) return fail("opening the GRPO dataloader", dataloader.error());
     std::optional<actors::TrainerState> resumed;
     if (a.resume.empty()) {
       auto earlier = checkpoints->list();
@@ -179,7 +200,7 @@ int main(int argc, char** argv) {
       if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
     } else {
       if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
-      auto r = checkpoints->resume(*model, "", &*rl_data, a.resume);
+      auto r = checkpoints->resume(*model, &*dataloader, a.resume);
       if (!r) return fail("resuming", r.error());
       resumed = *r;
       if (resumed) std::printf("resumed run %s at GRPO step %lld\n", checkpoints->run().c_str(),
@@ -194,19 +215,18 @@ int main(int argc, char** argv) {
     if (a.sft_steps > 0 && !resumed) {
       auto sft_spec = loader;
       sft_spec.batch_size = 32;
-      auto sft_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("sft-data", 1), sft_spec);
-      if (!sft_data) return fail("spawning the SFT dataloader", sft_data.error());
-      if (auto ok = call_model(actors::set_optimizer_atom::value, std::string{}, actors::OptimizerSettings{.lr = a.sft_lr}); !ok)
-        return fail("setting the optimizer", ok.error());
+      auto sft_data = actors::open_dataloader(rt, placement::DeviceGroup::of("sft-data", 1), sft_spec);
+      if (!sft_data) return fail("opening the SFT dataloader", sft_data.error());
+      if (auto ok = model->set_optimizer({.lr = a.sft_lr}).get(); !ok) return fail("setting the optimizer", ok.error());
       Progress bar{"sft", a.sft_steps};
       for (int step = 1; step <= a.sft_steps; ++step) {
-        auto b = sft_data->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
+        auto b = sft_data->next_batch().take();
         if (!b) return fail("reading an SFT batch", b.error());
         auto batch = actors::train_batch_of(b->rows, pad);
         if (!batch) return fail("making an SFT batch", batch.error());
-        auto m = model->call<Collect::mean>(Dispatch::slice_dp, actors::forward_backward_atom_v, *batch, std::string{}).get();
+        auto m = model->forward_backward(*batch).take();
         if (!m) return fail("SFT forward_backward", m.error());
-        auto s = call_model(actors::clip_grad_and_step_atom_v, std::string{});
+        auto s = model->clip_grad_and_step().take();
         if (!s) return fail("SFT step", s.error());
         const double loss = m->count("loss") ? m->at("loss") : NAN;
         report.add(step, "sft", {{"loss", loss}, {"grad_norm", s->count("grad_norm") ? s->at("grad_norm") : NAN}});
@@ -225,83 +245,74 @@ int main(int argc, char** argv) {
     eval_spec.batch_size = 256;
     eval_spec.shuffle = false;
     eval_spec.epochs = 0;
-    auto eval_data = actors::spawn_dataloader(rt, placement::DeviceGroup::of("eval-data", 1), eval_spec);
-    if (!eval_data) return fail("spawning the eval dataloader", eval_data.error());
-    actors::CheckpointEngine ckpt{*model, *sampler};
+    auto eval_data = actors::open_dataloader(rt, placement::DeviceGroup::of("eval-data", 1), eval_spec);
+    if (!eval_data) return fail("opening the eval dataloader", eval_data.error());
+    // As Twinkle's CheckpointEngineManager: model -> sampler, every step.
+    actors::CheckpointEngine ckpt_manager{*model, *sampler};
     auto evaluate = [&]() -> Result<double> {
-      if (auto s = ckpt.sync_weights(); !s) return s.error();
-      auto b = eval_data->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
+      if (auto s = ckpt_manager.sync_weights(); !s) return s.error();
+      auto b = eval_data->next_batch().take();
       if (!b) return b.error();
-      std::vector<std::vector<int64_t>> prompts;
-      std::vector<std::string> solutions;
-      for (const auto& r : b->rows) {
-        prompts.push_back(r.input_ids);
-        solutions.push_back(r.fields.at("solution"));
-      }
-      components::SamplingParams greedy{.max_tokens = a.max_tokens, .temperature = 0, .stop_token_ids = {im_end}};
-      auto seqs = sampler->call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v, actors::requests_of(prompts),
-                                                  greedy, std::string{}).get();
+      auto prompts = prompts_of(b->rows, 1);
+      auto seqs = sampler->sample(prompts.ids, {.max_tokens = a.max_tokens, .temperature = 0, .stop_token_ids = {im_end}})
+                      .take();
       if (!seqs) return seqs.error();
-      std::vector<std::string> texts;
-      for (const auto& s : *seqs) texts.push_back(s.text);
-      auto acc = components::rl::gsm8k_accuracy(texts, solutions);
+      auto acc = components::rl::gsm8k_accuracy(texts_of(*seqs), prompts.solutions);
       if (!acc) return acc.error();
-      double sum = 0;
-      for (double x : *acc) sum += x;
-      return sum / static_cast<double>(acc->size());
+      return window_mean(*acc, acc->size(), acc->size());
     };
     auto before = evaluate();
     if (!before) return fail("evaluating", before.error());
     std::printf("greedy accuracy on 256 held-out prompts after the warm-up: %.3f\n", *before);
 
-    // 2. GRPO.
+    // 2. GRPO, step for step as Twinkle's loop.
     if (!resumed)
       if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
-    components::SamplingParams params{.num_samples = a.generations, .max_tokens = a.max_tokens, .temperature = 1.0,
-                                      .stop_token_ids = {im_end}};
-    components::rl::CompletionRewardMetric metric;
+    components::SamplingParams sampling_params{.num_samples = a.generations, .max_tokens = a.max_tokens,
+                                               .temperature = 1.0, .stop_token_ids = {im_end}};
+    components::rl::CompletionRewardMetric metrics;
     Progress bar{"grpo", a.steps};
     std::vector<double> rewards;  // per step, for the running mean
     for (int step = start + 1; step <= a.steps; ++step) {
+      auto batch = dataloader->next_batch().take();
+      if (!batch) return fail("reading prompts", batch.error());
+      metrics.reset();
       // Each step's draws come from (seed, step), so a resumed run repeats them.
-      params.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
-      auto sync = ckpt.sync_weights();
+      sampling_params.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
+
+      // Sync weights to the sampler.
+      auto sync = ckpt_manager.sync_weights();
       if (!sync) return fail("syncing weights", sync.error());
-      auto b = rl_data->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
-      if (!b) return fail("reading prompts", b.error());
-      std::vector<std::vector<int64_t>> prompts;
-      std::vector<std::string> solutions;
-      for (const auto& r : b->rows) {
-        prompts.push_back(r.input_ids);
-        for (int64_t g = 0; g < a.generations; ++g) solutions.push_back(r.fields.at("solution"));
-      }
-      auto seqs = sampler->call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v,
-                                                  actors::requests_of(prompts), params, std::string{}).get();
-      if (!seqs) return fail("sampling", seqs.error());
-      std::vector<std::string> texts;
-      std::vector<int64_t> lengths;
-      for (const auto& s : *seqs) {
-        texts.push_back(s.text);
-        lengths.push_back(static_cast<int64_t>(s.tokens.size()));
-      }
-      auto accuracy = components::rl::gsm8k_accuracy(texts, solutions);
+
+      // Group sampling: num_samples completions per prompt.
+      auto prompts = prompts_of(batch->rows, a.generations);
+      auto sequences = sampler->sample(prompts.ids, sampling_params).take();
+      if (!sequences) return fail("sampling", sequences.error());
+
+      // Rewards.
+      auto texts = texts_of(*sequences);
+      auto accuracy = components::rl::gsm8k_accuracy(texts, prompts.solutions);
       if (!accuracy) return fail("scoring", accuracy.error());
       auto format = components::rl::gsm8k_format(texts);
       std::vector<double> total(texts.size());
       for (size_t i = 0; i < total.size(); ++i) total[i] = (*accuracy)[i] + format[i];
-      auto adv = components::rl::advantages(total, {.group_size = a.generations, .scale = components::rl::Scale::group});
-      if (!adv) return fail("advantages", adv.error());
-      metric.reset();
-      (void)metric.accumulate(lengths, {{"total", total}, {"accuracy", *accuracy}, {"format", format}});
-      auto batch = actors::training_batch(*seqs, pad);
-      if (!batch) return fail("making the training batch", batch.error());
-      std::vector<float> adv_f(adv->begin(), adv->end());
-      batch->tensors["advantages"] = *Tensor::from_values(adv_f, {static_cast<int64_t>(adv_f.size())});
-      auto m = model->call<Collect::mean>(Dispatch::slice_dp, actors::forward_backward_atom_v, *batch, std::string{}).get();
+      (void)metrics.accumulate(completion_lengths(*sequences),
+                               {{"total", total}, {"accuracy", *accuracy}, {"format", format}});
+
+      // GRPO advantages: normalised within each prompt's group.
+      auto advantages =
+          components::rl::advantages(total, {.group_size = a.generations, .scale = components::rl::Scale::group});
+      if (!advantages) return fail("advantages", advantages.error());
+
+      // Train on the completions.
+      auto inputs = actors::training_batch(*sequences, {.pad_id = pad, .advantages = *advantages});
+      if (!inputs) return fail("making the training batch", inputs.error());
+      auto m = model->forward_backward(*inputs).take();
       if (!m) return fail("forward_backward", m.error());
-      auto s = call_model(actors::clip_grad_and_step_atom_v, std::string{});
+      auto s = model->clip_grad_and_step().take();
       if (!s) return fail("step", s.error());
-      auto row = metric.calculate();
+
+      auto row = metrics.calculate();
       for (const char* k : {"loss", "clip_fraction"})
         if (m->count(k)) row[k] = m->at(k);
       for (const char* k : {"grad_norm", "lr"})
@@ -316,7 +327,7 @@ int main(int argc, char** argv) {
       if (a.save_every > 0 && step % a.save_every == 0) {
         char summary[64];
         std::snprintf(summary, sizeof summary, "reward %.3f, accuracy %.3f", rewards.back(), row["reward/accuracy/mean"]);
-        auto saved = checkpoints->save("step-" + std::to_string(step), *model, "", &*rl_data,
+        auto saved = checkpoints->save("step-" + std::to_string(step), *model, &*dataloader,
                                        {.step = step, .consumed_samples = step * a.prompts, .seed = a.seed,
                                         .phase = "grpo", .metrics = {{"reward", rewards.back()}}},
                                        summary);

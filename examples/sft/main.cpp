@@ -10,9 +10,9 @@
 //   glint run --nproc 2 -- build/examples/sft           # the same as a 2-process job
 #include "actors/checkpoint_engine.hpp"
 #include "actors/checkpointer.hpp"
-#include "actors/dataloader.hpp"
-#include "actors/model.hpp"
-#include "actors/sampler.hpp"
+#include "actors/dataloader_group.hpp"
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
 #include "common/report.hpp"
 #include "common/tiny_model.hpp"
 #include "components/data/dataset.hpp"
@@ -88,48 +88,41 @@ int main(int argc, char** argv) {
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());
     auto one = *placement::DeviceMesh::from_sizes({.dp = 1});
-    auto model = actors::spawn_model_group(rt, placement::DeviceGroup::of("model", 1), one, {.model_dir = model_dir});
-    if (!model) return fail("spawning the model group", model.error());
+    auto base = actors::open_model_group(rt, placement::DeviceGroup::of("model", 1), one, {.model_dir = model_dir});
+    if (!base) return fail("opening the model group", base.error());
     const std::string adapter = "default";
-    auto call_model = [&](auto atom, auto... args) {
-      return model->call<Collect::first>(Dispatch::all, atom, args...).get();
-    };
     const std::vector<std::string> all_linear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    if (auto ok = call_model(actors::add_adapter_atom::value, adapter,
-                             actors::LoraSettings{.r = a.rank, .alpha = 2.0 * static_cast<double>(a.rank),
-                                                  .target_modules = all_linear, .seed = a.seed});
-        !ok)
-      return fail("adding the adapter", ok.error());
-    if (auto ok = call_model(actors::set_optimizer_atom::value, adapter, actors::OptimizerSettings{.lr = a.lr}); !ok)
-      return fail("setting the optimizer", ok.error());
-    if (auto ok = call_model(actors::set_lr_scheduler_atom::value, adapter,
-                             actors::SchedulerSettings{.kind = "cosine", .warmup_steps = 5, .total_steps = a.steps});
-        !ok)
+    const actors::LoraSettings lora{.r = a.rank, .alpha = 2.0 * static_cast<double>(a.rank),
+                                    .target_modules = all_linear, .seed = a.seed};
+    if (auto ok = base->add_adapter(adapter, lora).get(); !ok) return fail("adding the adapter", ok.error());
+    auto model = base->with_adapter(adapter);  // every call below trains or reads the adapter
+    if (auto ok = model.set_optimizer({.lr = a.lr}).get(); !ok) return fail("setting the optimizer", ok.error());
+    if (auto ok = model.set_lr_scheduler({.kind = "cosine", .warmup_steps = 5, .total_steps = a.steps}).get(); !ok)
       return fail("setting the schedule", ok.error());
 
     actors::DataLoaderSpec train_spec{.dataset = a.data, .slice_begin = kHeldOut, .preprocess = "self_cognition",
                                       .model_name = a.name, .model_author = a.author, .tokenizer = model_dir,
                                       .batch_size = a.batch, .min_batch_size = 1, .seed = a.seed, .epochs = 0};
-    auto train = actors::spawn_dataloader(rt, placement::DeviceGroup::of("train-data", 1), train_spec);
-    if (!train) return fail("spawning the training dataloader", train.error());
+    auto train = actors::open_dataloader(rt, placement::DeviceGroup::of("train-data", 1), train_spec);
+    if (!train) return fail("opening the training dataloader", train.error());
     auto eval_spec = train_spec;
     eval_spec.slice_begin = 0;
     eval_spec.slice_end = kHeldOut;
     eval_spec.batch_size = kHeldOut;
     eval_spec.shuffle = false;
-    auto held_out = actors::spawn_dataloader(rt, placement::DeviceGroup::of("eval-data", 1), eval_spec);
-    if (!held_out) return fail("spawning the eval dataloader", held_out.error());
+    auto held_out = actors::open_dataloader(rt, placement::DeviceGroup::of("eval-data", 1), eval_spec);
+    if (!held_out) return fail("opening the eval dataloader", held_out.error());
     auto tok = components::Tokenizer::load(model_dir + "/tokenizer.json");
     if (!tok) return fail("loading the tokenizer", tok.error());
     const int64_t pad = tok->token_id("<|endoftext|>");
 
     // The held-out loss: mean negative log-likelihood of the answers' tokens.
     auto evaluate = [&]() -> Result<double> {
-      auto b = held_out->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
+      auto b = held_out->next_batch().take();
       if (!b) return b.error();
       auto batch = actors::train_batch_of(b->rows, pad);
       if (!batch) return batch.error();
-      auto lp = model->call<Collect::first>(Dispatch::first, actors::forward_only_atom_v, *batch, adapter).get();
+      auto lp = model.forward_only(*batch).take();
       if (!lp) return lp.error();
       auto logps = *lp->values<float>();
       auto mask = *batch->tensors.at("loss_mask").values<float>();
@@ -146,13 +139,13 @@ int main(int argc, char** argv) {
     std::string best_name;
     Progress bar{"sft", a.steps};
     for (int step = 1; step <= a.steps; ++step) {
-      auto b = train->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
+      auto b = train->next_batch().take();
       if (!b) return fail("reading a batch", b.error());
       auto batch = actors::train_batch_of(b->rows, pad);
       if (!batch) return fail("making a batch", batch.error());
-      auto m = model->call<Collect::mean>(Dispatch::slice_dp, actors::forward_backward_atom_v, *batch, adapter).get();
+      auto m = model.forward_backward(*batch).take();
       if (!m) return fail("forward_backward", m.error());
-      auto s = call_model(actors::clip_grad_and_step_atom_v, adapter);
+      auto s = model.clip_grad_and_step().take();
       if (!s) return fail("step", s.error());
       std::map<std::string, double> row = {{"loss", m->at("loss")}, {"grad_norm", s->at("grad_norm")}, {"lr", s->at("lr")}};
       char status[96];
@@ -167,7 +160,7 @@ int main(int argc, char** argv) {
           best_name = "checkpoint-" + std::to_string(step);
           char summary[48];
           std::snprintf(summary, sizeof summary, "eval loss %.4f", *e);
-          auto saved = checkpoints->save(best_name, *model, adapter, &*train,
+          auto saved = checkpoints->save(best_name, model, &*train,
                                          {.step = step, .consumed_samples = step * a.batch, .seed = a.seed,
                                           .phase = "sft", .metrics = {{"eval_loss", *e}}},
                                          summary);
@@ -182,16 +175,13 @@ int main(int argc, char** argv) {
                 checkpoints->run_dir().c_str(), best_name.c_str());
 
     // The adapter, synced to a sampler, answers a question of the held-out rows.
-    auto sampler = actors::spawn_sampler_group(rt, placement::DeviceGroup::of("sampler", 1), one,
-                                               {.model_dir = model_dir, .cache_bytes = 4 << 20});
-    if (!sampler) return fail("spawning the sampler", sampler.error());
-    auto added = sampler->call<Collect::first>(Dispatch::all, actors::add_adapter_atom::value, adapter,
-                                               actors::LoraSettings{.r = a.rank, .alpha = 2.0 * static_cast<double>(a.rank),
-                                                                    .target_modules = all_linear}).get();
-    if (!added) return fail("adding the adapter to the sampler", added.error());
-    actors::CheckpointEngine sync{*model, *sampler};
-    if (auto r = sync.sync_weights({.adapter = adapter}); !r) return fail("syncing the adapter", r.error());
-    auto prompts = held_out->call<Collect::first>(Dispatch::first, actors::next_batch_atom_v).get();
+    auto sampler = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 1), one,
+                                              {.model_dir = model_dir, .cache_bytes = 4 << 20});
+    if (!sampler) return fail("opening the sampler", sampler.error());
+    if (auto ok = sampler->add_adapter(adapter, lora).get(); !ok) return fail("adding the adapter to the sampler", ok.error());
+    actors::CheckpointEngine sync{model, *sampler};
+    if (auto r = sync.sync_weights(); !r) return fail("syncing the adapter", r.error());
+    auto prompts = held_out->next_batch().take();
     if (!prompts) return fail("reading the held-out rows", prompts.error());
     // The held-out row's prompt: its tokens up to the assistant's first (learned) token.
     const auto& row = prompts->rows.front();
@@ -201,8 +191,7 @@ int main(int argc, char** argv) {
     auto q = row.fields.find("query");
     std::printf("held-out question: %s\n", q != row.fields.end() ? q->second.c_str() : tok->decode(prompt).c_str());
     for (const std::string& which : {std::string{}, adapter}) {
-      auto seqs = sampler->call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v,
-                                                  actors::requests_of({prompt}), greedy, which).get();
+      auto seqs = sampler->with_adapter(which).sample({prompt}, greedy).take();
       if (!seqs) return fail("sampling", seqs.error());
       std::printf("%s: %s\n", which.empty() ? "  the base model answers" : "  with the adapter", (*seqs)[0].text.c_str());
     }

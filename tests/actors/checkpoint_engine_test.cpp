@@ -3,6 +3,8 @@
 // a LoRA adapter synced as adapter equals the same adapter merged and
 // synced as base weights; refusals change nothing.
 #include "actors/checkpoint_engine.hpp"
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
 #include "components/model/config.hpp"
 #include "support/cluster.hpp"
 
@@ -28,21 +30,21 @@ const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3, 4}, {9, 8, 7}, {5, 
 class CheckpointEngineTest : public glint::testing::ModeJobTest {
 protected:
   int groups_ = 0;
-  Group<model_actor> model(uint64_t seed) {
-    auto g = spawn_model_group(*job_.rt, DeviceGroup::of("model" + std::to_string(groups_++), 1),
+  ModelGroup model(uint64_t seed) {
+    auto g = open_model_group(*job_.rt, DeviceGroup::of("model" + std::to_string(groups_++), 1),
                                *DeviceMesh::from_sizes({.dp = 1}), {.config_json = tiny().to_json(), .seed = seed});
     EXPECT_TRUE(g) << describe(g.error());
     return std::move(*g);
   }
-  Group<sampler_actor> sampler(uint64_t seed, int ranks = 2, int64_t hidden = 32) {
-    auto g = spawn_sampler_group(*job_.rt, DeviceGroup::of("sampler" + std::to_string(groups_++), ranks),
+  SamplerGroup sampler(uint64_t seed, int ranks = 2, int64_t hidden = 32) {
+    auto g = open_sampler_group(*job_.rt, DeviceGroup::of("sampler" + std::to_string(groups_++), ranks),
                                  *DeviceMesh::from_sizes({.dp = ranks}),
                                  {.config_json = tiny(hidden).to_json(), .seed = seed, .cache_bytes = 1 << 20});
     EXPECT_TRUE(g) << describe(g.error());
     return std::move(*g);
   }
-  static std::vector<SampledSequence> sample(const Group<sampler_actor>& g, const std::string& adapter = "") {
-    auto s = g.call<Collect::flatten>(Dispatch::slice_dp, sample_atom_v, requests_of(prompts), greedy, adapter).get();
+  static std::vector<SampledSequence> sample(const SamplerGroup& g, const std::string& adapter = "") {
+    auto s = g.with_adapter(adapter).sample(prompts, greedy).take();
     EXPECT_TRUE(s) << describe(s.error());
     return s ? *s : std::vector<SampledSequence>{};
   }
@@ -82,42 +84,41 @@ TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheMode
   auto fresh = sampler(9);
   CheckpointEngine c10d{m, fresh};
   for (int64_t version = 1; version <= 2; ++version) {
-    auto c = c10d.sync_weights({.bucket_bytes = 16 << 10, .transport = "collective"});
+    auto c = c10d.sync_weights({.bucket_bytes = 16 << 10, .transport = SyncTransport::collective});
     ASSERT_TRUE(c) << describe(c.error());
-    EXPECT_EQ(c->transport, "collective");
+    EXPECT_EQ(c->transport, SyncTransport::collective);
     EXPECT_GT(c->buckets, 3);
     EXPECT_EQ(c->bytes, r->bytes);
     auto out = sample(fresh);
     expect_same(out, reference);
     for (const auto& q : out) EXPECT_EQ(q.weight_version, version);
   }
-  EXPECT_FALSE(c10d.sync_weights({.transport = "pigeon"}));
+  EXPECT_FALSE(parse_sync_transport("pigeon"));
 }
 
 TEST_P(CheckpointEngineTest, AnAdapterSyncedEqualsTheSameAdapterMergedIntoTheBase) {
   auto m = model(3);
-  ASSERT_TRUE(m.call<Collect::first>(Dispatch::all, add_adapter_atom::value, std::string{"a"}, LoraSettings{.r = 4, .seed = 1}).get());
-  ASSERT_TRUE(m.call<Collect::first>(Dispatch::all, set_optimizer_atom::value, std::string{"a"},
-                                     OptimizerSettings{.lr = 0.05}).get());
+  ASSERT_TRUE(m.add_adapter("a", {.r = 4, .seed = 1}).get());
+  auto a = m.with_adapter("a");
+  ASSERT_TRUE(a.set_optimizer({.lr = 0.05}).get());
   Batch b;
   b.tensors["input_ids"] = *Tensor::from_values(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
   for (int step = 0; step < 3; ++step) {  // B moves off zero
-    ASSERT_TRUE(m.call<Collect::mean>(Dispatch::all, forward_backward_atom_v, b, std::string{"a"}).get());
-    ASSERT_TRUE(m.call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, std::string{"a"}).get());
+    ASSERT_TRUE(a.forward_backward(b).get());
+    ASSERT_TRUE(a.clip_grad_and_step().get());
   }
   auto with_lora = sampler(3);
-  ASSERT_TRUE(with_lora.call<Collect::first>(Dispatch::all, add_adapter_atom::value, std::string{"a"},
-                                             LoraSettings{.r = 4}).get());
+  ASSERT_TRUE(with_lora.add_adapter("a", {.r = 4}).get());
   auto base_before = sample(with_lora);
   auto untrained = sample(with_lora, "a");
   expect_same(untrained, base_before);  // B zero: the base's output
-  CheckpointEngine lora_sync{m, with_lora};
-  auto r = lora_sync.sync_weights({.adapter = "a"});
+  CheckpointEngine lora_sync{a, with_lora};
+  auto r = lora_sync.sync_weights();
   ASSERT_TRUE(r) << describe(r.error());
   EXPECT_EQ(r->tensors, 2 * 4 * 2) << "A and B of q, k, v, o in 2 layers";
   auto plain = sampler(3);
-  CheckpointEngine merged_sync{m, plain};
-  auto merged = merged_sync.sync_weights({.adapter = "a", .merge_and_sync = true, .bucket_bytes = 8 << 10});
+  CheckpointEngine merged_sync{a, plain};
+  auto merged = merged_sync.sync_weights({.merge_and_sync = true, .bucket_bytes = 8 << 10});
   ASSERT_TRUE(merged) << describe(merged.error());
   auto tuned = sample(with_lora, "a");
   expect_same(sample(plain), tuned);
@@ -134,8 +135,8 @@ TEST_P(CheckpointEngineTest, RefusalsChangeNothing) {
   CheckpointEngine ckpt{m, s};
   EXPECT_FALSE(ckpt.sync_weights({.bucket_bytes = 0}));
   EXPECT_NE(describe(ckpt.sync_weights({.merge_and_sync = true}).error()).find("needs the adapter"), std::string::npos);
-  EXPECT_NE(describe(ckpt.sync_weights({.policy = "later"}).error()).find("'later'"), std::string::npos);
-  auto unknown = ckpt.sync_weights({.adapter = "nobody"});
+  CheckpointEngine nobody{m.with_adapter("nobody"), s};
+  auto unknown = nobody.sync_weights();
   ASSERT_FALSE(unknown);
   EXPECT_NE(describe(unknown.error()).find("no adapter 'nobody'"), std::string::npos) << describe(unknown.error());
   // A sampler of another shape refuses, naming a tensor; in buckets, nothing of it applies.

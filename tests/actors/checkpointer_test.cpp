@@ -20,19 +20,19 @@ using placement::DeviceGroup;
 class CheckpointerTest : public glint::testing::ModeJobTest {
 protected:
   int groups_ = 0;
-  Group<model_actor> model(uint64_t seed) {
+  ModelGroup model(uint64_t seed) {
     auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
-    auto g = spawn_model_group(*job_.rt, DeviceGroup::of("model" + std::to_string(groups_++), 1),
+    auto g = open_model_group(*job_.rt, DeviceGroup::of("model" + std::to_string(groups_++), 1),
                                *placement::DeviceMesh::from_sizes({.dp = 1}), {.config_json = cfg.to_json(), .seed = seed});
     EXPECT_TRUE(g) << describe(g.error());
     return std::move(*g);
   }
-  Group<dataloader_actor> loader(const std::string& dir) {
+  DataLoaderGroup loader(const std::string& dir) {
     auto rows = components::arithmetic_rows(30, {.seed = 2});
     EXPECT_TRUE(components::save_jsonl(rows, dir + "/data.jsonl"));
     auto json = components::train_bpe(components::texts_of(components::Dataset::from_rows(rows)), {.vocab_size = 300});
     EXPECT_TRUE(components::save_chatml_tokenizer(dir, *json));
-    auto g = spawn_dataloader(*job_.rt, DeviceGroup::of("data" + std::to_string(groups_++), 1),
+    auto g = open_dataloader(*job_.rt, DeviceGroup::of("data" + std::to_string(groups_++), 1),
                               {.dataset = dir + "/data.jsonl", .preprocess = "gsm8k", .tokenizer = dir,
                                .batch_size = 4, .seed = 3, .epochs = 0});
     EXPECT_TRUE(g) << describe(g.error());
@@ -43,12 +43,10 @@ protected:
     b.tensors["input_ids"] = *Tensor::from_values(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
     return b;
   }
-  static Tensor logps(const Group<model_actor>& m) {
-    return *m.call<Collect::first>(Dispatch::first, forward_only_atom_v, batch(), std::string{}).get();
-  }
-  static Metrics train_step(const Group<model_actor>& m) {
-    EXPECT_TRUE(m.call<Collect::mean>(Dispatch::all, forward_backward_atom_v, batch(), std::string{}).get());
-    auto s = m.call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, std::string{}).get();
+  static Tensor logps(const ModelGroup& m) { return *m.forward_only(batch()).get(); }
+  static Metrics train_step(const ModelGroup& m) {
+    EXPECT_TRUE(m.forward_backward(batch()).get());
+    auto s = m.clip_grad_and_step().get();
     EXPECT_TRUE(s);
     return s ? *s : Metrics{};
   }
@@ -59,16 +57,16 @@ TEST_P(CheckpointerTest, ResumeRestoresWeightsOptimizerAndDataPosition) {
   auto a = model(1);
   auto data = loader(root);
   for (int i = 0; i < 2; ++i) train_step(a);
-  ASSERT_TRUE(data.call<Collect::first>(Dispatch::first, next_batch_atom_v).get());
+  ASSERT_TRUE(data.next_batch().get());
   {
     auto c = Checkpointer::open(root, "run");
     ASSERT_TRUE(c) << describe(c.error());
-    auto saved = c->save("step-2", a, "", &data, {.step = 2, .seed = 9, .phase = "sft"}, "loss 1");
+    auto saved = c->save("step-2", a, &data, {.step = 2, .seed = 9, .phase = "sft"}, "loss 1");
     ASSERT_TRUE(saved) << describe(saved.error());
-    EXPECT_FALSE(c->save("step-2", a, "", &data, {.step = 2})) << "never overwritten";
+    EXPECT_FALSE(c->save("step-2", a, &data, {.step = 2})) << "never overwritten";
   }
   // What an uninterrupted run does next.
-  auto next_batch = data.call<Collect::first>(Dispatch::first, next_batch_atom_v).get();
+  auto next_batch = data.next_batch().get();
   auto next_step = train_step(a);
   auto after = logps(a);
 
@@ -77,14 +75,14 @@ TEST_P(CheckpointerTest, ResumeRestoresWeightsOptimizerAndDataPosition) {
   auto data2 = loader(root);
   auto c = Checkpointer::open(root, "run");
   ASSERT_TRUE(c);
-  auto state = c->resume(b, "", &data2);
+  auto state = c->resume(b, &data2);
   ASSERT_TRUE(state) << describe(state.error());
   ASSERT_TRUE(*state);
   EXPECT_EQ((*state)->step, 2);
   EXPECT_EQ((*state)->seed, 9u);
   EXPECT_EQ((*state)->phase, "sft");
   EXPECT_EQ((*state)->loader.position, 4);
-  EXPECT_EQ(*data2.call<Collect::first>(Dispatch::first, next_batch_atom_v).get(), *next_batch);
+  EXPECT_EQ(*data2.next_batch().get(), *next_batch);
   auto resumed_step = train_step(b);
   EXPECT_EQ(resumed_step.at("step"), next_step.at("step")) << "the optimizer's step came back";
   EXPECT_EQ(resumed_step.at("grad_norm"), next_step.at("grad_norm"));
@@ -96,19 +94,19 @@ TEST_P(CheckpointerTest, DamagedCheckpointsAreRefusedAndNewRunsStartAfresh) {
   auto a = model(1);
   auto c = Checkpointer::open(root, "run");
   ASSERT_TRUE(c);
-  auto none = c->resume(a, "", nullptr);
+  auto none = c->resume(a, nullptr);
   ASSERT_TRUE(none) << describe(none.error());
   EXPECT_FALSE(*none) << "no checkpoint yet";
-  auto saved = c->save("s1", a, "", nullptr, {.step = 1});
+  auto saved = c->save("s1", a, nullptr, {.step = 1});
   ASSERT_TRUE(saved) << describe(saved.error());
   std::ofstream{*saved + "/model/model.safetensors", std::ios::binary | std::ios::trunc} << "oops";
   auto b = model(5);
   auto before = logps(b);
-  auto bad = c->resume(b, "", nullptr);
+  auto bad = c->resume(b, nullptr);
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("differs from its manifest"), std::string::npos) << describe(bad.error());
   EXPECT_EQ(logps(b), before) << "nothing was loaded";
-  EXPECT_EQ(code_of(c->resume(b, "", nullptr, "nope").error()), errc::not_found);
+  EXPECT_EQ(code_of(c->resume(b, nullptr, "nope").error()), errc::not_found);
   EXPECT_FALSE(Checkpointer::open(root, "a/b"));
 }
 

@@ -259,12 +259,12 @@ TEST_P(SamplerActorTest, UpdateWeightsChangesGreedyOutputAndReportsTheVersion) {
   EXPECT_EQ((*before)[0].weight_version, 0);
 
   auto fresh = sharp_model(99);
-  auto update = [&](const actors::NamedTensorList& w, const std::string& policy) {
-    return group.call<Collect::first>(Dispatch::all, actors::update_weights_atom::value, w, std::string{},
-                                      int64_t{7}, policy)
+  auto update = [&](const actors::NamedTensorList& w, actors::UpdatePolicy policy) {
+    return group.call<Collect::first>(Dispatch::all, actors::update_weights_atom::value, w,
+                                      actors::WeightUpdate{.version = 7, .policy = policy})
         .get();
   };
-  auto ok = update(weights_of(fresh), "finish_old");
+  auto ok = update(weights_of(fresh), actors::UpdatePolicy::finish_old);
   ASSERT_TRUE(ok) << describe(ok.error());
   auto after = sample(group, prompts, greedy);
   ASSERT_TRUE(after) << describe(after.error());
@@ -281,12 +281,13 @@ TEST_P(SamplerActorTest, UpdateWeightsChangesGreedyOutputAndReportsTheVersion) {
   // A bad update changes nothing.
   auto wrong = weights_of(fresh);
   wrong.tensors[1] = *Tensor::zeros(Dtype::f32, {3});
-  auto shape = update(wrong, "finish_old");
+  auto shape = update(wrong, actors::UpdatePolicy::finish_old);
   ASSERT_FALSE(shape);
   EXPECT_TRUE(contains(describe(shape.error()), wrong.names[1])) << describe(shape.error());
-  auto policy = update(weights_of(sharp_model(1)), "later");
+  // An enum from another process can hold any number.
+  auto policy = update(weights_of(sharp_model(1)), static_cast<actors::UpdatePolicy>(7));
   ASSERT_FALSE(policy);
-  EXPECT_TRUE(contains(describe(policy.error()), "'later' is neither finish_old nor abort")) << describe(policy.error());
+  EXPECT_TRUE(contains(describe(policy.error()), "policy 7 is neither finish_old nor abort")) << describe(policy.error());
   auto again = sample(group, prompts, greedy);
   ASSERT_TRUE(again);
   EXPECT_EQ(*again, *after);
@@ -362,7 +363,8 @@ TEST_P(SamplerActorTest, AbortAnswersTheCallsInFlight) {
   running = group.call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v, actors::requests_of(prompts), p,
                                          std::string{});
   auto updated = group.call<Collect::first>(Dispatch::all, actors::update_weights_atom::value,
-                                            weights_of(sharp_model(8)), std::string{}, int64_t{3}, std::string{"abort"})
+                                            weights_of(sharp_model(8)),
+                                            actors::WeightUpdate{.version = 3, .policy = actors::UpdatePolicy::abort})
                      .get();
   ASSERT_TRUE(updated) << describe(updated.error());
   seqs = running.get();

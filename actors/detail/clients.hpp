@@ -1,0 +1,36 @@
+#pragma once
+// What the typed clients' CAF backends share (actors' own).
+
+#include "runtime/future.hpp"
+#include "runtime/runtime.hpp"
+
+#include <string>
+
+namespace glint::actors::detail {
+
+/// The future of a call whose answer only says it worked (the actors answer
+/// `true`): its error, or nothing.
+template <class T>
+Future<void> done_of(const Future<T>& f) {
+  return f.then([](const Result<T>& r) -> Result<void> {
+    if (!r) return r.error();
+    return {};
+  });
+}
+
+/// A future that fails at once: what a client answers for bad input it can
+/// see before anything is sent, or a mode it does not serve.
+template <class T>
+Future<T> failed(caf::error e) {
+  return Future<T>::ready_with(std::move(e));
+}
+
+/// Why `open_*` cannot spawn in this runtime's mode, or none. Remote mode
+/// attaches to a server instead, through rpc/ (not built yet).
+inline caf::error refuse_remote(const Runtime& rt, const std::string& what) {
+  if (rt.mode() != Mode::remote) return caf::none;
+  return make_error(errc::unimplemented, what + " in remote mode needs the remote transport (rpc/), which this build "
+                                                "does not have yet; run in local or cluster mode");
+}
+
+}  // namespace glint::actors::detail

@@ -1,0 +1,82 @@
+#include "actors/model_group.hpp"
+
+#include "actors/detail/clients.hpp"
+
+namespace glint::actors {
+
+namespace {
+
+using detail::done_of;
+
+// The model group over CAF (local and cluster mode): each method is the one
+// place its dispatch and collect modes are chosen.
+class ActorModelBackend final : public ModelBackend {
+public:
+  explicit ActorModelBackend(Group<model_actor> g) : g_(std::move(g)), info_(g_.info()) {}
+
+  const GroupInfo& info() const override { return info_; }
+  const Group<model_actor>* actor_group() const override { return &g_; }
+
+  Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) override {
+    return g_.call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, adapter);
+  }
+  Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) override {
+    return g_.call<Collect::flatten>(Dispatch::slice_dp, forward_only_atom_v, batch, adapter);
+  }
+  Future<Metrics> clip_grad_and_step(const std::string& adapter) override {
+    return g_.call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, adapter);
+  }
+  Future<void> set_loss(const std::string& adapter, const LossSettings& loss) override {
+    return done_of(g_.call<Collect::first>(Dispatch::all, set_loss_atom::value, adapter, loss));
+  }
+  Future<void> set_optimizer(const std::string& adapter, const OptimizerSettings& optimizer) override {
+    return done_of(g_.call<Collect::first>(Dispatch::all, set_optimizer_atom::value, adapter, optimizer));
+  }
+  Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerSettings& scheduler) override {
+    return done_of(g_.call<Collect::first>(Dispatch::all, set_lr_scheduler_atom::value, adapter, scheduler));
+  }
+  Future<void> add_adapter(const std::string& adapter, const LoraSettings& lora) override {
+    if (adapter.empty())
+      return detail::failed<void>(make_error(errc::invalid_argument, "add_adapter needs a name for the adapter"));
+    return done_of(g_.call<Collect::first>(Dispatch::all, add_adapter_atom::value, adapter, lora));
+  }
+  Future<void> remove_adapter(const std::string& adapter) override {
+    return done_of(g_.call<Collect::first>(Dispatch::all, remove_adapter_atom::value, adapter));
+  }
+  Future<Metrics> calculate_metric(const std::string& adapter) override {
+    // Every rank keeps its own running metrics: clear them all, report rank 0's.
+    return g_.call<Collect::first>(Dispatch::all, calculate_metric_atom::value, adapter);
+  }
+  Future<std::string> train_configs(const std::string& adapter) override {
+    return g_.call<Collect::first>(Dispatch::first, get_train_configs_atom::value, adapter);
+  }
+  Future<std::string> save(const std::string& adapter, const SaveRequest& r) override {
+    return g_.call<Collect::first>(Dispatch::first, save_atom::value, adapter, r.dir, r.with_optimizer);
+  }
+  Future<void> load(const std::string& adapter, const LoadRequest& r) override {
+    return done_of(g_.call<Collect::first>(Dispatch::all, load_atom::value, adapter, r.dir, r.with_optimizer));
+  }
+  Future<NamedTensorList> export_weights(const std::string& adapter) override {
+    return g_.call<Collect::first>(Dispatch::first, export_weights_atom::value, adapter);
+  }
+
+private:
+  Group<model_actor> g_;
+  GroupInfo info_;
+};
+
+}  // namespace
+
+ModelGroup model_group_of(Group<model_actor> group) {
+  return ModelGroup{std::make_shared<ActorModelBackend>(std::move(group))};
+}
+
+Result<ModelGroup> open_model_group(Runtime& rt, const placement::DeviceGroup& group,
+                                    const placement::DeviceMesh& mesh, ModelSpec spec) {
+  if (auto err = detail::refuse_remote(rt, "open_model_group")) return err;
+  auto g = spawn_model_group(rt, group, mesh, std::move(spec));
+  if (!g) return g.error();
+  return model_group_of(std::move(*g));
+}
+
+}  // namespace glint::actors

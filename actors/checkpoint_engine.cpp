@@ -53,37 +53,26 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
 
 Result<SyncReport> CheckpointEngine::by_messages(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
                                                  const SyncOptions& o, SyncReport r) {
-  const auto& adapter = model_.adapter();
-  auto weights = model.call<Collect::first>(Dispatch::first, export_for_sync_atom::value, adapter, o.merge_and_sync).take();
-  if (!weights) return with_context(weights.error(), "sync_weights: exporting from the model group");
-  r.tensors = static_cast<int64_t>(weights->names.size());
-  const std::string target = o.merge_and_sync ? std::string{} : adapter;
-  // Buckets in export order; a tensor larger than a bucket is a bucket of its own.
-  NamedTensorList bucket;
-  int64_t bucket_bytes = 0;
-  auto send = [&](bool last) -> Result<void> {
-    ++r.buckets;
-    auto done = last ? sampler.call<Collect::first>(Dispatch::all, update_weights_atom::value, bucket,
-                                                    WeightUpdate{target, r.version, o.policy})
-                           .get()
-                     : sampler.call<Collect::first>(Dispatch::all, stage_weights_atom::value, bucket, r.version)
-                           .get();
-    bucket = {};
-    bucket_bytes = 0;
-    if (!done) return with_context(done.error(), "sync_weights: bucket " + std::to_string(r.buckets) + " of version " +
-                                                     std::to_string(r.version));
-    return {};
-  };
-  for (size_t i = 0; i < weights->names.size(); ++i) {
-    const auto bytes = static_cast<int64_t>(weights->tensors[i].nbytes());
-    if (bucket_bytes > 0 && bucket_bytes + bytes > o.bucket_bytes)
-      if (auto ok = send(false); !ok) return ok.error();
-    bucket.names.push_back(std::move(weights->names[i]));
-    bucket.tensors.push_back(std::move(weights->tensors[i]));
-    bucket_bytes += bytes;
-    r.bytes += bytes;
+  // Model rank 0 sends the buckets to the sampler ranks itself: no byte
+  // passes through the driver.
+  WeightPush push{.adapter = model_.adapter(),
+                  .merged = o.merge_and_sync,
+                  .update = {o.merge_and_sync ? std::string{} : model_.adapter(), r.version, o.policy},
+                  .bucket_bytes = o.bucket_bytes,
+                  .timeout_ms = sampler.timeout().count()};
+  for (int s = 0; s < sampler.size(); ++s) {
+    auto h = sampler.handle(s);
+    if (!h) return make_error(errc::unavailable, "sync_weights: " + sampler.rank(s).label + " is gone");
+    push.samplers.push_back(caf::actor_cast<caf::actor>(h));
   }
-  if (auto ok = send(true); !ok) return ok.error();
+  // The model rank waits on each bucket as long as a sampler call may take;
+  // the driver waits for all of them.
+  auto whole = std::chrono::milliseconds{push.timeout_ms} * 2 + model.timeout();
+  auto done = model.with_timeout(whole).call_rank(0, push_weights_atom::value, push).take();
+  if (!done) return with_context(done.error(), "sync_weights");
+  r.tensors = static_cast<int64_t>(done->at("tensors"));
+  r.buckets = static_cast<int64_t>(done->at("buckets"));
+  r.bytes = static_cast<int64_t>(done->at("bytes"));
   return r;
 }
 

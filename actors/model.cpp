@@ -2,6 +2,7 @@
 
 #include "actors/detail/answer.hpp"
 #include "actors/detail/sync_group.hpp"
+#include "actors/sampler.hpp"
 #include "components/comm/process_group.hpp"
 #include "placement/service.hpp"
 #include "runtime/process.hpp"
@@ -10,7 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <caf/typed_response_promise.hpp>
+
+#include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -205,12 +210,54 @@ nlohmann::json configs_json(ModelState& st, const std::string& adapter, const Te
 
 }  // namespace
 
+// One push_weights in flight. Bucket k goes to every sampler; once all have
+// answered, bucket k + 1 (the last as update_weights). The requests are
+// awaited: the rank serves nothing else meanwhile, so the live weights that
+// local-mode buckets share cannot change under them.
+struct WeightPusher : std::enable_shared_from_this<WeightPusher> {
+  model_actor::pointer self;
+  caf::typed_response_promise<Metrics> promise;
+  WeightPush push;
+  std::vector<NamedTensorList> buckets;
+  std::string where;  ///< the rank, for errors
+  Metrics report;
+  size_t next = 0, pending = 0;
+  bool done = false;
+
+  void send() {
+    const size_t k = next++;
+    const bool last = next == buckets.size();
+    pending = push.samplers.size();
+    const auto timeout = std::chrono::milliseconds{push.timeout_ms};
+    auto me = shared_from_this();
+    for (size_t s = 0; s < push.samplers.size(); ++s) {
+      auto to = caf::actor_cast<sampler_actor>(push.samplers[s]);
+      auto ok = [me](bool) { me->acked(); };
+      auto refused = [me, s, k](caf::error& e) { me->fail(s, k, e); };
+      if (last) self->request(to, timeout, update_weights_atom::value, buckets[k], push.update).await(ok, refused);
+      else self->request(to, timeout, stage_weights_atom::value, buckets[k], push.update.version).await(ok, refused);
+    }
+  }
+  void acked() {
+    if (done || --pending > 0) return;
+    if (next < buckets.size()) return send();
+    done = true;
+    promise.deliver(report);
+  }
+  void fail(size_t sampler, size_t bucket, const caf::error& e) {
+    if (done) return;
+    done = true;
+    promise.deliver(with_context(e, where + ": push_weights: sampler " + std::to_string(sampler) + " of " +
+                                        std::to_string(push.samplers.size()) + ", bucket " +
+                                        std::to_string(bucket + 1) + " of " + std::to_string(buckets.size())));
+  }
+};
+
 model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec) {
   auto st = std::make_shared<ModelState>();
   st->ctx = std::move(ctx);
   st->spec = std::move(spec);
   load_model(*st);
-  (void)self;
   // Every handler answers through `answer`: a result, or the error with the
   // rank named; an exception becomes an error too, so the rank and its
   // training state survive it.
@@ -419,6 +466,36 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           }
           return m;
         });
+      },
+      [st, self](push_weights_atom, WeightPush& push) -> caf::result<Metrics> {
+        if (push.samplers.empty() || push.bucket_bytes < 1 || push.timeout_ms < 1)
+          return st->fail(make_error(errc::invalid_argument, "push_weights needs samplers, bucket_bytes >= 1 and a "
+                                                             "timeout >= 1 ms"));
+        auto w = st->export_weights(push.adapter, push.merged, /*snapshot=*/false);
+        if (!w) return st->fail(w.error());
+        auto p = std::make_shared<WeightPusher>();
+        p->self = self;
+        p->where = st->where();
+        p->report = {{"tensors", static_cast<double>(w->names.size())}, {"buckets", 0}, {"bytes", 0}};
+        // Buckets in export order; a tensor larger than a bucket is a bucket of its own.
+        p->buckets.emplace_back();
+        int64_t filled = 0;
+        for (size_t i = 0; i < w->names.size(); ++i) {
+          const auto bytes = static_cast<int64_t>(w->tensors[i].nbytes());
+          if (filled > 0 && filled + bytes > push.bucket_bytes) {
+            p->buckets.emplace_back();
+            filled = 0;
+          }
+          p->buckets.back().names.push_back(std::move(w->names[i]));
+          p->buckets.back().tensors.push_back(std::move(w->tensors[i]));
+          filled += bytes;
+          p->report["bytes"] += static_cast<double>(bytes);
+        }
+        p->report["buckets"] = static_cast<double>(p->buckets.size());
+        p->push = std::move(push);
+        p->promise = self->make_response_promise<Metrics>();
+        p->send();
+        return p->promise;
       },
       [st, answer](sync_send_atom, const std::string& adapter, bool merged,
                    const SyncGroupAddress& at) -> caf::result<int64_t> {

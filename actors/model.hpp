@@ -23,6 +23,7 @@
 /// missing or truncated weights file) is an error naming what and where, and
 /// the next call is served.
 
+#include "components/sampler/params.hpp"
 #include "placement/device_mesh.hpp"
 #include "runtime/batch.hpp"
 #include "runtime/group.hpp"
@@ -31,6 +32,7 @@
 #include "runtime/tensor.hpp"
 #include "runtime/types.hpp"
 
+#include <caf/actor.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -41,6 +43,8 @@
 #include <vector>
 
 namespace glint::actors {
+
+using components::UpdatePolicy;
 
 /// What a model rank loads and where its data-parallel group meets.
 struct ModelSpec {
@@ -108,6 +112,29 @@ struct SyncManifest {
   friend bool operator==(const SyncManifest&, const SyncManifest&) = default;
 };
 
+/// Which weights a sampler's update replaces, the version it makes, and what
+/// happens to requests in flight.
+struct WeightUpdate {
+  std::string adapter{};  ///< empty: base weights (HF names); else this adapter's (PEFT names)
+  int64_t version = 0;    ///< reported by every sequence sampled with the new weights
+  UpdatePolicy policy = UpdatePolicy::finish_old;
+  friend bool operator==(const WeightUpdate&, const WeightUpdate&) = default;
+};
+
+/// A model rank's push of its weights straight to sampler ranks (the
+/// checkpoint engine's messages transport): the tensors go in buckets of
+/// about bucket_bytes, each staged on every sampler, the last as
+/// update_weights(update), so no message holds all the weights and none
+/// passes through the driver.
+struct WeightPush {
+  std::string adapter{};         ///< what to export: "" the base weights, else this adapter
+  bool merged = false;           ///< with an adapter: the base with it folded in
+  WeightUpdate update{};         ///< what the samplers apply (adapter "" when merged)
+  int64_t bucket_bytes = int64_t{256} << 20;
+  std::vector<caf::actor> samplers{};  ///< the sampler ranks (glint.sampler actors)
+  int64_t timeout_ms = 300000;   ///< per bucket and sampler
+};
+
 /// Where the members of a weight-sync collective meet: model rank 0 (rank 0
 /// of the collective, hosting its store at host:port) and the sampler ranks.
 struct SyncGroupAddress {
@@ -122,6 +149,15 @@ struct SyncGroupAddress {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SyncManifest& x) {
   return f(caf::meta::type_name("glint.sync_manifest"), x.names, x.shapes, x.dtypes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightUpdate& x) {
+  return f(caf::meta::type_name("glint.weight_update"), x.adapter, x.version, x.policy);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightPush& x) {
+  return f(caf::meta::type_name("glint.weight_push"), x.adapter, x.merged, x.update, x.bucket_bytes, x.samplers,
+           x.timeout_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SyncGroupAddress& x) {
@@ -171,6 +207,7 @@ using export_weights_atom = caf::atom_constant<caf::atom("export")>;
 using export_for_sync_atom = caf::atom_constant<caf::atom("export_syn")>;
 using sync_manifest_atom = caf::atom_constant<caf::atom("sync_man")>;
 using sync_send_atom = caf::atom_constant<caf::atom("sync_send")>;
+using push_weights_atom = caf::atom_constant<caf::atom("push_wts")>;
 
 inline constexpr forward_backward_atom forward_backward_atom_v{};
 inline constexpr forward_only_atom forward_only_atom_v{};
@@ -218,7 +255,12 @@ using model_actor = caf::typed_actor<
     /// group at `address`, whose store it hosts (made at the first call, kept
     /// for the next), in buckets of address.bucket_bytes. Answers the
     /// buckets. Blocks this rank until the receivers join.
-    caf::replies_to<sync_send_atom, std::string, bool, SyncGroupAddress>::with<int64_t>>;
+    caf::replies_to<sync_send_atom, std::string, bool, SyncGroupAddress>::with<int64_t>,
+    /// Sends its weights to the sampler ranks of `push` itself (see
+    /// WeightPush), serving nothing else until they all answered the last
+    /// bucket (in local mode the buckets share the live weights). Answers
+    /// tensors, buckets and bytes (per sampler); the first refusal fails it.
+    caf::replies_to<push_weights_atom, WeightPush>::with<Metrics>>;
 
 inline constexpr const char* model_type = "glint.model";
 
@@ -238,6 +280,8 @@ GLINT_REGISTER_MESSAGE_TYPE(lora_settings, LoraSettings, "glint.lora_settings");
 GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensorList, "glint.named_tensors");
 GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
 GLINT_REGISTER_MESSAGE_TYPE(sync_group_address, SyncGroupAddress, "glint.sync_group_address");
+GLINT_REGISTER_MESSAGE_TYPE(weight_update, WeightUpdate, "glint.weight_update");
+GLINT_REGISTER_MESSAGE_TYPE(weight_push, WeightPush, "glint.weight_push");
 GLINT_REGISTER_ACTOR(model, model_type, model_shard);
 
 }  // namespace glint::actors

@@ -68,7 +68,6 @@ namespace glint::actors {
 
 using components::SamplingParams;
 using components::TokenLogprobs;
-using components::UpdatePolicy;
 
 /// What a sampler rank loads and how its engine lays out its cache.
 struct SamplerSpec {
@@ -85,15 +84,6 @@ struct SamplerSpec {
   bool enable_prefix_caching = true;
   int64_t block_size = 16;
   friend bool operator==(const SamplerSpec&, const SamplerSpec&) = default;
-};
-
-/// Which weights an update replaces, the version it makes, and what
-/// happens to requests in flight.
-struct WeightUpdate {
-  std::string adapter{};  ///< empty: base weights (HF names); else this adapter's (PEFT names)
-  int64_t version = 0;    ///< reported by every sequence sampled with the new weights
-  UpdatePolicy policy = UpdatePolicy::finish_old;
-  friend bool operator==(const WeightUpdate&, const WeightUpdate&) = default;
 };
 
 /// One prompt of a sample call.
@@ -166,10 +156,6 @@ typename Inspector::result_type inspect(Inspector& f, SamplerSpec& x) {
   return f(caf::meta::type_name("glint.sampler_spec"), x.model_dir, x.config_json, x.seed, x.sampling_seed,
            x.cache_bytes, x.max_num_seqs, x.max_num_batched_tokens, x.max_model_len, x.enable_prefix_caching,
            x.block_size);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, WeightUpdate& x) {
-  return f(caf::meta::type_name("glint.weight_update"), x.adapter, x.version, x.policy);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampleRequest& x) {
@@ -275,7 +261,6 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
 
 GLINT_REGISTER_MESSAGE_TYPE(sampler_spec, SamplerSpec, "glint.sampler_spec");
 GLINT_REGISTER_MESSAGE_TYPE(sampling_params, SamplingParams, "glint.sampling_params");
-GLINT_REGISTER_MESSAGE_TYPE(weight_update, WeightUpdate, "glint.weight_update");
 GLINT_REGISTER_MESSAGE_TYPE(sample_requests, std::vector<SampleRequest>, "glint.sample_requests");
 GLINT_REGISTER_MESSAGE_TYPE(sampled_sequences, std::vector<SampledSequence>, "glint.sampled_sequences");
 GLINT_REGISTER_MESSAGE_TYPE(sample_chunk, SampleChunk, "glint.sample_chunk");

@@ -8,6 +8,14 @@
 #include "runtime/process.hpp"
 #include "runtime/runtime.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -51,6 +59,66 @@ double memcpy_gbps(size_t bytes, int repeats) {
   return static_cast<double>(bytes) / median(secs) / 1e9;
 }
 
+// GB/s of a bare TCP socket over loopback moving `bytes` from this process
+// to a forked child, which reads them into a buffer of its own and answers
+// one byte when it has them all: the floor of any socket transport between
+// two processes on this machine. The median of `repeats` transfers; -1 if a
+// socket call failed.
+double tcp_loopback_gbps(size_t bytes, int repeats) {
+  int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(server, 1) != 0 ||
+      ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (server >= 0) ::close(server);
+    return -1;
+  }
+  // Both buffers exist before the fork: the child only makes system calls
+  // (allocating after a fork of a threaded process can deadlock).
+  std::unique_ptr<char[]> buf{new char[bytes]}, src{new char[bytes]};
+  std::memset(src.get(), 1, bytes);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {  // the receiver
+    ::close(server);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) ::_exit(1);
+    std::memset(buf.get(), 0, bytes);
+    for (int r = 0; r < repeats; ++r) {
+      for (size_t got = 0; got < bytes;) {
+        auto n = ::recv(fd, buf.get() + got, bytes - got, 0);
+        if (n <= 0) ::_exit(1);
+        got += static_cast<size_t>(n);
+      }
+      char ack = 1;
+      if (::send(fd, &ack, 1, 0) != 1) ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  pollfd wait_for{server, POLLIN, 0};
+  int fd = child > 0 && ::poll(&wait_for, 1, 30000) == 1 ? ::accept(server, nullptr, nullptr) : -1;
+  ::close(server);
+  std::vector<double> secs;
+  bool ok = fd >= 0;
+  for (int r = 0; r < repeats && ok; ++r)
+    secs.push_back(seconds_of([&] {
+      for (size_t sent = 0; ok && sent < bytes;) {
+        auto n = ::send(fd, src.get() + sent, bytes - sent, 0);
+        if (n <= 0) ok = false;
+        else sent += static_cast<size_t>(n);
+      }
+      char ack = 0;
+      ok = ok && ::recv(fd, &ack, 1, MSG_WAITALL) == 1;
+    }));
+  if (fd >= 0) ::close(fd);
+  int status = 0;
+  if (child > 0) ::waitpid(child, &status, 0);
+  if (!ok || secs.empty()) return -1;
+  return static_cast<double>(bytes) / median(secs) / 1e9;
+}
+
 // Median GB/s of `repeats` syncs (after one warm-up sync) from a model rank
 // in this process to a sampler rank on node `sampler_node`.
 Result<double> sync_gbps(Runtime& rt, const Size& s, int sampler_node, int repeats, const std::string& tag,
@@ -90,6 +158,9 @@ int sync(const SyncBenchArgs& a) {
   const auto biggest = static_cast<size_t>(list.back().config.num_parameters() * 4);
   const double ceiling = memcpy_gbps(biggest, a.repeats);
   print_metric("memcpy_gbps", ceiling, 2);
+  // Before any actor system starts its threads: the child of a fork is simpler then.
+  const double tcp = a.mode != "local" ? tcp_loopback_gbps(biggest, a.repeats) : 0;
+  if (a.mode != "local") print_metric("tcp_loopback_gbps", tcp, 2);
   if (a.mode != "cluster") {
     auto rt = initialize(Options{});
     if (!rt) return fail(describe(rt.error()));
@@ -105,15 +176,19 @@ int sync(const SyncBenchArgs& a) {
     auto job = TwoProcessJob::start();
     if (!job) return fail(describe(job.error()));
     auto& rt = job->rt;
+    double faster = 0;
     for (const auto& s : list) {
-      auto g = sync_gbps(*rt, s, 1, a.repeats, s.label);
+      auto g = sync_gbps(*rt, s, 1, a.repeats, s.label, actors::SyncTransport::messages);
       if (!g) return fail(describe(g.error()));
-      print_metric(("weight_sync_cluster_gbps_" + s.label).c_str(), *g, 2);
+      print_metric(("weight_sync_cluster_messages_gbps_" + s.label).c_str(), *g, 2);
       auto c = sync_gbps(*rt, s, 1, a.repeats, s.label + "-c10d", actors::SyncTransport::collective);
       if (!c) return fail(describe(c.error()));
       print_metric(("weight_sync_cluster_c10d_gbps_" + s.label).c_str(), *c, 2);
+      faster = std::max(*g, *c);
+      print_metric(("weight_sync_cluster_gbps_" + s.label).c_str(), faster, 2);
     }
     job->stop();
+    if (tcp > 0) print_metric(("weight_sync_cluster_vs_tcp_" + list.back().label).c_str(), faster / tcp, 3);
   }
   return 0;
 }

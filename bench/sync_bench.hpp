@@ -8,9 +8,12 @@
 /// Prints `name: value` lines: memcpy_gbps, then per model size
 /// weight_sync_gbps_<size> and weight_sync_vs_memcpy_<size> (local mode,
 /// one model rank and one sampler rank in this process), and with --mode
-/// cluster or all weight_sync_cluster_gbps_<size> (the sampler in a second
-/// process: its buckets travel as actor messages) and
-/// weight_sync_cluster_c10d_gbps_<size> (a Gloo broadcast). GB/s counts the weight
+/// cluster or all, the sampler in a second process, the model rank sending
+/// to it directly: weight_sync_cluster_messages_gbps_<size> (buckets as
+/// actor messages), weight_sync_cluster_c10d_gbps_<size> (a Gloo broadcast),
+/// weight_sync_cluster_gbps_<size> (the faster), then tcp_loopback_gbps (the
+/// biggest model's bytes over a bare socket between two processes, the
+/// baseline) and weight_sync_cluster_vs_tcp_<size>. GB/s counts the weight
 /// bytes once (f32) over the seconds from export to the last apply.
 
 #include <string>

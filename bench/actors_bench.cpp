@@ -52,16 +52,9 @@ double lookup(const Lines& lines, const std::string& name) {
 // A 64-byte TCP ping-pong over loopback between this thread and an echo
 // thread: the round trip of the bare socket path, in microseconds (or -1).
 double tcp_loopback_rtt_us(int n) {
-  int server = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(server, 1) != 0 ||
-      ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (server >= 0) ::close(server);
-    return -1;
-  }
+  int server = listen_on_loopback(addr);
+  if (server < 0) return -1;
   auto exchange = [](int fd, bool echo, int rounds) {
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

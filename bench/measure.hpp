@@ -1,6 +1,11 @@
 #pragma once
 // Timing helpers shared by the benchmarks.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +31,22 @@ inline double median(std::vector<double> v) {
 inline void print_metric(const char* name, double v, int decimals) {
   std::printf("%s: %.*f\n", name, decimals, v);
   std::fflush(stdout);
+}
+
+/// A TCP socket listening on a free loopback port, its address in `addr`;
+/// -1 if a socket call failed. The baselines of the transport benchmarks.
+inline int listen_on_loopback(sockaddr_in& addr) {
+  int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(server, 1) != 0 ||
+      ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (server >= 0) ::close(server);
+    return -1;
+  }
+  return server;
 }
 
 }  // namespace glint::bench

@@ -65,16 +65,9 @@ double memcpy_gbps(size_t bytes, int repeats) {
 // two processes on this machine. The median of `repeats` transfers; -1 if a
 // socket call failed.
 double tcp_loopback_gbps(size_t bytes, int repeats) {
-  int server = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(server, 1) != 0 ||
-      ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (server >= 0) ::close(server);
-    return -1;
-  }
+  int server = listen_on_loopback(addr);
+  if (server < 0) return -1;
   // Both buffers exist before the fork: the child only makes system calls
   // (allocating after a fork of a threaded process can deadlock).
   std::unique_ptr<char[]> buf{new char[bytes]}, src{new char[bytes]};

@@ -451,9 +451,6 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
       [st, answer](export_weights_atom, const std::string& adapter) -> caf::result<NamedTensorList> {
         return answer([&] { return st->export_weights(adapter, false, /*snapshot=*/true); });
       },
-      [st, answer](export_for_sync_atom, const std::string& adapter, bool merged) -> caf::result<NamedTensorList> {
-        return answer([&] { return st->export_weights(adapter, merged, /*snapshot=*/false); });
-      },
       [st, answer](sync_manifest_atom, const std::string& adapter, bool merged) -> caf::result<SyncManifest> {
         return answer([&]() -> Result<SyncManifest> {
           auto w = st->export_weights(adapter, merged, false);

@@ -204,7 +204,6 @@ using get_train_configs_atom = caf::atom_constant<caf::atom("configs")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using export_weights_atom = caf::atom_constant<caf::atom("export")>;
-using export_for_sync_atom = caf::atom_constant<caf::atom("export_syn")>;
 using sync_manifest_atom = caf::atom_constant<caf::atom("sync_man")>;
 using sync_send_atom = caf::atom_constant<caf::atom("sync_send")>;
 using push_weights_atom = caf::atom_constant<caf::atom("push_wts")>;
@@ -244,14 +243,11 @@ using model_actor = caf::typed_actor<
     /// The weights to sync to samplers: every base weight for "", else the
     /// adapter's tensors under PEFT's names.
     caf::replies_to<export_weights_atom, std::string>::with<NamedTensorList>,
-    /// For the checkpoint engine: as export_weights, but in local mode the
-    /// tensors share the live weights (no copy), valid until the next call
-    /// that trains; with `merged` true, every base weight with `adapter`
-    /// folded in (fresh tensors; the model is not changed).
-    caf::replies_to<export_for_sync_atom, std::string, bool>::with<NamedTensorList>,
-    /// The names, shapes and dtypes export_for_sync(adapter, merged) would send.
+    /// The names, shapes and dtypes the weight sync of (adapter, merged)
+    /// sends: as export_weights, or with `merged` every base weight with
+    /// `adapter` folded in (the model is not changed).
     caf::replies_to<sync_manifest_atom, std::string, bool>::with<SyncManifest>,
-    /// Broadcasts export_for_sync(adapter, merged) as rank 0 of the c10d
+    /// Broadcasts the weights of (adapter, merged), sharing the live ones, as rank 0 of the c10d
     /// group at `address`, whose store it hosts (made at the first call, kept
     /// for the next), in buckets of address.bucket_bytes. Answers the
     /// buckets. Blocks this rank until the receivers join.

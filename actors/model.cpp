@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <caf/typed_response_promise.hpp>
+#include <caf/scoped_actor.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -54,34 +54,11 @@ Result<TrainBatch> to_train_batch(const Batch& b) {
   return out;
 }
 
-Result<LossSpec> to_loss_spec(const LossSettings& s) {
-  auto kind = parse_loss_kind(s.kind);
-  if (!kind) return kind.error();
-  return LossSpec{*kind, s.epsilon, s.epsilon_high, s.beta, s.entropy_coef, s.max_tokens};
-}
-
-Result<OptimizerConfig> to_optimizer(const OptimizerSettings& s) {
-  auto kind = OptimizerConfig::parse_kind(s.kind);
-  if (!kind) return kind.error();
-  OptimizerConfig c{*kind, s.lr, s.weight_decay, s.beta1, s.beta2, s.eps, s.momentum};
-  if (auto ok = c.validate(); !ok) return ok.error();
-  if (!(s.max_grad_norm >= 0)) return make_error(errc::invalid_argument, "max_grad_norm must be >= 0");
-  return c;
-}
-
-Result<SchedulerConfig> to_scheduler(const SchedulerSettings& s) {
-  auto kind = SchedulerConfig::parse_kind(s.kind);
-  if (!kind) return kind.error();
-  SchedulerConfig c{*kind, s.warmup_steps, s.total_steps, s.min_lr_ratio};
-  if (auto ok = c.validate(); !ok) return ok.error();
-  return c;
-}
-
 /// One adapter's (or the full model's, "") training state.
 struct Tenant {
-  LossSettings loss;
-  OptimizerSettings optimizer;
-  SchedulerSettings scheduler;
+  LossSpec loss;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   std::optional<Trainer> trainer;  ///< made at the first forward_backward
   std::map<std::string, std::pair<double, int64_t>> metric_sums;
 };
@@ -158,13 +135,9 @@ struct ModelState {
     if (!t) return t.error();
     auto& ten = **t;
     if (ten.trainer) return &*ten.trainer;
-    auto opt = to_optimizer(ten.optimizer);
-    if (!opt) return opt.error();
-    auto sched = to_scheduler(ten.scheduler);
-    if (!sched) return sched.error();
     auto group = dp_group();
     if (!group) return group.error();
-    auto tr = Trainer::create(*model, {*opt, *sched, ten.optimizer.max_grad_norm, adapter, *group});
+    auto tr = Trainer::create(*model, {ten.optimizer, ten.scheduler, adapter, *group});
     if (!tr) return tr.error();
     ten.trainer = std::move(*tr);
     return &*ten.trainer;
@@ -196,12 +169,12 @@ nlohmann::json configs_json(ModelState& st, const std::string& adapter, const Te
   if (const auto* lc = adapter.empty() ? nullptr : st.model->adapter_config(adapter))
     j["lora"] = {{"r", lc->r}, {"alpha", lc->alpha}, {"dropout", lc->dropout}, {"target_modules", lc->target_modules},
                  {"rslora", lc->rslora}};
-  j["loss"] = {{"kind", t.loss.kind}, {"epsilon", t.loss.epsilon}, {"epsilon_high", t.loss.epsilon_high},
+  j["loss"] = {{"kind", to_string(t.loss.kind)}, {"epsilon", t.loss.epsilon}, {"epsilon_high", t.loss.epsilon_high},
                {"beta", t.loss.beta}, {"entropy_coef", t.loss.entropy_coef}, {"max_tokens", t.loss.max_tokens}};
-  j["optimizer"] = {{"kind", t.optimizer.kind}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay},
+  j["optimizer"] = {{"kind", to_string(t.optimizer.kind)}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay},
                     {"betas", {t.optimizer.beta1, t.optimizer.beta2}}, {"eps", t.optimizer.eps},
                     {"max_grad_norm", t.optimizer.max_grad_norm}};
-  j["lr_scheduler"] = {{"kind", t.scheduler.kind}, {"warmup_steps", t.scheduler.warmup_steps},
+  j["lr_scheduler"] = {{"kind", to_string(t.scheduler.kind)}, {"warmup_steps", t.scheduler.warmup_steps},
                        {"total_steps", t.scheduler.total_steps}, {"min_lr_ratio", t.scheduler.min_lr_ratio}};
   j["step"] = t.trainer ? t.trainer->step() : 0;
   j["data_parallel"] = {{"rank", st.ctx.dp_rank}, {"size", st.ctx.dp_size}};
@@ -210,48 +183,46 @@ nlohmann::json configs_json(ModelState& st, const std::string& adapter, const Te
 
 }  // namespace
 
-// One push_weights in flight. Bucket k goes to every sampler; once all have
-// answered, bucket k + 1 (the last as update_weights). The requests are
-// awaited: the rank serves nothing else meanwhile, so the live weights that
-// local-mode buckets share cannot change under them.
-struct WeightPusher : std::enable_shared_from_this<WeightPusher> {
-  model_actor::pointer self;
-  caf::typed_response_promise<Metrics> promise;
-  WeightPush push;
-  std::vector<NamedTensorList> buckets;
-  std::string where;  ///< the rank, for errors
-  Metrics report;
-  size_t next = 0, pending = 0;
-  bool done = false;
-
-  void send() {
-    const size_t k = next++;
-    const bool last = next == buckets.size();
-    pending = push.samplers.size();
-    const auto timeout = std::chrono::milliseconds{push.timeout_ms};
-    auto me = shared_from_this();
-    for (size_t s = 0; s < push.samplers.size(); ++s) {
-      auto to = caf::actor_cast<sampler_actor>(push.samplers[s]);
-      auto ok = [me](bool) { me->acked(); };
-      auto refused = [me, s, k](caf::error& e) { me->fail(s, k, e); };
-      if (last) self->request(to, timeout, update_weights_atom::value, buckets[k], push.update).await(ok, refused);
-      else self->request(to, timeout, stage_weights_atom::value, buckets[k], push.update.version).await(ok, refused);
-    }
+// Sends `buckets` to every sampler of `push`: bucket k to all of them, then,
+// once all answered, bucket k + 1 (the last as update_weights). It blocks
+// this rank's own thread (model ranks are detached), so the rank serves
+// nothing else meanwhile and the live weights that local-mode buckets share
+// cannot change under them. The requests go from a scoped actor: an awaited
+// request's timeout would hold the rank itself in CAF's clock until it fired,
+// and its thread could not end at shutdown.
+Result<void> push_buckets(caf::actor_system& sys, const WeightPush& push, const std::vector<NamedTensorList>& buckets) {
+  caf::scoped_actor me{sys};
+  const auto timeout = std::chrono::milliseconds{push.timeout_ms};
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const bool last = k + 1 == buckets.size();
+    caf::error failed;
+    size_t failed_at = 0;
+    // Fan out to every sampler first, then collect: the samplers stage in parallel.
+    auto fan_out = [&](auto send) {
+      using Handle = decltype(send(std::declval<const sampler_actor&>()));
+      std::vector<Handle> handles;
+      for (const auto& a : push.samplers) handles.push_back(send(caf::actor_cast<sampler_actor>(a)));
+      for (size_t s = 0; s < handles.size(); ++s)
+        handles[s].receive([](bool) {},
+                           [&](caf::error& e) {
+                             if (!failed) failed = std::move(e), failed_at = s;
+                           });
+    };
+    if (last)
+      fan_out([&](const sampler_actor& to) {
+        return me->request(to, timeout, update_weights_atom::value, buckets[k], push.update);
+      });
+    else
+      fan_out([&](const sampler_actor& to) {
+        return me->request(to, timeout, stage_weights_atom::value, buckets[k], push.update.version);
+      });
+    if (failed)
+      return with_context(failed, "push_weights: sampler " + std::to_string(failed_at) + " of " +
+                                      std::to_string(push.samplers.size()) + ", bucket " + std::to_string(k + 1) +
+                                      " of " + std::to_string(buckets.size()));
   }
-  void acked() {
-    if (done || --pending > 0) return;
-    if (next < buckets.size()) return send();
-    done = true;
-    promise.deliver(report);
-  }
-  void fail(size_t sampler, size_t bucket, const caf::error& e) {
-    if (done) return;
-    done = true;
-    promise.deliver(with_context(e, where + ": push_weights: sampler " + std::to_string(sampler) + " of " +
-                                        std::to_string(push.samplers.size()) + ", bucket " +
-                                        std::to_string(bucket + 1) + " of " + std::to_string(buckets.size())));
-  }
-};
+  return {};
+}
 
 model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec) {
   auto st = std::make_shared<ModelState>();
@@ -269,9 +240,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           if (!tb) return tb.error();
           auto tr = st->trainer(adapter);
           if (!tr) return tr.error();
-          auto spec = to_loss_spec(st->tenants[adapter].loss);
-          if (!spec) return spec.error();
-          auto m = (*tr)->forward_backward(*tb, *spec);
+          auto m = (*tr)->forward_backward(*tb, st->tenants[adapter].loss);
           if (!m) return m.error();
           for (const auto& [k, v] : *m) {
             auto& [sum, n] = st->tenants[adapter].metric_sums[k];
@@ -302,9 +271,9 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
         };
         return answer(run);
       },
-      [st, answer](set_loss_atom, const std::string& adapter, const LossSettings& s) -> caf::result<bool> {
+      [st, answer](set_loss_atom, const std::string& adapter, const LossSpec& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
-          if (auto spec = to_loss_spec(s); !spec) return spec.error();
+          if (auto ok = s.validate(); !ok) return ok.error();
           auto t = st->tenant(adapter);
           if (!t) return t.error();
           (*t)->loss = s;
@@ -312,40 +281,37 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
         };
         return answer(run);
       },
-      [st, answer](set_optimizer_atom, const std::string& adapter, const OptimizerSettings& s) -> caf::result<bool> {
+      [st, answer](set_optimizer_atom, const std::string& adapter, const OptimizerConfig& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
-          auto opt = to_optimizer(s);
-          if (!opt) return opt.error();
+          if (auto ok = s.validate(); !ok) return ok.error();
           auto t = st->tenant(adapter);
           if (!t) return t.error();
           (*t)->optimizer = s;
           if ((*t)->trainer) {
-            if (auto ok = (*t)->trainer->set_optimizer(*opt); !ok) return ok.error();
+            if (auto ok = (*t)->trainer->set_optimizer(s); !ok) return ok.error();
           }
           return true;
         };
         return answer(run);
       },
-      [st, answer](set_lr_scheduler_atom, const std::string& adapter, const SchedulerSettings& s) -> caf::result<bool> {
+      [st, answer](set_lr_scheduler_atom, const std::string& adapter, const SchedulerConfig& s) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
-          auto sched = to_scheduler(s);
-          if (!sched) return sched.error();
+          if (auto ok = s.validate(); !ok) return ok.error();
           auto t = st->tenant(adapter);
           if (!t) return t.error();
           (*t)->scheduler = s;
           if ((*t)->trainer) {
-            if (auto ok = (*t)->trainer->set_lr_scheduler(*sched); !ok) return ok.error();
+            if (auto ok = (*t)->trainer->set_lr_scheduler(s); !ok) return ok.error();
           }
           return true;
         };
         return answer(run);
       },
-      [st, answer](add_adapter_atom, const std::string& name, const LoraSettings& s) -> caf::result<bool> {
+      [st, answer](add_adapter_atom, const std::string& name, const LoraConfig& c, uint64_t seed) -> caf::result<bool> {
         auto run = [&]() -> Result<bool> {
           auto m = st->ready();
           if (!m) return m.error();
-          LoraConfig c{s.r, s.alpha, s.dropout, s.target_modules, s.rslora};
-          if (auto ok = (*m)->add_adapter(name, c, s.seed); !ok) return ok.error();
+          if (auto ok = (*m)->add_adapter(name, c, seed); !ok) return ok.error();
           return true;
         };
         return answer(run);
@@ -464,35 +430,32 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           return m;
         });
       },
-      [st, self](push_weights_atom, WeightPush& push) -> caf::result<Metrics> {
-        if (push.samplers.empty() || push.bucket_bytes < 1 || push.timeout_ms < 1)
-          return st->fail(make_error(errc::invalid_argument, "push_weights needs samplers, bucket_bytes >= 1 and a "
-                                                             "timeout >= 1 ms"));
-        auto w = st->export_weights(push.adapter, push.merged, /*snapshot=*/false);
-        if (!w) return st->fail(w.error());
-        auto p = std::make_shared<WeightPusher>();
-        p->self = self;
-        p->where = st->where();
-        p->report = {{"tensors", static_cast<double>(w->names.size())}, {"buckets", 0}, {"bytes", 0}};
-        // Buckets in export order; a tensor larger than a bucket is a bucket of its own.
-        p->buckets.emplace_back();
-        int64_t filled = 0;
-        for (size_t i = 0; i < w->names.size(); ++i) {
-          const auto bytes = static_cast<int64_t>(w->tensors[i].nbytes());
-          if (filled > 0 && filled + bytes > push.bucket_bytes) {
-            p->buckets.emplace_back();
-            filled = 0;
+      [st, self, answer](push_weights_atom, const WeightPush& push) -> caf::result<Metrics> {
+        return answer([&]() -> Result<Metrics> {
+          if (push.samplers.empty() || push.bucket_bytes < 1 || push.timeout_ms < 1)
+            return make_error(errc::invalid_argument,
+                              "push_weights needs samplers, bucket_bytes >= 1 and a timeout >= 1 ms");
+          auto w = st->export_weights(push.adapter, push.merged, /*snapshot=*/false);
+          if (!w) return w.error();
+          // Buckets in export order; a tensor larger than a bucket is a bucket of its own.
+          std::vector<NamedTensorList> buckets(1);
+          int64_t filled = 0, bytes_total = 0;
+          for (size_t i = 0; i < w->names.size(); ++i) {
+            const auto bytes = static_cast<int64_t>(w->tensors[i].nbytes());
+            if (filled > 0 && filled + bytes > push.bucket_bytes) {
+              buckets.emplace_back();
+              filled = 0;
+            }
+            buckets.back().names.push_back(std::move(w->names[i]));
+            buckets.back().tensors.push_back(std::move(w->tensors[i]));
+            filled += bytes;
+            bytes_total += bytes;
           }
-          p->buckets.back().names.push_back(std::move(w->names[i]));
-          p->buckets.back().tensors.push_back(std::move(w->tensors[i]));
-          filled += bytes;
-          p->report["bytes"] += static_cast<double>(bytes);
-        }
-        p->report["buckets"] = static_cast<double>(p->buckets.size());
-        p->push = std::move(push);
-        p->promise = self->make_response_promise<Metrics>();
-        p->send();
-        return p->promise;
+          if (auto ok = push_buckets(self->system(), push, buckets); !ok) return ok.error();
+          return Metrics{{"tensors", static_cast<double>(w->names.size())},
+                         {"buckets", static_cast<double>(buckets.size())},
+                         {"bytes", static_cast<double>(bytes_total)}};
+        });
       },
       [st, answer](sync_send_atom, const std::string& adapter, bool merged,
                    const SyncGroupAddress& at) -> caf::result<int64_t> {

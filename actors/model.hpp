@@ -23,6 +23,9 @@
 /// missing or truncated weights file) is an error naming what and where, and
 /// the next call is served.
 
+#include "components/model/model.hpp"
+#include "components/model/optim.hpp"
+#include "components/model/trainer.hpp"
 #include "components/sampler/params.hpp"
 #include "placement/device_mesh.hpp"
 #include "runtime/batch.hpp"
@@ -42,8 +45,39 @@
 #include <string>
 #include <vector>
 
+namespace glint::components {
+
+// The trainer's own settings types cross actor boundaries as they are (no
+// mirrored structs); these make them serialisable. Field order is a wire
+// format: append, never reorder.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LossSpec& x) {
+  return f(caf::meta::type_name("glint.loss_spec"), x.kind, x.epsilon, x.epsilon_high, x.beta, x.entropy_coef,
+           x.max_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, OptimizerConfig& x) {
+  return f(caf::meta::type_name("glint.optimizer_config"), x.kind, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps,
+           x.momentum, x.max_grad_norm);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SchedulerConfig& x) {
+  return f(caf::meta::type_name("glint.scheduler_config"), x.kind, x.warmup_steps, x.total_steps, x.min_lr_ratio);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LoraConfig& x) {
+  return f(caf::meta::type_name("glint.lora_config"), x.r, x.alpha, x.dropout, x.target_modules, x.rslora);
+}
+
+}  // namespace glint::components
+
 namespace glint::actors {
 
+using components::LoraConfig;
+using components::LossKind;
+using components::LossSpec;
+using components::OptimizerConfig;
+using components::SchedulerConfig;
 using components::UpdatePolicy;
 
 /// What a model rank loads and where its data-parallel group meets.
@@ -54,46 +88,6 @@ struct ModelSpec {
   std::string store_host = "127.0.0.1";  ///< the dp group's TCPStore (hosted by dp rank 0);
   int32_t store_port = 0;                 ///< spawn_model_group fills both in
   friend bool operator==(const ModelSpec&, const ModelSpec&) = default;
-};
-
-struct LossSettings {
-  std::string kind = "cross_entropy";  ///< cross_entropy, grpo, gspo, dr_grpo, cispo
-  double epsilon = 0.2;
-  double epsilon_high = 0.2;
-  double beta = 0.0;
-  double entropy_coef = 0.0;
-  int64_t max_tokens = 0;
-  friend bool operator==(const LossSettings&, const LossSettings&) = default;
-};
-
-struct OptimizerSettings {
-  std::string kind = "adamw";  ///< adamw, sgd
-  double lr = 1e-4;
-  double weight_decay = 0.01;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double momentum = 0.0;
-  double max_grad_norm = 1.0;
-  friend bool operator==(const OptimizerSettings&, const OptimizerSettings&) = default;
-};
-
-struct SchedulerSettings {
-  std::string kind = "constant";  ///< constant, linear, cosine
-  int64_t warmup_steps = 0;
-  int64_t total_steps = 0;
-  double min_lr_ratio = 0.0;
-  friend bool operator==(const SchedulerSettings&, const SchedulerSettings&) = default;
-};
-
-struct LoraSettings {
-  int64_t r = 8;
-  double alpha = 16;
-  double dropout = 0.0;
-  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
-  bool rslora = false;
-  uint64_t seed = 0;
-  friend bool operator==(const LoraSettings&, const LoraSettings&) = default;
 };
 
 /// Named tensors (weights for sync, checkpoints).
@@ -169,24 +163,6 @@ typename Inspector::result_type inspect(Inspector& f, ModelSpec& x) {
   return f(caf::meta::type_name("glint.model_spec"), x.model_dir, x.config_json, x.seed, x.store_host, x.store_port);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, LossSettings& x) {
-  return f(caf::meta::type_name("glint.loss_settings"), x.kind, x.epsilon, x.epsilon_high, x.beta, x.entropy_coef,
-           x.max_tokens);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, OptimizerSettings& x) {
-  return f(caf::meta::type_name("glint.optimizer_settings"), x.kind, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps,
-           x.momentum, x.max_grad_norm);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, SchedulerSettings& x) {
-  return f(caf::meta::type_name("glint.scheduler_settings"), x.kind, x.warmup_steps, x.total_steps, x.min_lr_ratio);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, LoraSettings& x) {
-  return f(caf::meta::type_name("glint.lora_settings"), x.r, x.alpha, x.dropout, x.target_modules, x.rslora, x.seed);
-}
-template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, NamedTensorList& x) {
   return f(caf::meta::type_name("glint.named_tensors"), x.names, x.tensors);
 }
@@ -220,11 +196,12 @@ using model_actor = caf::typed_actor<
     /// Clips, steps the optimizer of `adapter`, clears its gradients; answers grad_norm, lr, step.
     caf::replies_to<clip_grad_and_step_atom, std::string>::with<Metrics>,
     /// The loss `adapter` trains with from now on.
-    caf::replies_to<set_loss_atom, std::string, LossSettings>::with<bool>,
+    caf::replies_to<set_loss_atom, std::string, LossSpec>::with<bool>,
     /// A new optimizer for `adapter` (its state starts afresh).
-    caf::replies_to<set_optimizer_atom, std::string, OptimizerSettings>::with<bool>,
-    caf::replies_to<set_lr_scheduler_atom, std::string, SchedulerSettings>::with<bool>,
-    caf::replies_to<add_adapter_atom, std::string, LoraSettings>::with<bool>,
+    caf::replies_to<set_optimizer_atom, std::string, OptimizerConfig>::with<bool>,
+    caf::replies_to<set_lr_scheduler_atom, std::string, SchedulerConfig>::with<bool>,
+    /// A LoRA adapter `name`; A drawn from `seed` (the same on every rank), B zero.
+    caf::replies_to<add_adapter_atom, std::string, LoraConfig, uint64_t>::with<bool>,
     caf::replies_to<remove_adapter_atom, std::string>::with<bool>,
     /// The mean of each metric over the forward_backward calls since the last
     /// calculate_metric for `adapter`, and clears them.
@@ -269,10 +246,10 @@ Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::Devic
                                              const placement::DeviceMesh& mesh, ModelSpec spec);
 
 GLINT_REGISTER_MESSAGE_TYPE(model_spec, ModelSpec, "glint.model_spec");
-GLINT_REGISTER_MESSAGE_TYPE(loss_settings, LossSettings, "glint.loss_settings");
-GLINT_REGISTER_MESSAGE_TYPE(optimizer_settings, OptimizerSettings, "glint.optimizer_settings");
-GLINT_REGISTER_MESSAGE_TYPE(scheduler_settings, SchedulerSettings, "glint.scheduler_settings");
-GLINT_REGISTER_MESSAGE_TYPE(lora_settings, LoraSettings, "glint.lora_settings");
+GLINT_REGISTER_MESSAGE_TYPE(loss_spec, LossSpec, "glint.loss_spec");
+GLINT_REGISTER_MESSAGE_TYPE(optimizer_config, OptimizerConfig, "glint.optimizer_config");
+GLINT_REGISTER_MESSAGE_TYPE(scheduler_config, SchedulerConfig, "glint.scheduler_config");
+GLINT_REGISTER_MESSAGE_TYPE(lora_config, LoraConfig, "glint.lora_config");
 GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensorList, "glint.named_tensors");
 GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
 GLINT_REGISTER_MESSAGE_TYPE(sync_group_address, SyncGroupAddress, "glint.sync_group_address");

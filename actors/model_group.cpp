@@ -26,19 +26,19 @@ public:
   Future<Metrics> clip_grad_and_step(const std::string& adapter) override {
     return g_.call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, adapter);
   }
-  Future<void> set_loss(const std::string& adapter, const LossSettings& loss) override {
+  Future<void> set_loss(const std::string& adapter, const LossSpec& loss) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, set_loss_atom::value, adapter, loss));
   }
-  Future<void> set_optimizer(const std::string& adapter, const OptimizerSettings& optimizer) override {
+  Future<void> set_optimizer(const std::string& adapter, const OptimizerConfig& optimizer) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, set_optimizer_atom::value, adapter, optimizer));
   }
-  Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerSettings& scheduler) override {
+  Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerConfig& scheduler) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, set_lr_scheduler_atom::value, adapter, scheduler));
   }
-  Future<void> add_adapter(const std::string& adapter, const LoraSettings& lora) override {
+  Future<void> add_adapter(const std::string& adapter, const LoraConfig& lora, uint64_t seed) override {
     if (adapter.empty())
       return detail::failed<void>(make_error(errc::invalid_argument, "add_adapter needs a name for the adapter"));
-    return done_of(g_.call<Collect::first>(Dispatch::all, add_adapter_atom::value, adapter, lora));
+    return done_of(g_.call<Collect::first>(Dispatch::all, add_adapter_atom::value, adapter, lora, seed));
   }
   Future<void> remove_adapter(const std::string& adapter) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, remove_adapter_atom::value, adapter));

@@ -5,7 +5,7 @@
 /// driver never names an atom, a dispatch or a collect mode:
 ///
 ///   auto model = actors::open_model_group(rt, DeviceGroup::of("model", 2), mesh, {.model_dir = dir});
-///   model->add_adapter("default", {.r = 8}).get();
+///   model->add_adapter("default", {.r = 8}, /*seed=*/1).get();
 ///   auto policy = model->with_adapter("default");       // the calls below train the adapter
 ///   policy.set_optimizer({.lr = 1e-4}).get();
 ///   auto m = policy.forward_backward(batch).take();     // sliced by dp rank, metrics averaged
@@ -56,10 +56,10 @@ public:
   virtual Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) = 0;
   virtual Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) = 0;
   virtual Future<Metrics> clip_grad_and_step(const std::string& adapter) = 0;
-  virtual Future<void> set_loss(const std::string& adapter, const LossSettings& loss) = 0;
-  virtual Future<void> set_optimizer(const std::string& adapter, const OptimizerSettings& optimizer) = 0;
-  virtual Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerSettings& scheduler) = 0;
-  virtual Future<void> add_adapter(const std::string& adapter, const LoraSettings& lora) = 0;
+  virtual Future<void> set_loss(const std::string& adapter, const LossSpec& loss) = 0;
+  virtual Future<void> set_optimizer(const std::string& adapter, const OptimizerConfig& optimizer) = 0;
+  virtual Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerConfig& scheduler) = 0;
+  virtual Future<void> add_adapter(const std::string& adapter, const LoraConfig& lora, uint64_t seed) = 0;
   virtual Future<void> remove_adapter(const std::string& adapter) = 0;
   virtual Future<Metrics> calculate_metric(const std::string& adapter) = 0;
   virtual Future<std::string> train_configs(const std::string& adapter) = 0;
@@ -99,19 +99,20 @@ public:
   /// (the ranks of a data-parallel group take the same step).
   Future<Metrics> clip_grad_and_step() const { return backend_->clip_grad_and_step(adapter_); }
   /// On every rank: the loss this handle's adapter trains with from now on.
-  Future<void> set_loss(const LossSettings& loss) const { return backend_->set_loss(adapter_, loss); }
+  Future<void> set_loss(const LossSpec& loss) const { return backend_->set_loss(adapter_, loss); }
   /// On every rank: a new optimizer (its state starts afresh).
-  Future<void> set_optimizer(const OptimizerSettings& optimizer) const {
+  Future<void> set_optimizer(const OptimizerConfig& optimizer) const {
     return backend_->set_optimizer(adapter_, optimizer);
   }
   /// On every rank: the learning-rate schedule.
-  Future<void> set_lr_scheduler(const SchedulerSettings& scheduler) const {
+  Future<void> set_lr_scheduler(const SchedulerConfig& scheduler) const {
     return backend_->set_lr_scheduler(adapter_, scheduler);
   }
   /// On every rank: a new LoRA adapter `name` on the base model (then use
-  /// with_adapter(name)). Error: the name is taken.
-  Future<void> add_adapter(const std::string& name, const LoraSettings& lora) const {
-    return backend_->add_adapter(name, lora);
+  /// with_adapter(name)), A drawn from `seed` (the same on every rank), B
+  /// zero. Error: the name is taken, or an invalid config.
+  Future<void> add_adapter(const std::string& name, const LoraConfig& lora, uint64_t seed = 0) const {
+    return backend_->add_adapter(name, lora, seed);
   }
   /// On every rank: drops adapter `name`, its optimizer and its loss.
   Future<void> remove_adapter(const std::string& name) const { return backend_->remove_adapter(name); }

@@ -464,10 +464,8 @@ sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankConte
       [st, answer](stage_weights_atom, const NamedTensorList& w, int64_t version) -> caf::result<bool> {
         return answer([&] { return st->stage_weights(w, version); });
       },
-      [on_engine](add_adapter_atom, const std::string& name, const LoraSettings& s) -> caf::result<bool> {
-        return on_engine([&](Engine& e) {
-          return e.add_adapter(name, LoraConfig{s.r, s.alpha, s.dropout, s.target_modules, s.rslora});
-        });
+      [on_engine](add_adapter_atom, const std::string& name, const LoraConfig& c) -> caf::result<bool> {
+        return on_engine([&](Engine& e) { return e.add_adapter(name, c); });
       },
       [on_engine](load_adapter_atom, const std::string& name, const std::string& dir) -> caf::result<bool> {
         return on_engine([&](Engine& e) { return e.load_adapter(name, dir); });

@@ -218,9 +218,8 @@ using sampler_actor = caf::typed_actor<
     /// update_weights(tensors, update) would. Blocks this
     /// rank until the transfer ends.
     caf::replies_to<sync_recv_atom, SyncManifest, WeightUpdate, SyncGroupAddress>::with<bool>,
-    /// A LoRA adapter (B zero: the base's output until its weights come);
-    /// LoraSettings::seed is not used.
-    caf::replies_to<add_adapter_atom, std::string, LoraSettings>::with<bool>,
+    /// A LoRA adapter (B zero: the base's output until its weights come).
+    caf::replies_to<add_adapter_atom, std::string, LoraConfig>::with<bool>,
     /// Loads a PEFT adapter directory as adapter `name`.
     caf::replies_to<load_adapter_atom, std::string, std::string>::with<bool>,
     /// Refused while a request uses it.

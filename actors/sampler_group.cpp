@@ -34,7 +34,7 @@ public:
         g_.call<Collect::first>(Dispatch::all, update_weights_atom::value, weights,
                                            WeightUpdate{adapter, version, policy}));
   }
-  Future<void> add_adapter(const std::string& name, const LoraSettings& lora) override {
+  Future<void> add_adapter(const std::string& name, const LoraConfig& lora) override {
     if (name.empty())
       return detail::failed<void>(make_error(errc::invalid_argument, "add_adapter needs a name for the adapter"));
     return done_of(g_.call<Collect::first>(Dispatch::all, add_adapter_atom::value, name, lora));

@@ -42,7 +42,7 @@ public:
                                                                 std::function<void(const SampleChunk&)> on_chunk) = 0;
   virtual Future<void> update_weights(const NamedTensorList& weights, const std::string& adapter, int64_t version,
                                       components::UpdatePolicy policy) = 0;
-  virtual Future<void> add_adapter(const std::string& name, const LoraSettings& lora) = 0;
+  virtual Future<void> add_adapter(const std::string& name, const LoraConfig& lora) = 0;
   virtual Future<void> load_adapter(const std::string& name, const std::string& dir) = 0;
   virtual Future<void> remove_adapter(const std::string& name) = 0;
   virtual Future<void> reset_prefix_cache() = 0;
@@ -96,7 +96,7 @@ public:
   }
   /// On every rank: a LoRA adapter (B zero, so the base's output until its
   /// weights come).
-  Future<void> add_adapter(const std::string& name, const LoraSettings& lora) const {
+  Future<void> add_adapter(const std::string& name, const LoraConfig& lora) const {
     return backend_->add_adapter(name, lora);
   }
   /// On every rank: a PEFT adapter directory as adapter `name`.

@@ -218,7 +218,7 @@ int train(const TrainBenchArgs& a) {
   if (auto ok = lm->save(dir->path()); !ok) return fail(describe(ok.error()));
   if (auto ok = write_safetensors(tokens_path, {{"input_ids", ids}}); !ok) return fail(describe(ok.error()));
 
-  TrainConfig train_cfg{.optimizer = {.lr = 1e-4}, .max_grad_norm = 1.0};
+  TrainConfig train_cfg{.optimizer = {.lr = 1e-4, .max_grad_norm = 1.0}};
   auto number = [](double v) {
     std::ostringstream s;
     s.precision(17);
@@ -228,7 +228,7 @@ int train(const TrainBenchArgs& a) {
   auto py = PythonChild::start({a.python, script, dir->path(), tokens_path, "--threads",
                                 std::to_string(threads), "--mode", lora ? "lora" : "full", "--lr", number(train_cfg.optimizer.lr),
                                 "--weight-decay", number(train_cfg.optimizer.weight_decay), "--max-grad-norm",
-                                number(train_cfg.max_grad_norm)});
+                                number(train_cfg.optimizer.max_grad_norm)});
   const std::string install_hint = "; install python3-torch (scripts/setup.sh does) or name another with --python";
   if (!py) return fail(describe(py.error()) + install_hint);
   auto ready = py->read_line(300s);

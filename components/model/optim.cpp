@@ -15,8 +15,28 @@ Result<OptimizerConfig::Kind> OptimizerConfig::parse_kind(std::string_view name)
   return make_error(errc::invalid_argument, "optimizer '" + std::string{name} + "' is unknown; use adamw or sgd");
 }
 
+std::string_view to_string(OptimizerConfig::Kind k) {
+  switch (k) {
+    case OptimizerConfig::Kind::adamw: return "adamw";
+    case OptimizerConfig::Kind::sgd: return "sgd";
+  }
+  return "?";
+}
+
+std::string_view to_string(SchedulerConfig::Kind k) {
+  switch (k) {
+    case SchedulerConfig::Kind::constant: return "constant";
+    case SchedulerConfig::Kind::linear: return "linear";
+    case SchedulerConfig::Kind::cosine: return "cosine";
+  }
+  return "?";
+}
+
 Result<void> OptimizerConfig::validate() const {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "optimizer: " + what); };
+  // A kind read from another process can hold any number.
+  if (to_string(kind) == "?") return bad("kind " + std::to_string(static_cast<int>(kind)) + " is neither adamw nor sgd");
+  if (!(max_grad_norm >= 0)) return bad("max_grad_norm must be >= 0 (0 disables clipping)");
   if (!(lr >= 0) || !std::isfinite(lr)) return bad("lr must be a finite number >= 0");
   if (!(weight_decay >= 0)) return bad("weight_decay must be >= 0");
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) return bad("betas must lie in [0, 1)");
@@ -36,6 +56,9 @@ Result<SchedulerConfig::Kind> SchedulerConfig::parse_kind(std::string_view name)
 }
 
 Result<void> SchedulerConfig::validate() const {
+  if (to_string(kind) == "?")
+    return make_error(errc::invalid_argument, "lr scheduler: kind " + std::to_string(static_cast<int>(kind)) +
+                                                  " is not constant, linear or cosine");
   if (warmup_steps < 0) return make_error(errc::invalid_argument, "lr scheduler: warmup_steps must be >= 0");
   if (kind != Kind::constant && total_steps <= warmup_steps)
     return make_error(errc::invalid_argument, "lr scheduler: total_steps (" + std::to_string(total_steps) +

@@ -22,8 +22,11 @@ struct OptimizerConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double momentum = 0.0;  ///< SGD only
+  double max_grad_norm = 1.0;  ///< clip_grad_and_step clips to this global norm; 0 disables clipping
 
   /// Parses "adamw" / "sgd".
+  /// (Serialised field order, in actors/model.hpp's inspect, is a wire
+  /// format: add fields at the end.)
   static Result<Kind> parse_kind(std::string_view name);
   Result<void> validate() const;
 };
@@ -39,6 +42,10 @@ struct SchedulerConfig {
   static Result<Kind> parse_kind(std::string_view name);
   Result<void> validate() const;
 };
+
+/// "adamw", "sgd"; "constant", "linear", "cosine".
+std::string_view to_string(OptimizerConfig::Kind k);
+std::string_view to_string(SchedulerConfig::Kind k);
 
 /// The learning rate at optimizer step `step` (0-based) for base rate `lr`:
 /// a linear warm-up from 0 over warmup_steps, then constant, linear or

@@ -31,6 +31,16 @@ std::string_view to_string(LossKind k) {
   return "?";
 }
 
+Result<void> LossSpec::validate() const {
+  auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "loss: " + what); };
+  if (to_string(kind) == "?")
+    return bad("kind " + std::to_string(static_cast<int>(kind)) + " is not cross_entropy, grpo, gspo, dr_grpo or cispo");
+  if (!(epsilon >= 0) || !(epsilon_high >= 0)) return bad("epsilon and epsilon_high must be >= 0");
+  if (!std::isfinite(beta) || !std::isfinite(entropy_coef)) return bad("beta and entropy_coef must be finite");
+  if (max_tokens < 0) return bad("max_tokens must be >= 0");
+  return {};
+}
+
 struct Trainer::Impl {
   CausalLM model;
   TrainConfig cfg;
@@ -109,6 +119,7 @@ Result<at::Tensor> float_input(const Tensor& t, const char* name, int64_t B, int
 }  // namespace
 
 Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec) try {
+  if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
   if (!prepared) return prepared.error();
@@ -247,7 +258,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     for (auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
-  double norm = clip_grad_norm(params, impl_->cfg.max_grad_norm);
+  double norm = clip_grad_norm(params, impl_->cfg.optimizer.max_grad_norm);
   if (!std::isfinite(norm)) {
     zero_grad();
     return make_error(errc::invalid_argument, "the gradient norm is not finite; the step was skipped");

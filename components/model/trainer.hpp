@@ -41,6 +41,10 @@ struct LossSpec {
   double beta = 0.0;          ///< KL-to-reference coefficient (k3 estimator); needs ref_logps
   double entropy_coef = 0.0;  ///< entropy bonus
   int64_t max_tokens = 0;     ///< DR-GRPO's constant normaliser (0: the batch's sequence length)
+
+  /// A known kind (one read from another process can hold any number),
+  /// clip bounds >= 0, beta and entropy_coef finite, max_tokens >= 0.
+  Result<void> validate() const;
 };
 
 struct TrainBatch {
@@ -54,9 +58,8 @@ struct TrainBatch {
 };
 
 struct TrainConfig {
-  OptimizerConfig optimizer{};
+  OptimizerConfig optimizer{};  ///< with max_grad_norm, the clipping bound
   SchedulerConfig scheduler{};
-  double max_grad_norm = 1.0;  ///< 0 disables clipping
   /// Train only this LoRA adapter of the model (its A and B), the base
   /// frozen; empty: every base parameter. Several trainers, one per adapter,
   /// may share one model (one per tenant).

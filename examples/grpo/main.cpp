@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     // GRPO's loss and optimizer come first when resuming: the checkpoint's
     // optimizer state loads into them.
     auto set_grpo = [&]() -> Result<void> {
-      if (auto ok = model->set_loss({.kind = "grpo"}).get(); !ok) return ok;
+      if (auto ok = model->set_loss({.kind = components::LossKind::grpo}).get(); !ok) return ok;
       return model->set_optimizer({.lr = a.lr}).get();
     };
     auto rl_spec = loader;

@@ -92,12 +92,12 @@ int main(int argc, char** argv) {
     if (!base) return fail("opening the model group", base.error());
     const std::string adapter = "default";
     const std::vector<std::string> all_linear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    const actors::LoraSettings lora{.r = a.rank, .alpha = 2.0 * static_cast<double>(a.rank),
-                                    .target_modules = all_linear, .seed = a.seed};
-    if (auto ok = base->add_adapter(adapter, lora).get(); !ok) return fail("adding the adapter", ok.error());
+    const components::LoraConfig lora{.r = a.rank, .alpha = 2.0 * static_cast<double>(a.rank),
+                                      .target_modules = all_linear};
+    if (auto ok = base->add_adapter(adapter, lora, a.seed).get(); !ok) return fail("adding the adapter", ok.error());
     auto model = base->with_adapter(adapter);  // every call below trains or reads the adapter
     if (auto ok = model.set_optimizer({.lr = a.lr}).get(); !ok) return fail("setting the optimizer", ok.error());
-    if (auto ok = model.set_lr_scheduler({.kind = "cosine", .warmup_steps = 5, .total_steps = a.steps}).get(); !ok)
+    if (auto ok = model.set_lr_scheduler({.kind = components::SchedulerConfig::Kind::cosine, .warmup_steps = 5, .total_steps = a.steps}).get(); !ok)
       return fail("setting the schedule", ok.error());
 
     actors::DataLoaderSpec train_spec{.dataset = a.data, .slice_begin = kHeldOut, .preprocess = "self_cognition",

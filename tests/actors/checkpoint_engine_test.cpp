@@ -98,7 +98,7 @@ TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheMode
 
 TEST_P(CheckpointEngineTest, AnAdapterSyncedEqualsTheSameAdapterMergedIntoTheBase) {
   auto m = model(3);
-  ASSERT_TRUE(m.add_adapter("a", {.r = 4, .seed = 1}).get());
+  ASSERT_TRUE(m.add_adapter("a", {.r = 4}, /*seed=*/1).get());
   auto a = m.with_adapter("a");
   ASSERT_TRUE(a.set_optimizer({.lr = 0.05}).get());
   Batch b;

@@ -73,8 +73,8 @@ TEST_P(GroupClientsTest, ModelGroupSlicesByDataParallelRankAndKeepsRowOrder) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "element " << i;
 
   // forward_backward averages the ranks' metrics; clip_grad_and_step steps every rank alike.
-  ASSERT_TRUE(two.set_optimizer({.kind = "sgd", .lr = 0.5}).get());
-  ASSERT_TRUE(one.set_optimizer({.kind = "sgd", .lr = 0.5}).get());
+  ASSERT_TRUE(two.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}).get());
+  ASSERT_TRUE(one.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}).get());
   auto m2 = two.forward_backward(four_rows()).take();
   auto m1 = one.forward_backward(four_rows()).take();
   ASSERT_TRUE(m2) << describe(m2.error());
@@ -97,7 +97,7 @@ TEST_P(GroupClientsTest, AnAdapterHandleTrainsTheAdapterOnlyAndRefusalsNameWhatW
   auto before = base.forward_only(four_rows()).take();
   ASSERT_TRUE(before);
   EXPECT_FALSE(base.add_adapter("", {.r = 4}).get()) << "an adapter needs a name";
-  ASSERT_TRUE(base.add_adapter("a", {.r = 4, .seed = 1}).get());
+  ASSERT_TRUE(base.add_adapter("a", {.r = 4}, /*seed=*/1).get());
   auto a = base.with_adapter("a");
   EXPECT_EQ(a.adapter(), "a");
   EXPECT_EQ(a.base().adapter(), "");

@@ -49,7 +49,7 @@ TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
   // SGD with momentum: Adam's per-element normalisation turns the rounding
   // of near-zero gradients (the same sums in another order) into ~2e-5
   // after 5 steps; the AdamW version of this check is in comm_test.
-  actors::OptimizerSettings opt{.kind = "sgd", .lr = 0.1, .momentum = 0.9};
+  actors::OptimizerConfig opt{.kind = actors::OptimizerConfig::Kind::sgd, .lr = 0.1, .momentum = 0.9};
   ASSERT_TRUE((group.call<Collect::first>(Dispatch::all, actors::set_optimizer_atom::value, std::string{}, opt).get()));
 
   auto single = components::Trainer::create(
@@ -111,15 +111,17 @@ TEST_P(ModelActorTest, BadInputGetsAClearErrorAndTheNextCallIsServed) {
   auto nan_batch = ok_batch;
   nan_batch.tensors["advantages"] = *Tensor::from_values(std::vector<float>{1.f, NAN}, {2});
   ASSERT_TRUE((group.call<Collect::first>(Dispatch::all, actors::set_loss_atom::value, std::string{},
-                                          actors::LossSettings{.kind = "grpo"})
+                                          actors::LossSpec{.kind = actors::LossKind::grpo})
                    .get()));
   auto nan = call(nan_batch);
   ASSERT_FALSE(nan);
   EXPECT_NE(describe(nan.error()).find("NaN"), std::string::npos) << describe(nan.error());
+  // A loss kind from another process can hold any number.
   auto bad_loss = group.call<Collect::first>(Dispatch::all, actors::set_loss_atom::value, std::string{},
-                                             actors::LossSettings{.kind = "ppo2"})
+                                             actors::LossSpec{.kind = static_cast<actors::LossKind>(42)})
                       .get();
   ASSERT_FALSE(bad_loss);
+  EXPECT_NE(describe(bad_loss.error()).find("kind 42"), std::string::npos) << describe(bad_loss.error());
   // Still serving.
   auto adv = ok_batch;
   adv.tensors["advantages"] = *Tensor::from_values(std::vector<float>{1.f, -1.f}, {2});
@@ -149,10 +151,10 @@ TEST_P(ModelActorTest, BrokenWeightsAreAnErrorOnEveryCall) {
 TEST_P(ModelActorTest, AdaptersTrainSaveAndLoadThroughTheActor) {
   auto group = spawn({.config_json = tiny().to_json(), .seed = 3}, 1);
   auto call1 = [&](auto... xs) { return group.call<Collect::first>(Dispatch::all, xs...).get(); };
-  ASSERT_TRUE(call1(actors::add_adapter_atom::value, std::string{"alice"}, actors::LoraSettings{.r = 4, .seed = 1}));
-  auto dupe = call1(actors::add_adapter_atom::value, std::string{"alice"}, actors::LoraSettings{});
+  ASSERT_TRUE(call1(actors::add_adapter_atom::value, std::string{"alice"}, actors::LoraConfig{.r = 4}, uint64_t{1}));
+  auto dupe = call1(actors::add_adapter_atom::value, std::string{"alice"}, actors::LoraConfig{}, uint64_t{0});
   ASSERT_FALSE(dupe);
-  ASSERT_TRUE(call1(actors::set_optimizer_atom::value, std::string{"alice"}, actors::OptimizerSettings{.lr = 1e-2}));
+  ASSERT_TRUE(call1(actors::set_optimizer_atom::value, std::string{"alice"}, actors::OptimizerConfig{.lr = 1e-2}));
   auto b = batch_of(ids_of({{1, 2, 3, 4}}), ids_of({{1, 1, 1, 1}}));
   auto base = call1(actors::forward_only_atom_v, b, std::string{});
   ASSERT_TRUE(base) << describe(base.error());

@@ -191,5 +191,42 @@ TEST(Training, BadInputIsAnErrorAndTheNextCallIsServed) {
   ASSERT_TRUE(tr->clip_grad_and_step());
 }
 
+// The clipping bound is part of the optimizer config, so set_optimizer on a
+// trainer that already stepped changes it too (it was fixed at creation).
+TEST(Training, SetOptimizerChangesTheClippingBound) {
+  TrainBatch b{.tokens = {.input_ids = ids_of({{1, 2, 3, 4, 5, 6}, {6, 5, 4, 3, 2, 1}})}};
+  const OptimizerConfig tight{.kind = OptimizerConfig::Kind::sgd, .lr = 1.0, .weight_decay = 0, .max_grad_norm = 1e-3};
+  auto changed = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = {.kind = OptimizerConfig::Kind::sgd}});
+  auto fixed = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = tight});
+  auto loose = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = {.kind = OptimizerConfig::Kind::sgd,
+                                                                                   .lr = 1.0, .weight_decay = 0,
+                                                                                   .max_grad_norm = 0}});
+  ASSERT_TRUE(changed.set_optimizer(tight));
+  for (auto* t : {&changed, &fixed, &loose}) {
+    ASSERT_TRUE(t->forward_backward(b, {}));
+    auto s = t->clip_grad_and_step();
+    ASSERT_TRUE(s) << describe(s.error());
+  }
+  bool differs_from_unclipped = false;
+  for (auto& [n, p] : fixed.model().impl().params) {
+    EXPECT_TRUE(at::allclose(p, changed.model().impl().params.at(n), 1e-6, 1e-7)) << n;
+    differs_from_unclipped |= !at::allclose(p, loose.model().impl().params.at(n), 1e-4, 1e-5);
+  }
+  EXPECT_TRUE(differs_from_unclipped) << "clipping to 1e-3 changes the step";
+  EXPECT_FALSE((OptimizerConfig{.max_grad_norm = -1}.validate()));
+}
+
+TEST(Training, SettingsFromTheWireWithUnknownKindsAreRefused) {
+  EXPECT_FALSE((LossSpec{.kind = static_cast<LossKind>(9)}.validate()));
+  EXPECT_FALSE((LossSpec{.epsilon = -0.1}.validate()));
+  EXPECT_FALSE((OptimizerConfig{.kind = static_cast<OptimizerConfig::Kind>(7)}.validate()));
+  EXPECT_FALSE((SchedulerConfig{.kind = static_cast<SchedulerConfig::Kind>(7)}.validate()));
+  auto tr = Trainer::create(*CausalLM::init_random(small(), 2), {});
+  ASSERT_TRUE(tr);
+  auto r = tr->forward_backward({.tokens = {.input_ids = ids_of({{1, 2, 3}})}}, {.kind = static_cast<LossKind>(9)});
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("kind 9"), std::string::npos) << describe(r.error());
+}
+
 }  // namespace
 }  // namespace glint::components

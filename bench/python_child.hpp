@@ -3,6 +3,7 @@
 // the baseline script as a child process driven line by line.
 
 #include "runtime/error.hpp"
+#include "runtime/process.hpp"
 
 #include <poll.h>
 #include <signal.h>
@@ -31,13 +32,18 @@ namespace glint::bench {
 
 using namespace std::chrono_literals;
 
-/// A baseline script of bench/python in the source tree this binary was
-/// built from, or an error saying why it is not there.
+/// A baseline script of bench/python: where `cmake --install` put it
+/// (PREFIX/share/glint/python beside PREFIX/bin/glint), else in the source
+/// tree this binary was built from; an error naming both when neither has it.
 inline Result<std::string> baseline_script(const char* file) {
+  const auto installed =
+      std::filesystem::path{self_executable()}.parent_path().parent_path() / "share" / "glint" / "python" / file;
+  if (std::filesystem::exists(installed)) return installed.string();
   auto path = std::filesystem::path{GLINT_SOURCE_DIR} / "bench" / "python" / file;
   if (!std::filesystem::exists(path))
-    return make_error(errc::not_found, path.string() + " is missing: the glint binary runs the Python baseline "
-                                                       "from the source tree it was built from");
+    return make_error(errc::not_found, "the Python baseline " + std::string{file} + " is in neither " +
+                                           installed.string() + " (an installed glint) nor " + path.string() +
+                                           " (the source tree it was built from)");
   return path.string();
 }
 

@@ -68,7 +68,7 @@ TEST(RunIndex, ListsRunsAndCheckpointsAndFindsTheLatest) {
     ASSERT_TRUE(idx->add_checkpoint({.run = "grpo", .name = "step-10", .path = "p10", .step = 10, .summary = "loss 1"}));
     ASSERT_TRUE(idx->add_checkpoint({.run = "grpo", .name = "step-2", .path = "p2", .step = 2}));
     ASSERT_TRUE(idx->add_checkpoint({.run = "sft", .name = "best", .path = "pb", .step = 5}));
-    EXPECT_FALSE(idx->add_checkpoint({.run = "a/b", .name = "x"}));
+    EXPECT_FALSE(idx->add_checkpoint({.run = "a/b", .name = "x", .path = {}}));
     auto second = RunIndex::open(root);
     ASSERT_FALSE(second) << "one writer at a time";
     EXPECT_EQ(code_of(second.error()), errc::unavailable);

@@ -80,7 +80,7 @@ public:
     if (engine) engine_.emplace(std::move(*engine));
     else load_error_ = engine.error();
   } catch (const std::exception& e) {
-    load_error_ = make_error(errc::internal, std::string{"loading the sampler failed: "} + e.what());
+    load_error_ = error_of_exception(e, "loading the sampler");
   }
 
   Result<Engine*> engine() {
@@ -131,7 +131,7 @@ public:
         ++call.remaining;
       }
     } catch (const std::exception& ex) {
-      drop(id, make_error(errc::internal, std::string{"adding the requests failed: "} + ex.what()));
+      drop(id, error_of_exception(ex, "adding the requests"));
       return rp;
     }
     if (call.remaining == 0) finish(id);
@@ -153,7 +153,7 @@ public:
         fail_all(make_error(errc::internal, "the engine scheduled nothing while requests wait (a glint bug); "
                                             "their calls are failed"));
     } catch (const std::exception& ex) {
-      fail_all(make_error(errc::internal, std::string{"the engine step failed: "} + ex.what()));
+      fail_all(error_of_exception(ex, "the engine step"));
     }
     if (has_work()) send_step();
     else stepping_ = false;

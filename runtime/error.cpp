@@ -1,5 +1,7 @@
 #include "runtime/error.hpp"
 
+#include <new>
+
 #include <caf/message.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
@@ -124,6 +126,19 @@ caf::error with_context(const caf::error& err, std::string_view prefix) {
     ctx += inner;
   }
   return make_error(code_of(err), std::move(ctx));
+}
+
+caf::error error_of_exception(const std::exception& e, std::string_view what) {
+  std::string text = e.what();
+  // LibTorch's errors carry a backtrace after the first line.
+  if (auto nl = text.find('\n'); nl != std::string::npos) text.resize(nl);
+  const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                   text.find("can't allocate memory") != std::string::npos ||
+                   text.find("out of memory") != std::string::npos;
+  if (oom)
+    return make_error(errc::resource_exhausted, std::string{what} + " ran out of memory (" + text +
+                                                    "): use smaller batches or fewer sequences");
+  return make_error(errc::internal, std::string{what} + " failed: " + text);
 }
 
 }  // namespace glint

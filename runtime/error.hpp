@@ -9,6 +9,7 @@
 #include <caf/expected.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,13 @@ std::string context_of(const caf::error& err);
 
 /// A one-line human rendering, e.g. "unavailable: rank 1 of group 'model' ...".
 std::string describe(const caf::error& err);
+
+/// The error for an exception a library threw inside `what` (a LibTorch
+/// call, say), by what the caller should do: out of memory (std::bad_alloc,
+/// or an allocator's "can't allocate memory" / "out of memory") is
+/// `resource_exhausted` (shed load: smaller batches, fewer sequences);
+/// anything else got past glint's input checks, so it is `internal`.
+caf::error error_of_exception(const std::exception& e, std::string_view what);
 
 /// Returns `err` with `prefix + ": "` put before its context; keeps the code.
 /// CAF errors are turned into glint errors of the mapped code.

@@ -23,7 +23,7 @@ auto answer(const State& state, Run&& run) -> caf::result<std::decay_t<decltype(
     if (!r) return state.fail(r.error());
     return std::move(*r);
   } catch (const std::exception& e) {
-    return state.fail(make_error(errc::internal, std::string{"unexpected failure: "} + e.what()));
+    return state.fail(error_of_exception(e, "the call"));
   }
 }
 

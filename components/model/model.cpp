@@ -403,7 +403,7 @@ Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOp
   return r;
 } catch (const std::exception& e) {
   // Input is checked above; this is a bug or an allocation failure, never a crash.
-  return make_error(errc::internal, std::string{"forward pass failed: "} + e.what());
+  return error_of_exception(e, "the forward pass");
 }
 
 NamedTensors CausalLM::named_parameters() const {

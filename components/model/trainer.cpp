@@ -219,7 +219,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   metrics["sequences"] = sequences;
   return metrics;
 } catch (const std::exception& e) {
-  return make_error(errc::internal, std::string{"forward_backward failed: "} + e.what());
+  return error_of_exception(e, "forward_backward");
 }
 
 Result<Metrics> Trainer::clip_grad_and_step() try {
@@ -268,7 +268,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   zero_grad();
   return Metrics{{"grad_norm", norm}, {"lr", lr}, {"step", static_cast<double>(impl_->opt->steps())}};
 } catch (const std::exception& e) {
-  return make_error(errc::internal, std::string{"clip_grad_and_step failed: "} + e.what());
+  return error_of_exception(e, "clip_grad_and_step");
 }
 
 void Trainer::zero_grad() {

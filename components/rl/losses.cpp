@@ -23,9 +23,7 @@ caf::error bad(std::string_view fn, const std::string& text) {
 
 // A LibTorch exception after our checks passed is our bug (or an allocation failure).
 caf::error torch_failed(std::string_view fn, const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  return make_error(errc::internal, std::string{fn} + " failed in LibTorch: " +
-                                        (c10_error ? c10_error->what_without_backtrace() : e.what()));
+  return error_of_exception(e, std::string{fn} + " (in LibTorch)");
 }
 
 std::string number(double x) {

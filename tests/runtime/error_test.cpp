@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <new>
+#include <stdexcept>
+
 namespace glint {
 namespace {
 
@@ -33,6 +36,23 @@ TEST(Error, MapsCafErrorsToTheCodeThatSaysWhatToDo) {
 TEST(Error, EveryCodeHasAName) {
   for (int c = 0; c <= static_cast<int>(errc::internal); ++c)
     EXPECT_NE(to_string(static_cast<errc>(c)), "unknown");
+}
+
+// Library exceptions by kind: out of memory says shed load; anything else
+// got past our input checks and is ours.
+TEST(Error, LibraryExceptionsAreTranslatedByKind) {
+  auto oom = error_of_exception(std::bad_alloc{}, "forward_backward");
+  EXPECT_EQ(code_of(oom), errc::resource_exhausted);
+  EXPECT_NE(describe(oom).find("forward_backward ran out of memory"), std::string::npos) << describe(oom);
+  // LibTorch's CPU allocator, with the backtrace it appends.
+  std::runtime_error torch_oom{"[enforce fail at alloc_cpu.cpp:75] DefaultCPUAllocator: can't allocate memory: you "
+                               "tried to allocate 1099511627776 bytes.\nException raised from alloc_cpu at ..."};
+  auto t = error_of_exception(torch_oom, "the engine step");
+  EXPECT_EQ(code_of(t), errc::resource_exhausted);
+  EXPECT_EQ(describe(t).find("Exception raised from"), std::string::npos) << "no backtrace: " << describe(t);
+  auto bug = error_of_exception(std::runtime_error{"shape '[2, 3]' is invalid for input of size 5"}, "the forward pass");
+  EXPECT_EQ(code_of(bug), errc::internal);
+  EXPECT_NE(describe(bug).find("the forward pass failed: shape"), std::string::npos) << describe(bug);
 }
 
 }  // namespace

@@ -90,12 +90,11 @@ Result<SyncReport> CheckpointEngine::by_collective(const Group<model_actor>& mod
       store_port_ = static_cast<int32_t>(*port);
     }
   }
-  r.tensors = static_cast<int64_t>(manifest->names.size());
-  for (size_t i = 0; i < manifest->shapes.size(); ++i) {
+  r.tensors = static_cast<int64_t>(manifest->tensors.size());
+  for (const auto& t : manifest->tensors) {
     int64_t n = 1;
-    for (auto d : manifest->shapes[i]) n *= d;
-    auto dtype = parse_dtype(manifest->dtypes[i]);
-    r.bytes += n * (dtype ? static_cast<int64_t>(element_size(*dtype)) : 4);
+    for (auto d : t.shape) n *= d;
+    r.bytes += n * static_cast<int64_t>(element_size(t.dtype));
   }
   const std::string target = o.merge_and_sync ? std::string{} : adapter;
   const int32_t world = 1 + sampler.size();

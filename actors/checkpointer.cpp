@@ -55,7 +55,7 @@ Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
 Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
 Checkpointer::~Checkpointer() = default;
 
-Result<Checkpointer> Checkpointer::open(const std::string& root, const std::string& run) {
+Result<Checkpointer> Checkpointer::open(const std::string& root, const std::string& run, components::FileSystem* fs) {
   if (run.empty() || run.find('/') != std::string::npos || run[0] == '.')
     return make_error(errc::invalid_argument, "run name '" + run + "' must be non-empty, without '/', not start with '.'");
   auto idx = components::RunIndex::open(root);
@@ -63,8 +63,9 @@ Result<Checkpointer> Checkpointer::open(const std::string& root, const std::stri
   Checkpointer c;
   c.root_ = fs::absolute(root).string();
   c.run_ = run;
+  c.fs_ = fs ? fs : &components::local_file_system();
   c.index_ = std::make_unique<components::RunIndex>(std::move(*idx));
-  components::remove_temporaries(c.run_dir());  // of saves a killed process left
+  components::remove_temporaries(c.run_dir(), *c.fs_);  // of saves a killed process left
   return c;
 }
 
@@ -83,11 +84,8 @@ Result<void> Checkpointer::reset() {
   auto all = index_->checkpoints(run_);
   if (!all) return code_of(all.error()) == errc::not_found ? Result<void>{} : Result<void>{all.error()};
   if (auto ok = index_->remove_run(run_); !ok) return ok;
-  for (const auto& c : *all) {
-    std::error_code ec;
-    fs::remove_all(c.path, ec);
-    if (ec) return make_error(errc::unavailable, "cannot remove " + c.path + ": " + ec.message());
-  }
+  for (const auto& c : *all)
+    if (auto ok = fs_->remove_all(c.path); !ok) return ok;
   return {};
 }
 
@@ -95,7 +93,7 @@ Result<std::string> Checkpointer::save(const std::string& name, const ModelGroup
                                        TrainerState state, const std::string& summary) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
     return make_error(errc::invalid_argument, "checkpoint name '" + name + "' must be non-empty, without '/'");
-  auto dir = components::AtomicDir::begin(run_dir() + "/" + name);
+  auto dir = components::AtomicDir::begin(run_dir() + "/" + name, *fs_);
   if (!dir) return dir.error();
   auto saved = model.save({.dir = dir->path() + "/model", .with_optimizer = true}).get();
   if (!saved) return with_context(saved.error(), "saving checkpoint " + name);
@@ -106,12 +104,8 @@ Result<std::string> Checkpointer::save(const std::string& name, const ModelGroup
   }
   if (auto cfg = model.train_configs().get())
     state.train_configs = *cfg;
-  {
-    std::ofstream out{dir->path() + "/" + kState, std::ios::trunc};
-    out << to_json(state).dump(2);
-    out.flush();
-    if (!out) return make_error(errc::resource_exhausted, "cannot write " + dir->path() + "/" + kState + " (disk full?)");
-  }
+  if (auto ok = dir->write_file(kState, to_json(state).dump(2)); !ok)
+    return with_context(ok.error(), "saving checkpoint " + name);
   if (auto ok = dir->commit(); !ok) return with_context(ok.error(), "saving checkpoint " + name);
   if (auto ok = index_->add_checkpoint({.run = run_, .name = name, .path = dir->final_path(), .step = state.step,
                                         .summary = summary});

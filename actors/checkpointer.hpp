@@ -36,6 +36,7 @@
 #include <string>
 
 namespace glint::components {
+class FileSystem;
 class RunIndex;
 }
 
@@ -54,9 +55,12 @@ struct TrainerState {
 
 class Checkpointer {
 public:
-  /// Opens (creating) the run index under `root`. Error: another process
-  /// holds it for writing, or root cannot be created.
-  static Result<Checkpointer> open(const std::string& root, const std::string& run);
+  /// Opens (creating) the run index under `root`. The checkpoint
+  /// directories are written through `fs` (the local file system when
+  /// null; tests pass a FaultInjectionFileSystem to crash saves). Error:
+  /// another process holds the index for writing, or root cannot be created.
+  static Result<Checkpointer> open(const std::string& root, const std::string& run,
+                                   components::FileSystem* fs = nullptr);
   Checkpointer(Checkpointer&&) noexcept;
   Checkpointer& operator=(Checkpointer&&) noexcept;
   ~Checkpointer();
@@ -85,6 +89,7 @@ public:
 private:
   Checkpointer() = default;
   std::string root_, run_;
+  components::FileSystem* fs_ = nullptr;
   std::unique_ptr<components::RunIndex> index_;
 };
 

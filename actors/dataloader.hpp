@@ -22,6 +22,7 @@
 /// Bad rows themselves are skipped and counted (loader_info).
 
 #include "components/data/batch_sampler.hpp"
+#include "components/data/template.hpp"
 #include "placement/device_mesh.hpp"
 #include "runtime/batch.hpp"
 #include "runtime/group.hpp"
@@ -70,11 +71,11 @@ struct DataLoaderSpec {
   friend bool operator==(const DataLoaderSpec&, const DataLoaderSpec&) = default;
 };
 
-/// One encoded row and what rewards need of it.
-struct DataRow {
+/// One row to train on or sample from: its tokens and loss mask (the one
+/// training-row type, components::EncodedRow; all 0 for prompts), and where
+/// it came from and what rewards need of it.
+struct DataRow : components::EncodedRow {
   int64_t index = 0;                          ///< in the dataset after preprocessing and skipping
-  std::vector<int64_t> input_ids;
-  std::vector<float> loss_mask;               ///< TrainBatch's convention (all 0 for prompts)
   std::map<std::string, std::string> fields;  ///< e.g. "solution" for GSM8K rewards
   std::string origin;                         ///< file:line
   friend bool operator==(const DataRow&, const DataRow&) = default;
@@ -103,7 +104,8 @@ typename Inspector::result_type inspect(Inspector& f, DataLoaderSpec& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DataRow& x) {
-  return f(caf::meta::type_name("glint.data_row"), x.index, x.input_ids, x.loss_mask, x.fields, x.origin);
+  return f(caf::meta::type_name("glint.data_row"), x.index, x.input_ids, x.loss_mask, x.truncated_tokens, x.fields,
+           x.origin);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DataBatch& x) {

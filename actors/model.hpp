@@ -90,19 +90,18 @@ struct ModelSpec {
   friend bool operator==(const ModelSpec&, const ModelSpec&) = default;
 };
 
-/// Named tensors (weights for sync, checkpoints).
-struct NamedTensorList {
-  std::vector<std::string> names;
-  std::vector<Tensor> tensors;
-  friend bool operator==(const NamedTensorList&, const NamedTensorList&) = default;
+/// One tensor of a weight sync, without its data.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Dtype dtype = Dtype::f32;  ///< checked when read: the wire can carry any number
+  friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
 
 /// What a weight sync over a collective carries, without the data: the
 /// receivers allocate from it (CheckpointEngine, cluster transport).
 struct SyncManifest {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<std::string> dtypes;
+  std::vector<TensorSpec> tensors;
   friend bool operator==(const SyncManifest&, const SyncManifest&) = default;
 };
 
@@ -142,7 +141,11 @@ struct SyncGroupAddress {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SyncManifest& x) {
-  return f(caf::meta::type_name("glint.sync_manifest"), x.names, x.shapes, x.dtypes);
+  return f(caf::meta::type_name("glint.sync_manifest"), x.tensors);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TensorSpec& x) {
+  return f(caf::meta::type_name("glint.tensor_spec"), x.name, x.shape, x.dtype);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WeightUpdate& x) {
@@ -161,10 +164,6 @@ typename Inspector::result_type inspect(Inspector& f, SyncGroupAddress& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ModelSpec& x) {
   return f(caf::meta::type_name("glint.model_spec"), x.model_dir, x.config_json, x.seed, x.store_host, x.store_port);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, NamedTensorList& x) {
-  return f(caf::meta::type_name("glint.named_tensors"), x.names, x.tensors);
 }
 
 using forward_backward_atom = caf::atom_constant<caf::atom("fwd_bwd")>;
@@ -219,7 +218,7 @@ using model_actor = caf::typed_actor<
     caf::replies_to<load_atom, std::string, std::string, bool>::with<bool>,
     /// The weights to sync to samplers: every base weight for "", else the
     /// adapter's tensors under PEFT's names.
-    caf::replies_to<export_weights_atom, std::string>::with<NamedTensorList>,
+    caf::replies_to<export_weights_atom, std::string>::with<NamedTensors>,
     /// The names, shapes and dtypes the weight sync of (adapter, merged)
     /// sends: as export_weights, or with `merged` every base weight with
     /// `adapter` folded in (the model is not changed).
@@ -250,7 +249,7 @@ GLINT_REGISTER_MESSAGE_TYPE(loss_spec, LossSpec, "glint.loss_spec");
 GLINT_REGISTER_MESSAGE_TYPE(optimizer_config, OptimizerConfig, "glint.optimizer_config");
 GLINT_REGISTER_MESSAGE_TYPE(scheduler_config, SchedulerConfig, "glint.scheduler_config");
 GLINT_REGISTER_MESSAGE_TYPE(lora_config, LoraConfig, "glint.lora_config");
-GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensorList, "glint.named_tensors");
+GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensors, "glint.named_tensors");
 GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
 GLINT_REGISTER_MESSAGE_TYPE(sync_group_address, SyncGroupAddress, "glint.sync_group_address");
 GLINT_REGISTER_MESSAGE_TYPE(weight_update, WeightUpdate, "glint.weight_update");

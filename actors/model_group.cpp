@@ -56,7 +56,7 @@ public:
   Future<void> load(const std::string& adapter, const LoadRequest& r) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, load_atom::value, adapter, r.dir, r.with_optimizer));
   }
-  Future<NamedTensorList> export_weights(const std::string& adapter) override {
+  Future<NamedTensors> export_weights(const std::string& adapter) override {
     return g_.call<Collect::first>(Dispatch::first, export_weights_atom::value, adapter);
   }
 

@@ -65,7 +65,7 @@ public:
   virtual Future<std::string> train_configs(const std::string& adapter) = 0;
   virtual Future<std::string> save(const std::string& adapter, const SaveRequest& request) = 0;
   virtual Future<void> load(const std::string& adapter, const LoadRequest& request) = 0;
-  virtual Future<NamedTensorList> export_weights(const std::string& adapter) = 0;
+  virtual Future<NamedTensors> export_weights(const std::string& adapter) = 0;
   /// The CAF group behind a local or cluster backend (the weight-sync
   /// engine moves bytes between its ranks and the samplers'); null where
   /// there is none (remote).
@@ -130,7 +130,7 @@ public:
   Future<void> load(const LoadRequest& request) const { return backend_->load(adapter_, request); }
   /// Rank 0's weights: every base weight (full model), or the adapter's
   /// tensors under PEFT's names. For sampling, use the weight-sync engine.
-  Future<NamedTensorList> export_weights() const { return backend_->export_weights(adapter_); }
+  Future<NamedTensors> export_weights() const { return backend_->export_weights(adapter_); }
 
   /// Where the ranks live.
   const GroupInfo& info() const { return backend_->info(); }

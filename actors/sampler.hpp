@@ -7,7 +7,7 @@
 ///                                              {.model_dir = "models/tiny"});
 ///   auto seqs = sampler->call<Collect::flatten>(Dispatch::slice_dp, actors::sample_atom_v,
 ///                                               actors::requests_of(prompts), params, std::string{}).get();
-///   auto batch = actors::training_batch(*seqs, {.advantages = adv});  // input_ids, masks, old_logps, advantages
+///   auto batch = actors::training_batch(prompts, *seqs, {.advantages = adv});  // input_ids, masks, old_logps, advantages
 ///
 /// A call answers num_samples sequences per request, request by request in
 /// the order given; Collect::flatten joins the dp ranks' contiguous slices
@@ -67,6 +67,7 @@ typename Inspector::result_type inspect(Inspector& f, TokenLogprobs& x) {
 namespace glint::actors {
 
 using components::SamplingParams;
+using components::StopReason;
 using components::TokenLogprobs;
 
 /// What a sampler rank loads and how its engine lays out its cache.
@@ -96,10 +97,8 @@ struct SampleRequest {
 /// Requests for `prompts`, numbered 0..N-1.
 std::vector<SampleRequest> requests_of(const std::vector<std::vector<int64_t>>& prompts);
 
-/// One completion, and the training input it makes. Positions of the
-/// training vectors (length L = prompt + completion) follow TrainBatch's
-/// convention: position t predicts token t + 1, so the completion's tokens
-/// are the targets of positions P-1 .. L-2.
+/// One completion: its tokens and their log-probabilities, and why it
+/// stopped. It does not repeat its prompt; training_batch joins the two.
 struct SampledSequence {
   int64_t index = 0;   ///< SampleRequest::index
   int64_t sample = 0;  ///< which of the request's num_samples
@@ -108,16 +107,13 @@ struct SampledSequence {
   /// Per completion token: `chosen` always (old_logps needs it), the top k
   /// when SamplingParams::logprobs > 0.
   TokenLogprobs logprobs;
-  std::string stop_reason;  ///< "length", "stop" or "abort"; empty with an error
+  StopReason stop_reason = StopReason::none;  ///< length, stop or abort; none with an error
   int64_t stop_token = -1;  ///< the token that stopped it, or -1
   std::string stop_string;  ///< the stop string that matched, or empty
   std::string text;         ///< the decoded completion (empty without a tokenizer)
   int64_t weight_version = 0;    ///< of the weights every token was sampled with
   TokenLogprobs prompt_logprobs;  ///< for prompt tokens 1..P-1, when asked
   int64_t cached_tokens = 0;      ///< prompt tokens the prefix cache served
-  std::vector<int64_t> input_ids;  ///< prompt + completion [L]
-  std::vector<float> loss_mask;    ///< [L]: 1 at P-1 .. L-2, else 0
-  std::vector<float> old_logps;    ///< [L]: the completion's logprobs at P-1 .. L-2, else 0
   friend bool operator==(const SampledSequence&, const SampledSequence&) = default;
 };
 
@@ -130,7 +126,7 @@ struct SampleChunk {
   std::vector<int64_t> tokens;  ///< new tokens
   std::vector<float> logprobs;  ///< their log-probabilities
   bool finished = false;
-  std::string stop_reason;  ///< when finished: "length", "stop", "abort"
+  StopReason stop_reason = StopReason::none;  ///< when finished: length, stop or abort
   std::string error;        ///< when the request was refused
   friend bool operator==(const SampleChunk&, const SampleChunk&) = default;
 };
@@ -145,11 +141,16 @@ struct TrainingBatchOptions {
 };
 
 /// The right-padded [B, T] training batch of `seqs` that the model's
-/// forward_backward reads: input_ids, attention_mask, loss_mask, old_logps,
-/// and advantages [B] when given. An error for no sequences, one that
-/// carries an error, or advantages that are not one per sequence or not
-/// finite.
-Result<Batch> training_batch(const std::vector<SampledSequence>& seqs, const TrainingBatchOptions& options = {});
+/// forward_backward reads: each row is a sequence's prompt
+/// (prompts[seq.index], as requests_of numbers them) and its completion;
+/// input_ids, attention_mask, loss_mask (1 where the target is a completion
+/// token), old_logps (the sampler's log-probabilities there) and advantages
+/// [B] when given. Position t predicts token t + 1, so a completion of C
+/// tokens after a prompt of P is trained at positions P-1 .. P+C-2. An
+/// error for no sequences, one that carries an error or whose index has no
+/// prompt, or advantages that are not one per sequence or not finite.
+Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, const std::vector<SampledSequence>& seqs,
+                             const TrainingBatchOptions& options = {});
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplerSpec& x) {
@@ -164,8 +165,7 @@ typename Inspector::result_type inspect(Inspector& f, SampleRequest& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledSequence& x) {
   return f(caf::meta::type_name("glint.sampled_sequence"), x.index, x.sample, x.error, x.tokens, x.logprobs,
-           x.stop_reason, x.stop_token, x.stop_string, x.text, x.weight_version, x.prompt_logprobs, x.cached_tokens,
-           x.input_ids, x.loss_mask, x.old_logps);
+           x.stop_reason, x.stop_token, x.stop_string, x.text, x.weight_version, x.prompt_logprobs, x.cached_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampleChunk& x) {
@@ -205,13 +205,13 @@ using sampler_actor = caf::typed_actor<
     /// names), reported as `version` by the sequences sampled with them.
     /// policy finish_old: requests in flight finish on the old weights
     /// (later ones wait); abort: they stop now, with stop_reason abort.
-    caf::replies_to<update_weights_atom, NamedTensorList, WeightUpdate>::with<bool>,
+    caf::replies_to<update_weights_atom, NamedTensors, WeightUpdate>::with<bool>,
     /// A bucket of the next update_weights: kept until it comes, then
     /// checked and applied with it as one version (the checkpoint engine
     /// sends big updates this way, so no message holds all the weights).
     /// Buckets are kept under their version: update_weights applies only
     /// those of its own version (what a failed sync left is dropped).
-    caf::replies_to<stage_weights_atom, NamedTensorList, int64_t>::with<bool>,
+    caf::replies_to<stage_weights_atom, NamedTensors, int64_t>::with<bool>,
     /// Receives the tensors `manifest` lists as a member of the c10d
     /// weight-sync group at `address` (the model's sync_send is rank 0), in
     /// buckets of address.bucket_bytes, then applies them as

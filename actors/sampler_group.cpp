@@ -28,7 +28,7 @@ public:
                                                         std::function<void(const SampleChunk&)> on_chunk) override {
     return actors::sample_streaming(rt_, g_, requests, params, adapter, std::move(on_chunk));
   }
-  Future<void> update_weights(const NamedTensorList& weights, const std::string& adapter, int64_t version,
+  Future<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               components::UpdatePolicy policy) override {
     return done_of(
         g_.call<Collect::first>(Dispatch::all, update_weights_atom::value, weights,

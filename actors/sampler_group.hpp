@@ -5,7 +5,7 @@
 ///   auto sampler = actors::open_sampler_group(rt, DeviceGroup::of("sampler", 2), mesh, {.model_dir = dir});
 ///   auto seqs = sampler->sample(prompts, {.num_samples = 8, .max_tokens = 64}).take();
 ///   // prompts sliced over the dp ranks, num_samples sequences per prompt, in prompt order
-///   auto batch = actors::training_batch(*seqs, {.pad_id = pad, .advantages = adv});
+///   auto batch = actors::training_batch(prompts, *seqs, {.pad_id = pad, .advantages = adv});
 ///
 /// Transport boundary: a cheap, copyable handle on a SamplerBackend: the
 /// CAF group of sampler actors in local and cluster mode (actors/sampler.hpp),
@@ -40,7 +40,7 @@ public:
                                                                 const SamplingParams& params,
                                                                 const std::string& adapter,
                                                                 std::function<void(const SampleChunk&)> on_chunk) = 0;
-  virtual Future<void> update_weights(const NamedTensorList& weights, const std::string& adapter, int64_t version,
+  virtual Future<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                                       components::UpdatePolicy policy) = 0;
   virtual Future<void> add_adapter(const std::string& name, const LoraConfig& lora) = 0;
   virtual Future<void> load_adapter(const std::string& name, const std::string& dir) = 0;
@@ -90,7 +90,7 @@ public:
   /// adapter's tensors under PEFT names), reported as `version` by every
   /// sequence sampled with them. To move a model group's weights, use the
   /// weight-sync engine, which sends them from model to sampler directly.
-  Future<void> update_weights(const NamedTensorList& weights, int64_t version,
+  Future<void> update_weights(const NamedTensors& weights, int64_t version,
                               components::UpdatePolicy policy = components::UpdatePolicy::finish_old) const {
     return backend_->update_weights(weights, adapter_, version, policy);
   }

@@ -83,6 +83,11 @@ inline uint64_t payload_bytes(const Batch& b) {
   for (const auto& [k, t] : b.tensors) n += payload_bytes(t);
   return n;
 }
+inline uint64_t payload_bytes(const NamedTensors& ts) {
+  uint64_t n = 0;
+  for (const auto& [k, t] : ts) n += payload_bytes(t);
+  return n;
+}
 template <class T>
 uint64_t payload_bytes(const T&) {
   return 0;

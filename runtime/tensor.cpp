@@ -8,7 +8,6 @@ namespace glint {
 namespace {
 std::atomic<uint64_t> g_max_tensor_bytes{uint64_t{2} << 30};
 
-constexpr uint8_t dtype_count = 7;
 }  // namespace
 
 void set_max_tensor_bytes(uint64_t bytes) { g_max_tensor_bytes.store(bytes); }
@@ -23,6 +22,7 @@ size_t element_size(Dtype d) {
     case Dtype::i32: return 4;
     case Dtype::u8: return 1;
     case Dtype::boolean: return 1;
+    case Dtype::f64: return 8;
   }
   return 1;
 }
@@ -36,6 +36,7 @@ std::string_view to_string(Dtype d) {
     case Dtype::i32: return "i32";
     case Dtype::u8: return "u8";
     case Dtype::boolean: return "bool";
+    case Dtype::f64: return "f64";
   }
   return "?";
 }

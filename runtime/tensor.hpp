@@ -27,11 +27,15 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace glint {
 
-enum class Dtype : uint8_t { f32 = 0, bf16, f16, i64, i32, u8, boolean };
+/// Element types. The numbers are a wire format: append, never reorder.
+enum class Dtype : uint8_t { f32 = 0, bf16, f16, i64, i32, u8, boolean, f64 };
+/// How many Dtypes there are: a number read from the wire must be below it.
+inline constexpr uint8_t dtype_count = 8;
 
 /// Bytes per element.
 size_t element_size(Dtype d);
@@ -41,6 +45,7 @@ Result<Dtype> parse_dtype(std::string_view name);
 template <class T>
 constexpr Dtype dtype_of();
 template <> constexpr Dtype dtype_of<float>() { return Dtype::f32; }
+template <> constexpr Dtype dtype_of<double>() { return Dtype::f64; }
 template <> constexpr Dtype dtype_of<int64_t>() { return Dtype::i64; }
 template <> constexpr Dtype dtype_of<int32_t>() { return Dtype::i32; }
 template <> constexpr Dtype dtype_of<uint8_t>() { return Dtype::u8; }
@@ -156,5 +161,9 @@ private:
   std::shared_ptr<void> owner_;
   std::byte* data_ = nullptr;
 };
+
+/// Named tensors in order: the one type for a set of weights, whether it
+/// is synced to a sampler, saved to safetensors or exported from a model.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 }  // namespace glint

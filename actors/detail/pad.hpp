@@ -1,12 +1,14 @@
 #pragma once
-// Rows of different lengths padded into one training Batch (actors' own; no
+// Training rows of different lengths padded into one Batch (actors' own; no
 // other layer includes it): input_ids padded with pad_id, attention_mask,
 // and per-position float columns (loss_mask, old_logps) padded with 0.
 
+#include "components/data/template.hpp"
 #include "runtime/batch.hpp"
 #include "runtime/tensor.hpp"
 
 #include <algorithm>
+#include <concepts>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -14,11 +16,11 @@
 
 namespace glint::actors::detail {
 
-/// `Row` has `std::vector<int64_t> input_ids`; each column names a
-/// `std::vector<float>` member as long as it. `rows` must not be empty.
-template <class Row>
+/// `rows` padded to their longest; each column is one float vector per row,
+/// as long as the row (loss_mask always). `rows` must not be empty.
+template <std::derived_from<components::EncodedRow> Row>
 Batch pad_rows(const std::vector<Row>& rows, int64_t pad_id,
-               std::initializer_list<std::pair<const char*, std::vector<float> Row::*>> columns) {
+               std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns = {}) {
   size_t t = 0;
   for (const auto& r : rows) t = std::max(t, r.input_ids.size());
   const auto b = rows.size();
@@ -32,12 +34,17 @@ Batch pad_rows(const std::vector<Row>& rows, int64_t pad_id,
   Batch out;
   out.tensors["input_ids"] = *Tensor::from_values(ids, shape);
   out.tensors["attention_mask"] = *Tensor::from_values(attention, shape);
-  for (const auto& [name, member] : columns) {
+  auto put = [&](const char* name, auto&& column_of) {
     std::vector<float> v(b * t, 0.f);
-    for (size_t i = 0; i < b; ++i)
-      std::copy((rows[i].*member).begin(), (rows[i].*member).end(), v.begin() + static_cast<std::ptrdiff_t>(i * t));
+    for (size_t i = 0; i < b; ++i) {
+      const auto& c = column_of(i);
+      std::copy(c.begin(), c.end(), v.begin() + static_cast<std::ptrdiff_t>(i * t));
+    }
     out.tensors[name] = *Tensor::from_values(v, shape);
-  }
+  };
+  put("loss_mask", [&](size_t i) -> const std::vector<float>& { return rows[i].loss_mask; });
+  for (const auto& [name, column] : columns)
+    put(name, [&](size_t i) -> const std::vector<float>& { return (*column)[i]; });
   return out;
 }
 

@@ -19,18 +19,6 @@ namespace {
 
 constexpr const char* kManifest = "manifest.json";
 
-std::string errno_text() { return std::strerror(errno); }
-
-Result<void> fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return make_error(errc::unavailable, "cannot open " + path + " to sync it: " + errno_text());
-  int rc = ::fsync(fd);
-  int saved = errno;
-  ::close(fd);
-  if (rc != 0) return make_error(errc::unavailable, "fsync of " + path + " failed: " + std::strerror(saved));
-  return {};
-}
-
 // Size and FNV-1a 64 of a file.
 Result<std::pair<uint64_t, uint64_t>> digest(const std::string& path) {
   std::ifstream in{path, std::ios::binary};
@@ -54,37 +42,51 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
-Result<AtomicDir> AtomicDir::begin(const std::string& final_path) {
+Result<AtomicDir> AtomicDir::begin(const std::string& final_path, FileSystem& fsys) {
   fs::path f{final_path};
   if (f.filename().empty()) f = f.parent_path();
   std::error_code ec;
   if (fs::exists(f, ec))
     return make_error(errc::failed_precondition, final_path + " exists already; checkpoints are never overwritten");
-  fs::create_directories(f.parent_path().empty() ? fs::path{"."} : f.parent_path(), ec);
-  if (ec) return make_error(errc::unavailable, "cannot create " + f.parent_path().string() + ": " + ec.message());
+  // Parents made here are fsynced into their own parents: else a power loss
+  // could take the run directory, and every checkpoint in it, away.
+  std::vector<fs::path> made;
+  for (auto p = f.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  if (auto ok = fsys.create_dirs(f.parent_path().empty() ? "." : f.parent_path().string()); !ok) return ok.error();
+  for (auto it = made.rbegin(); it != made.rend(); ++it) {
+    auto up = it->parent_path();
+    if (auto ok = fsys.sync_dir(up.empty() ? "." : up.string()); !ok) return ok.error();
+  }
   AtomicDir d;
+  d.fs_ = &fsys;
   d.final_ = f.string();
   d.tmp_ = (f.parent_path() / ("." + f.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
-  fs::remove_all(d.tmp_, ec);  // a leftover of a killed process with our pid
-  fs::create_directory(d.tmp_, ec);
-  if (ec) return make_error(errc::unavailable, "cannot create " + d.tmp_ + ": " + ec.message());
+  if (auto ok = fsys.remove_all(d.tmp_); !ok) return ok.error();  // a leftover of a killed process with our pid
+  if (auto ok = fsys.create_dirs(d.tmp_); !ok) return ok.error();
   return d;
 }
 
-AtomicDir::AtomicDir(AtomicDir&& o) noexcept : tmp_(std::move(o.tmp_)), final_(std::move(o.final_)), done_(o.done_) {
+AtomicDir::AtomicDir(AtomicDir&& o) noexcept
+    : fs_(o.fs_), tmp_(std::move(o.tmp_)), final_(std::move(o.final_)), done_(o.done_) {
   o.done_ = true;
 }
 AtomicDir& AtomicDir::operator=(AtomicDir&& o) noexcept {
+  std::swap(fs_, o.fs_);
   std::swap(tmp_, o.tmp_);
   std::swap(final_, o.final_);
   std::swap(done_, o.done_);
   return *this;
 }
 AtomicDir::~AtomicDir() {
-  if (!done_ && !tmp_.empty()) {
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);
-  }
+  if (!done_ && !tmp_.empty()) (void)fs_->remove_all(tmp_);
+}
+
+Result<void> AtomicDir::write_file(const std::string& rel, std::string_view data) {
+  if (done_) return make_error(errc::failed_precondition, final_ + " is committed already");
+  return fs_->write_file(tmp_ + "/" + rel, data);
 }
 
 Result<void> AtomicDir::commit() {
@@ -103,23 +105,18 @@ Result<void> AtomicDir::commit() {
     auto d = digest(it->path().string());
     if (!d) return d.error();
     files[rel] = {{"bytes", d->first}, {"fnv1a", hex(d->second)}};
-    if (auto ok = fsync_path(it->path().string(), false); !ok) return ok;
+    if (auto ok = fs_->sync_file(it->path().string()); !ok) return ok;
   }
   if (ec) return make_error(errc::unavailable, "cannot list " + tmp_ + ": " + ec.message());
-  {
-    std::ofstream m{tmp_ + "/" + kManifest, std::ios::trunc};
-    m << nlohmann::ordered_json{{"files", files}}.dump(1);
-    m.flush();
-    if (!m) return make_error(errc::resource_exhausted, "cannot write the manifest in " + tmp_ + " (disk full?)");
-  }
-  if (auto ok = fsync_path(tmp_ + "/" + kManifest, false); !ok) return ok;
+  if (auto ok = fs_->write_file(tmp_ + "/" + kManifest, nlohmann::ordered_json{{"files", files}}.dump(1)); !ok)
+    return with_context(ok.error(), "writing the manifest of " + final_);
+  if (auto ok = fs_->sync_file(tmp_ + "/" + kManifest); !ok) return ok;
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
-    if (auto ok = fsync_path(*it, true); !ok) return ok;
-  if (::rename(tmp_.c_str(), final_.c_str()) != 0)
-    return make_error(errc::unavailable, "cannot rename " + tmp_ + " to " + final_ + ": " + errno_text());
+    if (auto ok = fs_->sync_dir(*it); !ok) return ok;
+  if (auto ok = fs_->rename(tmp_, final_); !ok) return ok;
   done_ = true;
   auto parent = fs::path{final_}.parent_path();
-  return fsync_path(parent.empty() ? "." : parent.string(), true);
+  return fs_->sync_dir(parent.empty() ? "." : parent.string());
 }
 
 Result<void> verify_dir(const std::string& dir) {
@@ -138,15 +135,13 @@ Result<void> verify_dir(const std::string& dir) {
   return {};
 }
 
-int remove_temporaries(const std::string& parent) {
+int remove_temporaries(const std::string& parent, FileSystem& fsys) {
   int n = 0;
   std::error_code ec;
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     auto name = it->path().filename().string();
     if (name.size() > 1 && name[0] == '.' && name.find(".tmp-") != std::string::npos) {
-      std::error_code rm;
-      fs::remove_all(it->path(), rm);
-      if (!rm) ++n;
+      if (fsys.remove_all(it->path().string())) ++n;
     }
   }
   return n;

@@ -9,10 +9,12 @@
 ///                    // directory, rename into place, fsync the parent
 ///
 /// A temporary left by a killed process is never read; remove_temporaries
-/// clears them. verify_dir checks a committed directory against its
+/// clears them. Every write goes through a FileSystem (the local one unless
+/// given), so tests can crash a save at each of them. verify_dir checks a committed directory against its
 /// manifest (a file truncated or changed later is found). Not thread-safe;
 /// one AtomicDir per directory.
 
+#include "components/checkpoint/file_system.hpp"
 #include "runtime/error.hpp"
 
 #include <string>
@@ -23,7 +25,7 @@ class AtomicDir {
 public:
   /// Error: the final path exists already (a checkpoint is never
   /// overwritten), or the temporary cannot be created.
-  static Result<AtomicDir> begin(const std::string& final_path);
+  static Result<AtomicDir> begin(const std::string& final_path, FileSystem& fs = local_file_system());
   AtomicDir(AtomicDir&&) noexcept;
   AtomicDir& operator=(AtomicDir&&) noexcept;
   AtomicDir(const AtomicDir&) = delete;
@@ -32,12 +34,15 @@ public:
   /// Where to write.
   const std::string& path() const { return tmp_; }
   const std::string& final_path() const { return final_; }
+  /// Writes a small file below path() (`rel` relative to it), through the FileSystem.
+  Result<void> write_file(const std::string& rel, std::string_view data);
   /// Error (nothing appears under the final name): a file that cannot be
   /// read back or synced, a failed rename.
   Result<void> commit();
 
 private:
   AtomicDir() = default;
+  FileSystem* fs_ = nullptr;
   std::string tmp_, final_;
   bool done_ = false;
 };
@@ -47,6 +52,6 @@ private:
 Result<void> verify_dir(const std::string& dir);
 
 /// Removes the temporaries of killed saves under `parent`; returns how many.
-int remove_temporaries(const std::string& parent);
+int remove_temporaries(const std::string& parent, FileSystem& fs = local_file_system());
 
 }  // namespace glint::components

@@ -32,6 +32,7 @@ std::string_view safetensors_dtype(Dtype d) {
     case Dtype::i32: return "I32";
     case Dtype::u8: return "U8";
     case Dtype::boolean: return "BOOL";
+    case Dtype::f64: return "F64";
   }
   return "?";
 }
@@ -180,6 +181,9 @@ Result<void> write_safetensors(const std::string& path, const NamedTensors& tens
   for (const auto& [name, t] : tensors) {
     if (!seen.insert(name).second) return make_error(errc::invalid_argument, "tensor '" + name + "' is given twice");
     if (!t.defined()) return make_error(errc::invalid_argument, "tensor '" + name + "' is undefined");
+    if (t.dtype() == Dtype::f64)
+      return make_error(errc::unimplemented, "tensor '" + name + "' is f64: glint stores F32, BF16, F16, I64, I32, U8 "
+                                                                 "and BOOL in safetensors; convert it first");
     header[name] = {{"dtype", std::string{safetensors_dtype(t.dtype())}},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + t.nbytes()}}};

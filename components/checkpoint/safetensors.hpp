@@ -25,7 +25,7 @@
 
 namespace glint::components {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using glint::NamedTensors;
 
 class SafetensorsFile {
 public:

@@ -10,7 +10,17 @@
 
 namespace glint::components {
 
-struct ProcessGroup::Impl {
+namespace {
+
+class GlooGroup final : public ProcessGroup {
+public:
+  int rank() const override { return cfg.rank; }
+  int size() const override { return cfg.world_size; }
+  Result<void> all_reduce_sum(std::vector<Tensor>& tensors) override;
+  Result<void> broadcast(std::vector<Tensor>& tensors, int root) override;
+  Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) override;
+  Result<void> barrier() override;
+
   CommConfig cfg;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
@@ -29,6 +39,8 @@ struct ProcessGroup::Impl {
   }
 };
 
+}  // namespace
+
 Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg) {
   if (cfg.world_size < 1 || cfg.rank < 0 || cfg.rank >= cfg.world_size)
     return make_error(errc::invalid_argument, "process group rank " + std::to_string(cfg.rank) +
@@ -38,9 +50,8 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
                                                "' is not in this build (CPU build: use gloo)");
   if (cfg.store_port == 0 && cfg.world_size > 1)
     return make_error(errc::invalid_argument, "a process group of several ranks needs a store port");
-  auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup);
-  pg->impl_ = std::make_unique<Impl>();
-  auto& impl = *pg->impl_;
+  auto pg = std::make_shared<GlooGroup>();
+  auto& impl = *pg;
   impl.cfg = cfg;
   auto ok = impl.run("joining the process group", [&] {
     c10d::TCPStoreOptions so;
@@ -62,27 +73,28 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     impl.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl.store, cfg.rank, cfg.world_size, opts);
   });
   if (!ok) return ok.error();
-  return pg;
+  return std::shared_ptr<ProcessGroup>{std::move(pg)};
 }
 
-ProcessGroup::~ProcessGroup() = default;
-
-int ProcessGroup::rank() const { return impl_->cfg.rank; }
-int ProcessGroup::size() const { return impl_->cfg.world_size; }
-
-Result<void> all_reduce_sum(ProcessGroup& pg, std::vector<at::Tensor>& tensors) {
-  auto& impl = pg.impl();
-  if (tensors.empty() || impl.cfg.world_size == 1) return {};
-  return impl.run("all_reduce", [&] {
+Result<void> GlooGroup::all_reduce_sum(std::vector<Tensor>& tensors) {
+  if (tensors.empty() || size() == 1) return {};
+  return run("all_reduce", [&] {
     c10::NoGradGuard no_grad;
     // One flat buffer per dtype: one collective instead of one per tensor.
+    std::vector<at::Tensor> torch;
+    for (auto& t : tensors) torch.push_back(to_torch(t));
     std::map<at::ScalarType, std::vector<at::Tensor*>> by_dtype;
-    for (auto& t : tensors) by_dtype[t.scalar_type()].push_back(&t);
+    for (auto& t : torch) by_dtype[t.scalar_type()].push_back(&t);
     for (auto& [dtype, ts] : by_dtype) {
+      if (ts.size() == 1) {  // reduced where it lies
+        std::vector<at::Tensor> one{*ts.front()};
+        pg->allreduce(one)->wait();
+        continue;
+      }
       std::vector<at::Tensor> flat_parts;
       for (auto* t : ts) flat_parts.push_back(t->reshape({-1}));
       std::vector<at::Tensor> buf{at::cat(flat_parts)};
-      impl.pg->allreduce(buf)->wait();
+      pg->allreduce(buf)->wait();
       int64_t offset = 0;
       for (auto* t : ts) {
         auto n = t->numel();
@@ -93,34 +105,57 @@ Result<void> all_reduce_sum(ProcessGroup& pg, std::vector<at::Tensor>& tensors) 
   });
 }
 
-Result<void> ProcessGroup::all_reduce_sum(std::vector<Tensor>& tensors) {
-  std::vector<at::Tensor> ts;
-  for (auto& t : tensors) ts.push_back(to_torch(t));
-  return components::all_reduce_sum(*this, ts);
+Result<void> all_reduce_sum(ProcessGroup& pg, std::vector<at::Tensor>& tensors) {
+  if (tensors.empty() || pg.size() == 1) return {};
+  c10::NoGradGuard no_grad;
+  // One contiguous buffer per dtype, seen as glint tensors, summed, copied back.
+  std::map<at::ScalarType, std::vector<at::Tensor*>> by_dtype;
+  for (auto& t : tensors) by_dtype[t.scalar_type()].push_back(&t);
+  std::vector<at::Tensor> bufs;
+  std::vector<Tensor> views;
+  for (auto& [dtype, ts] : by_dtype) {
+    std::vector<at::Tensor> flat_parts;
+    for (auto* t : ts) flat_parts.push_back(t->reshape({-1}));
+    bufs.push_back(at::cat(flat_parts));
+    auto v = from_torch(bufs.back());
+    if (!v) return v.error();
+    views.push_back(std::move(*v));
+  }
+  if (auto ok = pg.all_reduce_sum(views); !ok) return ok;
+  size_t k = 0;
+  for (auto& [dtype, ts] : by_dtype) {
+    int64_t offset = 0;
+    for (auto* t : ts) {
+      t->copy_(bufs[k].narrow(0, offset, t->numel()).view(t->sizes()));
+      offset += t->numel();
+    }
+    ++k;
+  }
+  return {};
 }
 
-Result<void> ProcessGroup::broadcast(std::vector<Tensor>& tensors, int root) {
+Result<void> GlooGroup::broadcast(std::vector<Tensor>& tensors, int root) {
   if (root < 0 || root >= size())
     return make_error(errc::invalid_argument, "broadcast root " + std::to_string(root) + " is not a rank");
   if (size() == 1) return {};
-  return impl_->run("broadcast", [&] {
+  return run("broadcast", [&] {
     std::vector<at::Tensor> ts;
     for (auto& t : tensors) ts.push_back(to_torch(t));
     for (auto& t : ts) {
       std::vector<at::Tensor> one{t};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      impl_->pg->broadcast(one, o)->wait();
+      pg->broadcast(one, o)->wait();
     }
   });
 }
 
-Result<int64_t> ProcessGroup::broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) {
+Result<int64_t> GlooGroup::broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) {
   if (root < 0 || root >= size())
     return make_error(errc::invalid_argument, "broadcast root " + std::to_string(root) + " is not a rank");
   if (bucket_bytes < 1) return make_error(errc::invalid_argument, "bucket_bytes must be at least 1");
   int64_t buckets = 0;
-  auto ok = impl_->run("broadcast", [&] {
+  auto ok = run("broadcast", [&] {
     c10::NoGradGuard no_grad;
     size_t i = 0;
     while (i < tensors.size()) {
@@ -142,7 +177,7 @@ Result<int64_t> ProcessGroup::broadcast_buckets(std::vector<Tensor>& tensors, in
                                                                                    part.front().options())};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      impl_->pg->broadcast(flat, o)->wait();
+      pg->broadcast(flat, o)->wait();
       if (rank() != root) {
         int64_t at = 0;
         for (auto& t : part) {
@@ -156,9 +191,9 @@ Result<int64_t> ProcessGroup::broadcast_buckets(std::vector<Tensor>& tensors, in
   return buckets;
 }
 
-Result<void> ProcessGroup::barrier() {
+Result<void> GlooGroup::barrier() {
   if (size() == 1) return {};
-  return impl_->run("barrier", [&] { impl_->pg->barrier()->wait(); });
+  return run("barrier", [&] { pg->barrier()->wait(); });
 }
 
 }  // namespace glint::components

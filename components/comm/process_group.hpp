@@ -32,30 +32,27 @@ struct CommConfig {
   std::string prefix = "glint";  ///< keys in the store, so that several groups share one
 };
 
+/// The collectives glint uses, as an interface: `create` makes the c10d
+/// one; tests put a fake in its place to reach the error paths of its
+/// callers (a rank that fails or never answers) without a second process.
 class ProcessGroup {
 public:
+  /// A c10d group (Gloo on CPU) joined through the store in `cfg`.
   static Result<std::shared_ptr<ProcessGroup>> create(const CommConfig& cfg);
-  ~ProcessGroup();
+  virtual ~ProcessGroup() = default;
 
-  int rank() const;
-  int size() const;
-
-  /// Sums each tensor over all ranks, in place (f32, f16, bf16, i64, i32).
-  Result<void> all_reduce_sum(std::vector<Tensor>& tensors);
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Sums each tensor over all ranks, in place (f32, f16, bf16, f64, i64, i32).
+  virtual Result<void> all_reduce_sum(std::vector<Tensor>& tensors) = 0;
   /// Copies each of root's tensors to every rank, in place.
-  Result<void> broadcast(std::vector<Tensor>& tensors, int root);
+  virtual Result<void> broadcast(std::vector<Tensor>& tensors, int root) = 0;
   /// The same, in buckets: runs of tensors of one dtype, up to about
   /// bucket_bytes, travel as one flat buffer each (few large messages
   /// instead of many small ones). Every rank passes tensors of the same
   /// shapes and dtypes, in the same order. Answers the buckets sent.
-  Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes);
-  Result<void> barrier();
-
-  struct Impl;
-  Impl& impl() { return *impl_; }
-
-private:
-  std::unique_ptr<Impl> impl_;
+  virtual Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) = 0;
+  virtual Result<void> barrier() = 0;
 };
 
 }  // namespace glint::components

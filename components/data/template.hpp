@@ -57,6 +57,7 @@ struct EncodedRow {
   std::vector<int64_t> input_ids;
   std::vector<float> loss_mask;  ///< [input_ids.size()], TrainBatch's convention
   int64_t truncated_tokens = 0;  ///< how many tokens truncation removed
+  friend bool operator==(const EncodedRow&, const EncodedRow&) = default;
 };
 
 class Template {

@@ -13,6 +13,7 @@ at::ScalarType to_torch(Dtype d) {
     case Dtype::i32: return at::kInt;
     case Dtype::u8: return at::kByte;
     case Dtype::boolean: return at::kBool;
+    case Dtype::f64: return at::kDouble;
   }
   return at::kFloat;
 }
@@ -26,6 +27,7 @@ Result<Dtype> from_torch(at::ScalarType s) {
     case at::kInt: return Dtype::i32;
     case at::kByte: return Dtype::u8;
     case at::kBool: return Dtype::boolean;
+    case at::kDouble: return Dtype::f64;
     default:
       return make_error(errc::invalid_argument,
                         std::string{"torch dtype "} + c10::toString(s) + " has no glint equivalent");

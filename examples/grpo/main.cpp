@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
       if (!advantages) return fail("advantages", advantages.error());
 
       // Train on the completions.
-      auto inputs = actors::training_batch(*sequences, {.pad_id = pad, .advantages = *advantages});
+      auto inputs = actors::training_batch(prompts.ids, *sequences, {.pad_id = pad, .advantages = *advantages});
       if (!inputs) return fail("making the training batch", inputs.error());
       auto m = model->forward_backward(*inputs).take();
       if (!m) return fail("forward_backward", m.error());

@@ -2,6 +2,8 @@
 // dataloader's position; a damaged checkpoint is refused before anything
 // loads; a new run resumes to nothing.
 #include "actors/checkpointer.hpp"
+#include "components/checkpoint/atomic_dir.hpp"
+#include "components/checkpoint/file_system.hpp"
 #include "components/data/bpe_trainer.hpp"
 #include "components/data/synthetic.hpp"
 #include "components/model/config.hpp"
@@ -108,6 +110,65 @@ TEST_P(CheckpointerTest, DamagedCheckpointsAreRefusedAndNewRunsStartAfresh) {
   EXPECT_EQ(logps(b), before) << "nothing was loaded";
   EXPECT_EQ(code_of(c->resume(b, nullptr, "nope").error()), errc::not_found);
   EXPECT_FALSE(Checkpointer::open(root, "a/b"));
+}
+
+// A save crashed at each of its writes in turn, then the disk left as a
+// power loss would leave it (every write not yet fsynced dropped): the
+// newest indexed checkpoint always verifies and resumes, and the crashed
+// one is either whole or absent. Deterministic: no process is killed at a
+// random moment (the kill test in checkpoint_store_test does that).
+TEST_P(CheckpointerTest, ACrashAtAnyWriteOfASaveLeavesTheNewestIndexedCheckpointWhole) {
+  if (GetParam() != Mode::local) GTEST_SKIP() << "the file system seam is the driver's; one mode covers it";
+  auto root = glint::testing::fresh_dir("ckpt-crash");
+  auto m = model(1);
+  components::FaultInjectionFileSystem faulty;
+  {
+    auto c = Checkpointer::open(root, "run", &faulty);
+    ASSERT_TRUE(c) << describe(c.error());
+    ASSERT_TRUE(c->save("step-1", m, nullptr, {.step = 1}));
+  }
+  // How many writes a whole save into an existing run directory makes.
+  const auto before = faulty.writes();
+  {
+    auto c = Checkpointer::open(root, "run", &faulty);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->save("step-1b", m, nullptr, {.step = 1}));
+  }
+  const auto per_save = faulty.writes() - before;
+  ASSERT_GE(per_save, 8) << "begin, state file, a sync per file, manifest, directory syncs, rename, parent sync";
+  int whole = 0, absent = 0;
+  for (int64_t k = 0; k < per_save; ++k) {
+    const std::string name = "step-" + std::to_string(k + 2);
+    {
+      auto c = Checkpointer::open(root, "run", &faulty);
+      ASSERT_TRUE(c) << describe(c.error());
+      faulty.crash_after(k);
+      auto saved = c->save(name, m, nullptr, {.step = k + 2});
+      EXPECT_FALSE(saved) << "the save crashed at write " << k + 1 << " of " << per_save;
+      EXPECT_TRUE(faulty.crashed());
+    }
+    ASSERT_TRUE(faulty.drop_unsynced());
+    // After the "reboot": the index's newest checkpoint is whole.
+    auto c = Checkpointer::open(root, "run");
+    ASSERT_TRUE(c) << describe(c.error());
+    auto names = c->list();
+    ASSERT_TRUE(names && !names->empty());
+    const auto newest = root + "/run/" + names->back();
+    EXPECT_TRUE(components::verify_dir(newest)) << "after a crash at write " << k + 1 << ": " << newest;
+    auto state = c->resume(m, nullptr);
+    ASSERT_TRUE(state) << "after a crash at write " << k + 1 << ": " << describe(state.error());
+    ASSERT_TRUE(*state) << "after a crash at write " << k + 1;
+    // The crashed checkpoint is whole (its rename was durable) or absent.
+    const auto crashed = root + "/run/" + name;
+    if (std::filesystem::exists(crashed)) {
+      EXPECT_TRUE(components::verify_dir(crashed)) << "a crash at write " << k + 1 << " left a damaged " << crashed;
+      ++whole;
+    } else {
+      ++absent;
+    }
+  }
+  EXPECT_GT(absent, 0) << "no crash point came before the rename";
+  EXPECT_EQ(whole + absent, per_save);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CheckpointerTest, ::testing::Values(Mode::local, Mode::cluster),

@@ -113,7 +113,7 @@ TEST_P(GroupClientsTest, AnAdapterHandleTrainsTheAdapterOnlyAndRefusalsNameWhatW
   EXPECT_TRUE(contains(*configs, "\"a\"")) << *configs;
   auto exported = a.export_weights().take();
   ASSERT_TRUE(exported) << describe(exported.error());
-  EXPECT_EQ(exported->names.size(), 2u * 4 * 2) << "A and B of q, k, v, o in 2 layers";
+  EXPECT_EQ(exported->size(), 2u * 4 * 2) << "A and B of q, k, v, o in 2 layers";
 
   auto nobody = base.with_adapter("nobody").forward_backward(four_rows()).get();
   ASSERT_FALSE(nobody);
@@ -154,12 +154,12 @@ TEST_P(GroupClientsTest, SamplerGroupAnswersInPromptOrderAsOneRankDoes) {
 
   // The training batch of the sequences, with one advantage each.
   std::vector<double> adv(a->size(), 0.5);
-  auto batch = training_batch(*a, {.pad_id = 0, .advantages = adv});
+  auto batch = training_batch(prompts, *a, {.pad_id = 0, .advantages = adv});
   ASSERT_TRUE(batch) << describe(batch.error());
   EXPECT_EQ(batch->tensors.at("advantages").shape(), (std::vector<int64_t>{static_cast<int64_t>(a->size())}));
-  EXPECT_FALSE(training_batch(*a, {.advantages = {1.0}})) << "one advantage per sequence";
+  EXPECT_FALSE(training_batch(prompts, *a, {.advantages = {1.0}})) << "one advantage per sequence";
   adv[3] = std::nan("");
-  EXPECT_FALSE(training_batch(*a, {.advantages = adv})) << "advantages must be finite";
+  EXPECT_FALSE(training_batch(prompts, *a, {.advantages = adv})) << "advantages must be finite";
 
   EXPECT_FALSE(two.sample(prompts, {.temperature = -1}).get()) << "bad params fail the call";
   ASSERT_TRUE(two.sleep().get());

@@ -70,14 +70,15 @@ TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
   }
   auto weights = group.call<Collect::flatten>(Dispatch::all, actors::export_weights_atom::value, std::string{}).get();
   ASSERT_TRUE(weights) << describe(weights.error());
-  ASSERT_EQ(weights->size(), 2u);
+  // Flattened: rank 0's named tensors, then rank 1's.
   auto expected = single->model().named_parameters();
-  ASSERT_EQ((*weights)[0].names.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
+  const auto n = expected.size();
+  ASSERT_EQ(weights->size(), 2 * n);
+  for (size_t i = 0; i < n; ++i) {
     const auto& [name, want] = expected[i];
-    EXPECT_EQ((*weights)[0].names[i], name);
-    EXPECT_EQ((*weights)[0].tensors[i], (*weights)[1].tensors[i]) << name << " differs between the dp ranks";
-    auto got = *(*weights)[0].tensors[i].values<float>();
+    EXPECT_EQ((*weights)[i].first, name);
+    EXPECT_EQ((*weights)[i].second, (*weights)[n + i].second) << name << " differs between the dp ranks";
+    auto got = *(*weights)[i].second.values<float>();
     auto ref = *want.values<float>();
     // Within 1e-5, relative to the weight's size as at::allclose (the same
     // sums in another order, amplified a little by Adam's normalisation).
@@ -182,7 +183,7 @@ TEST_P(ModelActorTest, AdaptersTrainSaveAndLoadThroughTheActor) {
   EXPECT_EQ(*call1(actors::forward_only_atom_v, b, std::string{"bob"}), *tuned);
   auto lora = call1(actors::export_weights_atom::value, std::string{"bob"});
   ASSERT_TRUE(lora);
-  EXPECT_EQ(lora->names.front(), "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(lora->front().first, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
   auto cfg = call1(actors::get_train_configs_atom::value, std::string{"bob"});
   ASSERT_TRUE(cfg);
   EXPECT_NE(cfg->find("\"step\": 3"), std::string::npos) << *cfg;

@@ -44,12 +44,9 @@ CausalLM sharp_model(uint64_t seed) {
   return lm;
 }
 
-actors::NamedTensorList weights_of(const CausalLM& lm) {
-  actors::NamedTensorList out;
-  for (auto& [name, t] : lm.named_parameters()) {
-    out.names.push_back(name);
-    out.tensors.push_back(t.clone());
-  }
+NamedTensors weights_of(const CausalLM& lm) {
+  NamedTensors out;
+  for (auto& [name, t] : lm.named_parameters()) out.emplace_back(name, t.clone());
   return out;
 }
 
@@ -65,20 +62,27 @@ std::vector<components::RequestOutput> reference(const CausalLM& lm, const Promp
   return out;
 }
 
-// TrainBatch's convention: position t predicts token t + 1, so the
-// completion's tokens are the targets of positions P-1 .. L-2.
-void expect_training_input(const SampledSequence& s, const std::vector<int64_t>& prompt) {
+// The training row training_batch makes of one sequence, by TrainBatch's
+// convention: position t predicts token t + 1, so the completion's tokens
+// are the targets of positions P-1 .. L-2.
+void expect_training_input(const Prompts& prompts, const SampledSequence& s) {
+  const auto& prompt = prompts.at(static_cast<size_t>(s.index));
   const size_t p = prompt.size(), len = p + s.tokens.size();
+  auto batch = actors::training_batch(prompts, {s});
+  ASSERT_TRUE(batch) << describe(batch.error());
   std::vector<int64_t> ids = prompt;
   ids.insert(ids.end(), s.tokens.begin(), s.tokens.end());
-  EXPECT_EQ(s.input_ids, ids);
-  ASSERT_EQ(s.loss_mask.size(), len);
-  ASSERT_EQ(s.old_logps.size(), len);
+  auto got = *batch->tensors.at("input_ids").values<int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()), ids);
+  auto mask = *batch->tensors.at("loss_mask").values<float>();
+  auto old = *batch->tensors.at("old_logps").values<float>();
+  ASSERT_EQ(mask.size(), len);
+  ASSERT_EQ(old.size(), len);
   ASSERT_EQ(s.logprobs.chosen.size(), s.tokens.size());
   for (size_t t = 0; t < len; ++t) {
     const bool target_is_completion = t + 1 >= p && t + 1 < len;
-    EXPECT_EQ(s.loss_mask[t], target_is_completion ? 1.f : 0.f) << "position " << t;
-    EXPECT_EQ(s.old_logps[t], target_is_completion ? s.logprobs.chosen[t + 1 - p] : 0.f) << "position " << t;
+    EXPECT_EQ(mask[t], target_is_completion ? 1.f : 0.f) << "position " << t;
+    EXPECT_EQ(old[t], target_is_completion ? s.logprobs.chosen[t + 1 - p] : 0.f) << "position " << t;
   }
 }
 
@@ -131,7 +135,7 @@ TEST_P(SamplerActorTest, DataParallelGroupSamplesLikeOneEngineOnTheWholeCall) {
       EXPECT_EQ(s.index, static_cast<int64_t>(i));
       EXPECT_EQ(s.sample, static_cast<int64_t>(k));
       EXPECT_EQ(s.error, "");
-      EXPECT_EQ(s.stop_reason, "length");
+      EXPECT_EQ(s.stop_reason, actors::StopReason::length);
       EXPECT_EQ(s.weight_version, 0);
       EXPECT_EQ(s.tokens, want.tokens) << "prompt " << i << " sample " << k;
       EXPECT_EQ(s.logprobs.k, 2);
@@ -139,11 +143,11 @@ TEST_P(SamplerActorTest, DataParallelGroupSamplesLikeOneEngineOnTheWholeCall) {
       ASSERT_EQ(s.logprobs.chosen.size(), want.logprobs.chosen.size());
       for (size_t j = 0; j < want.logprobs.chosen.size(); ++j)
         EXPECT_NEAR(s.logprobs.chosen[j], want.logprobs.chosen[j], 1e-4);
-      expect_training_input(s, prompts[i]);
+      expect_training_input(prompts, s);
     }
   }
   // The old_logps are what the trainer computes for the same positions.
-  auto batch = actors::training_batch(*seqs);
+  auto batch = actors::training_batch(prompts, *seqs);
   ASSERT_TRUE(batch) << describe(batch.error());
   const auto& ids = batch->tensors.at("input_ids");
   EXPECT_EQ(ids.shape(), (std::vector<int64_t>{10, 13}));
@@ -173,7 +177,7 @@ TEST_P(SamplerActorTest, BadRequestCarriesItsErrorWhileTheOthersComplete) {
   for (size_t i : {0, 3}) {
     EXPECT_EQ((*seqs)[i].error, "");
     EXPECT_EQ((*seqs)[i].tokens.size(), 6u);
-    expect_training_input((*seqs)[i], prompts[i]);
+    expect_training_input(prompts, (*seqs)[i]);
   }
   const std::map<size_t, std::string> why = {{1, "the prompt is empty"}, {2, "outside the vocabulary"}, {4, "max_model_len"}};
   for (const auto& [i, text] : why) {
@@ -181,7 +185,7 @@ TEST_P(SamplerActorTest, BadRequestCarriesItsErrorWhileTheOthersComplete) {
     EXPECT_EQ(s.index, static_cast<int64_t>(i));
     EXPECT_TRUE(contains(s.error, text)) << s.error;
     EXPECT_TRUE(s.tokens.empty());
-    EXPECT_EQ(s.stop_reason, "");
+    EXPECT_EQ(s.stop_reason, actors::StopReason::none);
   }
   auto unknown = sample(group, {{1, 2}, {3, 4}}, greedy, "nobody");
   ASSERT_TRUE(unknown) << describe(unknown.error());
@@ -216,7 +220,8 @@ TEST_P(SamplerActorTest, StreamedChunksAddUpToTheFinalSequences) {
     std::vector<float> logprobs;
     int chunks = 0;
     bool finished = false;
-    std::string stop_reason, error;
+    actors::StopReason stop_reason = actors::StopReason::none;
+    std::string error;
   };
   std::map<std::pair<int64_t, int64_t>, Seen> seen;  // only the listener's thread writes, until the call returns
   auto seqs = actors::sample_streaming(*job_.rt, group, requests, p, "", [&](const actors::SampleChunk& c) {
@@ -259,7 +264,7 @@ TEST_P(SamplerActorTest, UpdateWeightsChangesGreedyOutputAndReportsTheVersion) {
   EXPECT_EQ((*before)[0].weight_version, 0);
 
   auto fresh = sharp_model(99);
-  auto update = [&](const actors::NamedTensorList& w, actors::UpdatePolicy policy) {
+  auto update = [&](const NamedTensors& w, actors::UpdatePolicy policy) {
     return group.call<Collect::first>(Dispatch::all, actors::update_weights_atom::value, w,
                                       actors::WeightUpdate{.version = 7, .policy = policy})
         .get();
@@ -280,10 +285,10 @@ TEST_P(SamplerActorTest, UpdateWeightsChangesGreedyOutputAndReportsTheVersion) {
 
   // A bad update changes nothing.
   auto wrong = weights_of(fresh);
-  wrong.tensors[1] = *Tensor::zeros(Dtype::f32, {3});
+  wrong[1].second = *Tensor::zeros(Dtype::f32, {3});
   auto shape = update(wrong, actors::UpdatePolicy::finish_old);
   ASSERT_FALSE(shape);
-  EXPECT_TRUE(contains(describe(shape.error()), wrong.names[1])) << describe(shape.error());
+  EXPECT_TRUE(contains(describe(shape.error()), wrong[1].first)) << describe(shape.error());
   // An enum from another process can hold any number.
   auto policy = update(weights_of(sharp_model(1)), static_cast<actors::UpdatePolicy>(7));
   ASSERT_FALSE(policy);
@@ -350,13 +355,13 @@ TEST_P(SamplerActorTest, AbortAnswersTheCallsInFlight) {
   ASSERT_TRUE(seqs) << describe(seqs.error());
   ASSERT_EQ(seqs->size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ((*seqs)[i].stop_reason, "abort");
+    EXPECT_EQ((*seqs)[i].stop_reason, actors::StopReason::abort);
     EXPECT_LT((*seqs)[i].tokens.size(), 500u);
-    expect_training_input((*seqs)[i], prompts[i]);
+    expect_training_input(prompts, (*seqs)[i]);
   }
   auto next = sample(group, prompts, greedy);
   ASSERT_TRUE(next) << describe(next.error());
-  EXPECT_EQ((*next)[3].stop_reason, "length");
+  EXPECT_EQ((*next)[3].stop_reason, actors::StopReason::length);
 
   // A weight update with the abort policy ends the calls in flight too, and
   // applies at once.
@@ -370,7 +375,7 @@ TEST_P(SamplerActorTest, AbortAnswersTheCallsInFlight) {
   seqs = running.get();
   ASSERT_TRUE(seqs) << describe(seqs.error());
   for (const auto& s : *seqs) {
-    EXPECT_EQ(s.stop_reason, "abort");
+    EXPECT_EQ(s.stop_reason, actors::StopReason::abort);
     EXPECT_EQ(s.weight_version, 0);
   }
   next = sample(group, prompts, greedy);

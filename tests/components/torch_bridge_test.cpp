@@ -28,7 +28,7 @@ TEST(TorchBridge, FromTorchSharesTheBytesAndKeepsThemAlive) {
 }
 
 TEST(TorchBridge, EveryDtypeMapsBothWays) {
-  for (auto d : {Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i64, Dtype::i32, Dtype::u8, Dtype::boolean}) {
+  for (auto d : {Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i64, Dtype::i32, Dtype::u8, Dtype::boolean, Dtype::f64}) {
     auto t = *Tensor::zeros(d, {2});
     auto back = from_torch(to_torch(t));
     ASSERT_TRUE(back) << to_string(d);
@@ -41,7 +41,7 @@ TEST(TorchBridge, RefusesWhatItCannotShare) {
   auto r = from_torch(nc);
   ASSERT_FALSE(r);
   EXPECT_NE(describe(r.error()).find("contiguous"), std::string::npos);
-  EXPECT_FALSE(from_torch(at::zeros({2}, at::kDouble)));
+  EXPECT_FALSE(from_torch(at::zeros({2}, at::kShort))) << "no i16 in glint";
 }
 
 }  // namespace

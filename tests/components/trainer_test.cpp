@@ -6,6 +6,7 @@
 
 #include "components/tensor/torch_bridge.hpp"
 
+#include "support/fake_process_group.hpp"
 #include "support/tensors.hpp"
 
 #include <gtest/gtest.h>
@@ -141,6 +142,40 @@ TEST(Training, AccumulatedMicroBatchesEqualOneBatch) {
   ASSERT_TRUE(parts.clip_grad_and_step());
   for (auto& [n, p] : whole.model().impl().params)
     EXPECT_TRUE(at::allclose(p, parts.model().impl().params.at(n), 1e-6, 1e-7)) << n;
+}
+
+// The data-parallel path without a second process: a fake group whose
+// peers hold the same batch. A collective that fails (a peer died, c10d
+// timed out) fails the step without stepping; the gradients it had are
+// dropped, and the next step works and matches a trainer alone.
+TEST(Training, AFailedAllReduceFailsTheStepAndTheNextStepMatchesOneRank) {
+  auto cfg = small();
+  auto batch = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 0, 0, 0}});
+  auto mask = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}});
+  auto pg = std::make_shared<glint::testing::FakeProcessGroup>(0, 2);
+  pg->script({make_error(errc::unavailable, "all_reduce on rank 0 of 2 failed: peer gone"), caf::error{}});
+  auto dp = *Trainer::create(*CausalLM::init_random(cfg, 9), {.optimizer = {.lr = 1e-2}, .dp_group = pg});
+  auto alone = *Trainer::create(*CausalLM::init_random(cfg, 9), {.optimizer = {.lr = 1e-2}});
+  const TrainBatch b{.tokens = {.input_ids = batch, .attention_mask = mask}};
+  ASSERT_TRUE(dp.forward_backward(b, {}));
+  auto failed = dp.clip_grad_and_step();
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(code_of(failed.error()), errc::unavailable);
+  EXPECT_NE(describe(failed.error()).find("peer gone"), std::string::npos) << describe(failed.error());
+  EXPECT_EQ(dp.step(), 0) << "a failed collective does not step";
+  for (auto& [n, p] : dp.model().impl().params)
+    EXPECT_TRUE(at::equal(p, alone.model().impl().params.at(n))) << n << " changed in a failed step";
+
+  ASSERT_TRUE(dp.forward_backward(b, {}));
+  ASSERT_TRUE(alone.forward_backward(b, {}));
+  auto s = dp.clip_grad_and_step();
+  ASSERT_TRUE(s) << describe(s.error());
+  ASSERT_TRUE(alone.clip_grad_and_step());
+  EXPECT_EQ(dp.step(), 1);
+  EXPECT_EQ(pg->collectives(), 2);
+  for (auto& [n, p] : dp.model().impl().params)
+    EXPECT_TRUE(at::allclose(p, alone.model().impl().params.at(n), 1e-6, 1e-7))
+        << n << ": the failed step's gradients leaked into the next";
 }
 
 TEST(Training, ATinyModelLearnsAFixedSet) {

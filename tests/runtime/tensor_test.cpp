@@ -19,7 +19,7 @@ Tensor random_tensor(Dtype d, std::vector<int64_t> shape, uint32_t seed) {
 
 TEST(Tensor, RoundTripsEveryDtypeThroughTheCodec) {
   uint32_t seed = std::random_device{}();
-  for (auto d : {Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i64, Dtype::i32, Dtype::u8, Dtype::boolean}) {
+  for (auto d : {Dtype::f32, Dtype::bf16, Dtype::f16, Dtype::i64, Dtype::i32, Dtype::u8, Dtype::boolean, Dtype::f64}) {
     auto t = random_tensor(d, {3, 5, 2}, seed++);
     auto bytes = encode(t);
     ASSERT_TRUE(bytes) << describe(bytes.error());

@@ -1,0 +1,106 @@
+#pragma once
+/// What one model rank is, without the actor: a CausalLM, its adapters, one
+/// trainer per adapter ("tenant"), the data-parallel group, and every call
+/// the model actor answers as a plain method. The actor (actors/model.cpp)
+/// only unpacks messages and answers these methods' results, so tests call
+/// them directly (tests/actors/model_state_test.cpp).
+///
+/// Every method returns an error for bad input and leaves the state as it
+/// was; none throws on purpose (the actor turns what LibTorch throws into
+/// an error with error_of_exception).
+
+#include "actors/model.hpp"
+#include "components/model/trainer.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace glint::components {
+class ProcessGroup;
+}
+
+namespace glint::actors {
+
+class ModelState {
+public:
+  /// Loads the model `spec` names (its error is kept and answered by every
+  /// call until a full-weights load succeeds).
+  ModelState(RankContext ctx, ModelSpec spec);
+  ~ModelState();
+  ModelState(ModelState&&) noexcept;
+  ModelState& operator=(ModelState&&) noexcept;
+
+  /// "rank R of model group 'G'": what errors are prefixed with.
+  std::string where() const;
+  caf::error fail(const caf::error& e) const { return with_context(e, where()); }
+
+  const RankContext& context() const { return ctx_; }
+  /// The model; the load error when there is none.
+  Result<components::CausalLM*> ready();
+
+  Result<Metrics> forward_backward(const Batch& batch, const std::string& adapter);
+  /// Log-probabilities of the batch's targets, no gradients.
+  Result<Tensor> forward_only(const Batch& batch, const std::string& adapter);
+  Result<Metrics> clip_grad_and_step(const std::string& adapter);
+
+  Result<void> set_loss(const std::string& adapter, const LossSpec& s);
+  Result<void> set_optimizer(const std::string& adapter, const OptimizerConfig& s);
+  Result<void> set_lr_scheduler(const std::string& adapter, const SchedulerConfig& s);
+  Result<void> add_adapter(const std::string& name, const LoraConfig& c, uint64_t seed);
+  Result<void> remove_adapter(const std::string& name);
+
+  /// The mean of each metric since the last call (and step, lr); clears them.
+  Result<Metrics> calculate_metric(const std::string& adapter);
+  /// A JSON text of the model config, adapters and `adapter`'s settings.
+  Result<std::string> train_configs(const std::string& adapter);
+
+  /// Saves `adapter` ("" : the full model) into `dir`; answers `dir`.
+  Result<std::string> save(const std::string& adapter, const std::string& dir, bool with_optimizer);
+  /// Loads `dir` into `adapter` ("" : new full weights, which drop every
+  /// adapter). Reads everything before it changes anything.
+  Result<void> load(const std::string& adapter, const std::string& dir, bool with_optimizer);
+
+  /// The weights to sync or save: the base ("") under HF names, an
+  /// adapter's under PEFT's, or with `merged` the base with the adapter
+  /// folded in. `snapshot`: copies, so training may go on; else they share
+  /// the live tensors.
+  Result<NamedTensors> export_weights(const std::string& adapter, bool merged, bool snapshot);
+  /// Names, shapes and dtypes of export_weights(adapter, merged).
+  Result<SyncManifest> sync_manifest(const std::string& adapter, bool merged);
+  /// Broadcasts export_weights(adapter, merged) as rank 0 of the c10d
+  /// weight-sync group at `at`; answers the buckets sent.
+  Result<int64_t> sync_send(const std::string& adapter, bool merged, const SyncGroupAddress& at);
+
+private:
+  /// One adapter's (or the full model's, "") training state.
+  struct Tenant {
+    LossSpec loss;
+    OptimizerConfig optimizer;
+    SchedulerConfig scheduler;
+    std::optional<components::Trainer> trainer;  ///< made at the first forward_backward
+    std::map<std::string, std::pair<double, int64_t>> metric_sums;
+  };
+  Result<Tenant*> tenant(const std::string& adapter);
+  Result<components::Trainer*> trainer(const std::string& adapter);
+  Result<std::shared_ptr<components::ProcessGroup>> dp_group();
+  void load_initial();
+
+  RankContext ctx_;
+  ModelSpec spec_;
+  std::optional<components::CausalLM> model_;
+  caf::error load_error_;  ///< why there is no model
+  std::map<std::string, Tenant> tenants_;
+  std::shared_ptr<components::ProcessGroup> dp_;
+  struct Sync;
+  std::unique_ptr<Sync> sync_;  ///< the c10d weight-sync group, made at the first sync_send
+};
+
+/// `weights` in buckets of about `bucket_bytes`, in order; a tensor larger
+/// than a bucket is a bucket of its own. An error for bucket_bytes < 1.
+Result<std::vector<NamedTensors>> buckets_of(NamedTensors weights, int64_t bucket_bytes);
+
+}  // namespace glint::actors

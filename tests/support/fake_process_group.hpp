@@ -1,0 +1,61 @@
+#pragma once
+// A ProcessGroup without peers, for tests of its callers' error paths: it
+// acts as if every other rank passed the same tensors (a sum is the tensor
+// times the group's size, a broadcast leaves it as it is), and fails the
+// collectives it is told to, as a dead or timed-out peer would make c10d
+// fail them.
+
+#include "components/comm/process_group.hpp"
+#include "components/tensor/torch_bridge.hpp"
+
+#include <c10/core/GradMode.h>
+
+#include <deque>
+#include <string>
+
+namespace glint::testing {
+
+class FakeProcessGroup : public components::ProcessGroup {
+public:
+  FakeProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+
+  /// The next collectives answer these, in order (an empty error: it works).
+  void script(std::deque<caf::error> outcomes) { outcomes_ = std::move(outcomes); }
+  int collectives() const { return collectives_; }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Result<void> all_reduce_sum(std::vector<Tensor>& tensors) override {
+    if (auto e = next(); e) return e;
+    c10::NoGradGuard no_grad;
+    for (auto& t : tensors) components::to_torch(t).mul_(size_);
+    return {};
+  }
+  Result<void> broadcast(std::vector<Tensor>&, int) override {
+    if (auto e = next(); e) return e;
+    return {};
+  }
+  Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int, int64_t) override {
+    if (auto e = next(); e) return e;
+    return static_cast<int64_t>(tensors.size());
+  }
+  Result<void> barrier() override {
+    if (auto e = next(); e) return e;
+    return {};
+  }
+
+private:
+  caf::error next() {
+    ++collectives_;
+    if (outcomes_.empty()) return {};
+    auto e = std::move(outcomes_.front());
+    outcomes_.pop_front();
+    return e;
+  }
+
+  int rank_, size_;
+  int collectives_ = 0;
+  std::deque<caf::error> outcomes_;
+};
+
+}  // namespace glint::testing

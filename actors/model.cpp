@@ -121,8 +121,20 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
           if (push.samplers.empty() || push.bucket_bytes < 1 || push.timeout_ms < 1)
             return make_error(errc::invalid_argument,
                               "push_weights needs samplers, bucket_bytes >= 1 and a timeout >= 1 ms");
+          // A bucket is one message: it must fit what the samplers' processes accept.
+          const auto limit = max_tensor_bytes();
+          if (static_cast<uint64_t>(push.bucket_bytes) > limit)
+            return make_error(errc::invalid_argument, "bucket_bytes " + std::to_string(push.bucket_bytes) +
+                                                          " exceeds the message limit of " + std::to_string(limit) +
+                                                          " bytes (Options::max_message_bytes); lower it");
           auto w = st->export_weights(push.adapter, push.merged, /*snapshot=*/false);
           if (!w) return w.error();
+          for (const auto& [name, t] : *w)
+            if (t.nbytes() > limit)
+              return make_error(errc::resource_exhausted,
+                                "weight " + name + " (" + std::to_string(t.nbytes()) + " bytes) exceeds the message limit of " +
+                                    std::to_string(limit) + " bytes (Options::max_message_bytes); raise it, or sync "
+                                    "with the collective transport");
           const auto tensors = w->size();
           const auto bytes = glint::detail::payload_bytes(*w);
           auto buckets = buckets_of(std::move(*w), push.bucket_bytes);

@@ -134,6 +134,10 @@ TEST_P(CheckpointEngineTest, RefusalsChangeNothing) {
   auto before = sample(s);
   CheckpointEngine ckpt{m, s};
   EXPECT_FALSE(ckpt.sync_weights({.bucket_bytes = 0}));
+  // A bucket is one message: larger than the message limit is refused up front.
+  auto huge = ckpt.sync_weights({.bucket_bytes = int64_t{8} << 30, .transport = SyncTransport::messages});
+  ASSERT_FALSE(huge);
+  EXPECT_NE(describe(huge.error()).find("max_message_bytes"), std::string::npos) << describe(huge.error());
   EXPECT_NE(describe(ckpt.sync_weights({.merge_and_sync = true}).error()).find("needs the adapter"), std::string::npos);
   CheckpointEngine nobody{m.with_adapter("nobody"), s};
   auto unknown = nobody.sync_weights();

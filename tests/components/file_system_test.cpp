@@ -1,0 +1,102 @@
+// The fault-injecting file system: what it keeps and drops at a crash
+// follows the fsyncs made before it, and an AtomicDir commit crashed at
+// each of its writes leaves the directory whole or absent, never half.
+#include "components/checkpoint/atomic_dir.hpp"
+#include "components/checkpoint/file_system.hpp"
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace glint::components {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read(const std::string& path) {
+  std::ifstream in{path};
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(FaultInjectionFileSystem, APowerLossKeepsOnlyWhatWasSynced) {
+  auto root = glint::testing::fresh_dir("faultfs");
+  FaultInjectionFileSystem f;
+  ASSERT_TRUE(f.create_dirs(root + "/a"));
+  ASSERT_TRUE(f.sync_dir(root));  // a is durable
+  ASSERT_TRUE(f.write_file(root + "/a/synced", "kept"));
+  ASSERT_TRUE(f.sync_file(root + "/a/synced"));
+  ASSERT_TRUE(f.write_file(root + "/a/unsynced", "lost"));
+  ASSERT_TRUE(f.write_file(root + "/a/renamed", "x"));
+  ASSERT_TRUE(f.sync_file(root + "/a/renamed"));
+  ASSERT_TRUE(f.sync_dir(root + "/a"));  // the three names are durable, one content is not
+  ASSERT_TRUE(f.create_dirs(root + "/b"));  // never synced into root
+  ASSERT_TRUE(f.rename(root + "/a/renamed", root + "/a/moved"));  // its directory is not synced after
+  ASSERT_TRUE(f.write_file(root + "/a/fresh", "y"));
+  ASSERT_TRUE(f.sync_file(root + "/a/fresh"));  // content synced, name not
+  ASSERT_TRUE(f.drop_unsynced());
+  EXPECT_EQ(read(root + "/a/synced"), "kept");
+  EXPECT_FALSE(fs::exists(root + "/a/unsynced")) << "never synced: gone";
+  EXPECT_FALSE(fs::exists(root + "/b")) << "its parent was not synced after it was made";
+  EXPECT_TRUE(fs::exists(root + "/a/renamed")) << "the rename was not durable";
+  EXPECT_EQ(read(root + "/a/renamed"), "x");
+  EXPECT_FALSE(fs::exists(root + "/a/moved"));
+  EXPECT_FALSE(fs::exists(root + "/a/fresh")) << "its name was never made durable";
+}
+
+TEST(FaultInjectionFileSystem, TheCrashFailsThatWriteAndEveryLaterOne) {
+  auto root = glint::testing::fresh_dir("faultfs-crash");
+  FaultInjectionFileSystem f;
+  f.crash_after(1);
+  EXPECT_TRUE(f.write_file(root + "/one", "1"));
+  auto second = f.write_file(root + "/two", "2");
+  ASSERT_FALSE(second);
+  EXPECT_EQ(code_of(second.error()), errc::unavailable);
+  EXPECT_NE(describe(second.error()).find("simulated crash at write 2"), std::string::npos) << describe(second.error());
+  EXPECT_FALSE(fs::exists(root + "/two")) << "a crashed write does nothing";
+  EXPECT_FALSE(f.sync_dir(root));
+  EXPECT_TRUE(f.crashed());
+  EXPECT_EQ(f.writes(), 3);
+  ASSERT_TRUE(f.drop_unsynced());
+  EXPECT_FALSE(f.crashed()) << "the machine is back";
+  EXPECT_TRUE(f.write_file(root + "/three", "3"));
+}
+
+TEST(FaultInjectionFileSystem, ACommitCrashedAtAnyWriteLeavesTheDirectoryWholeOrAbsent) {
+  auto root = glint::testing::fresh_dir("faultfs-commit");
+  ASSERT_TRUE(local_file_system().create_dirs(root + "/run"));
+  FaultInjectionFileSystem f;
+  auto count = [&] {
+    auto d = AtomicDir::begin(root + "/run/probe", f);
+    EXPECT_TRUE(d);
+    EXPECT_TRUE(d->write_file("a.bin", std::string(1000, 'a')));
+    EXPECT_TRUE(d->write_file("b.bin", "b"));
+    EXPECT_TRUE(d->commit());
+  };
+  const auto before = f.writes();
+  count();
+  const auto writes = f.writes() - before;
+  ASSERT_GE(writes, 7);
+  for (int64_t k = 0; k < writes; ++k) {
+    const auto path = root + "/run/c" + std::to_string(k);
+    {
+      f.crash_after(k);
+      auto d = AtomicDir::begin(path, f);
+      if (d) {
+        (void)d->write_file("a.bin", std::string(1000, 'a'));
+        (void)d->write_file("b.bin", "b");
+        EXPECT_FALSE(d->commit()) << "crash at write " << k + 1;
+      }
+    }
+    ASSERT_TRUE(f.drop_unsynced());
+    if (fs::exists(path)) EXPECT_TRUE(verify_dir(path)) << "a crash at write " << k + 1 << " left a damaged directory";
+    EXPECT_EQ(remove_temporaries(root + "/run"), 0) << "crash at write " << k + 1 << " left a temporary behind";
+  }
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -145,11 +145,23 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
                          {"bytes", static_cast<double>(bytes)}};
         });
       },
+      [st, answer](stream_listen_atom, int32_t receivers, const std::string& host) -> caf::result<int32_t> {
+        return answer([&] { return st->stream_listen(receivers, host); });
+      },
+      [st, answer](stream_send_atom, const std::string& adapter, bool merged, int64_t timeout_ms) -> caf::result<int64_t> {
+        return answer([&] { return st->stream_send(adapter, merged, timeout_ms); });
+      },
       [st, answer](sync_send_atom, const std::string& adapter, bool merged,
                    const SyncGroupAddress& at) -> caf::result<int64_t> {
         return answer([&] { return st->sync_send(adapter, merged, at); });
       },
   };
+}
+
+std::string address_of_node(Runtime& rt, int node) {
+  if (rt.mode() == Mode::local) return "127.0.0.1";
+  // Node 0 is this process: the address the node processes reach it by.
+  return node == 0 ? rt.options().cluster.master_addr : rt.node(node).hello.host;
 }
 
 Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
@@ -163,9 +175,7 @@ Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::Devic
         host_node = s.node;
         break;
       }
-    // Node 0 is this process: the address the node processes reach it by.
-    spec.store_host = host_node == 0 ? rt.options().cluster.master_addr : rt.node(host_node).hello.host;
-    if (rt.mode() == Mode::local) spec.store_host = "127.0.0.1";
+    spec.store_host = address_of_node(rt, host_node);
     auto port = pick_free_port();
     if (!port) return with_context(port.error(), "choosing a port for the process group of '" + group.name + "'");
     spec.store_port = *port;

@@ -130,6 +130,15 @@ struct WeightPush {
 
 /// Where the members of a weight-sync collective meet: model rank 0 (rank 0
 /// of the collective, hosting its store at host:port) and the sampler ranks.
+/// Where a sampler rank fetches a streamed weight sync: model rank 0's
+/// listener (SyncOptions::store_host, the port it answered).
+struct StreamAddress {
+  std::string host = "127.0.0.1";
+  int32_t port = 0;
+  int64_t timeout_ms = 300000;
+  friend bool operator==(const StreamAddress&, const StreamAddress&) = default;
+};
+
 struct SyncGroupAddress {
   std::string host = "127.0.0.1";
   int32_t port = 0;
@@ -157,6 +166,10 @@ typename Inspector::result_type inspect(Inspector& f, WeightPush& x) {
            x.timeout_ms);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StreamAddress& x) {
+  return f(caf::meta::type_name("glint.stream_address"), x.host, x.port, x.timeout_ms);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SyncGroupAddress& x) {
   return f(caf::meta::type_name("glint.sync_group_address"), x.host, x.port, x.rank, x.world, x.bucket_bytes);
 }
@@ -182,6 +195,8 @@ using export_weights_atom = caf::atom_constant<caf::atom("export")>;
 using sync_manifest_atom = caf::atom_constant<caf::atom("sync_man")>;
 using sync_send_atom = caf::atom_constant<caf::atom("sync_send")>;
 using push_weights_atom = caf::atom_constant<caf::atom("push_wts")>;
+using stream_listen_atom = caf::atom_constant<caf::atom("ws_listen")>;
+using stream_send_atom = caf::atom_constant<caf::atom("ws_send")>;
 
 inline constexpr forward_backward_atom forward_backward_atom_v{};
 inline constexpr forward_only_atom forward_only_atom_v{};
@@ -232,11 +247,25 @@ using model_actor = caf::typed_actor<
     /// WeightPush), serving nothing else until they all answered the last
     /// bucket (in local mode the buckets share the live weights). Answers
     /// tensors, buckets and bytes (per sampler); the first refusal fails it.
-    caf::replies_to<push_weights_atom, WeightPush>::with<Metrics>>;
+    caf::replies_to<push_weights_atom, WeightPush>::with<Metrics>,
+    /// The stream transport, step 1: listens on a free TCP port of address
+    /// `host` (this node's, as the job knows it) for `receivers` sampler
+    /// ranks; answers the port.
+    caf::replies_to<stream_listen_atom, int32_t, std::string>::with<int32_t>,
+    /// Step 2: accepts the receivers and sends each the raw bytes of the
+    /// weights of (adapter, merged), sharing the live ones, in
+    /// sync_manifest order (actors/weight_sync/stream.hpp). Answers the
+    /// bytes per receiver. Blocks this rank until all have them or
+    /// `timeout_ms` passes.
+    caf::replies_to<stream_send_atom, std::string, bool, int64_t>::with<int64_t>>;
 
 inline constexpr const char* model_type = "glint.model";
 
 model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec);
+
+/// The address the other processes of the job reach node `node` by
+/// (loopback in local mode).
+std::string address_of_node(Runtime& rt, int node);
 
 /// Places and spawns a model group. Its data-parallel ranks get the address
 /// of their process group's store: a free port on the machine of the node
@@ -252,6 +281,7 @@ GLINT_REGISTER_MESSAGE_TYPE(lora_config, LoraConfig, "glint.lora_config");
 GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensors, "glint.named_tensors");
 GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
 GLINT_REGISTER_MESSAGE_TYPE(sync_group_address, SyncGroupAddress, "glint.sync_group_address");
+GLINT_REGISTER_MESSAGE_TYPE(stream_address, StreamAddress, "glint.stream_address");
 GLINT_REGISTER_MESSAGE_TYPE(weight_update, WeightUpdate, "glint.weight_update");
 GLINT_REGISTER_MESSAGE_TYPE(weight_push, WeightPush, "glint.weight_push");
 GLINT_REGISTER_ACTOR(model, model_type, model_shard);

@@ -1,6 +1,7 @@
 #include "actors/model_state.hpp"
 
 #include "actors/detail/sync_group.hpp"
+#include "actors/weight_sync/stream.hpp"
 #include "components/checkpoint/safetensors.hpp"
 #include "components/comm/process_group.hpp"
 #include "runtime/text.hpp"
@@ -49,6 +50,8 @@ Result<TrainBatch> to_train_batch(const Batch& b) {
 
 struct ModelState::Sync {
   detail::SyncGroup group;
+  std::optional<weight_sync::Listener> listener;  ///< of the stream transport, between listen and send
+  int32_t receivers = 0;
 };
 
 ModelState::ModelState(RankContext ctx, ModelSpec spec)
@@ -325,6 +328,32 @@ Result<int64_t> ModelState::sync_send(const std::string& adapter, bool merged, c
   tensors.reserve(w->size());
   for (auto& [name, t] : *w) tensors.push_back(std::move(t));
   return (*pg)->broadcast_buckets(tensors, 0, at.bucket_bytes);
+}
+
+Result<int32_t> ModelState::stream_listen(int32_t receivers, const std::string& host) {
+  if (receivers < 1) return make_error(errc::invalid_argument, "stream_listen needs at least one receiver");
+  auto m = ready();
+  if (!m) return m.error();
+  auto l = weight_sync::Listener::open(host);
+  if (!l) return l.error();
+  sync_->listener.emplace(std::move(*l));
+  sync_->receivers = receivers;
+  return sync_->listener->port();
+}
+
+Result<int64_t> ModelState::stream_send(const std::string& adapter, bool merged, int64_t timeout_ms) {
+  if (!sync_->listener) return make_error(errc::failed_precondition, "stream_send without stream_listen");
+  // The listener serves this one sync, whatever happens.
+  auto listener = std::move(*sync_->listener);
+  sync_->listener.reset();
+  if (timeout_ms < 1) return make_error(errc::invalid_argument, "stream_send needs a timeout >= 1 ms");
+  auto w = export_weights(adapter, merged, false);
+  if (!w) return w.error();
+  std::vector<Tensor> tensors;
+  tensors.reserve(w->size());
+  for (auto& [name, t] : *w) tensors.push_back(std::move(t));
+  return weight_sync::send_weights(listener, sync_->receivers, tensors,
+                                   std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
 }
 
 Result<std::vector<NamedTensors>> buckets_of(NamedTensors weights, int64_t bucket_bytes) {

@@ -74,6 +74,10 @@ public:
   /// Broadcasts export_weights(adapter, merged) as rank 0 of the c10d
   /// weight-sync group at `at`; answers the buckets sent.
   Result<int64_t> sync_send(const std::string& adapter, bool merged, const SyncGroupAddress& at);
+  /// The stream transport: a listener for `receivers` sampler ranks (its port) ...
+  Result<int32_t> stream_listen(int32_t receivers, const std::string& host);
+  /// ... then export_weights(adapter, merged) down a socket to each; bytes per receiver.
+  Result<int64_t> stream_send(const std::string& adapter, bool merged, int64_t timeout_ms);
 
 private:
   /// One adapter's (or the full model's, "") training state.

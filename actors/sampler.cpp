@@ -120,6 +120,10 @@ sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankConte
                  const SyncGroupAddress& at) -> caf::result<bool> {
         return done([&] { return st->sync_recv(m, u, at); });
       },
+      [st, done](stream_recv_atom, const SyncManifest& m, const WeightUpdate& u,
+                 const StreamAddress& at) -> caf::result<bool> {
+        return done([&] { return st->stream_recv(m, u, at); });
+      },
       [st, done](stage_weights_atom, NamedTensors& w, int64_t version) -> caf::result<bool> {
         return done([&] { return st->stage_weights(std::move(w), version); });
       },

@@ -180,6 +180,7 @@ using sample_stream_atom = caf::atom_constant<caf::atom("sample_str")>;
 using update_weights_atom = caf::atom_constant<caf::atom("upd_weight")>;
 using stage_weights_atom = caf::atom_constant<caf::atom("stg_weight")>;
 using sync_recv_atom = caf::atom_constant<caf::atom("sync_recv")>;
+using stream_recv_atom = caf::atom_constant<caf::atom("ws_recv")>;
 using load_adapter_atom = caf::atom_constant<caf::atom("load_lora")>;
 using reset_prefix_cache_atom = caf::atom_constant<caf::atom("reset_pc")>;
 using sleep_atom = caf::atom_constant<caf::atom("sleep")>;  // also the probe's (same type)
@@ -218,6 +219,10 @@ using sampler_actor = caf::typed_actor<
     /// update_weights(tensors, update) would. Blocks this
     /// rank until the transfer ends.
     caf::replies_to<sync_recv_atom, SyncManifest, WeightUpdate, SyncGroupAddress>::with<bool>,
+    /// Receives the tensors `manifest` lists from model rank 0's stream
+    /// listener at `address`, then applies them as update_weights(tensors,
+    /// update) would. Blocks this rank until the transfer ends.
+    caf::replies_to<stream_recv_atom, SyncManifest, WeightUpdate, StreamAddress>::with<bool>,
     /// A LoRA adapter (B zero: the base's output until its weights come).
     caf::replies_to<add_adapter_atom, std::string, LoraConfig>::with<bool>,
     /// Loads a PEFT adapter directory as adapter `name`.

@@ -17,6 +17,7 @@ public:
 
   const GroupInfo& info() const override { return info_; }
   const Group<sampler_actor>* actor_group() const override { return &g_; }
+  Runtime* runtime() const override { return &rt_; }
 
   Future<std::vector<SampledSequence>> sample(const std::vector<SampleRequest>& requests, const SamplingParams& params,
                                               const std::string& adapter) override {

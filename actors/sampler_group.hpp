@@ -52,6 +52,8 @@ public:
   virtual Future<std::vector<Metrics>> stats() = 0;
   /// The CAF group behind a local or cluster backend; null where there is none.
   virtual const Group<sampler_actor>* actor_group() const { return nullptr; }
+  /// The runtime of actor_group(); null where there is none.
+  virtual Runtime* runtime() const { return nullptr; }
 };
 
 class SamplerGroup {

@@ -1,6 +1,7 @@
 #include "actors/sampler_state.hpp"
 
 #include "actors/detail/sync_group.hpp"
+#include "actors/weight_sync/stream.hpp"
 
 #include <algorithm>
 
@@ -144,10 +145,9 @@ Result<void> SamplerState::stage_weights(NamedTensors weights, int64_t version) 
   return {};
 }
 
-Result<void> SamplerState::sync_recv(const SyncManifest& m, const WeightUpdate& u, const SyncGroupAddress& at) {
-  auto e = engine();
-  if (!e) return e.error();
+Result<std::vector<Tensor>> SamplerState::allocate(const SyncManifest& m) {
   std::vector<Tensor> tensors;
+  tensors.reserve(m.tensors.size());
   for (const auto& spec : m.tensors) {
     if (static_cast<size_t>(spec.dtype) >= dtype_count)
       return make_error(errc::invalid_argument, "the sync manifest's " + spec.name + " has unknown dtype code " +
@@ -156,13 +156,37 @@ Result<void> SamplerState::sync_recv(const SyncManifest& m, const WeightUpdate& 
     if (!t) return with_context(t.error(), "the sync manifest's " + spec.name);
     tensors.push_back(std::move(*t));
   }
-  auto pg = sync_->group.join(at.host, at.port, at.rank, at.world);
-  if (!pg) return pg.error();
-  if (auto got = (*pg)->broadcast_buckets(tensors, 0, at.bucket_bytes); !got) return got.error();
+  return tensors;
+}
+
+Result<void> SamplerState::apply(const SyncManifest& m, std::vector<Tensor> tensors, const WeightUpdate& u) {
   NamedTensors w;
   w.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) w.emplace_back(m.tensors[i].name, std::move(tensors[i]));
   return update_weights(std::move(w), u);
+}
+
+Result<void> SamplerState::sync_recv(const SyncManifest& m, const WeightUpdate& u, const SyncGroupAddress& at) {
+  auto e = engine();
+  if (!e) return e.error();
+  auto tensors = allocate(m);
+  if (!tensors) return tensors.error();
+  auto pg = sync_->group.join(at.host, at.port, at.rank, at.world);
+  if (!pg) return pg.error();
+  if (auto got = (*pg)->broadcast_buckets(*tensors, 0, at.bucket_bytes); !got) return got.error();
+  return apply(m, std::move(*tensors), u);
+}
+
+Result<void> SamplerState::stream_recv(const SyncManifest& m, const WeightUpdate& u, const StreamAddress& at) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(at.timeout_ms, 1));
+  auto e = engine();
+  auto tensors = e ? allocate(m) : Result<std::vector<Tensor>>{e.error()};
+  if (!tensors) {
+    (void)weight_sync::decline(at.host, at.port, deadline);
+    return tensors.error();
+  }
+  if (auto ok = weight_sync::recv_weights(at.host, at.port, *tensors, deadline); !ok) return ok;
+  return apply(m, std::move(*tensors), u);
 }
 
 Result<int64_t> SamplerState::abort_all() {

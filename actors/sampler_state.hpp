@@ -60,6 +60,9 @@ public:
   /// (the model's sync_send is its rank 0), then applies them as
   /// update_weights(tensors, u).
   Result<void> sync_recv(const SyncManifest& m, const WeightUpdate& u, const SyncGroupAddress& at);
+  /// Receives the tensors of `m` from model rank 0's weight stream at `at`,
+  /// then applies them as update_weights(tensors, u).
+  Result<void> stream_recv(const SyncManifest& m, const WeightUpdate& u, const StreamAddress& at);
 
   /// Stops every request in flight; answers how many.
   Result<int64_t> abort_all();
@@ -87,6 +90,10 @@ private:
   void finish(uint64_t cid);
   void drop(uint64_t cid, const caf::error& err);
   void fail_all(const caf::error& err);
+  /// Tensors for what `m` lists, to receive into.
+  static Result<std::vector<Tensor>> allocate(const SyncManifest& m);
+  /// `tensors` under the names of `m`, applied as one update.
+  Result<void> apply(const SyncManifest& m, std::vector<Tensor> tensors, const WeightUpdate& u);
 
   RankContext ctx_;
   SamplerSpec spec_;

@@ -177,7 +177,10 @@ int sync(const SyncBenchArgs& a) {
       auto c = sync_gbps(*rt, s, 1, a.repeats, s.label + "-c10d", actors::SyncTransport::collective);
       if (!c) return fail(describe(c.error()));
       print_metric(("weight_sync_cluster_c10d_gbps_" + s.label).c_str(), *c, 2);
-      faster = std::max(*g, *c);
+      auto st = sync_gbps(*rt, s, 1, a.repeats, s.label + "-stream", actors::SyncTransport::stream);
+      if (!st) return fail(describe(st.error()));
+      print_metric(("weight_sync_cluster_stream_gbps_" + s.label).c_str(), *st, 2);
+      faster = std::max({*g, *c, *st});
       print_metric(("weight_sync_cluster_gbps_" + s.label).c_str(), faster, 2);
     }
     job->stop();

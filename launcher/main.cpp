@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"local", "cluster", "all"}));
   bench_sync->add_flag("--small", sync_args.small, "~1M and ~5M-parameter models instead, for a quick smoke run");
   bench_sync->footer("Prints memcpy_gbps, weight_sync_gbps_<size> and weight_sync_vs_memcpy_<size> (local), "
-                     "weight_sync_cluster_gbps_<size> (cluster). Needs about 6 GB of memory for the 300M model.");
+                     "weight_sync_cluster_{messages,c10d,stream}_gbps_<size>, weight_sync_cluster_gbps_<size> (the fastest), "
+                     "tcp_loopback_gbps and weight_sync_cluster_vs_tcp_300m (cluster). Needs about 6 GB of memory for the 300M model.");
 
   CLI11_PARSE(app, argc, argv);
 

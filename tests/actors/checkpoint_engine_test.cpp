@@ -65,7 +65,7 @@ TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheMode
   auto reference = sample(sampler(3, 1));  // loaded with the model's own weights
   auto before = sample(s);
   CheckpointEngine ckpt{m, s};
-  auto r = ckpt.sync_weights({.bucket_bytes = 16 << 10});
+  auto r = ckpt.sync_weights({.bucket_bytes = 16 << 10, .transport = SyncTransport::messages});
   ASSERT_TRUE(r) << describe(r.error());
   EXPECT_EQ(r->version, 1);
   EXPECT_GT(r->buckets, 3) << "16 KiB buckets split the weights";
@@ -76,10 +76,15 @@ TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheMode
   bool changed = false;
   for (size_t i = 0; i < after.size(); ++i) changed |= after[i].tokens != before[i].tokens;
   EXPECT_TRUE(changed) << "the sampler's own random weights generate something else";
-  auto again = ckpt.sync_weights();
+  auto again = ckpt.sync_weights({.transport = SyncTransport::messages});
   ASSERT_TRUE(again);
   EXPECT_EQ(again->version, 2);
   EXPECT_EQ(again->buckets, 1);
+  // automatic: the live weights within a process, the stream across processes (on CPU).
+  auto chosen = ckpt.sync_weights();
+  ASSERT_TRUE(chosen) << describe(chosen.error());
+  EXPECT_EQ(chosen->transport, GetParam() == Mode::local ? SyncTransport::messages : SyncTransport::stream);
+  expect_same(sample(s), reference);
   // The c10d broadcast (Gloo) moves the same weights, in buckets, twice over one group.
   auto fresh = sampler(9);
   CheckpointEngine c10d{m, fresh};
@@ -93,6 +98,20 @@ TEST_P(CheckpointEngineTest, FullWeightsInBucketsMakeTheSamplerGenerateAsTheMode
     expect_same(out, reference);
     for (const auto& q : out) EXPECT_EQ(q.weight_version, version);
   }
+  // The stream transport: raw bytes from model rank 0 down a socket to each
+  // of the two sampler ranks (in cluster mode, on another node).
+  auto streamed = sampler(9);
+  CheckpointEngine stream{m, streamed};
+  for (int64_t version = 1; version <= 2; ++version) {
+    auto c = stream.sync_weights({.transport = SyncTransport::stream});
+    ASSERT_TRUE(c) << describe(c.error());
+    EXPECT_EQ(c->transport, SyncTransport::stream);
+    EXPECT_EQ(c->bytes, r->bytes);
+    auto out = sample(streamed);
+    expect_same(out, reference);
+    for (const auto& q : out) EXPECT_EQ(q.weight_version, version);
+  }
+  EXPECT_EQ(*parse_sync_transport("stream"), SyncTransport::stream);
   EXPECT_FALSE(parse_sync_transport("pigeon"));
 }
 
@@ -147,6 +166,8 @@ TEST_P(CheckpointEngineTest, RefusalsChangeNothing) {
   auto other = sampler(9, 1, 16);
   auto other_before = sample(other);
   CheckpointEngine mismatch{m, other};
+  auto bad_stream = mismatch.sync_weights({.transport = SyncTransport::stream});
+  ASSERT_FALSE(bad_stream) << "a sampler of another shape refuses the streamed weights";
   auto bad = mismatch.sync_weights({.bucket_bytes = 8 << 10});
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("embed_tokens"), std::string::npos) << describe(bad.error());

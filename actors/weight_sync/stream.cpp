@@ -1,0 +1,218 @@
+#include "actors/weight_sync/stream.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+namespace glint::actors::weight_sync {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x676c696e74777331ULL;  // "glintws1"
+
+struct Header {
+  uint64_t magic = kMagic;
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+};
+
+int64_t total_bytes(const std::vector<Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+int ms_left(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+caf::error sys_error(const std::string& what) {
+  return make_error(errc::unavailable, what + ": " + std::strerror(errno));
+}
+
+/// Waits until `fd` is ready for `events` or the deadline passes.
+Result<void> wait(int fd, short events, Deadline deadline, const std::string& what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, 1, ms_left(deadline));
+    if (r > 0) return {};
+    if (r == 0) return make_error(errc::deadline_exceeded, what + ": timed out");
+    if (errno != EINTR) return sys_error(what);
+  }
+}
+
+Result<void> send_all(int fd, const std::byte* p, size_t n, Deadline deadline, const std::string& what) {
+  while (n > 0) {
+    auto k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (auto ok = wait(fd, POLLOUT, deadline, what); !ok) return ok;
+      continue;
+    }
+    return sys_error(what);
+  }
+  return {};
+}
+
+Result<void> recv_all(int fd, std::byte* p, size_t n, Deadline deadline, const std::string& what) {
+  while (n > 0) {
+    auto k = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<size_t>(k);
+      continue;
+    }
+    if (k == 0) return make_error(errc::unavailable, what + ": the other side closed the connection early");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (auto ok = wait(fd, POLLIN, deadline, what); !ok) return ok;
+      continue;
+    }
+    return sys_error(what);
+  }
+  return {};
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+Result<Listener> Listener::open(const std::string& host) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || !found)
+    return make_error(errc::unavailable, "weight stream: cannot resolve " + host + ": " + ::gai_strerror(rc));
+  sockaddr_in addr = *reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  ::freeaddrinfo(found);
+  addr.sin_port = 0;
+  Listener l;
+  l.fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l.fd_ < 0) return sys_error("weight stream: socket");
+  socklen_t len = sizeof(addr);
+  if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(l.fd_, 64) != 0 ||
+      ::getsockname(l.fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    return sys_error("weight stream: listening on " + host);
+  l.port_ = ntohs(addr.sin_port);
+  return l;
+}
+
+Listener& Listener::operator=(Listener&& o) noexcept {
+  std::swap(fd_, o.fd_);
+  std::swap(port_, o.port_);
+  return *this;
+}
+
+Listener::~Listener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<int64_t> send_weights(const Listener& listener, int receivers, const std::vector<Tensor>& tensors,
+                             Deadline deadline) {
+  if (receivers < 1) return make_error(errc::invalid_argument, "weight stream: no receivers");
+  std::vector<Fd> conns(static_cast<size_t>(receivers));
+  for (int r = 0; r < receivers; ++r) {
+    const auto what = "weight stream: waiting for receiver " + std::to_string(r + 1) + " of " + std::to_string(receivers);
+    if (auto ok = wait(listener.fd(), POLLIN, deadline, what); !ok) return ok.error();
+    conns[static_cast<size_t>(r)].fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (conns[static_cast<size_t>(r)].fd < 0) return sys_error(what);
+  }
+  const Header h{kMagic, tensors.size(), static_cast<uint64_t>(total_bytes(tensors))};
+  std::vector<caf::error> failed(conns.size());
+  auto send_to = [&](size_t r) {
+    const int fd = conns[r].fd;
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const auto what = "weight stream: sending to receiver " + std::to_string(r + 1);
+    auto ok = send_all(fd, reinterpret_cast<const std::byte*>(&h), sizeof h, deadline, what);
+    for (size_t i = 0; ok && i < tensors.size(); ++i) ok = send_all(fd, tensors[i].data(), tensors[i].nbytes(), deadline, what);
+    // The receiver answers one byte once it holds everything.
+    char ack = 0;
+    if (ok) ok = recv_all(fd, reinterpret_cast<std::byte*>(&ack), 1, deadline, what + " (its acknowledgement)");
+    if (!ok) failed[r] = ok.error();
+  };
+  if (conns.size() == 1) {
+    send_to(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < conns.size(); ++r) threads.emplace_back(send_to, r);
+    for (auto& t : threads) t.join();
+  }
+  for (auto& e : failed)
+    if (e) return e;
+  return static_cast<int64_t>(h.bytes);
+}
+
+namespace {
+
+/// A connection to the model's listener, retried while nobody listens yet.
+Result<void> connect_to(Fd& c, const std::string& host, int32_t port, Deadline deadline) {
+  const auto where = host + ":" + std::to_string(port);
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0 || !found)
+    return make_error(errc::unavailable, "weight stream: cannot resolve " + host + ": " + ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard{found, ::freeaddrinfo};
+  // The sender may not listen yet when the driver's message arrives: retry until the deadline.
+  for (;;) {
+    c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c.fd < 0) return sys_error("weight stream: socket");
+    if (::connect(c.fd, found->ai_addr, found->ai_addrlen) == 0) break;
+    const int err = errno;
+    ::close(c.fd);
+    c.fd = -1;
+    if ((err != ECONNREFUSED && err != EINTR) || ms_left(deadline) == 0)
+      return make_error(err == ECONNREFUSED ? errc::deadline_exceeded : errc::unavailable,
+                        "weight stream: cannot connect to the model at " + where + ": " + std::strerror(err));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<void> decline(const std::string& host, int32_t port, Deadline deadline) {
+  Fd c;
+  return connect_to(c, host, port, deadline);  // and closed at once: the sender fails now, not at its deadline
+}
+
+Result<void> recv_weights(const std::string& host, int32_t port, std::vector<Tensor>& tensors, Deadline deadline) {
+  const auto where = host + ":" + std::to_string(port);
+  Fd c;
+  if (auto ok = connect_to(c, host, port, deadline); !ok) return ok;
+  const auto what = "weight stream: receiving from " + where;
+  Header h;
+  if (auto ok = recv_all(c.fd, reinterpret_cast<std::byte*>(&h), sizeof h, deadline, what); !ok) return ok;
+  const auto want = static_cast<uint64_t>(total_bytes(tensors));
+  if (h.magic != kMagic || h.tensors != tensors.size() || h.bytes != want)
+    return make_error(errc::invalid_argument, what + ": the sender sends " + std::to_string(h.tensors) + " tensors of " +
+                                                  std::to_string(h.bytes) + " bytes, the manifest lists " +
+                                                  std::to_string(tensors.size()) + " of " + std::to_string(want));
+  for (auto& t : tensors)
+    if (auto ok = recv_all(c.fd, t.mutable_data(), t.nbytes(), deadline, what); !ok) return ok;
+  const char ack = 1;
+  return send_all(c.fd, reinterpret_cast<const std::byte*>(&ack), 1, deadline, what + " (acknowledging)");
+}
+
+}  // namespace glint::actors::weight_sync

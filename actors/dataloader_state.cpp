@@ -1,5 +1,6 @@
 #include "actors/dataloader_state.hpp"
 
+#include "actors/detail/message_size.hpp"
 #include "components/data/template.hpp"
 #include "components/data/tokenizer.hpp"
 
@@ -84,6 +85,16 @@ void DataLoaderState::fill() {
 Result<DataBatch> DataLoaderState::next() {
   if (auto ok = ready(); !ok) return ok.error();
   fill();
+  // The batch is one message: it must fit what the driver's process accepts.
+  uint64_t bytes = 0;
+  for (const auto& r : ahead_.front().rows) {
+    bytes += 64 + r.input_ids.size() * sizeof(int64_t) + r.loss_mask.size() * sizeof(float) + r.origin.size();
+    for (const auto& [k, v] : r.fields) bytes += k.size() + v.size() + 16;
+  }
+  if (auto ok = detail::fits_in_a_message(bytes, "a batch of " + std::to_string(ahead_.front().rows.size()) + " rows",
+                                          "lower batch_size or max_length");
+      !ok)
+    return ok.error();
   auto b = std::move(ahead_.front());
   ahead_.pop_front();
   if (!b.end) delivered_ = b.state;

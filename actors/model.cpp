@@ -2,62 +2,16 @@
 
 #include "actors/detail/answer.hpp"
 #include "actors/model_state.hpp"
+#include "actors/weight_sync/buckets.hpp"
 #include "actors/sampler.hpp"
 #include "placement/service.hpp"
-#include "runtime/dispatch.hpp"
 #include "runtime/process.hpp"
-
-#include <caf/scoped_actor.hpp>
 
 #include <chrono>
 #include <memory>
 
 namespace glint::actors {
 
-namespace {
-
-// Sends `buckets` to every sampler of `push`: bucket k to all of them, then,
-// once all answered, bucket k + 1 (the last as update_weights). It blocks
-// this rank's own thread (model ranks are detached), so the rank serves
-// nothing else meanwhile and the live weights that local-mode buckets share
-// cannot change under them. The requests go from a scoped actor: an awaited
-// request's timeout would hold the rank itself in CAF's clock until it fired,
-// and its thread could not end at shutdown.
-Result<void> push_buckets(caf::actor_system& sys, const WeightPush& push, const std::vector<NamedTensors>& buckets) {
-  caf::scoped_actor me{sys};
-  const auto timeout = std::chrono::milliseconds{push.timeout_ms};
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    const bool last = k + 1 == buckets.size();
-    caf::error failed;
-    size_t failed_at = 0;
-    // Fan out to every sampler first, then collect: the samplers stage in parallel.
-    auto fan_out = [&](auto send) {
-      using Handle = decltype(send(std::declval<const sampler_actor&>()));
-      std::vector<Handle> handles;
-      for (const auto& a : push.samplers) handles.push_back(send(caf::actor_cast<sampler_actor>(a)));
-      for (size_t s = 0; s < handles.size(); ++s)
-        handles[s].receive([](bool) {},
-                           [&](caf::error& e) {
-                             if (!failed) failed = std::move(e), failed_at = s;
-                           });
-    };
-    if (last)
-      fan_out([&](const sampler_actor& to) {
-        return me->request(to, timeout, update_weights_atom::value, buckets[k], push.update);
-      });
-    else
-      fan_out([&](const sampler_actor& to) {
-        return me->request(to, timeout, stage_weights_atom::value, buckets[k], push.update.version);
-      });
-    if (failed)
-      return with_context(failed, "push_weights: sampler " + std::to_string(failed_at) + " of " +
-                                      std::to_string(push.samplers.size()) + ", bucket " + std::to_string(k + 1) +
-                                      " of " + std::to_string(buckets.size()));
-  }
-  return {};
-}
-
-}  // namespace
 
 model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec) {
   auto st = std::make_shared<ModelState>(std::move(ctx), std::move(spec));
@@ -118,31 +72,9 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
       },
       [st, self, answer](push_weights_atom, const WeightPush& push) -> caf::result<Metrics> {
         return answer([&]() -> Result<Metrics> {
-          if (push.samplers.empty() || push.bucket_bytes < 1 || push.timeout_ms < 1)
-            return make_error(errc::invalid_argument,
-                              "push_weights needs samplers, bucket_bytes >= 1 and a timeout >= 1 ms");
-          // A bucket is one message: it must fit what the samplers' processes accept.
-          const auto limit = max_tensor_bytes();
-          if (static_cast<uint64_t>(push.bucket_bytes) > limit)
-            return make_error(errc::invalid_argument, "bucket_bytes " + std::to_string(push.bucket_bytes) +
-                                                          " exceeds the message limit of " + std::to_string(limit) +
-                                                          " bytes (Options::max_message_bytes); lower it");
           auto w = st->export_weights(push.adapter, push.merged, /*snapshot=*/false);
           if (!w) return w.error();
-          for (const auto& [name, t] : *w)
-            if (t.nbytes() > limit)
-              return make_error(errc::resource_exhausted,
-                                "weight " + name + " (" + std::to_string(t.nbytes()) + " bytes) exceeds the message limit of " +
-                                    std::to_string(limit) + " bytes (Options::max_message_bytes); raise it, or sync "
-                                    "with the collective transport");
-          const auto tensors = w->size();
-          const auto bytes = glint::detail::payload_bytes(*w);
-          auto buckets = buckets_of(std::move(*w), push.bucket_bytes);
-          if (!buckets) return buckets.error();
-          if (auto ok = push_buckets(self->system(), push, *buckets); !ok) return ok.error();
-          return Metrics{{"tensors", static_cast<double>(tensors)},
-                         {"buckets", static_cast<double>(buckets->size())},
-                         {"bytes", static_cast<double>(bytes)}};
+          return weight_sync::push(self->system(), push, std::move(*w));
         });
       },
       [st, answer](stream_listen_atom, int32_t receivers, const std::string& host) -> caf::result<int32_t> {

@@ -1,6 +1,6 @@
 #include "actors/model_state.hpp"
 
-#include "actors/detail/sync_group.hpp"
+#include "actors/weight_sync/collective.hpp"
 #include "actors/weight_sync/stream.hpp"
 #include "components/checkpoint/safetensors.hpp"
 #include "components/comm/process_group.hpp"
@@ -49,7 +49,7 @@ Result<TrainBatch> to_train_batch(const Batch& b) {
 }  // namespace
 
 struct ModelState::Sync {
-  detail::SyncGroup group;
+  weight_sync::SyncGroup group;
   std::optional<weight_sync::Listener> listener;  ///< of the stream transport, between listen and send
   int32_t receivers = 0;
 };
@@ -354,22 +354,6 @@ Result<int64_t> ModelState::stream_send(const std::string& adapter, bool merged,
   for (auto& [name, t] : *w) tensors.push_back(std::move(t));
   return weight_sync::send_weights(listener, sync_->receivers, tensors,
                                    std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
-}
-
-Result<std::vector<NamedTensors>> buckets_of(NamedTensors weights, int64_t bucket_bytes) {
-  if (bucket_bytes < 1) return make_error(errc::invalid_argument, "bucket_bytes must be >= 1");
-  std::vector<NamedTensors> buckets(1);
-  int64_t filled = 0;
-  for (auto& w : weights) {
-    const auto bytes = static_cast<int64_t>(w.second.nbytes());
-    if (filled > 0 && filled + bytes > bucket_bytes) {
-      buckets.emplace_back();
-      filled = 0;
-    }
-    buckets.back().push_back(std::move(w));
-    filled += bytes;
-  }
-  return buckets;
 }
 
 }  // namespace glint::actors

@@ -103,8 +103,4 @@ private:
   std::unique_ptr<Sync> sync_;  ///< the c10d weight-sync group, made at the first sync_send
 };
 
-/// `weights` in buckets of about `bucket_bytes`, in order; a tensor larger
-/// than a bucket is a bucket of its own. An error for bucket_bytes < 1.
-Result<std::vector<NamedTensors>> buckets_of(NamedTensors weights, int64_t bucket_bytes);
-
 }  // namespace glint::actors

@@ -1,6 +1,7 @@
 #include "actors/sampler_state.hpp"
 
-#include "actors/detail/sync_group.hpp"
+#include "actors/detail/message_size.hpp"
+#include "actors/weight_sync/collective.hpp"
 #include "actors/weight_sync/stream.hpp"
 
 #include <algorithm>
@@ -10,7 +11,7 @@ namespace glint::actors {
 using namespace glint::components;
 
 struct SamplerState::Sync {
-  detail::SyncGroup group;
+  weight_sync::SyncGroup group;
 };
 
 SamplerState::SamplerState(RankContext ctx, SamplerSpec spec, std::function<void(uint64_t)> schedule_step)
@@ -319,6 +320,18 @@ void SamplerState::finish(uint64_t cid) {
   auto it = calls_.find(cid);
   auto call = std::move(it->second);
   calls_.erase(it);
+  // The answer is one message: it must fit what the caller's process accepts.
+  uint64_t bytes = 0;
+  auto logprob_bytes = [](const TokenLogprobs& l) {
+    return l.chosen.size() * sizeof(float) + l.top_ids.size() * sizeof(int64_t) + l.top_logprobs.size() * sizeof(float);
+  };
+  for (const auto& s : call.out)
+    bytes += 64 + s.tokens.size() * sizeof(int64_t) + logprob_bytes(s.logprobs) + logprob_bytes(s.prompt_logprobs) +
+             s.text.size() + s.stop_string.size() + s.error.size();
+  if (auto ok = detail::fits_in_a_message(bytes, "the answer of " + std::to_string(call.out.size()) + " sequences",
+                                          "sample fewer prompts or samples per call, or fewer logprobs");
+      !ok)
+    return call.answer(fail(ok.error()));
   call.answer(std::move(call.out));
 }
 

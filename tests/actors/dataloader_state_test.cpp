@@ -62,6 +62,20 @@ TEST(DataLoaderState, TheStateIsAfterTheDeliveredBatchAndResumesExactly) {
   EXPECT_FALSE(b.restore({.seed = 99, .epoch = 0, .position = 0})) << "another seed's order is not this loader's";
 }
 
+TEST(DataLoaderState, ABatchOverTheMessageLimitIsRefusedAndNotConsumed) {
+  DataLoaderState st{RankContext{}, spec()};
+  const auto limit = max_tensor_bytes();
+  set_max_tensor_bytes(64);
+  auto big = st.next();
+  set_max_tensor_bytes(limit);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(big.error()).find("lower batch_size"), std::string::npos) << describe(big.error());
+  EXPECT_EQ(st.state()->position, 0) << "the refused batch was not delivered";
+  DataLoaderState fresh{RankContext{}, spec()};
+  EXPECT_EQ(st.next()->rows, fresh.next()->rows) << "and comes next";
+}
+
 TEST(DataLoaderState, ADatasetThatDoesNotLoadAnswersWhy) {
   auto s = spec();
   s.preprocess = "nope";

@@ -3,6 +3,7 @@
 // apart, refuses bad input without changing anything, and exports, saves
 // and loads its weights.
 #include "actors/model_state.hpp"
+#include "actors/weight_sync/buckets.hpp"
 #include "support/tensors.hpp"
 #include "support/temp_dir.hpp"
 
@@ -138,14 +139,14 @@ TEST(ModelState, SnapshotsAreCopiesAndSavedWeightsLoadBack) {
 TEST(ModelState, BucketsKeepTheOrderAndGiveBigTensorsTheirOwn) {
   NamedTensors w;
   for (int64_t n : {4, 4, 16, 2, 2}) w.emplace_back("t" + std::to_string(w.size()), *Tensor::zeros(Dtype::f32, {n}));
-  auto b = buckets_of(w, 32);  // 32 bytes: eight floats
+  auto b = weight_sync::buckets_of(w, 32);  // 32 bytes: eight floats
   ASSERT_TRUE(b);
   ASSERT_EQ(b->size(), 3u);
   EXPECT_EQ((*b)[0].size(), 2u);  // 16 + 16 bytes
   EXPECT_EQ((*b)[1].size(), 1u);  // 64 bytes, alone
   EXPECT_EQ((*b)[2].size(), 2u);
   EXPECT_EQ((*b)[2][1].first, "t4");
-  EXPECT_FALSE(buckets_of(w, 0));
+  EXPECT_FALSE(weight_sync::buckets_of(w, 0));
 }
 
 }  // namespace

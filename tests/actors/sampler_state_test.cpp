@@ -134,6 +134,20 @@ TEST(SamplerState, StagedBucketsApplyWithTheirVersionAndStaleOnesAreDropped) {
   EXPECT_EQ(code_of(bad_policy.error()), errc::invalid_argument);
 }
 
+TEST(SamplerState, AnAnswerOverTheMessageLimitIsAClearError) {
+  Driver d;
+  const auto limit = max_tensor_bytes();
+  set_max_tensor_bytes(200);  // what every process of a job installs from Options::max_message_bytes
+  auto big = d.sample({{1, 2}, {3}}, greedy);
+  set_max_tensor_bytes(limit);
+  ASSERT_TRUE(big);
+  ASSERT_FALSE(*big);
+  EXPECT_EQ(code_of(big->error()), errc::resource_exhausted);
+  EXPECT_NE(describe(big->error()).find("max_message_bytes"), std::string::npos) << describe(big->error());
+  auto ok = d.sample({{1, 2}, {3}}, greedy);
+  EXPECT_TRUE(ok && *ok) << "under the limit again";
+}
+
 TEST(SamplerState, AbortEndsRequestsInFlightAndAnswersTheirCalls) {
   Driver d;
   std::optional<Result<std::vector<SampledSequence>>> out;

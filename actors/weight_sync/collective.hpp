@@ -1,7 +1,7 @@
 #pragma once
-// The c10d group a model or sampler rank joins for collective weight sync
-// (CheckpointEngine's "collective" transport): made at the first sync,
-// kept while its store address stays the same (actors' own; no other
+// The collective transport of a weight sync: the c10d group a model or
+// sampler rank joins (CheckpointEngine's "collective"), made at the first
+// sync, kept while its store address stays the same (actors' own; no other
 // layer includes it).
 
 #include "components/comm/process_group.hpp"
@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-namespace glint::actors::detail {
+namespace glint::actors::weight_sync {
 
 class SyncGroup {
 public:
@@ -30,4 +30,4 @@ private:
   int32_t port_ = 0;
 };
 
-}  // namespace glint::actors::detail
+}  // namespace glint::actors::weight_sync

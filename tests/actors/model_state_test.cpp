@@ -92,6 +92,40 @@ TEST(ModelState, BadInputIsRefusedAndTheStateStaysUsable) {
   EXPECT_TRUE(st.clip_grad_and_step(""));
 }
 
+// Shapes that come from the caller are the caller's error (invalid_argument),
+// never glint's (internal): each is checked before LibTorch sees it.
+TEST(ModelState, MisshapenBatchesAreTheCallersError) {
+  auto st = make();
+  auto with = [](const char* key, Tensor t) {
+    Batch b = batch();
+    b.tensors[key] = std::move(t);
+    return b;
+  };
+  const std::vector<std::pair<std::string, Batch>> bad = {
+      {"3-d input_ids", with("input_ids", *Tensor::zeros(Dtype::i64, {2, 6, 1}))},
+      {"float input_ids", with("input_ids", *Tensor::zeros(Dtype::f32, {2, 6}))},
+      {"attention_mask of another shape", with("attention_mask", ids_of({{1, 1, 1}, {1, 1, 1}}))},
+      {"loss_mask of another shape", with("loss_mask", *Tensor::zeros(Dtype::f32, {2, 5}))},
+      {"old_logps of another shape", with("old_logps", *Tensor::zeros(Dtype::f32, {3, 6}))},
+      {"advantages per token of another length", with("advantages", *Tensor::zeros(Dtype::f32, {2, 5}))},
+      {"advantages of another batch", with("advantages", *Tensor::zeros(Dtype::f32, {3}))},
+      {"position_ids of another shape", with("position_ids", ids_of({{0, 1}, {0, 1}}))},
+      {"target_ids of another shape", with("target_ids", ids_of({{0, 1}, {0, 1}}))},
+      {"an id outside the vocabulary", with("input_ids", ids_of({{1, 2, 3, 4, 5, 600}, {7, 8, 9, 0, 0, 0}}))},
+      {"an empty batch", with("input_ids", *Tensor::zeros(Dtype::i64, {0, 6}))},
+  };
+  for (const auto& [what, b] : bad) {
+    for (bool train : {true, false}) {
+      auto code = train ? (st.forward_backward(b, "") ? errc::ok : code_of(st.forward_backward(b, "").error()))
+                        : (st.forward_only(b, "") ? errc::ok : code_of(st.forward_only(b, "").error()));
+      if (!train && (what.rfind("loss_mask", 0) == 0 || what.rfind("old_logps", 0) == 0 || what.rfind("advantages", 0) == 0))
+        continue;  // forward_only does not read them
+      EXPECT_EQ(code, errc::invalid_argument) << what << (train ? " (forward_backward)" : " (forward_only)");
+    }
+  }
+  EXPECT_TRUE(st.forward_backward(batch(), "")) << "and the next good batch is served";
+}
+
 TEST(ModelState, AModelThatDoesNotLoadAnswersWhyToEveryCall) {
   ModelState st{RankContext{.group = "model"}, {.model_dir = "/nonexistent/glint-model"}};
   auto e = st.forward_backward(batch(), "");

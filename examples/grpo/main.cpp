@@ -199,13 +199,20 @@ int main(int argc, char** argv) {
       }
       if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
     } else {
-      if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
-      auto r = checkpoints->resume(*model, &*dataloader, a.resume);
-      if (!r) return fail("resuming", r.error());
-      resumed = *r;
-      if (resumed) std::printf("resumed run %s at GRPO step %lld\n", checkpoints->run().c_str(),
-                               static_cast<long long>(resumed->step));
-      else std::printf("run %s has no checkpoint yet: starting afresh\n", checkpoints->run().c_str());
+      auto earlier = checkpoints->list();
+      if (!earlier) return fail("reading the run index", earlier.error());
+      if (earlier->empty() && a.resume == "latest") {
+        // Nothing to resume (a job killed before its first save): the run
+        // starts with its SFT warm-up, so GRPO's loss is not installed yet.
+        std::printf("run %s has no checkpoint yet: starting afresh\n", checkpoints->run().c_str());
+      } else {
+        if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
+        auto r = checkpoints->resume(*model, &*dataloader, a.resume);
+        if (!r) return fail("resuming", r.error());
+        resumed = *r;
+        if (!resumed) return fail("resuming", make_error(errc::not_found, "run " + checkpoints->run() + " has no checkpoint"));
+        std::printf("resumed run %s at GRPO step %lld\n", checkpoints->run().c_str(), static_cast<long long>(resumed->step));
+      }
     }
     const int start = resumed ? static_cast<int>(resumed->step) : 0;
     examples::Report report{out, "grpo", resumed ? start : -1};

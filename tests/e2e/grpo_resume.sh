@@ -23,4 +23,8 @@ fi
 grep -q '"reward/accuracy/mean": 0\.[0-9]*[1-9]' "$root/whole/metrics.jsonl" || { echo "no reward to compare"; exit 1; }
 "$glint" runs --root "$root" | grep -Eq '^split +.* 2  step-6 \(step 6\)' || { "$glint" runs --root "$root"; exit 1; }
 "$glint" checkpoints split --root "$root" | grep -q "step-3" || exit 1
+# --resume latest on a run with no checkpoint yet (a job killed before its
+# first save) starts afresh, SFT warm-up included.
+run --out "$root/new" --steps 1 --sft-steps 2 --prompts 2 --generations 2 --resume latest
+grep -q "run new has no checkpoint yet: starting afresh" "$root/log" || { cat "$root/log"; exit 1; }
 echo "grpo resume: ok"

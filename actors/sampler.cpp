@@ -63,11 +63,11 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
     }
   }
   auto batch = detail::pad_rows(rows, o.pad_id, {{"old_logps", &old_logps}});
-  if (o.advantages.empty()) return batch;
+  if (!batch || o.advantages.empty()) return batch;
   std::vector<float> adv(o.advantages.begin(), o.advantages.end());
   auto t = Tensor::from_values(adv, {static_cast<int64_t>(adv.size())});
   if (!t) return t.error();
-  batch.tensors["advantages"] = std::move(*t);
+  batch->tensors["advantages"] = std::move(*t);
   return batch;
 }
 

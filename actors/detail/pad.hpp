@@ -17,9 +17,10 @@
 namespace glint::actors::detail {
 
 /// `rows` padded to their longest; each column is one float vector per row,
-/// as long as the row (loss_mask always). `rows` must not be empty.
+/// as long as the row (loss_mask always). `rows` must not be empty. An
+/// error when a tensor cannot be made (too large for the limits).
 template <std::derived_from<components::EncodedRow> Row>
-Batch pad_rows(const std::vector<Row>& rows, int64_t pad_id,
+Result<Batch> pad_rows(const std::vector<Row>& rows, int64_t pad_id,
                std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns = {}) {
   size_t t = 0;
   for (const auto& r : rows) t = std::max(t, r.input_ids.size());
@@ -32,19 +33,25 @@ Batch pad_rows(const std::vector<Row>& rows, int64_t pad_id,
     std::fill_n(attention.begin() + at, rows[i].input_ids.size(), 1);
   }
   Batch out;
-  out.tensors["input_ids"] = *Tensor::from_values(ids, shape);
-  out.tensors["attention_mask"] = *Tensor::from_values(attention, shape);
+  caf::error failed;
+  auto keep = [&](const char* name, Result<Tensor> t) {
+    if (t) out.tensors[name] = std::move(*t);
+    else if (!failed) failed = with_context(t.error(), std::string{"the batch's "} + name);
+  };
+  keep("input_ids", Tensor::from_values(ids, shape));
+  keep("attention_mask", Tensor::from_values(attention, shape));
   auto put = [&](const char* name, auto&& column_of) {
     std::vector<float> v(b * t, 0.f);
     for (size_t i = 0; i < b; ++i) {
       const auto& c = column_of(i);
       std::copy(c.begin(), c.end(), v.begin() + static_cast<std::ptrdiff_t>(i * t));
     }
-    out.tensors[name] = *Tensor::from_values(v, shape);
+    keep(name, Tensor::from_values(v, shape));
   };
   put("loss_mask", [&](size_t i) -> const std::vector<float>& { return rows[i].loss_mask; });
   for (const auto& [name, column] : columns)
     put(name, [&](size_t i) -> const std::vector<float>& { return (*column)[i]; });
+  if (failed) return failed;
   return out;
 }
 

@@ -41,6 +41,7 @@ struct Args {
   double lr = 1e-2;
   int64_t rank = 8;
   uint64_t seed = 1;
+  bool fresh = false;  ///< start over, deleting the run's earlier checkpoints
 };
 
 constexpr int64_t kHeldOut = 8;
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", a.lr, "Learning rate of the adapter")->capture_default_str();
   app.add_option("--rank", a.rank, "LoRA rank (all linear layers)")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{256}));
   app.add_option("--seed", a.seed, "Seed of the weights, the adapter and the data order")->capture_default_str();
+  app.add_flag("--fresh", a.fresh, "Start the run over: delete its earlier checkpoints (the data and model stay)");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
@@ -82,7 +84,17 @@ int main(int argc, char** argv) {
     }
     auto checkpoints = actors::Checkpointer::open(fs::path{out}.parent_path().string(), fs::path{out}.filename().string());
     if (!checkpoints) return fail("opening the run index", checkpoints.error());
-    // Each run of this example starts over: its best checkpoint is of this run.
+    // A run's best checkpoint is of that run: an earlier run's checkpoints
+    // are deleted only when asked.
+    auto earlier = checkpoints->list();
+    if (!earlier) return fail("reading the run index", earlier.error());
+    if (!earlier->empty() && !a.fresh) {
+      std::fprintf(stderr,
+                   "sft: run %s has checkpoints already (latest %s): pass --fresh to start it over (they are "
+                   "deleted), or another --out\n",
+                   checkpoints->run().c_str(), earlier->back().c_str());
+      return 2;
+    }
     if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
     examples::Report report{out};
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)

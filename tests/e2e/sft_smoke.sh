@@ -18,4 +18,13 @@ ls "$root"/sft/checkpoint-*/model/adapter_model.safetensors > /dev/null
 first=$(grep -o '"eval_loss": [0-9.]*' "$root/sft/metrics.jsonl" | head -1 | cut -d' ' -f2)
 last=$(grep -o '"eval_loss": [0-9.]*' "$root/sft/metrics.jsonl" | tail -1 | cut -d' ' -f2)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || { echo "eval loss did not fall: $first -> $last"; exit 1; }
+# The same --out again is refused, and the checkpoints stay; --fresh starts it over.
+if [[ $mode == local ]]; then
+  code=0
+  "$sft" "${args[@]}" > "$root/again" 2>&1 || code=$?
+  [[ $code == 2 ]] || { echo "reusing the run directory exited $code, not 2"; cat "$root/again"; exit 1; }
+  grep -q "has checkpoints already" "$root/again" || { cat "$root/again"; exit 1; }
+  ls "$root"/sft/checkpoint-*/model/adapter_model.safetensors > /dev/null
+  "$sft" --out "$root/sft" --steps 10 --eval-every 10 --fresh > "$root/fresh" 2>&1 || { cat "$root/fresh"; exit 1; }
+fi
 echo "sft smoke ($mode): ok"

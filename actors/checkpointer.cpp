@@ -89,6 +89,15 @@ Result<void> Checkpointer::reset() {
   return {};
 }
 
+Result<void> Checkpointer::start_over(bool fresh) {
+  auto earlier = list();
+  if (!earlier) return earlier.error();
+  if (!earlier->empty() && !fresh)
+    return make_error(errc::failed_precondition,
+                      "run " + run_ + " has checkpoints already (latest " + earlier->back() + ")");
+  return reset();
+}
+
 Result<std::string> Checkpointer::save(const std::string& name, const ModelGroup& model, const DataLoaderGroup* loader,
                                        TrainerState state, const std::string& summary) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')

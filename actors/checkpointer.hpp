@@ -82,6 +82,10 @@ public:
   /// Starts the run over: deletes its checkpoint directories and forgets
   /// them in the index (other files of the run directory stay).
   Result<void> reset();
+  /// A new run under this name: reset() when the run has no checkpoint or
+  /// `fresh` is set; else failed_precondition naming the latest checkpoint
+  /// (a run's history is deleted only when asked).
+  Result<void> start_over(bool fresh);
 
   const std::string& run() const { return run_; }
   std::string run_dir() const { return root_ + "/" + run_; }

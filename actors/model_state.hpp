@@ -38,7 +38,6 @@ public:
   std::string where() const;
   caf::error fail(const caf::error& e) const { return with_context(e, where()); }
 
-  const RankContext& context() const { return ctx_; }
   /// The model; the load error when there is none.
   Result<components::CausalLM*> ready();
 

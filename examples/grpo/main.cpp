@@ -188,16 +188,12 @@ int main(int argc, char** argv) {
     if (!dataloader) return fail("opening the GRPO dataloader", dataloader.error());
     std::optional<actors::TrainerState> resumed;
     if (a.resume.empty()) {
-      auto earlier = checkpoints->list();
-      if (!earlier) return fail("reading the run index", earlier.error());
-      if (!earlier->empty() && !a.fresh) {
-        std::fprintf(stderr,
-                     "grpo: run %s has checkpoints already (latest %s): pass --resume latest to continue it, --fresh "
-                     "to start it over, or another --out\n",
-                     checkpoints->run().c_str(), earlier->back().c_str());
+      if (auto ok = checkpoints->start_over(a.fresh); !ok) {
+        if (code_of(ok.error()) != errc::failed_precondition) return fail("starting the run over", ok.error());
+        std::fprintf(stderr, "grpo: %s: pass --resume latest to continue it, --fresh to start it over, or another --out\n",
+                     context_of(ok.error()).c_str());
         return 2;
       }
-      if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
     } else {
       auto earlier = checkpoints->list();
       if (!earlier) return fail("reading the run index", earlier.error());

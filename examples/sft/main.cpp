@@ -86,16 +86,12 @@ int main(int argc, char** argv) {
     if (!checkpoints) return fail("opening the run index", checkpoints.error());
     // A run's best checkpoint is of that run: an earlier run's checkpoints
     // are deleted only when asked.
-    auto earlier = checkpoints->list();
-    if (!earlier) return fail("reading the run index", earlier.error());
-    if (!earlier->empty() && !a.fresh) {
-      std::fprintf(stderr,
-                   "sft: run %s has checkpoints already (latest %s): pass --fresh to start it over (they are "
-                   "deleted), or another --out\n",
-                   checkpoints->run().c_str(), earlier->back().c_str());
+    if (auto ok = checkpoints->start_over(a.fresh); !ok) {
+      if (code_of(ok.error()) != errc::failed_precondition) return fail("starting the run over", ok.error());
+      std::fprintf(stderr, "sft: %s: pass --fresh to start it over (they are deleted), or another --out\n",
+                   context_of(ok.error()).c_str());
       return 2;
     }
-    if (auto ok = checkpoints->reset(); !ok) return fail("starting the run over", ok.error());
     examples::Report report{out};
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());

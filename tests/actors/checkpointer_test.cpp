@@ -66,6 +66,10 @@ TEST_P(CheckpointerTest, ResumeRestoresWeightsOptimizerAndDataPosition) {
     auto saved = c->save("step-2", a, &data, {.step = 2, .seed = 9, .phase = "sft"}, "loss 1");
     ASSERT_TRUE(saved) << describe(saved.error());
     EXPECT_FALSE(c->save("step-2", a, &data, {.step = 2})) << "never overwritten";
+    auto reuse = c->start_over(/*fresh=*/false);
+    ASSERT_FALSE(reuse) << "a run with checkpoints is not started over unless asked";
+    EXPECT_NE(describe(reuse.error()).find("latest step-2"), std::string::npos) << describe(reuse.error());
+    EXPECT_EQ(*c->list(), std::vector<std::string>{"step-2"}) << "and its checkpoints stay";
   }
   // What an uninterrupted run does next.
   auto next_batch = data.next_batch().get();

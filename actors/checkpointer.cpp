@@ -58,7 +58,7 @@ Checkpointer::~Checkpointer() = default;
 Result<Checkpointer> Checkpointer::open(const std::string& root, const std::string& run, components::FileSystem* fs) {
   if (run.empty() || run.find('/') != std::string::npos || run[0] == '.')
     return make_error(errc::invalid_argument, "run name '" + run + "' must be non-empty, without '/', not start with '.'");
-  auto idx = components::RunIndex::open(root);
+  auto idx = components::RunIndex::open(root, {.fs = fs});
   if (!idx) return idx.error();
   Checkpointer c;
   c.root_ = fs::absolute(root).string();

@@ -20,7 +20,7 @@ std::string when(int64_t ms) {
 }  // namespace
 
 int runs(const RunsArgs& a) {
-  auto idx = components::RunIndex::open(a.root, /*read_only=*/true);
+  auto idx = components::RunIndex::open(a.root, {.read_only = true});
   if (!idx) {
     std::fprintf(stderr, "glint runs: %s\n", describe(idx.error()).c_str());
     return 1;

@@ -518,7 +518,7 @@ Result<std::unique_ptr<Runtime>> initialize(Options opts) {
                       "this is process " + std::to_string(opts.cluster.rank) +
                           " of a cluster job, a node process: call glint::run_main (or glint::serve_node) so it "
                           "hosts actors for the driver");
-  set_max_tensor_bytes(opts.max_message_bytes);
+  set_max_message_bytes(opts.max_message_bytes);
   std::unique_ptr<Runtime> rt{new Runtime(opts)};
   auto impl = std::make_shared<Runtime::Impl>();
   rt->impl_ = impl;
@@ -567,7 +567,7 @@ int serve_node(const Options& opts) {
   if (auto ok = opts.validate(); !ok) return fail(describe(ok.error()));
   if (opts.mode != Mode::cluster || opts.cluster.rank == 0)
     return fail("serve_node is for node processes of a cluster job (rank > 0)");
-  set_max_tensor_bytes(opts.max_message_bytes);
+  set_max_message_bytes(opts.max_message_bytes);
   auto cfg = make_config(opts);
   auto exit_code = std::make_shared<std::atomic<int>>(0);
   {

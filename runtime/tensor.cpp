@@ -6,12 +6,12 @@
 namespace glint {
 
 namespace {
-std::atomic<uint64_t> g_max_tensor_bytes{uint64_t{2} << 30};
+std::atomic<uint64_t> g_max_message_bytes{uint64_t{2} << 30};
 
 }  // namespace
 
-void set_max_tensor_bytes(uint64_t bytes) { g_max_tensor_bytes.store(bytes); }
-uint64_t max_tensor_bytes() { return g_max_tensor_bytes.load(); }
+void set_max_message_bytes(uint64_t bytes) { g_max_message_bytes.store(bytes); }
+uint64_t max_message_bytes() { return g_max_message_bytes.load(); }
 
 size_t element_size(Dtype d) {
   switch (d) {
@@ -190,9 +190,9 @@ Result<size_t> Tensor::check_header(uint8_t dtype, const std::vector<int64_t>& s
     return make_error(errc::invalid_argument, "tensor header says " + std::string{to_string(d)} + shape_string(shape) +
                                                 " (" + std::to_string(expected) + " bytes) but carries " +
                                                 std::to_string(nbytes) + " bytes");
-  if (nbytes > max_tensor_bytes())
+  if (nbytes > max_message_bytes())
     return make_error(errc::resource_exhausted, "tensor of " + std::to_string(nbytes) +
-                                                  " bytes exceeds the limit of " + std::to_string(max_tensor_bytes()) +
+                                                  " bytes exceeds the limit of " + std::to_string(max_message_bytes()) +
                                                   " bytes (Options::max_message_bytes)");
   return static_cast<size_t>(nbytes);
 }

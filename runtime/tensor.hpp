@@ -10,7 +10,7 @@
 /// In local mode a tensor crosses actor boundaries by reference (no copy); in
 /// cluster mode it is serialised with its header and bytes, and decoding
 /// checks that the header and the bytes agree and stay under the limit
-/// (`set_max_tensor_bytes`).
+/// (`set_max_message_bytes`).
 
 #include "runtime/error.hpp"
 
@@ -51,9 +51,13 @@ template <> constexpr Dtype dtype_of<int32_t>() { return Dtype::i32; }
 template <> constexpr Dtype dtype_of<uint8_t>() { return Dtype::u8; }
 template <> constexpr Dtype dtype_of<bool>() { return Dtype::boolean; }
 
-/// Largest tensor payload the decoder accepts (bytes). Default 2 GiB.
-void set_max_tensor_bytes(uint64_t bytes);
-uint64_t max_tensor_bytes();
+/// The process-wide bound on one large payload (bytes, default 2 GiB): the
+/// tensor decoder refuses a tensor above it, and the actors check a weight
+/// bucket, a sampler's answer and a dataloader's batch against it before
+/// sending (actors/detail/message_size.hpp). Every process of a job installs
+/// it from `Options::max_message_bytes` when its runtime starts.
+void set_max_message_bytes(uint64_t bytes);
+uint64_t max_message_bytes();
 
 /// Most dimensions a tensor may have.
 inline constexpr size_t max_tensor_dims = 8;

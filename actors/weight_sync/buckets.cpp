@@ -75,7 +75,7 @@ Result<Metrics> push(caf::actor_system& sys, const WeightPush& push, NamedTensor
   if (push.samplers.empty() || push.bucket_bytes < 1 || push.timeout_ms < 1)
     return make_error(errc::invalid_argument, "push_weights needs samplers, bucket_bytes >= 1 and a timeout >= 1 ms");
   // A bucket is one message: it must fit what the samplers' processes accept.
-  const auto limit = max_tensor_bytes();
+  const auto limit = max_message_bytes();
   if (static_cast<uint64_t>(push.bucket_bytes) > limit)
     return make_error(errc::invalid_argument, "bucket_bytes " + std::to_string(push.bucket_bytes) +
                                                   " exceeds the message limit of " + std::to_string(limit) +

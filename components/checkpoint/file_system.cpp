@@ -36,23 +36,11 @@ public:
   }
 
   Result<void> write_file(const std::string& path, std::string_view data) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return io_error("cannot create", path, errno);
-    const char* p = data.data();
-    size_t left = data.size();
-    while (left > 0) {
-      auto n = ::write(fd, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        int saved = errno;
-        ::close(fd);
-        return io_error("cannot write", path, saved);
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    if (::close(fd) != 0) return io_error("cannot write", path, errno);
-    return {};
+    return write(path, data, O_TRUNC);
+  }
+
+  Result<void> append_file(const std::string& path, std::string_view data) override {
+    return write(path, data, O_APPEND);
   }
 
   Result<void> sync_file(const std::string& path) override { return sync(path, false); }
@@ -72,6 +60,26 @@ public:
   }
 
 private:
+  static Result<void> write(const std::string& path, std::string_view data, int mode) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
+    if (fd < 0) return io_error("cannot create", path, errno);
+    const char* p = data.data();
+    size_t left = data.size();
+    while (left > 0) {
+      auto n = ::write(fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int saved = errno;
+        ::close(fd);
+        return io_error("cannot write", path, saved);
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    if (::close(fd) != 0) return io_error("cannot write", path, errno);
+    return {};
+  }
+
   static caf::error io_error(const char* what, const std::string& path, int err) {
     // A full disk is the caller's to free; anything else is the machine's.
     return make_error(err == ENOSPC || err == EDQUOT ? errc::resource_exhausted : errc::unavailable,
@@ -129,6 +137,19 @@ Result<void> FaultInjectionFileSystem::write_file(const std::string& path, std::
   if (!existed) pending_.push_back({Entry::made_file, p, {}});
   // Truncated and rewritten: nothing of it is durable until it is synced.
   synced_size_[p] = existed ? 0 : -1;
+  return {};
+}
+
+Result<void> FaultInjectionFileSystem::append_file(const std::string& path, std::string_view data) {
+  if (!go("append_file", path)) return crash_error("append_file", path);
+  const auto p = normal(path);
+  std::error_code ec;
+  const bool existed = fs::exists(p, ec);
+  // A file first seen here was durable as it stands (written before this
+  // file system tracked it, or before the last drop_unsynced).
+  if (!synced_size_.contains(p)) synced_size_[p] = existed ? static_cast<int64_t>(fs::file_size(p, ec)) : -1;
+  if (auto ok = base_->append_file(p, data); !ok) return ok;
+  if (!existed) pending_.push_back({Entry::made_file, p, {}});
   return {};
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 /// `FileSystem`: the few writes that make a checkpoint durable (create a
-/// directory, write a small file, fsync a file or a directory, rename,
-/// remove), behind one small interface, so tests can crash a save at any of
-/// them and see what a power loss would leave (LevelDB's Env and
-/// FaultInjectionTestEnv are the model):
+/// directory, write or append to a file, fsync a file or a directory,
+/// rename, remove), behind one small interface, so tests can crash a save
+/// at any of them and see what a power loss would leave (LevelDB's Env and
+/// FaultInjectionTestEnv are the model). The run index's RocksDB writes go
+/// through it too when it is given one (components/store), so one crash
+/// counter covers a checkpoint directory and its index entry:
 ///
 ///   FaultInjectionFileSystem faulty;
 ///   faulty.crash_after(7);                        // the 8th write and all later fail
@@ -33,6 +35,8 @@ public:
   virtual Result<void> create_dirs(const std::string& path) = 0;
   /// Creates or truncates `path` and writes `data` (not synced).
   virtual Result<void> write_file(const std::string& path, std::string_view data) = 0;
+  /// Appends `data` to `path`, creating it if absent (not synced).
+  virtual Result<void> append_file(const std::string& path, std::string_view data) = 0;
   virtual Result<void> sync_file(const std::string& path) = 0;
   /// Makes the entries of directory `path` (files made or renamed into it) durable.
   virtual Result<void> sync_dir(const std::string& path) = 0;
@@ -68,6 +72,7 @@ public:
 
   Result<void> create_dirs(const std::string& path) override;
   Result<void> write_file(const std::string& path, std::string_view data) override;
+  Result<void> append_file(const std::string& path, std::string_view data) override;
   Result<void> sync_file(const std::string& path) override;
   Result<void> sync_dir(const std::string& path) override;
   Result<void> rename(const std::string& from, const std::string& to) override;

@@ -36,7 +36,7 @@ Metrics CompletionRewardMetric::calculate() const {
     m["completion_length/min"] = static_cast<double>(*std::min_element(lengths_.begin(), lengths_.end()));
     m["completion_length/max"] = static_cast<double>(*std::max_element(lengths_.begin(), lengths_.end()));
     m["completions"] = static_cast<double>(lengths_.size());
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+    double secs = std::chrono::duration<double>(clock_->now() - since_).count();
     if (secs > 0) m["tokens_per_second"] = total / secs;
   }
   return m;
@@ -45,7 +45,7 @@ Metrics CompletionRewardMetric::calculate() const {
 void CompletionRewardMetric::reset() {
   lengths_.clear();
   rewards_.clear();
-  since_ = std::chrono::steady_clock::now();
+  since_ = clock_->now();
 }
 
 }  // namespace glint::components::rl

@@ -8,8 +8,10 @@
 ///   Metrics out = m.calculate();   // reward/total/mean, completion_length/mean, ...
 ///   m.reset();
 ///
-/// Not thread-safe; one owner (the driver loop).
+/// Not thread-safe; one owner (the driver loop). Time comes from `clock`
+/// (the machine's by default), which must outlive the metric.
 
+#include "runtime/clock.hpp"
 #include "runtime/error.hpp"
 #include "runtime/types.hpp"
 
@@ -24,7 +26,7 @@ namespace glint::components::rl {
 
 class CompletionRewardMetric {
 public:
-  CompletionRewardMetric() { reset(); }
+  explicit CompletionRewardMetric(const Clock& clock = real_clock()) : clock_(&clock) { reset(); }
   /// Error: a reward list whose length differs from completion_lengths'
   /// (nothing is accumulated then).
   Result<void> accumulate(std::span<const int64_t> completion_lengths,
@@ -38,7 +40,8 @@ public:
 private:
   std::vector<int64_t> lengths_;
   std::map<std::string, std::vector<double>> rewards_;
-  std::chrono::steady_clock::time_point since_;
+  const Clock* clock_;
+  Clock::time_point since_;
 };
 
 }  // namespace glint::components::rl

@@ -1,5 +1,8 @@
 #include "components/store/index.hpp"
 
+#include "components/checkpoint/file_system.hpp"
+#include "components/store/detail/rocksdb_fs.hpp"
+
 #include <nlohmann/json.hpp>
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
@@ -13,7 +16,9 @@ namespace glint::components {
 
 namespace {
 
-// Keys: "run/<run>" -> {"created_ms"}; "ckpt/<run>/<step, 20 digits>/<name>" -> the record.
+// Keys: "run/<run>" -> {"created_ms", "added"}; "ckpt/<run>/<step, 20 digits>/<name>" -> the record,
+// whose "seq" is the run's "added" count when it was added (absent in indexes
+// written before it existed: those order by created_ms among equal steps).
 std::string run_key(const std::string& run) { return "run/" + run; }
 std::string ckpt_prefix(const std::string& run) { return "ckpt/" + run + "/"; }
 std::string ckpt_key(const CheckpointRecord& r) {
@@ -42,27 +47,54 @@ CheckpointRecord record_of(const std::string& value) {
   return r;
 }
 
+int64_t seq_of(const std::string& value) {
+  auto j = nlohmann::json::parse(value, nullptr, false);
+  return j.is_object() ? j.value("seq", int64_t{-1}) : -1;
+}
+
 }  // namespace
 
 struct RunIndex::Impl {
+  std::unique_ptr<rocksdb::Env> env;  ///< over a FileSystem given in the options; outlives db
   std::unique_ptr<rocksdb::DB> db;
   std::string path;
+  const Clock* clock = nullptr;
 };
 
 RunIndex::RunIndex(RunIndex&&) noexcept = default;
 RunIndex& RunIndex::operator=(RunIndex&&) noexcept = default;
 RunIndex::~RunIndex() = default;
 
-Result<RunIndex> RunIndex::open(const std::string& root, bool read_only) {
+Result<RunIndex> RunIndex::open(const std::string& root, RunIndexOptions opts) {
+  const bool read_only = opts.read_only;
   auto path = (std::filesystem::path{root} / "index").string();
+  auto impl = std::make_unique<Impl>();
+  impl->clock = opts.clock ? opts.clock : &real_clock();
   rocksdb::Options o;
+  if (opts.fs) {
+    impl->env = detail::rocksdb_env_over(*opts.fs);
+    o.env = impl->env.get();
+  }
   o.create_if_missing = !read_only;
   o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   o.keep_log_file_num = 2;
   if (!read_only) {
-    std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    if (ec) return make_error(errc::unavailable, "cannot create " + root + ": " + ec.message());
+    // RocksDB makes its directory durable inside, never in its parent: a
+    // power loss after the first checkpoint could take the whole index with
+    // it (the crash test found this). So the directory is made here, and
+    // each directory made is synced into its parent.
+    auto& fs = opts.fs ? *opts.fs : local_file_system();
+    std::vector<std::filesystem::path> made;
+    for (auto p = std::filesystem::path{path}.lexically_normal(); !p.empty() && !std::filesystem::exists(p);
+         p = p.parent_path()) {
+      made.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    if (auto ok = fs.create_dirs(path); !ok) return with_context(ok.error(), "creating the run index");
+    for (const auto& p : made) {
+      auto parent = p.parent_path().empty() ? std::filesystem::path{"."} : p.parent_path();
+      if (auto ok = fs.sync_dir(parent.string()); !ok) return with_context(ok.error(), "creating the run index");
+    }
   } else if (!std::filesystem::exists(path)) {
     return make_error(errc::not_found, "no run index under " + root + " (has a run saved a checkpoint there?)");
   }
@@ -75,7 +107,7 @@ Result<RunIndex> RunIndex::open(const std::string& root, bool read_only) {
     return from_status(s, "opening the run index " + path);
   }
   RunIndex idx;
-  idx.impl_ = std::make_unique<Impl>();
+  idx.impl_ = std::move(impl);
   idx.impl_->db.reset(db);
   idx.impl_->path = path;
   return idx;
@@ -85,19 +117,24 @@ Result<void> RunIndex::add_checkpoint(CheckpointRecord r) {
   if (r.run.empty() || r.name.empty() || r.run.find('/') != std::string::npos || r.name.find('/') != std::string::npos)
     return make_error(errc::invalid_argument, "a checkpoint needs a run and a name without '/' (got '" + r.run + "', '" +
                                                   r.name + "')");
-  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::system_clock::now().time_since_epoch())
-                       .count();
+  const auto now = impl_->clock->unix_ms();
   if (r.created_ms == 0) r.created_ms = now;
-  rocksdb::WriteBatch batch;
   std::string existing;
-  if (impl_->db->Get(rocksdb::ReadOptions{}, run_key(r.run), &existing).IsNotFound())
-    batch.Put(run_key(r.run), nlohmann::json{{"created_ms", now}}.dump());
+  auto got = impl_->db->Get(rocksdb::ReadOptions{}, run_key(r.run), &existing);
+  if (!got.ok() && !got.IsNotFound()) return from_status(got, "reading run " + r.run);
+  auto run = got.ok() ? nlohmann::json::parse(existing, nullptr, false) : nlohmann::json::object();
+  if (!run.is_object()) run = nlohmann::json::object();
+  if (!run.contains("created_ms")) run["created_ms"] = now;
+  const int64_t seq = run.value("added", int64_t{0});
+  run["added"] = seq + 1;
+  rocksdb::WriteBatch batch;
+  batch.Put(run_key(r.run), run.dump());
   batch.Put(ckpt_key(r), nlohmann::json{{"run", r.run},
                                         {"name", r.name},
                                         {"path", r.path},
                                         {"step", r.step},
                                         {"created_ms", r.created_ms},
+                                        {"seq", seq},
                                         {"summary", r.summary}}
                              .dump());
   rocksdb::WriteOptions w;
@@ -122,14 +159,27 @@ Result<std::vector<CheckpointRecord>> RunIndex::checkpoints(const std::string& r
 }
 
 Result<std::optional<CheckpointRecord>> RunIndex::latest(const std::string& run) const {
-  auto all = checkpoints(run);
-  if (!all) return all.error();
-  if (all->empty()) return std::optional<CheckpointRecord>{};
-  // Steps are ordered by key; among equal steps, the latest created.
-  auto best = all->back();
-  for (const auto& r : *all)
-    if (r.step == best.step && r.created_ms > best.created_ms) best = r;
-  return std::optional<CheckpointRecord>{best};
+  std::string meta;
+  auto s = impl_->db->Get(rocksdb::ReadOptions{}, run_key(run), &meta);
+  if (s.IsNotFound()) return make_error(errc::not_found, "no run '" + run + "' in " + impl_->path);
+  if (!s.ok()) return from_status(s, "reading run " + run);
+  // Keys order by step; among equal steps, the last added (by seq, then by
+  // created_ms for records older than seq).
+  std::optional<CheckpointRecord> best;
+  std::pair<int64_t, int64_t> best_order{};
+  std::unique_ptr<rocksdb::Iterator> it{impl_->db->NewIterator(rocksdb::ReadOptions{})};
+  const auto prefix = ckpt_prefix(run);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const auto value = it->value().ToString();
+    auto r = record_of(value);
+    std::pair<int64_t, int64_t> order{seq_of(value), r.created_ms};
+    if (!best || r.step > best->step || (r.step == best->step && order > best_order)) {
+      best = std::move(r);
+      best_order = order;
+    }
+  }
+  if (!it->status().ok()) return from_status(it->status(), "listing checkpoints of " + run);
+  return best;
 }
 
 Result<void> RunIndex::remove_run(const std::string& run) {

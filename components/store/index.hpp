@@ -13,7 +13,12 @@
 /// for writing (RocksDB's lock; a second gets `unavailable` naming the
 /// holder's lock file); any number may open it read-only meanwhile.
 /// Thread-safe as RocksDB is.
+///
+/// Among checkpoints of equal step, "latest" is the one added last: the
+/// index numbers its additions, because a wall clock that steps back must
+/// not reorder them (created_ms is for people to read, never for ordering).
 
+#include "runtime/clock.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -33,6 +38,18 @@ struct CheckpointRecord {
   std::string summary{};   ///< a short line: "loss 0.42, reward 1.3"
 };
 
+class FileSystem;
+
+struct RunIndexOptions {
+  /// Opened read-only: no lock taken; never creates the index.
+  bool read_only = false;
+  /// Where the index's writes go: the machine's file system when null.
+  /// Tests pass a FaultInjectionFileSystem to crash the index mid-write.
+  FileSystem* fs = nullptr;
+  /// Where created_ms comes from: the machine's clock when null.
+  const Clock* clock = nullptr;
+};
+
 struct RunRecord {
   std::string run;
   int64_t created_ms = 0;
@@ -42,7 +59,8 @@ struct RunRecord {
 
 class RunIndex {
 public:
-  static Result<RunIndex> open(const std::string& root, bool read_only = false);
+  /// `fs` and `clock` of `opts` must outlive the index.
+  static Result<RunIndex> open(const std::string& root, RunIndexOptions opts = {});
   RunIndex(RunIndex&&) noexcept;
   RunIndex& operator=(RunIndex&&) noexcept;
   ~RunIndex();
@@ -52,7 +70,7 @@ public:
   Result<std::vector<RunRecord>> runs() const;
   /// By step, oldest first. Error: an unknown run.
   Result<std::vector<CheckpointRecord>> checkpoints(const std::string& run) const;
-  /// The one with the highest step (the latest added among equal steps);
+  /// The one with the highest step (the last added among equal steps);
   /// nullopt for a run without checkpoints.
   Result<std::optional<CheckpointRecord>> latest(const std::string& run) const;
   /// Forgets a run and its checkpoints (their directories are the caller's).

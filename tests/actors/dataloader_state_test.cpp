@@ -64,10 +64,10 @@ TEST(DataLoaderState, TheStateIsAfterTheDeliveredBatchAndResumesExactly) {
 
 TEST(DataLoaderState, ABatchOverTheMessageLimitIsRefusedAndNotConsumed) {
   DataLoaderState st{RankContext{}, spec()};
-  const auto limit = max_tensor_bytes();
-  set_max_tensor_bytes(64);
+  const auto limit = max_message_bytes();
+  set_max_message_bytes(64);
   auto big = st.next();
-  set_max_tensor_bytes(limit);
+  set_max_message_bytes(limit);
   ASSERT_FALSE(big);
   EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
   EXPECT_NE(describe(big.error()).find("lower batch_size"), std::string::npos) << describe(big.error());

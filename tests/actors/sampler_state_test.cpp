@@ -136,10 +136,10 @@ TEST(SamplerState, StagedBucketsApplyWithTheirVersionAndStaleOnesAreDropped) {
 
 TEST(SamplerState, AnAnswerOverTheMessageLimitIsAClearError) {
   Driver d;
-  const auto limit = max_tensor_bytes();
-  set_max_tensor_bytes(200);  // what every process of a job installs from Options::max_message_bytes
+  const auto limit = max_message_bytes();
+  set_max_message_bytes(200);  // what every process of a job installs from Options::max_message_bytes
   auto big = d.sample({{1, 2}, {3}}, greedy);
-  set_max_tensor_bytes(limit);
+  set_max_message_bytes(limit);
   ASSERT_TRUE(big);
   ASSERT_FALSE(*big);
   EXPECT_EQ(code_of(big->error()), errc::resource_exhausted);

@@ -72,7 +72,7 @@ TEST(RunIndex, ListsRunsAndCheckpointsAndFindsTheLatest) {
     auto second = RunIndex::open(root);
     ASSERT_FALSE(second) << "one writer at a time";
     EXPECT_EQ(code_of(second.error()), errc::unavailable);
-    auto reader = RunIndex::open(root, /*read_only=*/true);
+    auto reader = RunIndex::open(root, {.read_only = true});
     ASSERT_TRUE(reader) << describe(reader.error());
     auto list = reader->checkpoints("grpo");
     ASSERT_TRUE(list);
@@ -80,7 +80,7 @@ TEST(RunIndex, ListsRunsAndCheckpointsAndFindsTheLatest) {
     EXPECT_EQ((*list)[0].name, "step-2") << "by step, not by name";
     EXPECT_EQ((*list)[1].summary, "loss 1");
   }
-  auto idx = RunIndex::open(root, true);
+  auto idx = RunIndex::open(root, {.read_only = true});
   ASSERT_TRUE(idx);
   auto runs = idx->runs();
   ASSERT_TRUE(runs);
@@ -90,7 +90,7 @@ TEST(RunIndex, ListsRunsAndCheckpointsAndFindsTheLatest) {
   EXPECT_EQ((*runs)[0].latest->name, "step-10");
   EXPECT_EQ(idx->latest("sft")->value().path, "pb");
   EXPECT_EQ(code_of(idx->checkpoints("nope").error()), errc::not_found);
-  EXPECT_EQ(code_of(RunIndex::open(root + "/empty", true).error()), errc::not_found);
+  EXPECT_EQ(code_of(RunIndex::open(root + "/empty", {.read_only = true}).error()), errc::not_found);
   idx = RunIndex::open(root);
   ASSERT_TRUE(idx->remove_run("grpo"));
   EXPECT_EQ(code_of(idx->checkpoints("grpo").error()), errc::not_found);

@@ -48,6 +48,29 @@ TEST(FaultInjectionFileSystem, APowerLossKeepsOnlyWhatWasSynced) {
   EXPECT_FALSE(fs::exists(root + "/a/fresh")) << "its name was never made durable";
 }
 
+// Appends, as a log is written: a power loss keeps each file up to its last
+// fsync, and a file that existed before the file system saw it keeps what
+// it had (it was durable then).
+TEST(FaultInjectionFileSystem, APowerLossCutsAnAppendedFileBackToItsLastSync) {
+  auto root = glint::testing::fresh_dir("faultfs-append");
+  std::ofstream{root + "/old"} << "before;";
+  FaultInjectionFileSystem f;
+  ASSERT_TRUE(f.append_file(root + "/old", "after;"));
+  ASSERT_TRUE(f.append_file(root + "/log", "one;"));
+  ASSERT_TRUE(f.sync_file(root + "/log"));
+  ASSERT_TRUE(f.sync_dir(root));
+  ASSERT_TRUE(f.append_file(root + "/log", "two;"));
+  ASSERT_TRUE(f.append_file(root + "/new", "never synced"));
+  EXPECT_EQ(read(root + "/log"), "one;two;");
+  ASSERT_TRUE(f.drop_unsynced());
+  EXPECT_EQ(read(root + "/log"), "one;");
+  EXPECT_EQ(read(root + "/old"), "before;");
+  EXPECT_FALSE(fs::exists(root + "/new"));
+  f.crash_after(0);
+  EXPECT_FALSE(f.append_file(root + "/log", "three;"));
+  EXPECT_EQ(read(root + "/log"), "one;") << "a crashed append writes nothing";
+}
+
 TEST(FaultInjectionFileSystem, TheCrashFailsThatWriteAndEveryLaterOne) {
   auto root = glint::testing::fresh_dir("faultfs-crash");
   FaultInjectionFileSystem f;
@@ -93,7 +116,9 @@ TEST(FaultInjectionFileSystem, ACommitCrashedAtAnyWriteLeavesTheDirectoryWholeOr
       }
     }
     ASSERT_TRUE(f.drop_unsynced());
-    if (fs::exists(path)) EXPECT_TRUE(verify_dir(path)) << "a crash at write " << k + 1 << " left a damaged directory";
+    if (fs::exists(path)) {
+      EXPECT_TRUE(verify_dir(path)) << "a crash at write " << k + 1 << " left a damaged directory";
+    }
     EXPECT_EQ(remove_temporaries(root + "/run"), 0) << "crash at write " << k + 1 << " left a temporary behind";
   }
 }

@@ -116,5 +116,18 @@ TEST(CompletionRewardMetric, AggregatesRewardsAndLengthsUntilReset) {
   EXPECT_TRUE(m.calculate().empty());
 }
 
+TEST(CompletionRewardMetric, TokensPerSecondCountsFromTheLastReset) {
+  ManualClock clock;
+  CompletionRewardMetric m{clock};
+  clock.advance(std::chrono::seconds(5));  // before the reset: not counted
+  m.reset();
+  std::vector<int64_t> len = {30, 10};
+  ASSERT_TRUE(m.accumulate(len, {{"total", {1, 0}}}));
+  clock.advance(std::chrono::seconds(2));
+  EXPECT_DOUBLE_EQ(m.calculate().at("tokens_per_second"), 20.0);
+  clock.set_unix_ms(0);  // the wall clock stepping back changes nothing
+  EXPECT_DOUBLE_EQ(m.calculate().at("tokens_per_second"), 20.0);
+}
+
 }  // namespace
 }  // namespace glint::components::rl

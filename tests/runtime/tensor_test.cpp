@@ -126,10 +126,10 @@ TEST(TensorCodec, RejectsAnUnknownDtype) {
 }
 
 TEST(TensorCodec, RejectsAnOversizedTensorBeforeAllocating) {
-  auto old = max_tensor_bytes();
-  set_max_tensor_bytes(8);
+  auto old = max_message_bytes();
+  set_max_message_bytes(8);
   auto t = decode<Tensor>(encoded_f32_2x2());
-  set_max_tensor_bytes(old);
+  set_max_message_bytes(old);
   ASSERT_FALSE(t);
   EXPECT_EQ(code_of(t.error()), errc::resource_exhausted);
   EXPECT_NE(describe(t.error()).find("exceeds the limit of 8 bytes"), std::string::npos);

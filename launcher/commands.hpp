@@ -57,6 +57,7 @@ int init_data(const InitDataArgs& args);
 struct RunsArgs {
   std::string root = "runs";
   std::string run{};  ///< empty: list the runs; else that run's checkpoints
+  bool repair = false;  ///< rebuild the index from the checkpoint directories first
 };
 /// Lists the runs (or one run's checkpoints) of the run index under root.
 int runs(const RunsArgs& args);

@@ -87,11 +87,15 @@ int main(int argc, char** argv) {
   glint::launcher::RunsArgs runs_args;
   auto* runs_cmd = app.add_subcommand("runs", "List the runs saved under a root directory, with their latest checkpoint");
   runs_cmd->add_option("--root", runs_args.root, "Where the runs and their index live")->capture_default_str();
-  runs_cmd->footer("Example: glint runs --root runs");
+  runs_cmd->add_flag("--repair", runs_args.repair,
+                     "Rebuild the run index from the checkpoint directories (a damaged index is kept aside)");
+  runs_cmd->footer("Example: glint runs --root runs\n         glint runs --root runs --repair   # after 'the run index ... is damaged'");
   glint::launcher::RunsArgs ckpt_args;
   auto* ckpts_cmd = app.add_subcommand("checkpoints", "List the checkpoints of a run, oldest step first");
   ckpts_cmd->add_option("run", ckpt_args.run, "The run's name")->required();
   ckpts_cmd->add_option("--root", ckpt_args.root, "Where the runs and their index live")->capture_default_str();
+  ckpts_cmd->add_flag("--repair", ckpt_args.repair,
+                      "Rebuild the run index (of every run under --root) from the checkpoint directories first");
   ckpts_cmd->footer("Example: glint checkpoints grpo --root runs");
 
   auto* bench = app.add_subcommand("bench", "Run a benchmark and print `name: value` lines");

@@ -1,5 +1,6 @@
 // `glint runs` and `glint checkpoints RUN`: what the run index under a root
 // directory holds.
+#include "actors/checkpointer.hpp"
 #include "components/store/index.hpp"
 #include "launcher/commands.hpp"
 
@@ -20,6 +21,17 @@ std::string when(int64_t ms) {
 }  // namespace
 
 int runs(const RunsArgs& a) {
+  if (a.repair) {
+    auto r = actors::Checkpointer::repair(a.root);
+    if (!r) {
+      std::fprintf(stderr, "glint: repairing the run index under %s: %s\n", a.root.c_str(), describe(r.error()).c_str());
+      return 1;
+    }
+    if (!r->set_aside.empty()) std::printf("the old index is kept as %s (delete it when all is well)\n", r->set_aside.c_str());
+    std::printf("indexed %lld checkpoints of %lld runs from their directories\n", static_cast<long long>(r->checkpoints),
+                static_cast<long long>(r->runs));
+    for (const auto& d : r->damaged) std::printf("left out, damaged: %s\n", d.c_str());
+  }
   auto idx = components::RunIndex::open(a.root, {.read_only = true});
   if (!idx) {
     std::fprintf(stderr, "glint runs: %s\n", describe(idx.error()).c_str());

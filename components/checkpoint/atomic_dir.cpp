@@ -119,13 +119,22 @@ Result<void> AtomicDir::commit() {
   return fs_->sync_dir(parent.empty() ? "." : parent.string());
 }
 
-Result<void> verify_dir(const std::string& dir) {
+Result<void> verify_dir(const std::string& dir, Verify how) {
   std::ifstream in{dir + "/" + kManifest};
   if (!in) return make_error(errc::not_found, dir + " has no " + kManifest + ": not a complete checkpoint");
   auto j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.contains("files") || !j["files"].is_object())
     return make_error(errc::invalid_argument, dir + "/" + kManifest + " is damaged");
   for (const auto& [rel, want] : j["files"].items()) {
+    if (how == Verify::sizes) {
+      std::error_code ec;
+      auto size = fs::file_size(dir + "/" + rel, ec);
+      if (ec) return make_error(errc::not_found, dir + " lacks " + rel + ", which its manifest lists");
+      if (size != want.value("bytes", uint64_t{0}))
+        return make_error(errc::invalid_argument, dir + "/" + rel + " differs from its manifest (" +
+                                                      std::to_string(size) + " bytes; changed or truncated)");
+      continue;
+    }
     auto d = digest(dir + "/" + rel);
     if (!d) return make_error(errc::not_found, dir + " lacks " + rel + ", which its manifest lists");
     if (d->first != want.value("bytes", uint64_t{0}) || hex(d->second) != want.value("fnv1a", std::string{}))

@@ -47,9 +47,14 @@ private:
   bool done_ = false;
 };
 
-/// Checks every file listed in dir/manifest.json (size and hash). Errors:
-/// no manifest (not a committed directory), a missing or changed file.
-Result<void> verify_dir(const std::string& dir);
+/// How much verify_dir reads.
+enum class Verify : uint8_t {
+  full,   ///< every byte: sizes and hashes
+  sizes,  ///< the manifest and each file's size, without reading the files (cheap)
+};
+/// Checks every file listed in dir/manifest.json. Errors: no manifest (not
+/// a committed directory), a missing or changed file.
+Result<void> verify_dir(const std::string& dir, Verify how = Verify::full);
 
 /// Removes the temporaries of killed saves under `parent`; returns how many.
 int remove_temporaries(const std::string& parent, FileSystem& fs = local_file_system());

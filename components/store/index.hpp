@@ -9,7 +9,12 @@
 ///   auto last = index->latest("grpo");     // optional<CheckpointRecord>
 ///
 /// A checkpoint is indexed after its directory is committed (AtomicDir), so
-/// an indexed checkpoint is always complete. One process opens the index
+/// an indexed checkpoint is complete when it is added; the directories
+/// describe themselves, and the Checkpointer reconciles the two when it
+/// opens a run. Paths under the root are stored relative to it (a copied
+/// root resumes from its own files) and returned joined to it. A log
+/// damaged anywhere but in its last record is an error naming the repair
+/// (`glint runs --repair`), never a silent truncation. One process opens the index
 /// for writing (RocksDB's lock; a second gets `unavailable` naming the
 /// holder's lock file); any number may open it read-only meanwhile.
 /// Thread-safe as RocksDB is.
@@ -75,6 +80,9 @@ public:
   Result<std::optional<CheckpointRecord>> latest(const std::string& run) const;
   /// Forgets a run and its checkpoints (their directories are the caller's).
   Result<void> remove_run(const std::string& run);
+  /// Forgets these checkpoints of `run`, in one durable write (names it
+  /// does not hold are skipped). Error: an unknown run.
+  Result<void> remove_checkpoints(const std::string& run, const std::vector<std::string>& names);
 
 private:
   RunIndex() = default;

@@ -4,6 +4,9 @@
 // page of SVG charts of chosen metrics per step that any browser opens
 // without a network.
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,27 +21,34 @@ namespace glint::examples {
 
 class Report {
 public:
-  /// A new metrics.jsonl; or, resuming a run at step `resumed_step` of
-  /// `phase`, the old one without the lines after that step (the resumed
-  /// run writes them again).
+  /// metrics.jsonl, continued: starting afresh (resumed_step < 0), or
+  /// resuming a run at step `resumed_step` of `phase`, the lines the run
+  /// will write again (a fresh start's all, a resume's after that step) are
+  /// moved to metrics.abandoned.jsonl, and the rest is kept. Nothing is ever
+  /// lost to a kill: the kept lines replace the file in one rename, after
+  /// the moved ones are on disk, and each new line is flushed as it is added.
   explicit Report(std::string dir, const std::string& phase = "", int resumed_step = -1) : dir_(std::move(dir)) {
     const auto path = dir_ + "/metrics.jsonl";
-    std::vector<std::string> kept;
-    if (resumed_step >= 0) {
+    std::vector<std::string> kept, replaced;
+    {
       std::ifstream old{path};
       for (std::string line; std::getline(old, line);) {
+        if (line.empty()) continue;
         int step = 0;
         char ph[64] = {0};
-        if (std::sscanf(line.c_str(), "{\"step\": %d, \"phase\": \"%63[^\"]\"", &step, ph) == 2 &&
-            (ph != phase || step <= resumed_step))
-          kept.push_back(line);
+        const bool ours = std::sscanf(line.c_str(), "{\"step\": %d, \"phase\": \"%63[^\"]\"", &step, ph) == 2;
+        if (resumed_step >= 0 && ours && (ph != phase || step <= resumed_step)) kept.push_back(line);
+        else replaced.push_back(line);
       }
     }
-    jsonl_.open(path, std::ios::trunc);
-    for (const auto& line : kept) {
-      jsonl_ << line << '\n';
-      rows_.push_back(parse(line));
+    if (!replaced.empty()) {
+      if (!durable_write(dir_ + "/metrics.abandoned.jsonl", replaced, std::ios::app)) return;
+      if (!durable_write(path + ".tmp", kept, std::ios::trunc)) return;
+      if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) return;
+      sync_path(dir_, true);
     }
+    jsonl_.open(path, std::ios::app);
+    for (const auto& line : kept) rows_.push_back(parse(line));
   }
   bool ok() const { return static_cast<bool>(jsonl_); }
 
@@ -70,6 +80,24 @@ public:
   }
 
 private:
+  // Writes `lines` to `path` (appending or truncating) and fsyncs it.
+  static bool durable_write(const std::string& path, const std::vector<std::string>& lines, std::ios::openmode mode) {
+    {
+      std::ofstream out{path, mode};
+      for (const auto& l : lines) out << l << '\n';
+      out.flush();
+      if (!out) return false;
+    }
+    return sync_path(path, false);
+  }
+  static bool sync_path(const std::string& path, bool directory) {
+    int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool ok = ::fsync(fd) == 0;
+    ::close(fd);
+    return ok;
+  }
+
   struct Row {
     int step;
     std::string phase;

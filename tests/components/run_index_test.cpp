@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 namespace glint::components {
@@ -41,17 +42,17 @@ TEST(RunIndex, LatestAmongEqualStepsIsTheLastAddedEvenWhenTheWallClockStepsBack)
   {
     auto idx = RunIndex::open(root, {.clock = &clock});
     ASSERT_TRUE(idx);
-    ASSERT_TRUE(idx->add_checkpoint({.run = "run", .name = "step-5", .path = "a", .step = 5}));
+    ASSERT_TRUE(idx->add_checkpoint({.run = "run", .name = "step-5", .path = root + "/a", .step = 5}));
     clock.set_unix_ms(4'000'000);
-    ASSERT_TRUE(idx->add_checkpoint({.run = "run", .name = "step-5-again", .path = "b", .step = 5}));
-    EXPECT_EQ(idx->latest("run")->value().path, "b");
-    ASSERT_TRUE(idx->add_checkpoint({.run = "run", .name = "step-4", .path = "c", .step = 4}));
-    EXPECT_EQ(idx->latest("run")->value().path, "b") << "the highest step first";
+    ASSERT_TRUE(idx->add_checkpoint({.run = "run", .name = "step-5-again", .path = root + "/b", .step = 5}));
+    EXPECT_EQ(idx->latest("run")->value().path, root + "/b");
+    ASSERT_TRUE(idx->add_checkpoint({.run = "run", .name = "step-4", .path = root + "/c", .step = 4}));
+    EXPECT_EQ(idx->latest("run")->value().path, root + "/b") << "the highest step first";
   }
   // The order is durable: the reopened index agrees.
   auto again = RunIndex::open(root, {.read_only = true});
   ASSERT_TRUE(again) << describe(again.error());
-  EXPECT_EQ(again->latest("run")->value().path, "b");
+  EXPECT_EQ(again->latest("run")->value().path, root + "/b");
 }
 
 // An addition that returned success survives a power loss: nothing it
@@ -73,6 +74,29 @@ TEST(RunIndex, AnIndexedCheckpointSurvivesAPowerLoss) {
   ASSERT_TRUE(all) << describe(all.error());
   ASSERT_EQ(all->size(), 2u);
   EXPECT_EQ(idx->latest("run")->value().step, 2);
+}
+
+// Paths under the root are stored relative to it and come back joined to
+// it; others come back absolute, wherever the reader runs.
+TEST(RunIndex, PathsUnderTheRootFollowTheRoot) {
+  auto root = glint::testing::fresh_dir("index-paths");
+  {
+    auto idx = RunIndex::open(root);
+    ASSERT_TRUE(idx);
+    ASSERT_TRUE(idx->add_checkpoint({.run = "r", .name = "in", .path = root + "/r/in", .step = 1}));
+    ASSERT_TRUE(idx->add_checkpoint({.run = "r", .name = "out", .path = "/elsewhere/out", .step = 2}));
+    ASSERT_TRUE(idx->add_checkpoint({.run = "r", .name = "cwd", .path = "here", .step = 3}));
+  }
+  auto moved = root + "-moved";
+  std::filesystem::remove_all(moved);
+  std::filesystem::rename(root, moved);
+  auto idx = RunIndex::open(moved, {.read_only = true});
+  ASSERT_TRUE(idx) << describe(idx.error());
+  auto all = *idx->checkpoints("r");
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].path, moved + "/r/in");
+  EXPECT_EQ(all[1].path, "/elsewhere/out");
+  EXPECT_EQ(all[2].path, (std::filesystem::current_path() / "here").string());
 }
 
 // An addition crashed at each of its RocksDB writes in turn, then the disk

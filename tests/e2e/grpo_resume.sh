@@ -6,6 +6,10 @@
 #   grpo_resume.sh GRPO_BINARY GLINT_BINARY
 set -euo pipefail
 grpo=$1 glint=$2
+# Each process picks its matmul backend by timing both (kernels.cpp); on a
+# loaded machine two runs can pick differently and round differently. Pin it:
+# what is compared here is the resume, not the backend.
+export GLINT_MATMUL=aten
 root=$(mktemp -d /tmp/glint-grpo-resume-XXXXXX)
 trap 'rm -rf "$root"' EXIT
 args=(--sft-steps 60 --prompts 4 --generations 4 --save-every 3)

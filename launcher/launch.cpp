@@ -70,14 +70,21 @@ Result<int> launch(LaunchSpec spec) {
     c.nnodes = spec.nnodes;
     c.master_addr = spec.master_addr;
     c.master_port = spec.master_port;
-    auto child = ChildProcess::start(spec.command, c.to_environment());
+    auto child = ChildProcess::start(spec.command, c.to_environment(), {.die_with_parent = true});
     if (!child) return with_context(child.error(), "starting process " + std::to_string(c.rank));
     children.push_back(std::move(*child));
   }
   const bool has_driver = spec.node_rank == 0;
   std::vector<std::optional<int>> codes(children.size());
-  std::optional<std::chrono::steady_clock::time_point> driver_done;
+  std::optional<std::chrono::steady_clock::time_point> stopping;  // since the driver exited or a process failed
   int forwarded = 0;
+  std::optional<int> first_failure;  // the rank of the first process that failed while the job ran
+  bool killed = false;
+  auto rank_of = [&](size_t i) { return spec.node_rank * spec.nproc + static_cast<int>(i); };
+  auto what_ended = [&](size_t i) {
+    if (auto sig = children[i].term_signal()) return "was killed by " + signal_name(*sig);
+    return "exited with code " + std::to_string(*codes[i]);
+  };
   for (;;) {
     if (int sig = g_signal.exchange(0)) {
       forwarded = sig;
@@ -85,19 +92,37 @@ Result<int> launch(LaunchSpec spec) {
     }
     bool all_done = true;
     for (size_t i = 0; i < children.size(); ++i) {
-      if (!codes[i]) codes[i] = children[i].wait_for(std::chrono::milliseconds(0));
+      if (!codes[i]) {
+        codes[i] = children[i].wait_for(std::chrono::milliseconds(0));
+        // A process that fails while the job runs (one that dies before it
+        // registers, say) is reported at once and ends the job, instead of
+        // leaving the others to wait out their connect timeout.
+        const bool is_driver = has_driver && i == 0;
+        if (codes[i] && *codes[i] != 0 && !forwarded && !stopping) {
+          std::fprintf(stderr, "glint run: %s %d (pid %d) %s; stopping the job\n", is_driver ? "the driver, process" : "process",
+                       rank_of(i), static_cast<int>(children[i].pid()), what_ended(i).c_str());
+          first_failure = rank_of(i);
+          stopping = std::chrono::steady_clock::now();
+          for (auto& c : children) c.signal(SIGTERM);
+        } else if (codes[i] && is_driver && !stopping) {
+          stopping = std::chrono::steady_clock::now();
+        }
+      }
       all_done = all_done && codes[i].has_value();
     }
     if (all_done) break;
-    if (has_driver && codes[0] && !driver_done) driver_done = std::chrono::steady_clock::now();
-    if (driver_done && std::chrono::steady_clock::now() - *driver_done > std::chrono::seconds(spec.grace_seconds)) {
-      std::fprintf(stderr, "glint run: processes still running %d s after the driver exited; killing them\n",
-                   spec.grace_seconds);
+    if (!killed && stopping && std::chrono::steady_clock::now() - *stopping > std::chrono::seconds(spec.grace_seconds)) {
+      std::fprintf(stderr, "glint run: processes still running %d s after the %s; killing them\n", spec.grace_seconds,
+                   first_failure ? "job failed" : "driver exited");
       for (auto& c : children) c.signal(SIGKILL);
+      killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (has_driver) return *codes[0];
+  if (has_driver) {
+    if (*codes[0] == 0 && first_failure) return 1;  // the driver finished, but a process failed under it
+    return *codes[0];
+  }
   for (auto& c : codes)
     if (*c != 0) return *c;
   return forwarded ? 128 + forwarded : 0;

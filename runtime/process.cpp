@@ -4,12 +4,15 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -17,7 +20,8 @@ extern char** environ;
 
 namespace glint {
 
-ChildProcess::ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_), exit_code_(other.exit_code_) {
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(other.pid_), exit_code_(other.exit_code_), term_signal_(other.term_signal_) {
   other.pid_ = -1;
 }
 
@@ -26,6 +30,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     this->~ChildProcess();
     pid_ = other.pid_;
     exit_code_ = other.exit_code_;
+    term_signal_ = other.term_signal_;
     other.pid_ = -1;
   }
   return *this;
@@ -40,6 +45,11 @@ ChildProcess::~ChildProcess() {
 
 Result<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
                                          const std::map<std::string, std::string>& env) {
+  return start(argv, env, Options{});
+}
+
+Result<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
+                                         const std::map<std::string, std::string>& env, Options options) {
   if (argv.empty()) return make_error(errc::invalid_argument, "no program to start");
   std::map<std::string, std::string> merged;
   for (char** e = environ; e && *e; ++e) {
@@ -56,9 +66,62 @@ Result<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
   for (const auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, argv[0].c_str(), nullptr, nullptr, cargv.data(), cenv.data());
-  if (rc != 0)
-    return make_error(errc::not_found, "cannot start '" + argv[0] + "': " + std::strerror(rc));
+  if (!options.die_with_parent) {
+    int rc = posix_spawnp(&pid, argv[0].c_str(), nullptr, nullptr, cargv.data(), cenv.data());
+    if (rc != 0) return make_error(errc::not_found, "cannot start '" + argv[0] + "': " + std::strerror(rc));
+    return ChildProcess{pid};
+  }
+  // posix_spawn cannot set the parent-death signal: fork, set it, exec. The
+  // program is found in PATH before the fork, and the child makes only
+  // async-signal-safe calls. A pipe closed on exec tells the parent whether
+  // exec worked.
+  std::string program = argv[0];
+  if (program.find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    std::string_view dirs = path ? path : "/usr/bin:/bin";
+    for (size_t at = 0; at <= dirs.size();) {
+      auto end = dirs.find(':', at);
+      if (end == std::string_view::npos) end = dirs.size();
+      auto candidate = std::string{dirs.substr(at, end - at)} + "/" + argv[0];
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        program = candidate;
+        break;
+      }
+      at = end + 1;
+    }
+  }
+  int status_pipe[2];
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0)
+    return make_error(errc::unavailable, std::string{"cannot start '"} + argv[0] + "': " + std::strerror(errno));
+  const pid_t parent = ::getpid();
+  pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
+    ::close(status_pipe[0]);
+    ::close(status_pipe[1]);
+    return make_error(errc::unavailable, "cannot start '" + argv[0] + "': " + std::strerror(err));
+  }
+  if (pid == 0) {
+    ::close(status_pipe[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before the signal was set
+    ::execve(program.c_str(), cargv.data(), cenv.data());
+    int err = errno;
+    (void)!::write(status_pipe[1], &err, sizeof err);
+    ::_exit(127);
+  }
+  ::close(status_pipe[1]);
+  int err = 0;
+  ssize_t n;
+  do {
+    n = ::read(status_pipe[0], &err, sizeof err);
+  } while (n < 0 && errno == EINTR);
+  ::close(status_pipe[0]);
+  if (n == sizeof err) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return make_error(errc::not_found, "cannot start '" + argv[0] + "': " + std::strerror(err));
+  }
   return ChildProcess{pid};
 }
 
@@ -71,7 +134,7 @@ std::optional<int> ChildProcess::poll(bool block) {
   } while (r < 0 && errno == EINTR);
   if (r == pid_) {
     if (WIFEXITED(status)) exit_code_ = WEXITSTATUS(status);
-    else if (WIFSIGNALED(status)) exit_code_ = 128 + WTERMSIG(status);
+    else if (WIFSIGNALED(status)) exit_code_ = 128 + WTERMSIG(status), term_signal_ = WTERMSIG(status);
     else exit_code_ = -1;
   } else if (r < 0) {
     exit_code_ = -1;
@@ -97,6 +160,11 @@ std::optional<int> ChildProcess::wait_for(std::chrono::milliseconds timeout) {
 int ChildProcess::wait() {
   auto c = poll(true);
   return c ? *c : -1;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return (abbrev ? "SIG" + std::string{abbrev} : std::string{"signal"}) + " (" + std::to_string(sig) + ")";
 }
 
 std::string self_executable() {

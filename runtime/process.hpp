@@ -24,10 +24,20 @@ public:
   /// Kills the child (SIGKILL) if it still runs, and reaps it.
   ~ChildProcess();
 
+  struct Options {
+    /// The child gets SIGKILL when this process dies, however it dies
+    /// (Linux's parent-death signal): a job's processes never outlive
+    /// their launcher. Linux sends it when the thread that started the
+    /// child ends, so start such children from a thread that lives as
+    /// long as the process (the launcher's main thread).
+    bool die_with_parent = false;
+  };
   /// Starts `argv[0]` (searched in PATH) with `argv`, this process's
   /// environment plus `env` (which overrides).
   static Result<ChildProcess> start(const std::vector<std::string>& argv,
                                     const std::map<std::string, std::string>& env = {});
+  static Result<ChildProcess> start(const std::vector<std::string>& argv,
+                                    const std::map<std::string, std::string>& env, Options options);
 
   pid_t pid() const { return pid_; }
   bool running();
@@ -38,13 +48,20 @@ public:
   std::optional<int> wait_for(std::chrono::milliseconds timeout);
   /// Waits without limit.
   int wait();
+  /// The signal that ended the child, once reaped and if one did (an exit
+  /// code of 128 + n from a program is not a signal).
+  std::optional<int> term_signal() const { return term_signal_; }
 
 private:
   explicit ChildProcess(pid_t pid) : pid_(pid) {}
   std::optional<int> poll(bool block);
   pid_t pid_ = -1;
   std::optional<int> exit_code_;
+  std::optional<int> term_signal_;
 };
+
+/// "SIGSEGV (11)": a signal's name and number, for messages.
+std::string signal_name(int sig);
 
 /// The path of the running executable (/proc/self/exe).
 std::string self_executable();

@@ -7,6 +7,13 @@
 #include <algorithm>
 
 #include <array>
+#include <chrono>
+#include <csignal>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -176,6 +183,73 @@ TEST(Cli, DemoRunsInLocalAndClusterMode) {
   EXPECT_EQ(cluster.code, 0) << cluster.out;
   EXPECT_NE(cluster.out.find("cluster mode, 2 processes"), std::string::npos) << cluster.out;
   EXPECT_NE(cluster.out.find("-> ok"), std::string::npos) << cluster.out;
+}
+
+// A process that dies before it registers (here: at once, with code 3) is
+// reported at once with how it ended, and the job stops; the driver used to
+// wait out its 60 s connect timeout. Bounded: the driver would sleep 60 s.
+TEST(Cli, AProcessThatDiesEarlyIsReportedAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run(R"(run --nproc 2 --grace 2 -- bash -c 'if [ "$GLINT_RANK" = 1 ]; then exit 3; fi; exec sleep 60')");
+  const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 20) << r.out;
+  EXPECT_NE(r.out.find("process 1 (pid"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exited with code 3; stopping the job"), std::string::npos) << r.out;
+  EXPECT_NE(r.code, 0);
+}
+
+// A driver that dies by a signal is reported as such, with the signal's name.
+TEST(Cli, ADriverKilledByASignalIsReportedAsSuch) {
+  auto r = run(R"(run --nproc 2 --grace 2 -- bash -c 'if [ "$GLINT_RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep 60')");
+  EXPECT_NE(r.out.find("the driver, process 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("was killed by SIGSEGV (11)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.code, 128 + 11) << r.out;
+}
+
+// Alive and not a zombie (an orphan's zombie waits for whoever reaps it).
+bool alive(pid_t p) {
+  std::ifstream in{"/proc/" + std::to_string(p) + "/stat"};
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+// Killing the launcher (even with SIGKILL, which it cannot forward) takes its
+// processes with it: a job used to go on training and checkpointing alone.
+TEST(Cli, TheJobsProcessesDieWithTheirLauncher) {
+  const auto dir = glint::testing::fresh_dir("cli-orphans");
+  const std::string cmd = std::string{"exec "} + GLINT_BINARY +
+                          R"( run --nproc 2 -- bash -c 'echo $$ > )" + dir + R"(/pid-$GLINT_RANK; exec sleep 60')";
+  pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> pids;
+  for (int tries = 0; tries < 400 && pids.size() < 2; ++tries) {  // up to 20 s for both to start
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pids.clear();
+    for (int rank = 0; rank < 2; ++rank) {
+      std::ifstream in{dir + "/pid-" + std::to_string(rank)};
+      pid_t p = 0;
+      if (in >> p && p > 0) pids.push_back(p);
+    }
+  }
+  ASSERT_EQ(pids.size(), 2u) << "the job's processes did not start";
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  for (pid_t p : pids) {
+    bool gone = false;
+    for (int tries = 0; tries < 100 && !gone; ++tries) {  // up to 5 s
+      gone = !alive(p);
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(gone) << "process " << p << " outlived its launcher";
+    if (!gone) ::kill(p, SIGKILL);
+  }
 }
 
 }  // namespace

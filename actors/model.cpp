@@ -57,12 +57,15 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
       [st, answer](get_train_configs_atom, const std::string& adapter) -> caf::result<std::string> {
         return answer([&] { return st->train_configs(adapter); });
       },
-      [st, answer](save_atom, const std::string& adapter, const std::string& dir,
-                   bool with_optimizer) -> caf::result<std::string> {
-        return answer([&] { return st->save(adapter, dir, with_optimizer); });
+      [st, answer](save_atom, const std::string& adapter, const std::string& dir, bool with_optimizer,
+                   int64_t max_shard_bytes) -> caf::result<std::string> {
+        return answer([&] { return st->save(adapter, dir, with_optimizer, max_shard_bytes); });
       },
       [st, done](load_atom, const std::string& adapter, const std::string& dir, bool with_optimizer) -> caf::result<bool> {
         return done([&] { return st->load(adapter, dir, with_optimizer); });
+      },
+      [st, done](load_adapter_atom, const std::string& name, const std::string& dir) -> caf::result<bool> {
+        return done([&] { return st->load_adapter(name, dir); });
       },
       [st, answer](export_weights_atom, const std::string& adapter) -> caf::result<NamedTensors> {
         return answer([&] { return st->export_weights(adapter, false, /*snapshot=*/true); });

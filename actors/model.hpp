@@ -66,7 +66,9 @@ typename Inspector::result_type inspect(Inspector& f, SchedulerConfig& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LoraConfig& x) {
-  return f(caf::meta::type_name("glint.lora_config"), x.r, x.alpha, x.dropout, x.target_modules, x.rslora);
+  return f(caf::meta::type_name("glint.lora_config"), x.r, x.alpha, x.dropout, x.target_modules, x.rslora,
+           x.target_regex, x.rank_pattern, x.alpha_pattern, x.layers_to_transform, x.layers_pattern,
+           x.exclude_modules, x.exclude_regex, x.base_model_name_or_path, x.other_fields);
 }
 
 }  // namespace glint::components
@@ -191,6 +193,8 @@ using calculate_metric_atom = caf::atom_constant<caf::atom("metrics")>;
 using get_train_configs_atom = caf::atom_constant<caf::atom("configs")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
+/// Also the sampler's (actors/sampler.hpp): the same message, the same meaning.
+using load_adapter_atom = caf::atom_constant<caf::atom("load_lora")>;
 using export_weights_atom = caf::atom_constant<caf::atom("export")>;
 using sync_manifest_atom = caf::atom_constant<caf::atom("sync_man")>;
 using sync_send_atom = caf::atom_constant<caf::atom("sync_send")>;
@@ -222,15 +226,21 @@ using model_actor = caf::typed_actor<
     caf::replies_to<calculate_metric_atom, std::string>::with<Metrics>,
     /// A JSON text: the model config, adapters, loss, optimizer and schedule of `adapter`.
     caf::replies_to<get_train_configs_atom, std::string>::with<std::string>,
-    /// Saves into directory `dir`: the full model (HF layout) for "", else the
-    /// adapter (PEFT layout); with the optimizer state (optimizer.safetensors)
-    /// when `with_optimizer`. Answers the directory.
-    caf::replies_to<save_atom, std::string, std::string, bool>::with<std::string>,
+    /// Saves into directory `dir`: the full model (HF layout, sharded above
+    /// `max_shard_bytes`) for "", else the adapter (PEFT layout); with the
+    /// optimizer state (optimizer.safetensors) when `with_optimizer`.
+    /// Answers the directory.
+    caf::replies_to<save_atom, std::string, std::string, bool, int64_t>::with<std::string>,
     /// Loads `dir` into adapter `adapter` ("" : the full weights), and the
     /// optimizer state too when `with_optimizer` (else it starts afresh).
     /// The loss, optimizer and schedule settings of `adapter` stay; loading
     /// full weights drops every adapter.
     caf::replies_to<load_atom, std::string, std::string, bool>::with<bool>,
+    /// A new adapter `name` from the PEFT adapter directory `dir`: its
+    /// adapter_config.json and adapter_model.safetensors, checked as a model
+    /// load is (CausalLM::load_adapter). Error: the name is taken, or the
+    /// directory does not fit (the model is then unchanged).
+    caf::replies_to<load_adapter_atom, std::string, std::string>::with<bool>,
     /// The weights to sync to samplers: every base weight for "", else the
     /// adapter's tensors under PEFT's names.
     caf::replies_to<export_weights_atom, std::string>::with<NamedTensors>,

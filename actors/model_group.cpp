@@ -40,6 +40,11 @@ public:
       return detail::failed<void>(make_error(errc::invalid_argument, "add_adapter needs a name for the adapter"));
     return done_of(g_.call<Collect::first>(Dispatch::all, add_adapter_atom::value, adapter, lora, seed));
   }
+  Future<void> load_adapter(const std::string& adapter, const std::string& dir) override {
+    if (adapter.empty())
+      return detail::failed<void>(make_error(errc::invalid_argument, "load_adapter needs a name for the adapter"));
+    return done_of(g_.call<Collect::first>(Dispatch::all, load_adapter_atom::value, adapter, dir));
+  }
   Future<void> remove_adapter(const std::string& adapter) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, remove_adapter_atom::value, adapter));
   }
@@ -51,7 +56,8 @@ public:
     return g_.call<Collect::first>(Dispatch::first, get_train_configs_atom::value, adapter);
   }
   Future<std::string> save(const std::string& adapter, const SaveRequest& r) override {
-    return g_.call<Collect::first>(Dispatch::first, save_atom::value, adapter, r.dir, r.with_optimizer);
+    return g_.call<Collect::first>(Dispatch::first, save_atom::value, adapter, r.dir, r.with_optimizer,
+                                   r.max_shard_bytes);
   }
   Future<void> load(const std::string& adapter, const LoadRequest& r) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, load_atom::value, adapter, r.dir, r.with_optimizer));

@@ -36,6 +36,9 @@ namespace glint::actors {
 struct SaveRequest {
   std::string dir;              ///< a new directory (HF layout for the full model, PEFT for an adapter)
   bool with_optimizer = false;  ///< also optimizer.safetensors: moments and step
+  /// The full model's weights go in shards of at most this many bytes
+  /// (transformers' max_shard_size; a bigger tensor gets a shard alone).
+  int64_t max_shard_bytes = components::default_max_shard_bytes;
 };
 
 /// What a load reads: a directory written by save (or any HF / PEFT one).
@@ -61,6 +64,7 @@ public:
   virtual Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerConfig& scheduler) = 0;
   virtual Future<void> add_adapter(const std::string& adapter, const LoraConfig& lora, uint64_t seed) = 0;
   virtual Future<void> remove_adapter(const std::string& adapter) = 0;
+  virtual Future<void> load_adapter(const std::string& adapter, const std::string& dir) = 0;
   virtual Future<Metrics> calculate_metric(const std::string& adapter) = 0;
   virtual Future<std::string> train_configs(const std::string& adapter) = 0;
   virtual Future<std::string> save(const std::string& adapter, const SaveRequest& request) = 0;
@@ -113,6 +117,17 @@ public:
   /// zero. Error: the name is taken, or an invalid config.
   Future<void> add_adapter(const std::string& name, const LoraConfig& lora, uint64_t seed = 0) const {
     return backend_->add_adapter(name, lora, seed);
+  }
+  /// On every rank: a new LoRA adapter `name` read from a PEFT adapter
+  /// directory (adapter_config.json + adapter_model.safetensors, as
+  /// save or PEFT's save_pretrained write it); then use with_adapter(name).
+  /// Checked as a model load is: a missing file, a tensor of the wrong
+  /// shape, or a config field glint does not implement is an error naming
+  /// the file and what is wrong, and the rank's model is left unchanged
+  /// (a directory that only some ranks can read leaves the adapter on the
+  /// others: remove_adapter clears it). Error too: the name is taken.
+  Future<void> load_adapter(const std::string& name, const std::string& dir) const {
+    return backend_->load_adapter(name, dir);
   }
   /// On every rank: drops adapter `name`, its optimizer and its loss.
   Future<void> remove_adapter(const std::string& name) const { return backend_->remove_adapter(name); }

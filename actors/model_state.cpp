@@ -222,7 +222,7 @@ Result<std::string> ModelState::train_configs(const std::string& adapter) {
   j["adapter"] = adapter;
   if (const auto* lc = adapter.empty() ? nullptr : model_->adapter_config(adapter))
     j["lora"] = {{"r", lc->r}, {"alpha", lc->alpha}, {"dropout", lc->dropout}, {"target_modules", lc->target_modules},
-                 {"rslora", lc->rslora}};
+                 {"rslora", lc->rslora}, {"adapter_config", nlohmann::json::parse(lc->to_json())}};
   j["loss"] = {{"kind", to_string(t.loss.kind)}, {"epsilon", t.loss.epsilon}, {"epsilon_high", t.loss.epsilon_high},
                {"beta", t.loss.beta}, {"entropy_coef", t.loss.entropy_coef}, {"max_tokens", t.loss.max_tokens}};
   j["optimizer"] = {{"kind", to_string(t.optimizer.kind)}, {"lr", t.optimizer.lr}, {"weight_decay", t.optimizer.weight_decay},
@@ -235,10 +235,11 @@ Result<std::string> ModelState::train_configs(const std::string& adapter) {
   return j.dump(2);
 }
 
-Result<std::string> ModelState::save(const std::string& adapter, const std::string& dir, bool with_optimizer) {
+Result<std::string> ModelState::save(const std::string& adapter, const std::string& dir, bool with_optimizer,
+                                     int64_t max_shard_bytes) {
   auto t = tenant(adapter);
   if (!t) return t.error();
-  auto ok = adapter.empty() ? model_->save(dir) : model_->save_adapter(adapter, dir);
+  auto ok = adapter.empty() ? model_->save(dir, max_shard_bytes) : model_->save_adapter(adapter, dir);
   if (!ok) return ok.error();
   if (with_optimizer) {
     // Before the first step there is no state: an empty file says so, and
@@ -293,6 +294,16 @@ Result<void> ModelState::load(const std::string& adapter, const std::string& dir
     if (auto ok = (*tr)->load_optimizer_state(*state); !ok)
       return with_context(ok.error(), "the weights of " + dir + " are loaded, its optimizer state is not");
   }
+  return {};
+}
+
+Result<void> ModelState::load_adapter(const std::string& name, const std::string& dir) {
+  auto m = ready();
+  if (!m) return m.error();
+  if (name.empty()) return make_error(errc::invalid_argument, "load_adapter needs a name for the adapter");
+  if (auto ok = (*m)->load_adapter(name, dir); !ok) return ok.error();
+  // A fresh tenant: no trainer or metrics of an adapter of the same name before.
+  tenants_.erase(name);
   return {};
 }
 

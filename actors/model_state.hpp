@@ -57,11 +57,16 @@ public:
   /// A JSON text of the model config, adapters and `adapter`'s settings.
   Result<std::string> train_configs(const std::string& adapter);
 
-  /// Saves `adapter` ("" : the full model) into `dir`; answers `dir`.
-  Result<std::string> save(const std::string& adapter, const std::string& dir, bool with_optimizer);
+  /// Saves `adapter` ("" : the full model, sharded above max_shard_bytes)
+  /// into `dir`; answers `dir`.
+  Result<std::string> save(const std::string& adapter, const std::string& dir, bool with_optimizer,
+                           int64_t max_shard_bytes = components::default_max_shard_bytes);
   /// Loads `dir` into `adapter` ("" : new full weights, which drop every
   /// adapter). Reads everything before it changes anything.
   Result<void> load(const std::string& adapter, const std::string& dir, bool with_optimizer);
+  /// A new adapter `name` read from the PEFT directory `dir`; refused when
+  /// the name is taken. On error nothing changes.
+  Result<void> load_adapter(const std::string& name, const std::string& dir);
 
   /// The weights to sync or save: the base ("") under HF names, an
   /// adapter's under PEFT's, or with `merged` the base with the adapter

@@ -173,15 +173,14 @@ typename Inspector::result_type inspect(Inspector& f, SampleChunk& x) {
            x.stop_reason, x.error);
 }
 
-// CAF 0.17 atoms: at most 10 characters. add_adapter_atom and
-// remove_adapter_atom are the model's (actors/model.hpp).
+// CAF 0.17 atoms: at most 10 characters. add_adapter_atom,
+// load_adapter_atom and remove_adapter_atom are the model's (actors/model.hpp).
 using sample_atom = caf::atom_constant<caf::atom("sample")>;
 using sample_stream_atom = caf::atom_constant<caf::atom("sample_str")>;
 using update_weights_atom = caf::atom_constant<caf::atom("upd_weight")>;
 using stage_weights_atom = caf::atom_constant<caf::atom("stg_weight")>;
 using sync_recv_atom = caf::atom_constant<caf::atom("sync_recv")>;
 using stream_recv_atom = caf::atom_constant<caf::atom("ws_recv")>;
-using load_adapter_atom = caf::atom_constant<caf::atom("load_lora")>;
 using reset_prefix_cache_atom = caf::atom_constant<caf::atom("reset_pc")>;
 using sleep_atom = caf::atom_constant<caf::atom("sleep")>;  // also the probe's (same type)
 using wake_atom = caf::atom_constant<caf::atom("wake")>;

@@ -49,7 +49,7 @@ int init_model(const InitModelArgs& a) {
     auto tok = components::Tokenizer::parse(*json);
     bar.finish(std::to_string(tok->vocab_size()) + " tokens from " + std::to_string(texts.size()) + " texts");
     cfg.vocab_size = tok->vocab_size();
-    cfg.eos_token_id = tok->token_id("<|im_end|>");
+    cfg.eos_token_ids = {tok->token_id("<|im_end|>")};
     cfg.bos_token_id = -1;
     tokenizer_json = std::move(*json);
   }

@@ -17,6 +17,7 @@ packages=(
   librocksdb-dev                  # durable metadata
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libspdlog-dev
   libpcre2-dev libcpp-httplib-dev
+  libicu-dev                      # Unicode normalisation for tokenizer normalizers
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

@@ -9,8 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <thread>
 #include <cstring>
 #include <filesystem>
@@ -228,6 +230,117 @@ Result<void> write_safetensors(const std::string& path, const NamedTensors& tens
     ::unlink(tmp.c_str());
     return err;
   }
+  return {};
+}
+
+namespace {
+
+// Removes `path` if it is there.
+Result<void> remove_if_there(const fs::path& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    return make_error(errc::unavailable, "cannot remove " + path.string() + ": " + ec.message());
+  return {};
+}
+
+// Whether `name` is a shard name transformers writes: model-00001-of-00002.safetensors.
+bool is_shard_name(const std::string& name) {
+  constexpr std::string_view prefix = "model-", middle = "-of-", suffix = ".safetensors";
+  if (name.size() != prefix.size() + 5 + middle.size() + 5 + suffix.size()) return false;
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  auto digits = [&](size_t at) {
+    return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at), name.begin() + static_cast<std::ptrdiff_t>(at + 5),
+                       [](char c) { return c >= '0' && c <= '9'; });
+  };
+  size_t mid = prefix.size() + 5;
+  return digits(prefix.size()) && name.compare(mid, middle.size(), middle) == 0 && digits(mid + middle.size()) &&
+         name.compare(mid + middle.size() + 5, suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& tensors, int64_t max_shard_bytes,
+                                   const std::map<std::string, std::string>& metadata) {
+  if (max_shard_bytes <= 0)
+    return make_error(errc::invalid_argument,
+                      "max_shard_bytes must be positive, not " + std::to_string(max_shard_bytes));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
+  // huggingface_hub's split: in order; a tensor over the limit alone (its
+  // shard goes before the one being filled); otherwise a new shard when the
+  // next tensor would pass the limit.
+  const auto limit = static_cast<uint64_t>(max_shard_bytes);
+  std::vector<NamedTensors> shards;
+  NamedTensors current;
+  uint64_t current_bytes = 0, total_bytes = 0;
+  for (const auto& nt : tensors) {
+    const uint64_t bytes = nt.second.defined() ? nt.second.nbytes() : 0;
+    total_bytes += bytes;
+    if (bytes > limit) {
+      shards.push_back({nt});
+      continue;
+    }
+    if (current_bytes + bytes > limit) {
+      shards.push_back(std::move(current));
+      current = {};
+      current_bytes = 0;
+    }
+    current.push_back(nt);
+    current_bytes += bytes;
+  }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+
+  const fs::path root{dir};
+  const auto single = root / "model.safetensors", index = root / "model.safetensors.index.json";
+  std::set<std::string> written;
+  if (shards.size() == 1) {
+    // The loader prefers model.safetensors: once it is in place, an old
+    // index or old shards are never read; then they go.
+    if (auto ok = write_safetensors(single.string(), shards.front(), metadata); !ok) return ok;
+    if (auto ok = remove_if_there(index); !ok) return ok;
+  } else {
+    // No index until every shard is written: a crash in between leaves a
+    // directory that fails to load, never one that mixes old and new shards.
+    if (auto ok = remove_if_there(index); !ok) return ok;
+    if (auto ok = remove_if_there(single); !ok) return ok;
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    std::map<std::string, std::string> sorted_map;
+    const auto n = shards.size();
+    for (size_t i = 0; i < n; ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+      if (auto ok = write_safetensors((root / name).string(), shards[i], metadata); !ok) return ok;
+      written.insert(name);
+      for (const auto& [tensor, t] : shards[i]) sorted_map[tensor] = name;
+    }
+    for (const auto& [tensor, file] : sorted_map) weight_map[tensor] = file;
+    nlohmann::ordered_json j;
+    j["metadata"] = {{"total_size", total_bytes}};
+    j["weight_map"] = std::move(weight_map);
+    auto tmp = temp_path_for(index.string());
+    {
+      std::ofstream f{tmp};
+      f << j.dump(2) << "\n";
+      f.flush();
+      if (!f) {
+        fs::remove(tmp, ec);
+        return make_error(errc::unavailable, "cannot write " + tmp);
+      }
+    }
+    fs::rename(tmp, index, ec);
+    if (ec) return make_error(errc::unavailable, "cannot write " + index.string() + ": " + ec.message());
+  }
+  // Shards of an earlier save that this one did not overwrite.
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it{root, ec}, end; !ec && it != end; it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (is_shard_name(name) && !written.count(name)) stale.push_back(it->path());
+  }
+  if (ec) return make_error(errc::unavailable, "cannot list " + dir + ": " + ec.message());
+  for (const auto& path : stale)
+    if (auto ok = remove_if_there(path); !ok) return ok;
   return {};
 }
 

@@ -65,6 +65,22 @@ std::string_view safetensors_dtype(Dtype d);
 Result<void> write_safetensors(const std::string& path, const NamedTensors& tensors,
                                const std::map<std::string, std::string>& metadata = {});
 
+/// transformers' default max_shard_size ("5GB": decimal, as it counts).
+inline constexpr int64_t default_max_shard_bytes = 5'000'000'000;
+
+/// Writes `tensors` as the weights of a Hugging Face model directory, as
+/// transformers' save_pretrained does: `model.safetensors` when they take
+/// at most max_shard_bytes, else shards `model-00001-of-0000N.safetensors`
+/// and `model.safetensors.index.json` ({"metadata": {"total_size": bytes},
+/// "weight_map": {name: shard}}). Tensors go to shards in order, a new
+/// shard starting when the next would pass the limit; a tensor bigger than
+/// the limit gets a shard of its own (huggingface_hub's split). Weights of
+/// an earlier save in `dir` that this one does not use are removed, in an
+/// order that never leaves a readable directory with stale weights.
+Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& tensors,
+                                   int64_t max_shard_bytes = default_max_shard_bytes,
+                                   const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
 /// Every tensor of one safetensors file, by name (views of the mapped file).
 Result<std::map<std::string, Tensor>> load_safetensors(const std::string& path);
 

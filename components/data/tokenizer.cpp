@@ -1,15 +1,23 @@
 #include "components/data/tokenizer.hpp"
 
+#include "components/data/detail/added_tokens.hpp"
 #include "components/data/detail/byte_level.hpp"
+#include "components/data/detail/normalizer.hpp"
 #include "components/data/detail/regex.hpp"
+#include "components/data/detail/unicode.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
-#include <optional>
 #include <climits>
+#include <cstdio>
 #include <fstream>
+#include <initializer_list>
+#include <optional>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 namespace glint::components {
 
@@ -67,15 +75,31 @@ std::string merge_key(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+// A pre-tokenizer step, applied to each piece the steps before it made.
+struct PreStep {
+  bool prefix_space = false;           // ByteLevel's add_prefix_space: " " before a piece that lacks one
+  std::optional<detail::Regex> regex;  // none: the piece goes on whole
+};
+
 struct Tokenizer::Encoder {
   std::unordered_map<std::string, int64_t> ids;    // a vocabulary token's bytes -> id
   std::unordered_map<std::string, int32_t> ranks;  // merge_key(left, right) -> rank
-  std::vector<std::pair<std::string, int64_t>> added;
-  std::optional<detail::Regex> regex;  // none: a segment is one piece
-  bool add_prefix_space = false;
+  std::vector<std::pair<std::string, int64_t>> added;  // content -> id, for token_id
+  detail::AddedTokenSet raw_added;         // normalized = false: matched on the text as given
+  detail::AddedTokenSet normalized_added;  // normalized = true: matched on the normalized text
+  detail::Normalizer normalizer;
+  std::vector<PreStep> pre;
   bool ignore_merges = false;
+  bool byte_fallback = false;
+  bool fuse_unk = false;
+  std::optional<std::string> unk_token;  // as tokenizer.json writes it
+  std::string unk_bytes;                 // its bytes
 
-  // BPE of one pre-tokenized piece, appended to `out`.
+  // BPE of one pre-tokenized piece, appended to `out`. A byte without a
+  // vocabulary token becomes, as in Hugging Face's BPE::merge_word, <0xNN>
+  // tokens (byte_fallback) or the unknown token (fused with a neighbouring
+  // one under fuse_unk); with neither, Hugging Face drops the byte silently
+  // and this refuses.
   Result<void> merge(std::string_view piece, std::vector<int64_t>& out) const {
     if (piece.empty()) return {};
     if (ignore_merges)
@@ -84,7 +108,43 @@ struct Tokenizer::Encoder {
         return {};
       }
     std::vector<std::string> sym;
-    for (char c : piece) sym.emplace_back(1, c);
+    std::optional<std::string> unk;  // an unknown-token symbol not yet placed
+    for (char c : piece) {
+      std::string s(1, c);
+      if (ids.count(s)) {
+        if (unk) sym.push_back(*std::exchange(unk, std::nullopt));
+        sym.push_back(std::move(s));
+        continue;
+      }
+      if (byte_fallback) {
+        // The <0xNN> tokens of the UTF-8 bytes of the byte-level character
+        // that stands for this byte, if the vocabulary has them all (an
+        // unknown token still pending goes after them, as in Hugging Face).
+        std::vector<std::string> codes;
+        for (unsigned char u : detail::to_byte_level(s)) {
+          char code[8];
+          std::snprintf(code, sizeof(code), "<0x%02X>", u);
+          codes.emplace_back(code);
+        }
+        if (std::all_of(codes.begin(), codes.end(), [&](const std::string& k) { return ids.count(k) > 0; })) {
+          sym.insert(sym.end(), codes.begin(), codes.end());
+          continue;
+        }
+      }
+      if (unk_token) {
+        if (!ids.count(unk_bytes))
+          return make_error(errc::invalid_argument,
+                            "model.unk_token '" + *unk_token + "' is not in the vocabulary, and a byte needs it");
+        if (unk && !fuse_unk) sym.push_back(*unk);
+        unk = unk_bytes;
+        continue;
+      }
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned char>(c));
+      return make_error(errc::invalid_argument, std::string{"the vocabulary has no token for the byte 0x"} + hex +
+                                                    " and model.unk_token is null (Hugging Face would drop it silently)");
+    }
+    if (unk) sym.push_back(std::move(*unk));
     while (sym.size() > 1) {
       int32_t best = INT32_MAX;
       size_t at = 0;
@@ -110,57 +170,129 @@ struct Tokenizer::Encoder {
     return {};
   }
 
-  // A segment without added tokens: pre-tokenized, then merged.
-  Result<void> encode_segment(std::string_view text, std::vector<int64_t>& out) const {
+  // Pre-tokenizer steps from `step` on, then BPE.
+  Result<void> pre_tokenize(std::string_view text, size_t step, std::vector<int64_t>& out) const {
+    if (step == pre.size()) return merge(text, out);
+    const auto& s = pre[step];
     std::string buf;
-    if (add_prefix_space && !text.empty() && text[0] != ' ') {
+    if (s.prefix_space && !text.empty() && text[0] != ' ') {
       buf = " " + std::string{text};
       text = buf;
     }
-    if (!regex) return merge(text, out);
-    return regex->split(text, [&](std::string_view piece) { return merge(piece, out); });
+    if (!s.regex) return pre_tokenize(text, step + 1, out);
+    return s.regex->split(text, [&](std::string_view piece) { return pre_tokenize(piece, step + 1, out); });
+  }
+
+  // A piece of the raw text between tokens matched on it: normalized, cut
+  // at the normalized added tokens, and the rest pre-tokenized and merged.
+  // As in Hugging Face's AddedVocabulary::extract_and_normalize.
+  Result<void> encode_piece(std::string_view raw, std::vector<int64_t>& out) const {
+    std::string normalized;
+    std::string_view text = raw;
+    if (!normalizer.empty()) {
+      auto n = normalizer.apply(raw);
+      if (!n) return n.error();
+      normalized = std::move(*n);
+      text = normalized;
+    }
+    return normalized_added.split(text, [&](std::string_view piece, int64_t id) -> Result<void> {
+      if (id >= 0) {
+        out.push_back(id);
+        return {};
+      }
+      return pre_tokenize(piece, 0, out);
+    });
   }
 };
 
 namespace {
 
-// The regex and prefix-space setting of a tokenizer.json pre_tokenizer:
-// ByteLevel (GPT-2's regex unless use_regex is false), Split (a regex,
-// "Isolated": matches and the text between them are pieces), or a Sequence
-// of them. An empty pattern: no split.
-Result<void> read_pre_tokenizer(const nlohmann::json& p, std::string& pattern, bool& prefix_space,
-                                const std::string& origin) {
-  if (p.is_null()) return {};
-  auto type = p.value("type", std::string{});
+std::string show(const nlohmann::json& v) { return v.is_string() ? "'" + v.get<std::string>() + "'" : v.dump(); }
+
+// The steps of a tokenizer.json pre_tokenizer at `field`: ByteLevel (GPT-2's
+// regex unless use_regex is false; add_prefix_space), Split (a regex or a
+// literal, "Isolated": matches and the text between them are pieces), or a
+// Sequence of them, in order. ByteLevel must come last: after it, Hugging
+// Face works on byte-level characters, which this encoder never makes. An
+// unimplemented error says why this tokenizer cannot encode; an
+// invalid_argument one (a regex that does not compile) refuses the file.
+Result<void> read_pre_tokenizer(const nlohmann::json& p, const std::string& field, const std::string& origin,
+                                std::vector<PreStep>& steps, bool& byte_level) {
+  if (p.is_null() && field == "pre_tokenizer") return {};
+  auto type_it = p.is_object() ? p.find("type") : p.end();
+  if (!p.is_object() || type_it == p.end() || !type_it->is_string())
+    return make_error(errc::invalid_argument, origin + ": " + field + " " + show(p) + " is not a pre-tokenizer");
+  const auto type = type_it->get<std::string>();
   if (type == "Sequence") {
-    for (const auto& q : p.at("pretokenizers"))
-      if (auto ok = read_pre_tokenizer(q, pattern, prefix_space, origin); !ok) return ok;
+    auto list = p.find("pretokenizers");
+    if (list == p.end() || !list->is_array())
+      return make_error(errc::invalid_argument, origin + ": " + field + ".pretokenizers is not an array");
+    for (size_t i = 0; i < list->size(); ++i)
+      if (auto ok = read_pre_tokenizer((*list)[i], field + ".pretokenizers[" + std::to_string(i) + "]", origin,
+                                       steps, byte_level);
+          !ok)
+        return ok;
     return {};
   }
+  if (byte_level)
+    return make_error(errc::unimplemented, origin + ": " + field + ".type '" + type +
+                                               "' after a ByteLevel pre-tokenizer is not supported for encoding "
+                                               "(it would work on byte-level characters)");
   if (type == "ByteLevel") {
-    prefix_space = p.value("add_prefix_space", false);
+    byte_level = true;
+    PreStep step;
+    step.prefix_space = p.value("add_prefix_space", false);
     if (p.value("use_regex", true)) {
-      if (!pattern.empty()) return make_error(errc::unimplemented, origin + ": two pre-tokenizer regexes in sequence");
-      pattern = detail::kGpt2Pattern;
+      auto regex = detail::Regex::compile(detail::kGpt2Pattern);
+      if (!regex) return with_context(regex.error(), origin + ": " + field);
+      step.regex = std::move(*regex);
     }
+    steps.push_back(std::move(step));
     return {};
   }
   if (type == "Split") {
-    const auto& pat = p.at("pattern");
     auto behavior = p.value("behavior", std::string{"Isolated"});
-    if (behavior != "Isolated" || p.value("invert", false))
-      return make_error(errc::unimplemented, origin + ": Split pre-tokenizer with behavior " + behavior +
-                                                 " (only Isolated, not inverted, is supported)");
-    if (!pattern.empty()) return make_error(errc::unimplemented, origin + ": two pre-tokenizer regexes in sequence");
-    if (pat.contains("Regex")) pattern = pat.at("Regex").get<std::string>();
-    else {
-      // A literal string: quote it for PCRE2.
-      pattern = "\\Q" + pat.at("String").get<std::string>() + "\\E";
-    }
+    if (behavior != "Isolated")
+      return make_error(errc::unimplemented, origin + ": " + field + ".behavior '" + behavior +
+                                                 "' is not supported for encoding (only Isolated)");
+    if (p.value("invert", false))
+      return make_error(errc::unimplemented,
+                        origin + ": " + field + ".invert true is not supported for encoding (only false)");
+    auto pat = p.find("pattern");
+    if (pat == p.end() || !pat->is_object() || pat->size() != 1 || !pat->begin()->is_string() ||
+        !(pat->contains("Regex") || pat->contains("String")))
+      return make_error(errc::invalid_argument, origin + ": " + field + ".pattern " +
+                                                    (pat == p.end() ? "(missing)" : show(*pat)) +
+                                                    " must be {\"String\": text} or {\"Regex\": pattern}");
+    const auto& text = pat->begin()->get_ref<const std::string&>();
+    const bool literal = pat->contains("String");
+    auto regex = detail::Regex::compile(literal ? detail::quote(text) : text,
+                                        origin + ": " + field + ".pattern." + pat->begin().key() + " " + show(text));
+    if (!regex) return regex.error();
+    steps.push_back({false, std::move(*regex)});
     return {};
   }
-  return make_error(errc::unimplemented, origin + ": pre-tokenizer type '" + type + "' is not supported for encoding");
+  return make_error(errc::unimplemented, origin + ": " + field + ".type '" + type +
+                                             "' is not supported for encoding (supported: ByteLevel, Split, Sequence)");
 }
+
+// A boolean field of `j` at `field`, `fallback` when absent.
+Result<bool> flag(const nlohmann::json& j, const char* key, bool fallback, const std::string& field,
+                  const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (!it->is_boolean())
+    return make_error(errc::invalid_argument,
+                      origin + ": " + field + "." + key + " " + show(*it) + " is not true or false");
+  return it->get<bool>();
+}
+
+struct AddedEntry {
+  std::string field;  // "added_tokens[3]", for errors
+  std::string content;
+  int64_t id;
+  bool special, normalized, lstrip, rstrip, single_word;
+};
 
 }  // namespace
 
@@ -174,15 +306,23 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
 
 Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& origin) try {
   auto j = nlohmann::json::parse(text);
-  auto vocab = j.at("model").at("vocab");
+  const auto& model = j.at("model");
+  if (auto type = model.find("type"); type != model.end() && *type != "BPE")
+    return make_error(errc::unimplemented, origin + ": model.type " + show(*type) + " is not supported (only BPE)");
+  auto vocab = model.at("vocab");
   if (!vocab.is_object()) return make_error(errc::invalid_argument, origin + ": model.vocab is not an object");
   // Byte-level unless the decoder says otherwise.
   bool byte_level = true;
+  std::string sentence_piece_why;
   if (auto d = j.find("decoder"); d != j.end() && d->is_object()) {
     auto type = d->value("type", std::string{});
-    if (type == "Sequence" || type == "Metaspace" || type == "Replace" || type == "ByteFallback") byte_level = false;
-  } else if (auto m = j.at("model").find("byte_fallback"); m != j.at("model").end() && m->is_boolean() && m->get<bool>()) {
+    if (type == "Sequence" || type == "Metaspace" || type == "Replace" || type == "ByteFallback") {
+      byte_level = false;
+      sentence_piece_why = "decoder.type '" + type + "'";
+    }
+  } else if (auto m = model.find("byte_fallback"); m != model.end() && m->is_boolean() && m->get<bool>()) {
     byte_level = false;
+    sentence_piece_why = "model.byte_fallback true without a decoder";
   }
   const auto& inv = detail::byte_level_inverse();
   Tokenizer t;
@@ -206,24 +346,95 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
     }
     if (auto ok = put(id.get<int64_t>(), std::move(bytes)); !ok) return ok.error();
   }
-  std::vector<std::pair<std::string, int64_t>> added_tokens;
-  if (auto added = j.find("added_tokens"); added != j.end() && added->is_array()) {
-    for (const auto& a : *added) {
-      auto id = a.at("id").get<int64_t>();
-      if (auto ok = put(id, a.at("content").get<std::string>()); !ok) return ok.error();
-      if (a.value("special", false)) t.special_.insert(id);
-      added_tokens.emplace_back(a.at("content").get<std::string>(), id);
+  // Refused at load even for a tokenizer that only decodes: a normalizer
+  // this cannot apply means the vocabulary was made for other text.
+  auto normalizer = detail::Normalizer::parse(j.contains("normalizer") ? j["normalizer"] : nlohmann::json{}, origin);
+  if (!normalizer) return normalizer.error();
+  std::vector<AddedEntry> added;
+  std::unordered_map<std::string, int64_t> hf_ids;  // content -> the id Hugging Face gives it
+  auto next_hf_id = static_cast<int64_t>(vocab.size());
+  std::string id_mismatch;  // the first added token whose id Hugging Face would not give it
+  if (auto list = j.find("added_tokens"); list != j.end() && list->is_array()) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      const auto& a = (*list)[i];
+      const std::string field = "added_tokens[" + std::to_string(i) + "]";
+      if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
+        return make_error(errc::invalid_argument, origin + ": " + field + " " + show(a) + " has no string content");
+      AddedEntry e{field, a["content"].get<std::string>(), a.at("id").get<int64_t>(), false, false, false, false, false};
+      auto special = flag(a, "special", false, field, origin);
+      if (!special) return special.error();
+      e.special = *special;
+      // Hugging Face's AddedToken defaults: special tokens match the raw
+      // text, others the normalized text.
+      for (auto [key, fallback, out] : {std::tuple{"normalized", !e.special, &e.normalized},
+                                        std::tuple{"lstrip", false, &e.lstrip}, std::tuple{"rstrip", false, &e.rstrip},
+                                        std::tuple{"single_word", false, &e.single_word}}) {
+        auto v = flag(a, key, fallback, field, origin);
+        if (!v) return v.error();
+        *out = *v;
+      }
+      if (auto ok = put(e.id, e.content); !ok) return ok.error();
+      if (e.special) t.special_.insert(e.id);
+      // Hugging Face ignores "id" when it reads the file: it numbers the
+      // added tokens itself (AddedVocabulary::add_tokens), and the ids it
+      // writes follow that rule. Where this file's do not, encode refuses.
+      if (!e.content.empty()) {
+        auto [it, fresh] = hf_ids.try_emplace(e.content, 0);
+        if (fresh) {
+          auto v = vocab.find(e.content);
+          it->second = v != vocab.end() ? v->get<int64_t>() : next_hf_id++;
+        }
+        if (it->second != e.id && id_mismatch.empty())
+          id_mismatch = field + ".id " + std::to_string(e.id) + " is not the id Hugging Face gives '" + e.content +
+                        "' (" + std::to_string(it->second) +
+                        ": the vocabulary's id of that text, else the next one from the vocabulary's size up)";
+        if (!fresh) {
+          // The same content again: Hugging Face keeps one token, with
+          // the later flags.
+          auto earlier =
+              std::find_if(added.begin(), added.end(), [&](const AddedEntry& a) { return a.content == e.content; });
+          *earlier = std::move(e);
+          continue;
+        }
+      }
+      added.push_back(std::move(e));
     }
   }
   if (!byte_level) {
-    t.encode_error_ = origin + " is a SentencePiece-style tokenizer; encoding supports byte-level BPE only";
+    t.encode_error_ = origin + ": " + sentence_piece_why +
+                      " marks a SentencePiece-style vocabulary, which decodes only; encoding supports byte-level BPE";
     return t;
   }
   auto enc = std::make_shared<Encoder>();
-  enc->added = std::move(added_tokens);
+  // Why this tokenizer cannot encode: the first field it does not honour.
+  auto cannot_encode = [&](std::string why) {
+    if (t.encode_error_.empty()) t.encode_error_ = origin + ": " + std::move(why);
+  };
+  if (!id_mismatch.empty()) cannot_encode(std::move(id_mismatch));
   for (auto& [token, id] : vocab.items()) enc->ids.emplace(*decode_byte_level(token, inv), id.get<int64_t>());
-  const auto& model = j.at("model");
-  enc->ignore_merges = model.value("ignore_merges", false);
+  for (auto [key, out] : std::initializer_list<std::pair<const char*, bool*>>{
+           {"ignore_merges", &enc->ignore_merges}, {"byte_fallback", &enc->byte_fallback}, {"fuse_unk", &enc->fuse_unk}}) {
+    auto v = flag(model, key, false, "model", origin);
+    if (!v) return v.error();
+    *out = *v;
+  }
+  if (auto u = model.find("unk_token"); u != model.end() && !u->is_null()) {
+    if (!u->is_string())
+      return make_error(errc::invalid_argument, origin + ": model.unk_token " + show(*u) + " is not a string");
+    enc->unk_token = u->get<std::string>();
+    if (auto b = decode_byte_level(*enc->unk_token, inv)) enc->unk_bytes = std::move(*b);
+  }
+  if (auto d = model.find("dropout"); d != model.end() && !d->is_null()) {
+    if (!d->is_number())
+      return make_error(errc::invalid_argument, origin + ": model.dropout " + show(*d) + " is not a number");
+    if (d->get<double>() > 0)
+      cannot_encode("model.dropout " + d->dump() +
+                    " is not supported for encoding (BPE dropout skips merges at random)");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (auto v = model.find(key);
+        v != model.end() && !v->is_null() && !(v->is_string() && v->get<std::string>().empty()))
+      cannot_encode(std::string{"model."} + key + " " + show(*v) + " is not supported for encoding");
   if (auto merges = model.find("merges"); merges != model.end() && merges->is_array()) {
     int32_t rank = 0;
     for (const auto& m : *merges) {
@@ -244,17 +455,40 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
       enc->ranks.emplace(merge_key(*ra, *rb), rank++);
     }
   }
-  std::string pattern;
-  if (auto ok = read_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json{}), pattern, enc->add_prefix_space, origin);
+  bool byte_level_step = false;
+  if (auto ok = read_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json{},
+                                   "pre_tokenizer", origin, enc->pre, byte_level_step);
       !ok) {
-    t.encode_error_ = describe(ok.error());
-    return t;
+    if (code_of(ok.error()) != errc::unimplemented) return ok.error();
+    if (t.encode_error_.empty()) t.encode_error_ = context_of(ok.error());
   }
-  if (!pattern.empty()) {
-    auto regex = detail::Regex::compile(pattern);
-    if (!regex) return with_context(regex.error(), origin);
-    enc->regex = std::move(*regex);
+  // Added tokens: the two matching sets. A normalized token is matched by
+  // its content normalized, as Hugging Face's refresh_added_tokens does.
+  // Hugging Face skips a token with empty content.
+  std::vector<detail::AddedToken> raw, normalized;
+  std::unordered_map<std::string, std::string> pattern_of;  // normalized pattern -> the field that has it
+  for (const auto& e : added) {
+    enc->added.emplace_back(e.content, e.id);
+    if (e.content.empty()) continue;
+    detail::AddedToken token{e.content, e.id, e.single_word, e.lstrip, e.rstrip};
+    if (e.normalized) {
+      auto n = normalizer->apply(e.content);
+      if (!n) return with_context(n.error(), origin + ": " + e.field);
+      if (n->empty())
+        cannot_encode(e.field + ".content '" + e.content + "' normalizes to nothing, which would match everywhere");
+      // Which of two tokens matches the same text is left to hash order in
+      // Hugging Face.
+      if (auto [it, fresh] = pattern_of.try_emplace(*n, e.field); !fresh)
+        cannot_encode(e.field + ".content '" + e.content + "' and " + it->second +
+                      ".content normalize to the same text '" + *n + "'; Hugging Face matches either");
+      token.pattern = std::move(*n);
+    }
+    (e.normalized ? normalized : raw).push_back(std::move(token));
   }
+  enc->raw_added = detail::AddedTokenSet{std::move(raw)};
+  enc->normalized_added = detail::AddedTokenSet{std::move(normalized)};
+  enc->normalizer = std::move(*normalizer);
+  if (!t.encode_error_.empty()) return t;
   t.encoder_ = std::move(enc);
   return t;
 } catch (const nlohmann::json::exception& e) {
@@ -276,26 +510,16 @@ std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special) c
 Result<std::vector<int64_t>> Tokenizer::encode(std::string_view text) const {
   if (!encoder_) return make_error(errc::unimplemented, encode_error_);
   std::vector<int64_t> out;
-  // Added tokens first, leftmost and then longest.
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t best = std::string_view::npos, len = 0;
-    int64_t id = -1;
-    for (const auto& [content, tid] : encoder_->added) {
-      if (content.empty()) continue;
-      auto at = text.find(content, pos);
-      if (at != std::string_view::npos && (at < best || (at == best && content.size() > len))) {
-        best = at;
-        len = content.size();
-        id = tid;
-      }
+  // Tokens matched on the raw text first; the pieces between them are
+  // normalized and go on (Encoder::encode_piece).
+  auto ok = encoder_->raw_added.split(text, [&](std::string_view piece, int64_t id) -> Result<void> {
+    if (id >= 0) {
+      out.push_back(id);
+      return {};
     }
-    const auto stop = best == std::string_view::npos ? text.size() : best;
-    if (auto ok = encoder_->encode_segment(text.substr(pos, stop - pos), out); !ok) return ok.error();
-    if (best == std::string_view::npos) break;
-    out.push_back(id);
-    pos = best + len;
-  }
+    return encoder_->encode_piece(piece, out);
+  });
+  if (!ok) return ok.error();
   return out;
 }
 
@@ -312,40 +536,9 @@ std::string to_valid_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    // Lead byte: length and the allowed range of the second byte (no
-    // overlongs, no surrogates, nothing above U+10FFFF).
-    int len = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) len = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    }
-    size_t k = 1;
-    if (len > 0) {
-      for (; k < static_cast<size_t>(len) && i + k < s.size(); ++k) {
-        auto b = static_cast<unsigned char>(s[i + k]);
-        if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) break;
-      }
-    }
-    if (len > 0 && k == static_cast<size_t>(len)) {
-      out.append(s.substr(i, k));
-    } else {
-      out += "\xef\xbf\xbd";  // U+FFFD for the maximal invalid subpart
-      k = std::max<size_t>(k, 1);
-    }
-    i += k;
+    const size_t start = i;
+    if (detail::next_utf8(s, i) >= 0) out.append(s.substr(start, i - start));
+    else out += "\xef\xbf\xbd";  // U+FFFD for the maximal invalid subpart
   }
   return out;
 }

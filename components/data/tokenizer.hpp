@@ -5,15 +5,29 @@
 ///   auto ids = tok->encode("Hello world");   // Result<std::vector<int64_t>>
 ///   std::string text = tok->decode(*ids);
 ///
-/// Encoding covers byte-level BPE tokenizers (GPT-2, Qwen, Llama-3): added
-/// and special tokens are matched literally first, the rest is split by the
-/// pre-tokenizer's regex (PCRE2 with Unicode properties) and merged by BPE
-/// rank. Any bytes encode: a byte sequence that is not valid UTF-8 is never
-/// matched by the regex and becomes pieces of its own, so encode then decode
-/// gives back valid UTF-8 text exactly and turns invalid bytes into U+FFFD.
-/// Decoding also reads SentencePiece-style vocabularies ("▁" for spaces,
-/// <0xNN> byte fallback), which do not encode yet. Immutable after load:
-/// safe to share between threads.
+/// Encoding covers byte-level BPE tokenizers (GPT-2, Qwen, Llama-3) and
+/// follows Hugging Face's tokenizers, as `encode(text,
+/// add_special_tokens=False)` there: added tokens with normalized = false
+/// are matched on the text first; each piece between them is normalized
+/// (tokenizer.json's "normalizer"), added tokens with normalized = true are
+/// matched on that, and the rest is split by the pre-tokenizer (PCRE2 with
+/// Unicode properties) and merged by BPE rank. The lstrip, rstrip and
+/// single_word flags of added tokens, unk_token, fuse_unk, byte_fallback and
+/// ignore_merges are honoured. A field that would change the ids and is not
+/// supported is refused, naming the file, the field and its value: an
+/// unsupported normalizer or model type at load; an unsupported
+/// pre-tokenizer, BPE dropout, a subword prefix or suffix, or added-token ids
+/// that Hugging Face would number otherwise by `encode`, which then says why
+/// (the tokenizer still decodes). The post-processor does not apply (no
+/// special tokens are added), nor do truncation and padding.
+///
+/// Any bytes encode: a byte sequence that is not valid UTF-8 is never
+/// matched by the regex and becomes pieces of its own (normalizers leave it
+/// as it is), so without a normalizer encode then decode gives back valid
+/// UTF-8 text exactly and turns invalid bytes into U+FFFD. Decoding also
+/// reads SentencePiece-style vocabularies ("▁" for spaces, <0xNN> byte
+/// fallback), which do not encode yet. Immutable after load: safe to share
+/// between threads.
 
 #include "runtime/error.hpp"
 
@@ -44,8 +58,9 @@ public:
   /// that are not valid UTF-8 (a character cut between tokens) become
   /// U+FFFD, as Hugging Face's decode does.
   std::string decode(std::span<const int64_t> ids, bool skip_special = true) const;
-  /// The ids of `text`; an error for a tokenizer that cannot encode (not
-  /// byte-level BPE, or a vocabulary without some byte).
+  /// The ids of `text`; an error for a tokenizer that cannot encode (why:
+  /// the file and field it does not honour), or for a byte the vocabulary
+  /// lacks when there is no unk_token or byte fallback.
   Result<std::vector<int64_t>> encode(std::string_view text) const;
   /// The id of an added or vocabulary token given by its text, or -1.
   int64_t token_id(std::string_view token) const;

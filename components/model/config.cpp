@@ -1,8 +1,12 @@
 #include "components/model/config.hpp"
 
+#include "runtime/log.hpp"
+
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace glint::components {
@@ -25,6 +29,26 @@ Result<Architecture> parse_architecture(std::string_view name) {
   return make_error(errc::unimplemented, "architecture '" + std::string{name} +
                                              "' is not supported; glint loads LlamaForCausalLM, Qwen2ForCausalLM "
                                              "and Qwen3ForCausalLM");
+}
+
+Result<Activation> parse_activation(std::string_view name) {
+  if (name == "silu" || name == "swish") return Activation::silu;
+  if (name == "gelu") return Activation::gelu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return Activation::gelu_tanh;
+  if (name == "relu") return Activation::relu;
+  return make_error(errc::unimplemented, "activation '" + std::string{name} +
+                                             "' is not supported (glint computes silu, swish, gelu, gelu_new, "
+                                             "gelu_pytorch_tanh, gelu_fast and relu)");
+}
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::silu: return "silu";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_pytorch_tanh";
+    case Activation::relu: return "relu";
+  }
+  return "?";
 }
 
 namespace {
@@ -106,9 +130,24 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   if (!arch) return with_context(arch.error(), origin);
   c.architecture = *arch;
   apply_architecture_defaults(c);
+  const bool qwen = c.architecture != Architecture::llama;
+
+  // The fields read below; every other one goes to extra_json.
+  std::set<std::string> used = {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+                                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+                                "partial_rotary_factor", "tie_word_embeddings", "max_position_embeddings",
+                                "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "hidden_act",
+                                "attention_dropout", "initializer_range", "quantization_config"};
+  // transformers' Qwen2 always has q/k/v biases and reads no attention_bias;
+  // its Llama reads no sliding window.
+  if (c.architecture != Architecture::qwen2) used.insert("attention_bias");
+  if (c.architecture == Architecture::llama) used.insert("mlp_bias");
+  if (qwen) used.insert({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"});
 
   bool attention_bias = c.architecture == Architecture::qwen2;
-  std::string torch_dtype = "float32";
+  std::string torch_dtype = "float32", hidden_act = "silu";
+  double attention_dropout = 0.0, partial_rotary_factor = 1.0;
   caf::error err;
   auto field = [&](const char* key, auto& out) {
     if (!err) err = read(j, key, out, origin);
@@ -122,51 +161,171 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   field("num_key_value_heads", c.num_key_value_heads);
   field("head_dim", c.head_dim);
   field("rms_norm_eps", c.rms_norm_eps);
-  field("rope_theta", c.rope_theta);
   field("tie_word_embeddings", c.tie_word_embeddings);
   field("max_position_embeddings", c.max_position_embeddings);
   field("torch_dtype", torch_dtype);
+  field("dtype", torch_dtype);  // current transformers' name; wins over torch_dtype
+  field("hidden_act", hidden_act);
+  field("attention_dropout", attention_dropout);
+  field("partial_rotary_factor", partial_rotary_factor);
+  field("initializer_range", c.initializer_range);
   if (c.architecture != Architecture::qwen2) field("attention_bias", attention_bias);
   if (c.architecture == Architecture::llama) field("mlp_bias", c.mlp_bias);
+  bool use_sliding_window = false;
+  int64_t sliding_window = 4096;
+  if (qwen) {
+    field("use_sliding_window", use_sliding_window);
+    field("sliding_window", sliding_window);
+    field("max_window_layers", c.max_window_layers);
+  }
   if (auto b = j.find("bos_token_id"); b != j.end() && b->is_number_integer()) c.bos_token_id = b->get<int64_t>();
-  if (auto e = j.find("eos_token_id"); e != j.end()) {
-    if (e->is_number_integer()) c.eos_token_id = e->get<int64_t>();
-    else if (e->is_array() && !e->empty() && (*e)[0].is_number_integer()) c.eos_token_id = (*e)[0].get<int64_t>();
+  if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
+    if (e->is_number_integer()) {
+      c.eos_token_ids = {e->get<int64_t>()};
+    } else if (e->is_array() && std::all_of(e->begin(), e->end(), [](const json& x) { return x.is_number_integer(); })) {
+      c.eos_token_ids = e->get<std::vector<int64_t>>();
+    } else {
+      return make_error(errc::invalid_argument, origin + ": field 'eos_token_id' should be an integer or a list of "
+                                                         "integers, not " + e->dump());
+    }
   }
   if (err) return err;
   for (auto* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
     if (!j.contains(key)) return make_error(errc::invalid_argument, origin + " lacks the field '" + key + "'");
   if (c.num_key_value_heads == 0) c.num_key_value_heads = c.num_attention_heads;
-  if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (c.head_dim == 0) {
+    // transformers' defaults: Qwen3Config(head_dim=128); Llama and Qwen2
+    // derive it from the hidden size.
+    if (c.architecture == Architecture::qwen3) c.head_dim = 128;
+    else if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
   if (c.architecture == Architecture::qwen2) {
     c.qkv_bias = true;
     c.o_bias = false;
   } else {
     c.qkv_bias = c.o_bias = attention_bias;
   }
+  auto refuse = [&](const std::string& what) { return make_error(errc::invalid_argument, origin + ": " + what); };
+  auto unsupported = [&](const std::string& what) { return make_error(errc::unimplemented, origin + ": " + what); };
 
-  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
-    if (!rs->is_object()) return make_error(errc::invalid_argument, origin + ": rope_scaling should be an object or null");
-    std::string type;
-    if (auto t = rs->find("rope_type"); t != rs->end() && t->is_string()) type = t->get<std::string>();
-    else if (auto t2 = rs->find("type"); t2 != rs->end() && t2->is_string()) type = t2->get<std::string>();
-    if (type == "linear") {
-      auto f = rs->find("factor");
-      if (f == rs->end() || !f->is_number())
-        return make_error(errc::invalid_argument, origin + ": rope_scaling of type linear needs a numeric factor");
-      c.rope_linear_factor = f->get<double>();
-    } else if (type != "default") {
-      return make_error(errc::unimplemented, origin + ": rope_scaling type '" + type +
-                                                 "' is not supported (glint supports none and linear)");
+  auto act = parse_activation(hidden_act);
+  if (!act) return with_context(act.error(), origin + ": field 'hidden_act'");
+  c.hidden_act = *act;
+  if (attention_dropout != 0.0)
+    return unsupported("field 'attention_dropout' is " + json(attention_dropout).dump() +
+                       "; glint trains without dropout on attention weights (only 0.0 is supported)");
+  if (partial_rotary_factor != 1.0)
+    return unsupported("field 'partial_rotary_factor' is " + json(partial_rotary_factor).dump() +
+                       "; glint rotates every dimension of a head (only 1.0 is supported)");
+  if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null())
+    return unsupported("field 'quantization_config' is " + q->dump() +
+                       ": quantized weights are not supported; use the model's float16, bfloat16 or float32 weights");
+
+  // RoPE: rope_parameters (current transformers) or rope_theta + rope_scaling.
+  double theta = 10000.0;  // LlamaConfig's, Qwen2Config's and Qwen3Config's default
+  const json* scaling = nullptr;
+  std::string scaling_field = "rope_scaling";
+  if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
+    if (!rp->is_object()) return refuse("field 'rope_parameters' should be an object, not " + rp->dump());
+    if (auto t = rp->find("rope_theta"); t != rp->end()) {
+      if (!t->is_number()) return refuse("field 'rope_parameters.rope_theta' should be a number, not " + t->dump());
+      theta = t->get<double>();
+    } else if (auto top = j.find("rope_theta"); top != j.end() && top->is_number()) {
+      theta = top->get<double>();
     }
+    if (auto f = rp->find("partial_rotary_factor"); f != rp->end() && !(f->is_number() && f->get<double>() == 1.0))
+      return unsupported("field 'rope_parameters.partial_rotary_factor' is " + f->dump() +
+                         "; glint rotates every dimension of a head (only 1.0 is supported)");
+    scaling = &*rp;
+    scaling_field = "rope_parameters";
+  } else {
+    field("rope_theta", theta);
+    if (err) return err;
+    if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
+      if (!rs->is_object()) return refuse("field 'rope_scaling' should be an object or null, not " + rs->dump());
+      scaling = &*rs;
+    }
+  }
+  c.rope_theta = theta;
+  if (scaling) {
+    std::string type = "default";
+    if (auto t = scaling->find("rope_type"); t != scaling->end() && t->is_string()) type = t->get<std::string>();
+    else if (auto t2 = scaling->find("type"); t2 != scaling->end() && t2->is_string()) type = t2->get<std::string>();
+    auto number = [&](const char* key, auto& out) -> caf::error {
+      auto f = scaling->find(key);
+      if (f == scaling->end() || !f->is_number())
+        return refuse("field '" + scaling_field + "." + key + "' of rope type " + type + " should be a number, not " +
+                      (f == scaling->end() ? std::string{"absent"} : f->dump()));
+      out = f->template get<std::remove_reference_t<decltype(out)>>();
+      return caf::none;
+    };
+    if (type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::linear;
+      if (auto e = number("factor", c.rope_scaling.factor)) return e;
+    } else if (type == "llama3") {
+      c.rope_scaling.type = RopeScaling::Type::llama3;
+      if (auto e = number("factor", c.rope_scaling.factor)) return e;
+      if (auto e = number("low_freq_factor", c.rope_scaling.low_freq_factor)) return e;
+      if (auto e = number("high_freq_factor", c.rope_scaling.high_freq_factor)) return e;
+      if (auto e = number("original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings)) return e;
+    } else if (type != "default") {
+      return unsupported("field '" + scaling_field + "' has rope type '" + type +
+                         "', which glint does not support (it supports default, linear and llama3)");
+    }
+  }
+
+  // Sliding window, as transformers' Qwen2Config and Qwen3Config derive it:
+  // the window exists only with use_sliding_window; layer_types, when given,
+  // says which layers use it, else the layers from max_window_layers on.
+  if (qwen) {
+    if (use_sliding_window) {
+      if (sliding_window <= 0)
+        return refuse("field 'sliding_window' is " + std::to_string(sliding_window) +
+                      "; with use_sliding_window it must be a positive number of positions");
+      c.sliding_window = sliding_window;
+    }
+    c.sliding_layers.clear();
+    if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+      if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.num_hidden_layers)
+        return refuse("field 'layer_types' should list one type per layer (" + std::to_string(c.num_hidden_layers) +
+                      "), not " + lt->dump());
+      for (size_t i = 0; i < lt->size(); ++i) {
+        const auto& t = (*lt)[i];
+        if (t == "sliding_attention") {
+          if (c.sliding_window == 0)
+            return refuse("field 'layer_types' marks layer " + std::to_string(i) +
+                          " sliding_attention, but there is no window (use_sliding_window is false or absent)");
+          c.sliding_layers.push_back(true);
+        } else if (t == "full_attention") {
+          c.sliding_layers.push_back(false);
+        } else {
+          return unsupported("field 'layer_types' has " + t.dump() + " for layer " + std::to_string(i) +
+                             " (glint supports full_attention and sliding_attention)");
+        }
+      }
+    } else if (c.sliding_window > 0) {
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.sliding_layers.push_back(l >= c.max_window_layers);
+    }
+    if (c.sliding_window > 0 && std::none_of(c.sliding_layers.begin(), c.sliding_layers.end(), [](bool b) { return b; }))
+      c.sliding_window = 0, c.sliding_layers.clear();  // a window no layer uses
   }
 
   if (torch_dtype == "float32") c.dtype = Dtype::f32;
   else if (torch_dtype == "bfloat16") c.dtype = Dtype::bf16;
   else if (torch_dtype == "float16") c.dtype = Dtype::f16;
   else
-    return make_error(errc::invalid_argument, origin + ": torch_dtype '" + torch_dtype +
-                                                  "' is not one of float32, bfloat16, float16");
+    return refuse("field '" + std::string{j.contains("dtype") ? "dtype" : "torch_dtype"} + "' is '" + torch_dtype +
+                  "', not one of float32, bfloat16, float16");
+
+  json extra = json::object();
+  std::string names;
+  for (const auto& [key, value] : j.items())
+    if (!used.contains(key)) {
+      extra[key] = value;
+      names += (names.empty() ? "" : ", ") + key;
+    }
+  c.extra_json = extra.dump();
+  if (!names.empty()) log::debug(origin + ": fields glint does not use (kept when it saves the model): " + names);
   if (auto ok = c.validate(); !ok) return with_context(ok.error(), origin);
   return c;
 }
@@ -192,16 +351,51 @@ std::string ModelConfig::to_json() const {
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
   j["rms_norm_eps"] = rms_norm_eps;
+  // Both spellings of the RoPE settings: older transformers read rope_theta
+  // and rope_scaling, current ones rope_parameters.
+  json scaling = nullptr;
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::none: break;
+    case RopeScaling::Type::linear: scaling = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}}; break;
+    case RopeScaling::Type::llama3:
+      scaling = {{"rope_type", "llama3"},
+                 {"factor", rope_scaling.factor},
+                 {"low_freq_factor", rope_scaling.low_freq_factor},
+                 {"high_freq_factor", rope_scaling.high_freq_factor},
+                 {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
   j["rope_theta"] = rope_theta;
-  j["rope_scaling"] = rope_linear_factor == 1.0 ? json(nullptr) : json{{"rope_type", "linear"}, {"factor", rope_linear_factor}};
+  j["rope_scaling"] = scaling;
+  json params = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
+  params["rope_theta"] = rope_theta;
+  j["rope_parameters"] = params;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = std::string{activation_name(hidden_act)};
+  j["initializer_range"] = initializer_range;
   if (architecture != Architecture::qwen2) j["attention_bias"] = qkv_bias;
   if (architecture == Architecture::llama) j["mlp_bias"] = mlp_bias;
+  if (architecture != Architecture::llama) {
+    j["use_sliding_window"] = sliding_window > 0;
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+    j["max_window_layers"] = max_window_layers;
+    if (sliding_window > 0) {
+      json types = json::array();
+      for (bool s : sliding_layers) types.push_back(s ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
+  }
   j["max_position_embeddings"] = max_position_embeddings;
-  j["torch_dtype"] = dtype == Dtype::bf16 ? "bfloat16" : dtype == Dtype::f16 ? "float16" : "float32";
+  const char* dt = dtype == Dtype::bf16 ? "bfloat16" : dtype == Dtype::f16 ? "float16" : "float32";
+  j["torch_dtype"] = dt;  // transformers before 4.56
+  j["dtype"] = dt;        // and after
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
-  if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  else if (!eos_token_ids.empty()) j["eos_token_id"] = eos_token_ids;
+  auto extra = json::parse(extra_json, nullptr, false);
+  if (extra.is_object())
+    for (const auto& [key, value] : extra.items())
+      if (!j.contains(key)) j[key] = value;
   return j.dump(2) + "\n";
 }
 
@@ -222,7 +416,19 @@ Result<void> ModelConfig::validate() const {
   if (head_dim % 2 != 0) return bad("head_dim must be even for rotary embeddings, not " + std::to_string(head_dim));
   if (!(rms_norm_eps > 0)) return bad("rms_norm_eps must be positive");
   if (!(rope_theta > 0)) return bad("rope_theta must be positive");
-  if (!(rope_linear_factor > 0)) return bad("rope_scaling factor must be positive");
+  if (!(rope_scaling.factor > 0)) return bad("the rope scaling factor must be positive");
+  if (rope_scaling.type == RopeScaling::Type::llama3 &&
+      (!(rope_scaling.low_freq_factor > 0) || !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
+       rope_scaling.original_max_position_embeddings <= 0))
+    return bad("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive "
+               "original_max_position_embeddings");
+  if (sliding_window < 0) return bad("sliding_window must not be negative");
+  if (sliding_window > 0 && static_cast<int64_t>(sliding_layers.size()) != num_hidden_layers)
+    return bad("a sliding window needs one layer type per layer (" + std::to_string(num_hidden_layers) + "), not " +
+               std::to_string(sliding_layers.size()));
+  if (!(initializer_range > 0)) return bad("initializer_range must be positive");
+  if (auto extra = nlohmann::json::parse(extra_json, nullptr, false); !extra.is_object())
+    return bad("extra_json must hold a JSON object");
   return {};
 }
 

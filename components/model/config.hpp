@@ -6,17 +6,27 @@
 ///   auto cfg = ModelConfig::load("models/tiny/config.json");
 ///   if (!cfg) std::puts(describe(cfg.error()).c_str());  // says which field and why
 ///
-/// Fields absent from the file take the defaults of the architecture as
-/// Hugging Face's classes do (e.g. Qwen2 always has q/k/v biases, head_dim
-/// defaults to hidden_size / num_attention_heads). A field with the wrong type
-/// or an impossible value (heads not dividing the hidden size, a key/value
-/// head count that does not divide the query heads) is an error that names it.
+/// Every field that changes what the model computes is honoured as
+/// transformers defines it, or refused with an error naming the file, the
+/// field and its value: hidden_act, sliding-window attention
+/// (use_sliding_window, sliding_window, max_window_layers, layer_types),
+/// the RoPE settings in both spellings (rope_theta + rope_scaling, and
+/// current transformers' rope_parameters), torch_dtype or dtype,
+/// attention_dropout, partial_rotary_factor, quantization_config. Fields
+/// absent from the file take the architecture's defaults as Hugging Face's
+/// classes do (Qwen2 always has q/k/v biases; head_dim is hidden_size /
+/// num_attention_heads, except Qwen3's, which is 128). Fields glint does
+/// not use and that change nothing (use_cache, transformers_version,
+/// pad_token_id, ...) are listed once at debug level (GLINT_LOG=debug) and
+/// kept: to_json writes them back.
 
 #include "runtime/error.hpp"
 #include "runtime/tensor.hpp"
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace glint::components {
 
@@ -26,6 +36,32 @@ enum class Architecture : uint8_t { llama, qwen2, qwen3 };
 std::string_view hf_class_name(Architecture a);
 /// Parses an HF class name or a short name ("llama", "qwen2", "qwen3").
 Result<Architecture> parse_architecture(std::string_view name);
+
+/// The MLP's activation (hidden_act).
+enum class Activation : uint8_t {
+  silu,       ///< "silu", "swish"
+  gelu,       ///< "gelu": x * Phi(x), with erf
+  gelu_tanh,  ///< "gelu_pytorch_tanh", "gelu_new", "gelu_fast": the tanh approximation
+  relu,       ///< "relu"
+};
+/// Parses a hidden_act value; an error names the supported ones.
+Result<Activation> parse_activation(std::string_view name);
+/// The name config.json gets ("silu", "gelu", "gelu_pytorch_tanh", "relu").
+std::string_view activation_name(Activation a);
+
+/// How RoPE's frequencies are scaled (rope_scaling / rope_parameters).
+struct RopeScaling {
+  enum class Type : uint8_t {
+    none,    ///< "default"
+    linear,  ///< positions divided by `factor`
+    llama3,  ///< Llama 3.1's: low frequencies divided by `factor`, smoothed between
+  };
+  Type type = Type::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                    ///< llama3
+  double high_freq_factor = 4.0;                   ///< llama3
+  int64_t original_max_position_embeddings = 8192; ///< llama3
+};
 
 struct ModelConfig {
   Architecture architecture = Architecture::qwen3;
@@ -38,8 +74,17 @@ struct ModelConfig {
   int64_t head_dim = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  /// rope_scaling: none, or linear with this factor (positions divided by it).
-  double rope_linear_factor = 1.0;
+  RopeScaling rope_scaling{};
+  Activation hidden_act = Activation::silu;
+  /// Sliding-window attention (Qwen2, Qwen3): a query attends to the
+  /// `sliding_window` positions ending at its own on the layers marked in
+  /// `sliding_layers`, to every earlier position on the others. 0: none.
+  int64_t sliding_window = 0;
+  /// One entry per layer when sliding_window > 0 (from layer_types, or
+  /// layers >= max_window_layers as transformers derives them).
+  std::vector<bool> sliding_layers{};
+  /// As read (Qwen2/Qwen3 default 28), to write back.
+  int64_t max_window_layers = 28;
   bool tie_word_embeddings = false;
   /// Bias on q, k, v (Qwen2 always; Llama and Qwen3 when attention_bias).
   bool qkv_bias = false;
@@ -53,7 +98,28 @@ struct ModelConfig {
   /// Dtype the weights are stored in (torch_dtype).
   Dtype dtype = Dtype::f32;
   int64_t bos_token_id = -1;
-  int64_t eos_token_id = -1;
+  /// Every id that ends a generation (config.json's eos_token_id, a number
+  /// or a list); empty: none.
+  std::vector<int64_t> eos_token_ids{};
+  /// The standard deviation of init_random's weights (initializer_range).
+  double initializer_range = 0.02;
+  /// The fields of config.json glint does not use, as a JSON object's text
+  /// ("{}" when none): written back by to_json.
+  std::string extra_json = "{}";
+
+  /// The window of layer `layer`'s attention: sliding_window on a sliding
+  /// layer, 0 (everything before) otherwise.
+  int64_t window(int64_t layer) const {
+    return sliding_window > 0 && layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() &&
+                   sliding_layers[static_cast<size_t>(layer)]
+               ? sliding_window
+               : 0;
+  }
+  bool is_eos(int64_t id) const {
+    for (auto e : eos_token_ids)
+      if (e == id) return true;
+    return false;
+  }
 
   /// A config with the architecture's defaults for the given sizes.
   static ModelConfig make(Architecture a, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,

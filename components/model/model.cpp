@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 #include <set>
 
 namespace glint::components {
@@ -165,7 +166,7 @@ at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x
     if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
       const auto& [a, b] = it->second;
       auto in = pass.train && pass.lora->cfg.dropout > 0 ? at::dropout(x, pass.lora->cfg.dropout, true) : x;
-      y = y + fast_linear(fast_linear(in, a), b) * pass.lora->cfg.scaling();
+      y = y + fast_linear(fast_linear(in, a), b) * pass.lora->scaling.at(prefix);
     }
   }
   const int64_t row_dim = x.dim() - 2;
@@ -174,7 +175,7 @@ at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x
     auto it = ra.lora->weights.find(prefix);
     if (it == ra.lora->weights.end()) continue;
     const auto& [a, b] = it->second;
-    auto delta = fast_linear(fast_linear(x.index_select(row_dim, ra.rows), a), b) * ra.lora->cfg.scaling();
+    auto delta = fast_linear(fast_linear(x.index_select(row_dim, ra.rows), a), b) * ra.lora->scaling.at(prefix);
     y.index_add_(row_dim, ra.rows, delta);
   }
   return y;
@@ -185,11 +186,39 @@ at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weigh
   return x * at::rsqrt(var + cfg.rms_norm_eps) * weight;
 }
 
-std::pair<at::Tensor, at::Tensor> CausalLM::Impl::rope(const at::Tensor& positions) const {
-  int64_t half = cfg.head_dim / 2;
+at::Tensor CausalLM::Impl::activate(const at::Tensor& x) const {
+  switch (cfg.hidden_act) {
+    case Activation::silu: return at::silu(x);
+    case Activation::gelu: return at::gelu(x);
+    case Activation::gelu_tanh: return at::gelu(x, "tanh");
+    case Activation::relu: return at::relu(x);
+  }
+  return at::silu(x);
+}
+
+at::Tensor CausalLM::Impl::inverse_frequencies() const {
+  const int64_t half = cfg.head_dim / 2;
   auto exponents = at::arange(0, half, at::kDouble) * 2.0 / static_cast<double>(cfg.head_dim);
-  auto inv_freq = at::pow(cfg.rope_theta, exponents).reciprocal();                       // [half], f64
-  auto pos = positions.to(at::kDouble) / cfg.rope_linear_factor;                          // [B, T]
+  auto inv_freq = at::pow(cfg.rope_theta, exponents).reciprocal();  // [half], f64
+  const auto& s = cfg.rope_scaling;
+  if (s.type != RopeScaling::Type::llama3) return inv_freq;
+  // Llama 3.1: wavelengths longer than the original context / low_freq_factor
+  // are stretched by `factor`, shorter than / high_freq_factor kept, and the
+  // band between blends the two.
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+  auto wavelen = 2.0 * std::numbers::pi / inv_freq;
+  auto scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+  auto smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  auto blended = (1.0 - smooth) * scaled / s.factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, blended, scaled);
+}
+
+std::pair<at::Tensor, at::Tensor> CausalLM::Impl::rope(const at::Tensor& positions) const {
+  auto inv_freq = inverse_frequencies();                                                  // [half], f64
+  auto pos = positions.to(at::kDouble);                                                   // [B, T]
+  if (cfg.rope_scaling.type == RopeScaling::Type::linear) pos = pos / cfg.rope_scaling.factor;
   auto freqs = pos.unsqueeze(-1) * inv_freq;                                              // [B, T, half]
   auto emb = at::cat({freqs, freqs}, -1);                                                 // [B, T, D]
   auto dtype = param("model.embed_tokens.weight").scalar_type();
@@ -235,7 +264,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
     auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
     auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
-    x = x + linear(pre + "mlp.down_proj", at::silu(gate) * up, c.mlp_bias, pass);
+    x = x + linear(pre + "mlp.down_proj", activate(gate) * up, c.mlp_bias, pass);
   }
   return rms_norm(x, param("model.norm.weight"));
 }
@@ -244,18 +273,31 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
   const auto& c = cfg;
   int64_t B = p.ids.size(0), T = p.ids.size(1), D = c.head_dim;
   int64_t nh = c.num_attention_heads, groups = nh / c.num_key_value_heads;
-  // Additive mask: 0 where allowed, -inf elsewhere; [B, 1, T, T].
-  auto bias = at::zeros({B, 1, T, T}, param("model.embed_tokens.weight").options())
-                  .masked_fill(p.allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+  // Additive masks: 0 where allowed, -inf elsewhere; [B, 1, T, T]. Sliding
+  // layers also mask keys sliding_window or more positions before the query
+  // (transformers: key kept while its index > query's - window).
+  const auto options = param("model.embed_tokens.weight").options();
+  auto additive = [&](const at::Tensor& allowed) {
+    return at::zeros({B, 1, T, T}, options)
+        .masked_fill(allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+  };
+  auto bias = additive(p.allowed);
+  at::Tensor window_bias;
+  if (c.sliding_window > 0) {
+    auto distance = p.positions.unsqueeze(2) - p.positions.unsqueeze(1);  // [B, Tq, Tk]: query - key
+    auto allowed = p.allowed.logical_and(distance < c.sliding_window);
+    window_bias = additive(allowed.logical_or(at::eye(T, at::kBool).unsqueeze(0)));
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto attend = [&](int64_t, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
+  auto attend = [&](int64_t layer, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
+    const auto& mask = c.window(layer) > 0 ? window_bias : bias;
     auto q = q4.transpose(1, 2), k = k4.transpose(1, 2), v = v4.transpose(1, 2);  // [B, heads, T, D]
     if (groups > 1) {
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
     }
     auto flat = [&](const at::Tensor& t) { return t.reshape({B * nh, t.size(2), t.size(3)}); };
-    auto scores = fast_bmm(flat(q), flat(k).transpose(1, 2)).view({B, nh, T, T}) * scale + bias;
+    auto scores = fast_bmm(flat(q), flat(k).transpose(1, 2)).view({B, nh, T, T}) * scale + mask;
     auto attn = fast_bmm(flat(at::softmax(scores, -1)), flat(v)).view({B, nh, T, D});
     return attn.transpose(1, 2).reshape({B, T, nh * D});
   };
@@ -317,7 +359,18 @@ Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std
     std::string msg = origin + " does not match its config (" + std::string{hf_class_name(cfg.architecture)} + ")";
     if (!missing.empty()) msg += "; missing tensors: " + join(missing);
     if (!unexpected.empty()) msg += "; unexpected tensors: " + join(unexpected);
-    if (!wrong_shape.empty()) msg += "; " + join(wrong_shape, "; ");
+    if (!wrong_shape.empty()) {
+      msg += "; " + join(wrong_shape, "; ");
+      // The expected shapes come from config.json: say from which fields,
+      // so a config that is wrong (or a default that does not apply) is
+      // not taken for damaged weights.
+      msg += " (expected from config.json: hidden_size " + std::to_string(cfg.hidden_size) + ", num_attention_heads " +
+             std::to_string(cfg.num_attention_heads) + ", num_key_value_heads " +
+             std::to_string(cfg.num_key_value_heads) + ", head_dim " + std::to_string(cfg.head_dim) +
+             (cfg.architecture == Architecture::qwen3 ? " (Qwen3's default when the field is absent: 128)" : "") +
+             ", intermediate_size " + std::to_string(cfg.intermediate_size) + ", vocab_size " +
+             std::to_string(cfg.vocab_size) + ")";
+    }
     return make_error(errc::invalid_argument, msg);
   }
   return impl;
@@ -334,6 +387,10 @@ Result<CausalLM> CausalLM::load(const std::string& dir) {
   if (!impl) return impl.error();
   CausalLM lm;
   lm.impl_ = std::move(*impl);
+  std::error_code ec;
+  auto where = fs::absolute(dir, ec).lexically_normal();
+  if (!where.has_filename() && where.has_parent_path()) where = where.parent_path();  // "models/tiny/"
+  lm.impl_->name_or_path = ec ? dir : where.string();
   return lm;
 }
 
@@ -348,7 +405,7 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) {
     bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     if (is_norm) t = at::ones(shape, at::kFloat);
     else if (is_bias) t = at::zeros(shape, at::kFloat);
-    else t = at::empty(shape, at::kFloat).normal_(0.0, 0.02, gen);
+    else t = at::empty(shape, at::kFloat).normal_(0.0, cfg.initializer_range, gen);
     impl->names.push_back(name);
     impl->params[name] = t;
   }
@@ -357,7 +414,7 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) {
   return lm;
 }
 
-Result<void> CausalLM::save(const std::string& dir) const {
+Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) const {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
@@ -368,8 +425,7 @@ Result<void> CausalLM::save(const std::string& dir) const {
     if (!t) return t.error();
     out.emplace_back(name, std::move(*t));
   }
-  if (auto ok = write_safetensors((fs::path{dir} / "model.safetensors").string(), out, {{"format", "pt"}}); !ok)
-    return ok.error();
+  if (auto ok = write_safetensors_dir(dir, out, max_shard_bytes); !ok) return ok.error();
   auto cfg_path = fs::path{dir} / "config.json";
   auto tmp = temp_path_for(cfg_path.string());
   {

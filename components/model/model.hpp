@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace glint::components {
@@ -43,18 +44,70 @@ struct ForwardOptions {
   std::string adapter{};   ///< a LoRA adapter to apply (empty: the base model)
 };
 
-/// A LoRA adapter's shape, as PEFT's LoraConfig.
+/// A LoRA adapter's shape, as PEFT's LoraConfig (adapter_config.json), with
+/// PEFT's meaning for every field. Modules are named by their path in the
+/// Hugging Face model ("model.layers.0.self_attn.q_proj"); only the seven
+/// projections of each layer can be adapted.
+///
+/// Field order is a wire format (actors/model.hpp): append, never reorder.
 struct LoraConfig {
   int64_t r = 8;
   double alpha = 16;
   double dropout = 0.0;  ///< on the adapter's input, in training only
-  /// Module names ("q_proj", "v_proj", ...; PEFT matches the end of the
-  /// module path), or {"all-linear"}: every projection of every layer.
+  /// Module names: a module is targeted when its path is one of them or
+  /// ends in "." + one of them ("q_proj"). {"all-linear"}: every projection
+  /// of every layer (PEFT's string "all-linear").
   std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
   bool rslora = false;  ///< scale by alpha / sqrt(r) instead of alpha / r
+  /// When set, used instead of target_modules: a regular expression that
+  /// must match a module's whole path (PEFT's target_modules as a string).
+  std::string target_regex{};
+  /// Per-module rank and alpha: the first key (a regular expression) that
+  /// matches the module's whole path or its end after a "." gives that
+  /// module's r / alpha; other modules keep r / alpha. Keys in file order.
+  std::vector<std::pair<std::string, int64_t>> rank_pattern{};
+  std::vector<std::pair<std::string, double>> alpha_pattern{};
+  /// Only layers with these indices (empty: every layer). As in PEFT, it
+  /// filters modules that target_modules matches by suffix, not a
+  /// target_regex or a module named by its whole path.
+  std::vector<int64_t> layers_to_transform{};
+  /// The name of the module list the layer index follows ("layers"), as
+  /// regular expressions; empty: the first numbered path segment.
+  std::vector<std::string> layers_pattern{};
+  /// Modules never adapted: by name or suffix as target_modules, or, when
+  /// exclude_regex is set, by a full match of that regex.
+  std::vector<std::string> exclude_modules{};
+  std::string exclude_regex{};
+  /// The base model, as adapter_config.json names it (a directory or a hub
+  /// name). Empty: save_adapter writes the directory the model was loaded
+  /// from (CausalLM::name_or_path).
+  std::string base_model_name_or_path{};
+  /// The other fields of the adapter_config.json this was loaded from (a
+  /// JSON object), which change nothing glint computes; save_adapter
+  /// writes them back as they were.
+  std::string other_fields{};
 
+  /// alpha / r (or alpha / sqrt(r)) of a module without a pattern.
   double scaling() const;
+  /// The rank, alpha and scaling of the module at `path`.
+  int64_t rank_of(const std::string& path) const;
+  double alpha_of(const std::string& path) const;
+  double scaling_of(const std::string& path) const;
+  /// Whether the module at `path` gets the adapter (call validate first:
+  /// a regex that does not compile matches nothing).
+  bool targets(const std::string& path) const;
   Result<void> validate() const;
+
+  /// Reads a PEFT adapter_config.json. A field that would change what the
+  /// adapter computes and that glint does not implement (DoRA, bias
+  /// training, fan_in_fan_out, modules_to_save, ...) is an error naming
+  /// the file, the field and its value; fields that change nothing are
+  /// kept in other_fields and listed in one debug log line.
+  static Result<LoraConfig> load(const std::string& path);
+  static Result<LoraConfig> parse(const std::string& json_text, const std::string& origin = "adapter_config.json");
+  /// adapter_config.json's text, as PEFT writes it (keys sorted), with
+  /// other_fields back in place.
+  std::string to_json() const;
 };
 
 struct ForwardResult {
@@ -74,10 +127,18 @@ public:
   /// the same for the same seed.
   static Result<CausalLM> init_random(const ModelConfig& config, uint64_t seed);
 
-  /// Writes config.json and model.safetensors (weights in config().dtype).
-  Result<void> save(const std::string& dir) const;
+  /// Writes config.json and the weights (in config().dtype) as transformers
+  /// does: model.safetensors, or, when they pass max_shard_bytes, shards
+  /// model-00001-of-0000N.safetensors and model.safetensors.index.json
+  /// (write_safetensors_dir). Weights of an earlier save there are replaced.
+  Result<void> save(const std::string& dir, int64_t max_shard_bytes = default_max_shard_bytes) const;
 
   const ModelConfig& config() const;
+  /// Where the weights came from: the directory given to load (absolute),
+  /// or what set_name_or_path gave; empty for a random init. Adapters name
+  /// it as their base_model_name_or_path.
+  const std::string& name_or_path() const;
+  void set_name_or_path(std::string name);
 
   /// Log-probabilities of the targets (and optionally entropies and logits),
   /// without gradients. Bad input (ids outside the vocabulary, shapes that
@@ -93,7 +154,10 @@ public:
   // serialises them).
 
   /// Adds adapter `name`: A random (PEFT's init), B zero, so that the
-  /// model's output with it equals the base's until it is trained.
+  /// model's output with it equals the base's until it is trained. Each
+  /// targeted module gets its own rank and scaling (rank_pattern,
+  /// alpha_pattern); a config that targets a module glint cannot adapt
+  /// (lm_head, embed_tokens, a norm) is an error.
   Result<void> add_adapter(const std::string& name, const LoraConfig& cfg, uint64_t seed = 0);
   Result<void> remove_adapter(const std::string& name);
   /// Gives adapter `from` the name `to` (which must be free).
@@ -102,10 +166,16 @@ public:
   bool has_adapter(const std::string& name) const;
   const LoraConfig* adapter_config(const std::string& name) const;
   /// Writes adapter_config.json and adapter_model.safetensors with PEFT's
-  /// key names (base_model.model.<module>.lora_A.weight).
+  /// key names (base_model.model.<module>.lora_A.weight). The config keeps
+  /// every field the adapter was loaded with, and names its base
+  /// (base_model_name_or_path: the config's, else name_or_path()), so
+  /// PEFT's AutoPeftModelForCausalLM finds it.
   Result<void> save_adapter(const std::string& name, const std::string& dir) const;
-  /// Reads a PEFT adapter directory as adapter `name`. Keys and shapes are
-  /// checked against this model; the error lists what does not fit.
+  /// Reads a PEFT adapter directory as adapter `name` (LoraConfig::load
+  /// refuses fields glint does not implement). Every module the config
+  /// targets must have lora_A and lora_B of its rank, and no other tensor
+  /// may be there; the error names the file and lists what does not fit.
+  /// On any error the model is unchanged.
   Result<void> load_adapter(const std::string& name, const std::string& dir);
   /// Folds the adapter into the base weights (W += scaling * B A), so that
   /// it costs nothing per call; every call then sees it, with or without

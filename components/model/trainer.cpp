@@ -38,6 +38,22 @@ Result<void> LossSpec::validate() const {
   if (!(epsilon >= 0) || !(epsilon_high >= 0)) return bad("epsilon and epsilon_high must be >= 0");
   if (!std::isfinite(beta) || !std::isfinite(entropy_coef)) return bad("beta and entropy_coef must be finite");
   if (max_tokens < 0) return bad("max_tokens must be >= 0");
+  // A field the kind does not read is refused, not ignored: a user who set
+  // it expected it to change the loss.
+  const LossSpec defaults{};
+  const auto kind_name = std::string{to_string(kind)};
+  auto unread = [&](const char* field, double value) {
+    return bad(kind_name + " does not read " + field + " (it is " + std::to_string(value) +
+               "); leave it at its default or pick a loss that reads it (docs/losses.md)");
+  };
+  if (kind == LossKind::cross_entropy) {
+    if (epsilon != defaults.epsilon) return unread("epsilon", epsilon);
+    if (epsilon_high != defaults.epsilon_high) return unread("epsilon_high", epsilon_high);
+    if (beta != 0) return unread("beta", beta);
+    if (entropy_coef != 0) return unread("entropy_coef", entropy_coef);
+  }
+  if (kind == LossKind::cispo && epsilon != defaults.epsilon) return unread("epsilon", epsilon);
+  if (kind != LossKind::dr_grpo && max_tokens != 0) return unread("max_tokens", static_cast<double>(max_tokens));
   return {};
 }
 
@@ -142,6 +158,18 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
     return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} + " needs advantages");
   if (spec.beta > 0 && !ref_lp->defined())
     return make_error(errc::invalid_argument, "beta > 0 (a KL penalty) needs ref_logps");
+  // Columns the loss would not read are refused: a batch built for another
+  // loss (advantages sent while the loss is still cross_entropy) must not
+  // train as if they were there.
+  if (!policy)
+    for (auto [name, t] : {std::pair{"advantages", &*adv}, {"old_logps", &*old_lp}, {"ref_logps", &*ref_lp}})
+      if (t->defined())
+        return make_error(errc::invalid_argument, std::string{"the batch has "} + name +
+                                                      ", which cross_entropy does not read; set a policy loss "
+                                                      "(set_loss grpo, ...) first, or leave it out");
+  if (policy && spec.beta == 0 && ref_lp->defined())
+    return make_error(errc::invalid_argument,
+                      "the batch has ref_logps, which are read only with beta > 0 (a KL penalty); beta is 0");
 
   auto pass = impl_->pass();
   if (!pass) return pass.error();

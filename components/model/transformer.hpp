@@ -33,11 +33,13 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
 }  // namespace model_detail
 
 /// One LoRA adapter: per target module (its path, "model.layers.0.self_attn.q_proj"),
-/// A [r, in] and B [out, r].
+/// A [r, in] and B [out, r], r and the scaling being that module's
+/// (LoraConfig::rank_of, scaling_of).
 struct LoraAdapter {
   LoraConfig cfg;
   std::vector<std::string> modules;  ///< in model order
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> weights;
+  std::map<std::string, double> scaling;  ///< per module: alpha / r (or / sqrt(r))
   bool merged = false;
 };
 
@@ -67,6 +69,7 @@ struct CausalLM::Impl {
   std::vector<std::string> names;            ///< parameter names in HF order
   std::map<std::string, at::Tensor> params;  ///< f32, contiguous
   std::map<std::string, LoraAdapter> adapters;
+  std::string name_or_path;  ///< where the weights came from (CausalLM::name_or_path)
 
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
   /// Every projection's module path, in model order.
@@ -75,6 +78,11 @@ struct CausalLM::Impl {
   /// plus the adapter's scaling * dropout(x) A^T B^T when it targets it.
   at::Tensor linear(const std::string& prefix, const at::Tensor& x, bool bias, const PassOptions& pass) const;
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
+  /// The MLP's activation (config hidden_act) applied to x.
+  at::Tensor activate(const at::Tensor& x) const;
+  /// RoPE's inverse frequencies [head_dim / 2] in f64, after the config's
+  /// scaling (linear divides positions instead: see rope).
+  at::Tensor inverse_frequencies() const;
   /// cos and sin tables [B, T, head_dim] for the positions.
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
   /// The decoder stack on `ids` at `positions` (same shape: [B, T] or [N])

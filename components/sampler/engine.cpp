@@ -175,6 +175,7 @@ struct Engine::Impl {
       int64_t row = 0, count = 0, ctx = 0;
       at::Tensor slots;  // i64 [ctx]
       at::Tensor bias;   // f32 [count, ctx]
+      at::Tensor window_bias{};  // f32 [count, ctx], for sliding-window layers
     };
     std::vector<Prefill> prefills;
     std::vector<const Chunk*> order;  // chunks in row order
@@ -232,9 +233,14 @@ struct Engine::Impl {
       std::vector<int64_t> s(static_cast<size_t>(p.ctx));
       for (int64_t j = 0; j < p.ctx; ++j) s[static_cast<size_t>(j)] = slot_of(*c->seq, j);
       p.slots = vec(s);
-      // Query i (position begin + i) sees keys 0..begin + i.
-      p.bias = at::ones({p.count, p.ctx}, at::kBool).triu(c->begin + 1);
-      p.bias = at::zeros({p.count, p.ctx}, at::kFloat).masked_fill(p.bias, kNegInf);
+      // Query i (position begin + i) sees keys 0..begin + i; on a sliding
+      // layer only those after begin + i - window.
+      auto hidden = at::ones({p.count, p.ctx}, at::kBool).triu(c->begin + 1);
+      p.bias = at::zeros({p.count, p.ctx}, at::kFloat).masked_fill(hidden, kNegInf);
+      if (const int64_t w = mc().sliding_window; w > 0) {
+        auto outside = hidden.logical_or(at::ones({p.count, p.ctx}, at::kBool).tril(c->begin - w));
+        p.window_bias = at::zeros({p.count, p.ctx}, at::kFloat).masked_fill(outside, kNegInf);
+      }
       r.prefills.push_back(std::move(p));
     }
     return r;
@@ -254,7 +260,7 @@ struct Engine::Impl {
       std::vector<at::Tensor> parts;
       if (r.num_decode > 0) {
         auto qd = q.narrow(0, 0, r.num_decode);
-        parts.push_back(paged_decode_attention(qd, kc, vc, r.decode_slots, r.decode_lengths, scale)
+        parts.push_back(paged_decode_attention(qd, kc, vc, r.decode_slots, r.decode_lengths, scale, c.window(layer))
                             .view({r.num_decode, nh * D}));
       }
       for (const auto& p : r.prefills) {
@@ -262,7 +268,8 @@ struct Engine::Impl {
         auto vals = vc.index_select(0, p.slots).permute({1, 0, 2});
         // [n, kv, g, D] -> [kv, g * n, D]
         auto qp = q.narrow(0, p.row, p.count).view({p.count, nkv, g, D}).permute({1, 2, 0, 3}).reshape({nkv, g * p.count, D});
-        auto scores = fast_bmm(qp, keys.transpose(1, 2)).view({nkv, g, p.count, p.ctx}) * scale + p.bias;
+        const auto& bias = c.window(layer) > 0 ? p.window_bias : p.bias;
+        auto scores = fast_bmm(qp, keys.transpose(1, 2)).view({nkv, g, p.count, p.ctx}) * scale + bias;
         auto probs = at::softmax(scores, -1).view({nkv, g * p.count, p.ctx});
         auto out = fast_bmm(probs, vals).view({nkv, g, p.count, D}).permute({2, 0, 1, 3}).reshape({p.count, nh * D});
         parts.push_back(out);
@@ -394,7 +401,7 @@ struct Engine::Impl {
     ++generated;
     if (p.logprobs >= 0) record(out.logprobs, logprobs_row, token, p.logprobs);
     StopReason why = StopReason::none;
-    if ((!p.ignore_eos && token == mc().eos_token_id) ||
+    if ((!p.ignore_eos && mc().is_eos(token)) ||
         std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
       why = StopReason::stop;
       out.stop_token = token;

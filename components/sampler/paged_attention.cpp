@@ -76,7 +76,8 @@ Kernels pick(int64_t d) {
 }  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& slots_in, const at::Tensor& lengths_in, double scale) {
+                                  const at::Tensor& slots_in, const at::Tensor& lengths_in, double scale,
+                                  int64_t window) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_decode_attention: shapes");
   TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat, "paged_decode_attention: f32 only");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode_attention: the cache must be contiguous");
@@ -103,9 +104,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
         best(static_cast<size_t>(g)), total(static_cast<size_t>(g));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = task / nkv, h = task % nkv;
-      const int64_t len = std::clamp<int64_t>(lp[s], 1, C);
+      const int64_t full = std::clamp<int64_t>(lp[s], 1, C);
+      // A window reads the last `window` positions: the first skipped.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, full - window) : 0;
+      const int64_t len = full - first;
       const float* qh = qp + (s * nh + h * g) * D;
-      const int64_t* slot = sp + s * C;
+      const int64_t* slot = sp + s * C + first;
       scores.resize(static_cast<size_t>(g * len));
       std::fill(best.begin(), best.end(), -INFINITY);
       for (int64_t j = 0; j < len; ++j) {

@@ -16,8 +16,11 @@ namespace glint::components {
 /// slots i64 [S, C]: the cache slot of each context position (entries at or
 /// past a sequence's length are not read); lengths i64 [S], each in [1, C].
 /// Returns softmax(q k^T * scale) v as [S, heads, D]; query head h reads
-/// kv head h / (heads / kv_heads).
+/// kv head h / (heads / kv_heads). With `window` > 0 (a sliding-window
+/// layer) a sequence of length n reads only its last min(n, window)
+/// positions.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& slots, const at::Tensor& lengths, double scale);
+                                  const at::Tensor& slots, const at::Tensor& lengths, double scale,
+                                  int64_t window = 0);
 
 }  // namespace glint::components

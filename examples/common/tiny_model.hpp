@@ -29,7 +29,7 @@ inline Result<void> make_tiny_model(const std::string& dir, const std::vector<st
   auto cfg = components::ModelConfig::make(components::Architecture::qwen3, tok->vocab_size(), m.hidden, m.intermediate,
                                            m.layers, 4, 2);
   cfg.max_position_embeddings = 256;
-  cfg.eos_token_id = tok->token_id("<|im_end|>");
+  cfg.eos_token_ids = {tok->token_id("<|im_end|>")};
   auto lm = components::CausalLM::init_random(cfg, m.seed);
   if (!lm) return lm.error();
   if (auto ok = lm->save(dir); !ok) return ok;

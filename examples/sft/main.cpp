@@ -4,10 +4,13 @@
 // rows are held out; every --eval-every steps the held-out loss is measured
 // and, when it is the best so far, the adapter is saved as a checkpoint
 // (glint checkpoints sft lists them). At the end the adapter is synced to a
-// sampler, which answers a question it never trained on.
+// sampler, which answers a question it never trained on. --adapter-from
+// starts from a saved adapter (a checkpoint's model/, or any PEFT adapter
+// directory made for this base) instead of a fresh one.
 //
 //   build/examples/sft                                  # local mode, about 10 seconds on 2 cores
 //   glint run --nproc 2 -- build/examples/sft           # the same as a 2-process job
+//   build/examples/sft --out runs/sft-more --adapter-from runs/sft/checkpoint-200/model
 #include "actors/checkpoint_engine.hpp"
 #include "actors/checkpointer.hpp"
 #include "actors/dataloader_group.hpp"
@@ -42,6 +45,7 @@ struct Args {
   int64_t rank = 8;
   uint64_t seed = 1;
   bool fresh = false;  ///< start over, deleting the run's earlier checkpoints
+  std::string adapter_from{};  ///< a PEFT adapter directory to start from
 };
 
 constexpr int64_t kHeldOut = 8;
@@ -68,6 +72,9 @@ int main(int argc, char** argv) {
   app.add_option("--rank", a.rank, "LoRA rank (all linear layers)")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{256}));
   app.add_option("--seed", a.seed, "Seed of the weights, the adapter and the data order")->capture_default_str();
   app.add_flag("--fresh", a.fresh, "Start the run over: delete its earlier checkpoints (the data and model stay)");
+  app.add_option("--adapter-from", a.adapter_from,
+                 "Start from this saved LoRA adapter (adapter_config.json + adapter_model.safetensors, e.g. a "
+                 "checkpoint's model/) instead of a fresh one; its own rank and targets replace --rank");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
@@ -102,7 +109,11 @@ int main(int argc, char** argv) {
     const std::vector<std::string> all_linear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     const components::LoraConfig lora{.r = a.rank, .alpha = 2.0 * static_cast<double>(a.rank),
                                       .target_modules = all_linear};
-    if (auto ok = base->add_adapter(adapter, lora, a.seed).get(); !ok) return fail("adding the adapter", ok.error());
+    if (a.adapter_from.empty()) {
+      if (auto ok = base->add_adapter(adapter, lora, a.seed).get(); !ok) return fail("adding the adapter", ok.error());
+    } else if (auto ok = base->load_adapter(adapter, a.adapter_from).get(); !ok) {
+      return fail("loading the adapter from " + a.adapter_from, ok.error());
+    }
     auto model = base->with_adapter(adapter);  // every call below trains or reads the adapter
     if (auto ok = model.set_optimizer({.lr = a.lr}).get(); !ok) return fail("setting the optimizer", ok.error());
     if (auto ok = model.set_lr_scheduler({.kind = components::SchedulerConfig::Kind::cosine, .warmup_steps = 5, .total_steps = a.steps}).get(); !ok)
@@ -142,6 +153,12 @@ int main(int argc, char** argv) {
         }
       return n > 0 ? nll / n : NAN;
     };
+
+    if (!a.adapter_from.empty()) {
+      auto e = evaluate();
+      if (!e) return fail("evaluating the loaded adapter", e.error());
+      std::printf("held-out loss of the adapter from %s: %.4f\n", a.adapter_from.c_str(), *e);
+    }
 
     double best = INFINITY;
     std::string best_name;
@@ -186,7 +203,11 @@ int main(int argc, char** argv) {
     auto sampler = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 1), one,
                                               {.model_dir = model_dir, .cache_bytes = 4 << 20});
     if (!sampler) return fail("opening the sampler", sampler.error());
-    if (auto ok = sampler->add_adapter(adapter, lora).get(); !ok) return fail("adding the adapter to the sampler", ok.error());
+    // The sampler's adapter has the trained one's shape (read from the same
+    // directory when it came from one); the sync then brings its weights.
+    auto added = a.adapter_from.empty() ? sampler->add_adapter(adapter, lora).get()
+                                        : sampler->load_adapter(adapter, a.adapter_from).get();
+    if (!added) return fail("adding the adapter to the sampler", added.error());
     actors::CheckpointEngine sync{model, *sampler};
     if (auto r = sync.sync_weights(); !r) return fail("syncing the adapter", r.error());
     auto prompts = held_out->next_batch().take();

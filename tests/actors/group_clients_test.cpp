@@ -16,6 +16,10 @@
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
 
 namespace glint::actors {
 namespace {
@@ -125,6 +129,72 @@ TEST_P(GroupClientsTest, AnAdapterHandleTrainsTheAdapterOnlyAndRefusalsNameWhatW
   EXPECT_TRUE(contains(describe(out_of_vocab.error()), "rank")) << describe(out_of_vocab.error());
   ASSERT_TRUE(a.remove_adapter("a").get());
   EXPECT_FALSE(a.forward_backward(four_rows()).get()) << "the adapter is gone";
+}
+
+TEST_P(GroupClientsTest, LoadAdapterReadsAPeftDirectoryOnEveryRankOfModelAndSampler) {
+  // An adapter made on the groups' base (tiny(), seed 7), with a rank of
+  // its own for down_proj and B not zero, saved in PEFT layout.
+  auto lm = components::CausalLM::init_random(tiny(), 7);
+  ASSERT_TRUE(lm);
+  components::LoraConfig c{.r = 4, .alpha = 8, .target_modules = {"all-linear"}};
+  c.rank_pattern = {{"down_proj", 2}};
+  ASSERT_TRUE(lm->add_adapter("src", c, 1));
+  auto params = lm->adapter_parameters("src");  // a local: a range-for over *temporary dangles
+  for (auto& [key, t] : *params) {
+    auto* v = reinterpret_cast<float*>(t.mutable_data());
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = 0.05f * static_cast<float>((i * 5) % 11 - 5);
+  }
+  auto dir = glint::testing::fresh_dir("clients-load-adapter");
+  ASSERT_TRUE(lm->save_adapter("src", dir));
+  auto want = lm->forward({.input_ids = four_rows().tensors.at("input_ids")}, {.adapter = "src"});
+  ASSERT_TRUE(want);
+  auto expected = *want->logprobs.values<float>();
+
+  auto two = model(2);
+  auto base = two.forward_only(four_rows()).take();
+  ASSERT_TRUE(base);
+  auto ok = two.load_adapter("x", dir).get();
+  ASSERT_TRUE(ok) << describe(ok.error());
+  auto got = two.with_adapter("x").forward_only(four_rows()).take();
+  ASSERT_TRUE(got) << describe(got.error());
+  auto g = *got->values<float>();
+  ASSERT_EQ(g.size(), expected.size());
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], expected[i], 1e-5) << "element " << i;
+  EXPECT_NE(*got, *base);
+  EXPECT_FALSE(two.load_adapter("x", dir).get()) << "the name is taken";
+  EXPECT_FALSE(two.load_adapter("", dir).get()) << "an adapter needs a name";
+  auto missing = two.load_adapter("y", dir + "/nope").get();
+  ASSERT_FALSE(missing);
+  EXPECT_TRUE(contains(describe(missing.error()), dir + "/nope/adapter_config.json")) << describe(missing.error());
+  EXPECT_TRUE(contains(describe(missing.error()), "rank")) << describe(missing.error());
+  auto dora = glint::testing::fresh_dir("clients-load-adapter-dora");
+  std::filesystem::copy(dir, dora, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  {
+    std::ifstream in{dora + "/adapter_config.json"};
+    auto j = nlohmann::json::parse(in);
+    j["use_dora"] = true;
+    std::ofstream{dora + "/adapter_config.json"} << j.dump();
+  }
+  auto refused = two.load_adapter("y", dora).get();
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(describe(refused.error()), "use_dora = true")) << describe(refused.error());
+  EXPECT_FALSE(two.with_adapter("y").forward_only(four_rows()).get()) << "a refused directory adds nothing";
+  EXPECT_EQ(*two.with_adapter("x").forward_only(four_rows()).take(), *got);
+
+  // The sampler group serves the same directory: its prompt log-probs with
+  // the adapter are the model's.
+  auto samplers = sampler(2);
+  ASSERT_TRUE(samplers.load_adapter("x", dir).get());
+  EXPECT_FALSE(samplers.load_adapter("y", dora).get());
+  const SamplingParams score{.max_tokens = 0, .prompt_logprobs = 0};
+  auto seqs = samplers.with_adapter("x").sample({{1, 2, 3, 4, 5}, {7, 8, 9, 10, 11}}, score).take();
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  ASSERT_EQ(seqs->size(), 2u);
+  for (size_t row = 0; row < 2; ++row) {
+    const auto& chosen = (*seqs)[row].prompt_logprobs.chosen;
+    ASSERT_EQ(chosen.size(), 4u);
+    for (size_t t = 0; t < 4; ++t) EXPECT_NEAR(chosen[t], expected[row * 5 + t], 1e-4) << "row " << row << ", token " << t;
+  }
 }
 
 TEST_P(GroupClientsTest, SamplerGroupAnswersInPromptOrderAsOneRankDoes) {

@@ -168,7 +168,7 @@ TEST_P(ModelActorTest, AdaptersTrainSaveAndLoadThroughTheActor) {
   EXPECT_NE(*tuned, *base);
   EXPECT_EQ(*call1(actors::forward_only_atom_v, b, std::string{}), *base) << "the base moved";
   auto dir = glint::testing::fresh_dir("actor-adapter-" + std::to_string(static_cast<int>(GetParam())));
-  auto saved = call1(actors::save_atom::value, std::string{"alice"}, dir, true);
+  auto saved = call1(actors::save_atom::value, std::string{"alice"}, dir, true, components::default_max_shard_bytes);
   ASSERT_TRUE(saved) << describe(saved.error());
   EXPECT_TRUE(std::filesystem::exists(dir + "/adapter_model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer.safetensors"));

@@ -11,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
+
 namespace glint::actors {
 namespace {
 
@@ -168,6 +171,81 @@ TEST(ModelState, SnapshotsAreCopiesAndSavedWeightsLoadBack) {
   for (size_t i = 0; i < after->size(); ++i) EXPECT_EQ((*loaded)[i].second, (*after)[i].second) << (*after)[i].first;
   EXPECT_FALSE(other.load("", dir + "/missing", false));
   EXPECT_TRUE(other.forward_backward(batch(), "")) << "a failed load changes nothing";
+}
+
+// An adapter on the base make() builds, with B not zero and its own scale
+// for v_proj, saved in PEFT layout; `lm` keeps it as "src".
+std::string saved_adapter(components::CausalLM& lm, const std::string& name) {
+  components::LoraConfig c{.r = 4, .alpha = 8, .target_modules = {"q_proj", "v_proj"}};
+  c.alpha_pattern = {{"v_proj", 32}};
+  EXPECT_TRUE(lm.add_adapter("src", c, 1));
+  auto params = lm.adapter_parameters("src");  // a local: a range-for over *temporary dangles
+  for (auto& [key, t] : *params) {
+    auto* v = reinterpret_cast<float*>(t.mutable_data());
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = 0.05f * static_cast<float>((i * 7) % 13 - 6);
+  }
+  auto dir = glint::testing::fresh_dir(name);
+  EXPECT_TRUE(lm.save_adapter("src", dir));
+  return dir;
+}
+
+TEST(ModelState, LoadAdapterMakesANewAdapterFromADirectoryAndABadOneChangesNothing) {
+  auto st = make();
+  auto lm = components::CausalLM::init_random(tiny(), 7);
+  ASSERT_TRUE(lm);
+  auto dir = saved_adapter(*lm, "state-load-adapter");
+  auto ok = st.load_adapter("x", dir);
+  ASSERT_TRUE(ok) << describe(ok.error());
+  auto got = st.forward_only(batch(), "x");
+  ASSERT_TRUE(got) << describe(got.error());
+  auto want = lm->forward({.input_ids = batch().tensors.at("input_ids"),
+                           .attention_mask = batch().tensors.at("attention_mask")},
+                          {.adapter = "src"});
+  ASSERT_TRUE(want);
+  EXPECT_EQ(*got, want->logprobs);
+  EXPECT_NE(*got, *st.forward_only(batch(), "")) << "the adapter changes the output";
+  ASSERT_TRUE(st.forward_backward(batch(), "x")) << "it trains";
+  ASSERT_TRUE(st.clip_grad_and_step("x"));
+  auto trained = st.forward_only(batch(), "x");
+  ASSERT_TRUE(trained);
+
+  auto taken = st.load_adapter("x", dir);
+  ASSERT_FALSE(taken);
+  EXPECT_EQ(code_of(taken.error()), errc::failed_precondition);
+  auto missing = st.load_adapter("y", dir + "/missing");
+  ASSERT_FALSE(missing);
+  EXPECT_NE(describe(missing.error()).find(dir + "/missing/adapter_config.json"), std::string::npos)
+      << describe(missing.error());
+  // Another rank, another shape: the error names the file and the tensor.
+  auto wrong = glint::testing::fresh_dir("state-load-adapter-wrong");
+  components::CausalLM other = *components::CausalLM::init_random(tiny(), 7);
+  ASSERT_TRUE(other.add_adapter("r2", {.r = 2, .target_modules = {"q_proj", "v_proj"}}));
+  ASSERT_TRUE(other.save_adapter("r2", wrong));
+  {
+    std::ifstream in{wrong + "/adapter_config.json"};
+    auto j = nlohmann::json::parse(in);
+    j["r"] = 4;
+    std::ofstream{wrong + "/adapter_config.json"} << j.dump();
+  }
+  auto shapes = st.load_adapter("y", wrong);
+  ASSERT_FALSE(shapes);
+  EXPECT_NE(describe(shapes.error()).find(wrong + "/adapter_model.safetensors"), std::string::npos)
+      << describe(shapes.error());
+  EXPECT_NE(describe(shapes.error()).find("q_proj: lora_A is"), std::string::npos) << describe(shapes.error());
+  auto configs = nlohmann::json::parse(*st.train_configs(""));
+  EXPECT_EQ(configs["adapters"], (nlohmann::json{"x"})) << "a refused directory added nothing";
+  EXPECT_EQ(*st.forward_only(batch(), "x"), *trained) << "nor changed the adapter there is";
+}
+
+TEST(ModelState, SavesTheFullModelInShardsAboveTheLimit) {
+  auto st = make();
+  auto dir = glint::testing::fresh_dir("model-state-shards");
+  ASSERT_TRUE(st.save("", dir, /*with_optimizer=*/false, /*max_shard_bytes=*/1024));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.safetensors"));
+  auto other = make(/*seed=*/99);
+  ASSERT_TRUE(other.load("", dir, false));
+  EXPECT_EQ(*other.forward_only(batch(), ""), *st.forward_only(batch(), ""));
 }
 
 TEST(ModelState, BucketsKeepTheOrderAndGiveBigTensorsTheirOwn) {

@@ -10,10 +10,12 @@
 #include "support/tensors.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 
 namespace glint::components {
 namespace {
@@ -25,7 +27,7 @@ ModelConfig tiny(Architecture a) {
   if (a == Architecture::llama) {
     c.qkv_bias = c.o_bias = true;  // attention_bias
     c.mlp_bias = true;
-    c.rope_linear_factor = 2.0;
+    c.rope_scaling = {.type = RopeScaling::Type::linear, .factor = 2.0};
   }
   if (a == Architecture::qwen3) {
     c.head_dim = 6;  // Qwen3 decouples head_dim from hidden / heads
@@ -38,11 +40,39 @@ ModelConfig tiny(Architecture a) {
 
 using Vec = std::vector<double>;
 
+// What the reference computes is spelled out here, not read from the code
+// under test: the activation by its hidden_act name and, per layer, the
+// attention window (0: every earlier position), as the test states them.
 struct Ref {
   const ModelConfig& c;
   std::map<std::string, at::Tensor> p;  // f64
-  explicit Ref(const CausalLM& lm) : c(lm.config()) {
+  std::string act = "silu";
+  std::vector<int64_t> windows;  // per layer; empty: none
+  explicit Ref(const CausalLM& lm, std::string activation = "silu", std::vector<int64_t> layer_windows = {})
+      : c(lm.config()), act(std::move(activation)), windows(std::move(layer_windows)) {
     for (auto& [n, t] : lm.impl().params) p[n] = t.to(at::kDouble).contiguous();
+  }
+  double activate(double g) const {
+    if (act == "silu") return g / (1.0 + std::exp(-g));
+    if (act == "gelu") return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+    if (act == "gelu_new" || act == "gelu_pytorch_tanh")
+      return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g)));
+    if (act == "relu") return g > 0 ? g : 0.0;
+    ADD_FAILURE() << "no reference for " << act;
+    return 0;
+  }
+  // RoPE's inverse frequency of pair i, with Llama 3.1's scaling written out.
+  double inv_freq(size_t i) const {
+    const double D = static_cast<double>(c.head_dim);
+    double f = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / D);
+    const auto& s = c.rope_scaling;
+    if (s.type != RopeScaling::Type::llama3) return f;
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double wavelen = 2 * std::numbers::pi / f;
+    if (wavelen < old_len / s.high_freq_factor) return f;            // high frequencies: kept
+    if (wavelen > old_len / s.low_freq_factor) return f / s.factor;  // low: stretched
+    const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    return (1 - smooth) * f / s.factor + smooth * f;
   }
   const double* w(const std::string& n) const { return p.at(n).data_ptr<double>(); }
   bool has(const std::string& n) const { return p.count(n) > 0; }
@@ -69,8 +99,8 @@ struct Ref {
   void rope(Vec& v, size_t off, int64_t pos) const {
     auto D = static_cast<size_t>(c.head_dim), half = D / 2;
     for (size_t i = 0; i < half; ++i) {
-      double angle = static_cast<double>(pos) / c.rope_linear_factor *
-                     std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      const double linear = c.rope_scaling.type == RopeScaling::Type::linear ? c.rope_scaling.factor : 1.0;
+      double angle = static_cast<double>(pos) / linear * inv_freq(i);
       double a = v[off + i], b = v[off + i + half];
       v[off + i] = a * std::cos(angle) - b * std::sin(angle);
       v[off + i + half] = b * std::cos(angle) + a * std::sin(angle);
@@ -105,9 +135,11 @@ struct Ref {
         Vec attn(nh * D, 0.0);
         for (size_t hd = 0; hd < nh; ++hd) {
           size_t kh = hd / (nh / nkv);
-          Vec s(t + 1);
+          const auto w = windows.empty() ? 0 : static_cast<size_t>(windows[static_cast<size_t>(l)]);
+          const size_t first = w > 0 && t + 1 > w ? t + 1 - w : 0;  // the last w positions up to t
+          Vec s(t + 1, -1e300);
           double mx = -1e300;
-          for (size_t j = 0; j <= t; ++j) {
+          for (size_t j = first; j <= t; ++j) {
             double d = 0;
             for (size_t i = 0; i < D; ++i) d += q[t][hd * D + i] * k[j][kh * D + i];
             s[j] = d / std::sqrt(static_cast<double>(D));
@@ -115,7 +147,7 @@ struct Ref {
           }
           double z = 0;
           for (auto& e : s) z += (e = std::exp(e - mx));
-          for (size_t j = 0; j <= t; ++j)
+          for (size_t j = first; j <= t; ++j)
             for (size_t i = 0; i < D; ++i) attn[hd * D + i] += s[j] / z * v[j][kh * D + i];
         }
         auto o = matvec(pre + "self_attn.o_proj", attn, static_cast<int64_t>(H));
@@ -123,7 +155,7 @@ struct Ref {
         auto hn = norm(x[t], w(pre + "post_attention_layernorm.weight"));
         auto I = c.intermediate_size;
         auto g = matvec(pre + "mlp.gate_proj", hn, I), u = matvec(pre + "mlp.up_proj", hn, I);
-        for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        for (size_t i = 0; i < g.size(); ++i) g[i] = activate(g[i]) * u[i];
         auto dn = matvec(pre + "mlp.down_proj", g, static_cast<int64_t>(H));
         for (size_t h = 0; h < H; ++h) x[t][h] += dn[h];
       }
@@ -146,6 +178,16 @@ struct Ref {
 
 using glint::testing::ids_of;
 
+// The largest |logit - reference| over one row's positions and vocabulary.
+double worst_difference(const Tensor& logits, const std::vector<Vec>& ref) {
+  auto l = to_torch(logits)[0].to(at::kDouble);
+  double worst = 0;
+  for (size_t t = 0; t < ref.size(); ++t)
+    for (size_t v = 0; v < ref[t].size(); ++v)
+      worst = std::max(worst, std::abs(l[static_cast<int64_t>(t)][static_cast<int64_t>(v)].item<double>() - ref[t][v]));
+  return worst;
+}
+
 class ModelArch : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(ModelArch, LogitsMatchTheSlowReference) {
@@ -158,12 +200,7 @@ TEST_P(ModelArch, LogitsMatchTheSlowReference) {
   auto out = lm->forward({.input_ids = ids_of({seq})}, {.entropies = true, .logits = true});
   ASSERT_TRUE(out) << describe(out.error());
   auto ref = Ref(*lm).logits(seq);
-  auto logits = to_torch(out->logits);
-  double worst = 0;
-  for (size_t t = 0; t < seq.size(); ++t)
-    for (int64_t v = 0; v < lm->config().vocab_size; ++v)
-      worst = std::max(worst, std::abs(logits[0][static_cast<int64_t>(t)][v].item<double>() - ref[t][static_cast<size_t>(v)]));
-  EXPECT_LT(worst, 2e-4) << "largest logit difference";
+  EXPECT_LT(worst_difference(out->logits, ref), 2e-4) << "largest logit difference";
   // Log-probabilities of the next tokens and entropies follow from the logits.
   auto lp = to_torch(out->logprobs);
   auto ent = to_torch(out->entropies);
@@ -230,6 +267,92 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelArch,
                          ::testing::Values(Architecture::llama, Architecture::qwen2, Architecture::qwen3),
                          [](const auto& info) { return std::string{hf_class_name(info.param)}; });
 
+// Models whose config.json asks for what glint used to ignore: another
+// activation, sliding-window attention, RoPE settings in current
+// transformers' spelling or with Llama 3.1's scaling. Each is parsed from
+// config.json text and its logits are checked against the reference, told
+// independently what the file asks for (a window per layer, the
+// activation's name). Before these fields were honoured every one of them
+// computed SiLU and full attention, or was refused (llama3).
+struct Variant {
+  std::string name, json;
+  std::string act;
+  std::vector<int64_t> windows;  // per layer, what HF computes
+};
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+class ModelVariant : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(ModelVariant, LogitsMatchTheSlowReference) {
+  const auto& v = GetParam();
+  auto cfg = ModelConfig::parse(v.json, v.name + "/config.json");
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto lm = CausalLM::init_random(*cfg, 11);
+  ASSERT_TRUE(lm) << describe(lm.error());
+  for (auto& [n, t] : lm->impl().params)
+    if (n.find("norm") == std::string::npos) t.mul_(10.0);
+  std::vector<int64_t> seq = {3, 17, 36, 0, 5, 9, 22, 30, 1, 12, 7};
+  auto out = lm->forward({.input_ids = ids_of({seq})}, {.logits = true});
+  ASSERT_TRUE(out) << describe(out.error());
+  auto ref = Ref(*lm, v.act, v.windows).logits(seq);
+  EXPECT_LT(worst_difference(out->logits, ref), 2e-4) << "largest logit difference";
+  // The file glint writes asks for the same model.
+  auto again = ModelConfig::parse(cfg->to_json());
+  ASSERT_TRUE(again) << describe(again.error());
+  EXPECT_EQ(again->to_json(), cfg->to_json());
+  EXPECT_EQ(again->sliding_layers, cfg->sliding_layers);
+  EXPECT_EQ(again->hidden_act, cfg->hidden_act);
+}
+
+std::string sizes(const char* arch) {
+  return std::string{R"("architectures":[")"} + arch +
+         R"("],"vocab_size":37,"hidden_size":16,"intermediate_size":24,"num_hidden_layers":2,)"
+         R"("num_attention_heads":4,"num_key_value_heads":2)";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ConfigFields, ModelVariant,
+    ::testing::Values(
+        Variant{"LlamaGelu", "{" + sizes("LlamaForCausalLM") + R"(,"hidden_act":"gelu"})", "gelu", {}},
+        Variant{"Qwen2GeluTanh", "{" + sizes("Qwen2ForCausalLM") + R"(,"hidden_act":"gelu_pytorch_tanh"})",
+                "gelu_pytorch_tanh", {}},
+        Variant{"Qwen3GeluNew", "{" + sizes("Qwen3ForCausalLM") + R"(,"head_dim":8,"hidden_act":"gelu_new"})",
+                "gelu_new", {}},
+        Variant{"LlamaRelu", "{" + sizes("LlamaForCausalLM") + R"(,"hidden_act":"relu"})", "relu", {}},
+        // Qwen2: layers from max_window_layers on slide; a window of 3 over 11 tokens.
+        Variant{"Qwen2SlidingWindow",
+                "{" + sizes("Qwen2ForCausalLM") +
+                    R"(,"use_sliding_window":true,"sliding_window":3,"max_window_layers":1})",
+                "silu",
+                {0, 3}},
+        // layer_types (current transformers) wins over max_window_layers.
+        Variant{"Qwen3LayerTypes",
+                "{" + sizes("Qwen3ForCausalLM") +
+                    R"(,"head_dim":8,"use_sliding_window":true,"sliding_window":4,"max_window_layers":5,)"
+                    R"("layer_types":["sliding_attention","full_attention"]})",
+                "silu",
+                {4, 0}},
+        // Without use_sliding_window the window is not used (HF sets it to None).
+        Variant{"Qwen2WindowSwitchedOff",
+                "{" + sizes("Qwen2ForCausalLM") + R"(,"use_sliding_window":false,"sliding_window":2,"max_window_layers":0})",
+                "silu",
+                {}},
+        Variant{"Qwen3RopeParameters",
+                "{" + sizes("Qwen3ForCausalLM") +
+                    R"(,"head_dim":8,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0},"dtype":"bfloat16"})",
+                "silu",
+                {}},
+        // Llama 3.1's scaling: with these numbers the four frequencies of a
+        // head of 8 fall in every band (kept, blended, stretched).
+        Variant{"LlamaRopeLlama3",
+                "{" + sizes("LlamaForCausalLM") +
+                    R"(,"head_dim":8,"rope_theta":10000.0,"rope_scaling":{"rope_type":"llama3","factor":8.0,)"
+                    R"("low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64}})",
+                "silu",
+                {}}),
+    [](const auto& info) { return info.param.name; });
+
 TEST(Model, LoadingIsStrictAboutNamesAndShapes) {
   auto cfg = tiny(Architecture::qwen2);
   auto lm = CausalLM::init_random(cfg, 1);
@@ -287,7 +410,7 @@ TEST(ModelConfigJson, ParsesHuggingFaceConfigs) {
   EXPECT_TRUE(qwen2->qkv_bias);
   EXPECT_FALSE(qwen2->o_bias);
   EXPECT_EQ(qwen2->dtype, Dtype::bf16);
-  EXPECT_EQ(qwen2->eos_token_id, 151643);
+  EXPECT_EQ(qwen2->eos_token_ids, std::vector<int64_t>{151643});
   EXPECT_NEAR(static_cast<double>(qwen2->num_parameters()), 494e6, 1e6);  // Qwen2-0.5B
 
   auto qwen3 = ModelConfig::parse(R"({"architectures":["Qwen3ForCausalLM"],"vocab_size":151936,"hidden_size":1024,
@@ -302,7 +425,8 @@ TEST(ModelConfigJson, ParsesHuggingFaceConfigs) {
     "rope_scaling":{"type":"linear","factor":4.0}})");
   ASSERT_TRUE(llama) << describe(llama.error());
   EXPECT_EQ(llama->num_key_value_heads, 4);
-  EXPECT_EQ(llama->rope_linear_factor, 4.0);
+  EXPECT_EQ(llama->rope_scaling.type, RopeScaling::Type::linear);
+  EXPECT_EQ(llama->rope_scaling.factor, 4.0);
   auto again = ModelConfig::parse(llama->to_json());
   ASSERT_TRUE(again);
   EXPECT_EQ(again->to_json(), llama->to_json());
@@ -317,7 +441,7 @@ TEST(ModelConfigJson, BadConfigsNameTheField) {
       {"{" + base + R"(,"num_attention_heads":"two"})", "'num_attention_heads' should be a integer"},
       {"{" + base + "}", "lacks the field 'num_attention_heads'"},
       {"{" + base + R"(,"num_attention_heads":4,"num_key_value_heads":3})", "num_key_value_heads (3) must divide"},
-      {"{" + base + R"(,"num_attention_heads":4,"rope_scaling":{"type":"yarn","factor":2}})", "'yarn' is not supported"},
+      {"{" + base + R"(,"num_attention_heads":4,"rope_scaling":{"type":"yarn","factor":2}})", "rope type 'yarn'"},
       {R"({"architectures":["GPT2LMHeadModel"]})", "GPT2LMHeadModel' is not supported"},
       {"{" + base + R"(,"num_attention_heads":4,"torch_dtype":"float64"})", "float64"},
       {"[1, 2", "not valid JSON"},
@@ -330,6 +454,106 @@ TEST(ModelConfigJson, BadConfigsNameTheField) {
   auto missing = ModelConfig::load("/nonexistent/config.json");
   ASSERT_FALSE(missing);
   EXPECT_EQ(code_of(missing.error()), errc::not_found);
+}
+
+// Current transformers writes rope_parameters and dtype; glint read neither
+// and fell back to rope_theta 10000 and float32.
+TEST(ModelConfigJson, ReadsCurrentTransformersSpellings) {
+  const std::string base = "{" + sizes("Qwen2ForCausalLM");
+  auto c = ModelConfig::parse(base + R"(,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0},"dtype":"bfloat16"})");
+  ASSERT_TRUE(c) << describe(c.error());
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->dtype, Dtype::bf16);
+  auto linear = ModelConfig::parse(base + R"(,"rope_parameters":{"rope_type":"linear","factor":2.0,"rope_theta":500.0}})");
+  ASSERT_TRUE(linear) << describe(linear.error());
+  EXPECT_EQ(linear->rope_scaling.type, RopeScaling::Type::linear);
+  EXPECT_EQ(linear->rope_scaling.factor, 2.0);
+  EXPECT_EQ(linear->rope_theta, 500.0);
+  // dtype wins over the older torch_dtype; an absent rope_theta is 10000 (HF's default for all three).
+  auto both = ModelConfig::parse(base + R"(,"torch_dtype":"float32","dtype":"float16"})");
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->dtype, Dtype::f16);
+  EXPECT_EQ(both->rope_theta, 10000.0);
+  // What glint writes carries both spellings, and reads back the same.
+  auto text = nlohmann::json::parse(c->to_json());
+  EXPECT_EQ(text["rope_parameters"]["rope_theta"], 1e6);
+  EXPECT_EQ(text["rope_theta"], 1e6);
+  EXPECT_EQ(text["dtype"], "bfloat16");
+  EXPECT_EQ(text["torch_dtype"], "bfloat16");
+  // eos_token_id as a list (Llama 3.1 ends at any of three): every one stops.
+  auto eos = ModelConfig::parse(base + R"(,"eos_token_id":[5, 8, 9]})");
+  ASSERT_TRUE(eos);
+  EXPECT_EQ(eos->eos_token_ids, (std::vector<int64_t>{5, 8, 9}));
+  EXPECT_TRUE(eos->is_eos(9));
+  EXPECT_EQ(nlohmann::json::parse(eos->to_json())["eos_token_id"], nlohmann::json({5, 8, 9}));
+}
+
+TEST(ModelConfigJson, HeadDimDefaultsAsEachArchitectureDoes) {
+  // hidden 16 / 4 heads = 4 for Llama and Qwen2; Qwen3Config's default is 128.
+  EXPECT_EQ(ModelConfig::parse("{" + sizes("LlamaForCausalLM") + "}")->head_dim, 4);
+  EXPECT_EQ(ModelConfig::parse("{" + sizes("Qwen2ForCausalLM") + "}")->head_dim, 4);
+  EXPECT_EQ(ModelConfig::parse("{" + sizes("Qwen3ForCausalLM") + "}")->head_dim, 128);
+  // Weights that do not fit then say which config fields set the shapes.
+  auto dir = glint::testing::fresh_dir("qwen3-head-dim");
+  auto small = ModelConfig::parse("{" + sizes("Qwen3ForCausalLM") + R"(,"head_dim":4})");
+  ASSERT_TRUE(small);
+  ASSERT_TRUE(CausalLM::init_random(*small, 1)->save(dir));
+  std::ofstream{dir + "/config.json"} << "{" + sizes("Qwen3ForCausalLM") + "}";
+  auto lm = CausalLM::load(dir);
+  ASSERT_FALSE(lm);
+  EXPECT_NE(describe(lm.error()).find("head_dim 128 (Qwen3's default when the field is absent"), std::string::npos)
+      << describe(lm.error());
+}
+
+// Every field that changes the computation and that glint cannot compute is
+// refused at load, naming the file, the field and its value.
+TEST(ModelConfigJson, RefusesWhatItCannotComputeNamingFileFieldAndValue) {
+  struct Case {
+    std::string extra, expect;
+  };
+  std::vector<Case> cases = {
+      {R"("hidden_act":"gelu_10")", "'hidden_act': activation 'gelu_10' is not supported"},
+      {R"("attention_dropout":0.1)", "'attention_dropout' is 0.1"},
+      {R"("partial_rotary_factor":0.5)", "'partial_rotary_factor' is 0.5"},
+      {R"("quantization_config":{"quant_method":"gptq"})", "'quantization_config' is {\"quant_method\":\"gptq\"}"},
+      {R"("rope_parameters":{"rope_type":"yarn","factor":4.0,"rope_theta":1e6})", "rope type 'yarn'"},
+      {R"("rope_scaling":{"rope_type":"dynamic","factor":2.0})", "rope type 'dynamic'"},
+      {R"("rope_scaling":{"rope_type":"llama3","factor":8.0})", "'rope_scaling.low_freq_factor' of rope type llama3"},
+      {R"("rope_parameters":"fast")", "'rope_parameters' should be an object"},
+      {R"("use_sliding_window":true,"sliding_window":0)", "'sliding_window' is 0"},
+      {R"("use_sliding_window":true,"sliding_window":4,"layer_types":["full_attention"])",
+       "'layer_types' should list one type per layer (2)"},
+      {R"("use_sliding_window":true,"sliding_window":4,"layer_types":["full_attention","chunked_attention"])",
+       "\"chunked_attention\" for layer 1"},
+      {R"("layer_types":["sliding_attention","full_attention"])", "marks layer 0 sliding_attention, but there is no window"},
+      {R"("dtype":"float8_e4m3fn")", "'dtype' is 'float8_e4m3fn'"},
+      {R"("eos_token_id":"</s>")", "'eos_token_id' should be an integer or a list"},
+  };
+  for (const auto& c : cases) {
+    auto r = ModelConfig::parse("{" + sizes("Qwen2ForCausalLM") + "," + c.extra + "}", "models/x/config.json");
+    ASSERT_FALSE(r) << c.extra;
+    const auto msg = describe(r.error());
+    EXPECT_NE(msg.find("models/x/config.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+  }
+}
+
+// Fields that change nothing are not dropped: glint writes them back.
+TEST(ModelConfigJson, KeepsFieldsItDoesNotUseWhenItSaves) {
+  auto c = ModelConfig::parse("{" + sizes("LlamaForCausalLM") +
+                              R"(,"use_cache":true,"transformers_version":"4.57.1","pad_token_id":0,)"
+                              R"("pretraining_tp":1,"custom":{"a":[1,2]},"sliding_window":4096})");
+  ASSERT_TRUE(c) << describe(c.error());
+  EXPECT_EQ(c->sliding_window, 0) << "LlamaForCausalLM has no sliding window in transformers";
+  auto text = nlohmann::json::parse(c->to_json());
+  EXPECT_EQ(text["use_cache"], true);
+  EXPECT_EQ(text["transformers_version"], "4.57.1");
+  EXPECT_EQ(text["pad_token_id"], 0);
+  EXPECT_EQ(text["custom"]["a"][1], 2);
+  EXPECT_EQ(text["sliding_window"], 4096);
+  auto again = ModelConfig::parse(c->to_json());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->to_json(), c->to_json());
 }
 
 }  // namespace

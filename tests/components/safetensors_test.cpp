@@ -2,13 +2,17 @@
 // lays it out, and every kind of damaged file.
 #include "components/checkpoint/safetensors.hpp"
 
+#include "components/model/model.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 namespace glint::components {
 namespace {
@@ -131,6 +135,84 @@ TEST(Safetensors, LoadsAShardedDirectoryAndChecksItsIndex) {
   auto empty = load_safetensors_dir(glint::testing::fresh_dir("st-empty"));
   ASSERT_FALSE(empty);
   EXPECT_EQ(code_of(empty.error()), errc::not_found);
+}
+
+Tensor floats(int64_t n, float start) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + 0.5f * static_cast<float>(i);
+  return Tensor::vector(v);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in{path};
+  return nlohmann::json::parse(in);
+}
+
+TEST(Safetensors, WritesShardsWithAnIndexAsTransformersDoAboveTheLimit) {
+  auto dir = glint::testing::fresh_dir("st-write-shards");
+  // 16, 16, 40, 8 and 16 bytes under a 32-byte limit. huggingface_hub's
+  // split, worked by hand: a and b fill a shard; big is over the limit and
+  // goes alone, before it; c would pass the limit, so a new shard: c, d.
+  const NamedTensors tensors = {{"a", floats(4, 1)}, {"b", floats(4, 2)}, {"big", floats(10, 3)},
+                                {"c", floats(2, 4)}, {"d", floats(4, 5)}};
+  std::ofstream{dir + "/model-00004-of-00004.safetensors"} << "a shard of an earlier save";
+  std::ofstream{dir + "/model.safetensors"} << "an earlier single file";
+  ASSERT_TRUE(write_safetensors_dir(dir, tensors, 32));
+  const std::string one = "model-00001-of-00003.safetensors", two = "model-00002-of-00003.safetensors",
+                    three = "model-00003-of-00003.safetensors";
+  auto index = read_json(dir + "/model.safetensors.index.json");
+  EXPECT_EQ(index["metadata"]["total_size"], 96);
+  EXPECT_EQ(index["weight_map"], (nlohmann::json{{"a", two}, {"b", two}, {"big", one}, {"c", three}, {"d", three}}));
+  EXPECT_EQ(load_safetensors(dir + "/" + one)->size(), 1u);
+  EXPECT_EQ(load_safetensors(dir + "/" + three)->size(), 2u);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors")) << "a stale single file would be read instead of the shards";
+  EXPECT_FALSE(fs::exists(dir + "/model-00004-of-00004.safetensors"));
+  auto back = load_safetensors_dir(dir);
+  ASSERT_TRUE(back) << describe(back.error());
+  ASSERT_EQ(back->size(), tensors.size());
+  for (const auto& [name, t] : tensors) EXPECT_EQ(back->at(name), t) << name;
+
+  // Under the limit: one model.safetensors, and the shards and index go.
+  ASSERT_TRUE(write_safetensors_dir(dir, tensors));
+  EXPECT_TRUE(fs::exists(dir + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir + "/" + one));
+  EXPECT_EQ(std::distance(fs::directory_iterator{dir}, fs::directory_iterator{}), 1);
+  EXPECT_EQ(load_safetensors_dir(dir)->size(), tensors.size());
+  EXPECT_FALSE(write_safetensors_dir(dir, tensors, 0));
+}
+
+TEST(Safetensors, AModelAboveTheShardLimitIsSavedInShardsAndLoadsBackBitExact) {
+  auto cfg = ModelConfig::make(Architecture::qwen2, 29, 16, 32, 2, 4, 2);
+  auto lm = CausalLM::init_random(cfg, 3);
+  ASSERT_TRUE(lm);
+  auto dir = glint::testing::fresh_dir("st-model-shards");
+  ASSERT_TRUE(lm->save(dir, 4096));
+  auto index = read_json(dir + "/model.safetensors.index.json");
+  std::set<std::string> files;
+  std::map<std::string, int64_t> bytes;
+  int64_t total = 0;
+  for (const auto& [name, t] : lm->named_parameters()) {
+    auto file = index["weight_map"][name].get<std::string>();
+    files.insert(file);
+    bytes[file] += static_cast<int64_t>(t.nbytes());
+    total += static_cast<int64_t>(t.nbytes());
+  }
+  EXPECT_GT(files.size(), 2u);
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  for (const auto& [file, n] : bytes) {
+    EXPECT_LE(n, 4096) << file;
+    EXPECT_TRUE(fs::exists(dir + "/" + file)) << file;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+  auto back = CausalLM::load(dir);
+  ASSERT_TRUE(back) << describe(back.error());
+  auto want = lm->named_parameters(), got = back->named_parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].first, got[i].first);
+    EXPECT_EQ(want[i].second, got[i].second) << want[i].first;
+  }
 }
 
 }  // namespace

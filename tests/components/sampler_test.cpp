@@ -20,7 +20,7 @@ constexpr int64_t kVocab = 300;  // 256 single bytes, then multi-byte tokens
 CausalLM test_model(uint64_t seed = 3) {
   auto cfg = ModelConfig::make(Architecture::qwen3, kVocab, 64, 96, 2, 4, 2, 16);
   cfg.max_position_embeddings = 256;
-  cfg.eos_token_id = 299;
+  cfg.eos_token_ids = {299};
   auto lm = *CausalLM::init_random(cfg, seed);
   auto& p = lm.impl().params;
   for (auto& [name, t] : p) {
@@ -303,7 +303,7 @@ TEST(Sampler, EosStopsUnlessIgnored) {
   // Make the model's second greedy token its eos.
   auto lm = test_model();
   auto want = naive_greedy(lm, random_prompt(5, 1), 2);
-  lm.impl().cfg.eos_token_id = want[1];
+  lm.impl().cfg.eos_token_ids = {want[1]};
   auto e = make_engine(std::move(lm));
   auto out = e.generate({random_prompt(5, 1)}, {.max_tokens = 10, .temperature = 0});
   ASSERT_TRUE(out[0]);
@@ -495,19 +495,80 @@ TEST(PagedAttention, DecodeEqualsGatherThenSoftmaxThenMatmul) {
     auto slots = at::randint(0, slots_n, {S, C}, at::kLong);
     auto lengths = at::tensor(std::vector<int64_t>{1, 37, 16, 17, 5}, at::kLong);
     const double scale = 0.3;
-    auto got = paged_decode_attention(q, kc, vc, slots, lengths, scale);
+    for (int64_t window : {0, 1, 7, 16}) {
+    auto got = paged_decode_attention(q, kc, vc, slots, lengths, scale, window);
     for (int64_t s = 0; s < S; ++s) {
-      const int64_t len = lengths[s].item<int64_t>();
-      auto idx = slots[s].narrow(0, 0, len);
+      const int64_t n = lengths[s].item<int64_t>();
+      const int64_t first = window > 0 && n > window ? n - window : 0;  // a window reads the last positions
+      const int64_t len = n - first;
+      auto idx = slots[s].narrow(0, first, len);
       auto k = kc.index_select(0, idx).to(at::kDouble), v = vc.index_select(0, idx).to(at::kDouble);  // [len, kv, D]
       for (int64_t h = 0; h < nh; ++h) {
         auto kh = k.select(1, h / (nh / nkv)), vh = v.select(1, h / (nh / nkv));
         auto p = at::softmax(at::mv(kh, q[s][h].to(at::kDouble)) * scale, 0);
         auto want = at::mv(vh.t(), p);
-        EXPECT_TRUE(at::allclose(got[s][h].to(at::kDouble), want, 1e-5, 1e-5)) << "D " << D << " s " << s << " h " << h;
+        EXPECT_TRUE(at::allclose(got[s][h].to(at::kDouble), want, 1e-5, 1e-5))
+            << "D " << D << " window " << window << " s " << s << " h " << h;
       }
     }
+    }
   }
+}
+
+// A Qwen2 whose second layer slides a window of 6 positions (config.json's
+// use_sliding_window, sliding_window, max_window_layers): the paged sampler
+// computes what the model's full forward does (itself checked against a
+// float64 reference in model_test), through chunked prefill, decode, prefix
+// caching and preemption. And the window matters: the same weights without
+// it generate something else.
+TEST(Sampler, SlidingWindowLayersMatchTheModelsForward) {
+  auto cfg = ModelConfig::parse(R"({"architectures":["Qwen2ForCausalLM"],"vocab_size":300,"hidden_size":64,
+    "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+    "max_position_embeddings":256,"use_sliding_window":true,"sliding_window":6,"max_window_layers":1})");
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  ASSERT_EQ(cfg->window(0), 0);
+  ASSERT_EQ(cfg->window(1), 6);
+  auto windowed = *CausalLM::init_random(*cfg, 5);
+  for (auto& [name, t] : windowed.impl().params) {
+    if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos) t.mul_(8);
+    if (name == "lm_head.weight") t.mul_(40);
+  }
+  auto prompts = prompts_of({3, 6, 7, 20, 33}, 40);
+  for (bool prefix : {false, true}) {
+    SCOPED_TRACE(prefix ? "prefix caching" : "no prefix caching");
+    auto e = make_engine(windowed, {.max_num_batched_tokens = 16, .enable_prefix_caching = prefix});
+    expect_greedy_matches(e, prompts, greedy);
+    expect_greedy_matches(e, prompts, greedy);  // the second time from the prefix cache
+  }
+  // Logprobs of a sampled continuation equal the model's.
+  auto e = make_engine(windowed);
+  SamplingParams p{.max_tokens = 16, .temperature = 1.0, .seed = 3, .ignore_eos = true, .logprobs = 1};
+  auto prompt = random_prompt(21, 9);
+  auto out = e.generate({prompt}, p);
+  ASSERT_TRUE(out[0]) << describe(out[0].error());
+  auto full = prompt;
+  const auto& seq = out[0]->sequences[0];
+  full.insert(full.end(), seq.tokens.begin(), seq.tokens.end());
+  auto want = model_logprobs(e.model(), full);
+  for (size_t i = 0; i < seq.tokens.size(); ++i) EXPECT_NEAR(seq.logprobs.chosen[i], want[prompt.size() - 1 + i], 1e-4) << i;
+  // Preempted and recomputed sequences keep their window.
+  const int64_t block_bytes = 2 * cfg->num_hidden_layers * 16 * cfg->num_key_value_heads * cfg->head_dim * 4;
+  auto tight = make_engine(windowed, {.cache_bytes = 6 * block_bytes, .enable_prefix_caching = false});
+  auto longer = greedy;
+  longer.max_tokens = 40;
+  expect_greedy_matches(tight, prompts_of({20, 9, 18, 13}, 50), longer);
+  EXPECT_GT(tight.stats().preemptions, 0);
+  // Without the window the same weights answer differently.
+  auto full_cfg = *cfg;
+  full_cfg.sliding_window = 0;
+  full_cfg.sliding_layers.clear();
+  auto plain = *CausalLM::init_random(full_cfg, 5);
+  for (auto& [name, t] : plain.impl().params) t.copy_(windowed.impl().params.at(name));
+  auto a = make_engine(windowed).generate(prompts, greedy);
+  auto b = make_engine(plain).generate(prompts, greedy);
+  int differ = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) differ += a[i]->sequences[0].tokens != b[i]->sequences[0].tokens;
+  EXPECT_GT(differ, 0) << "the window changed no greedy output: the test would not notice it ignored";
 }
 
 }  // namespace

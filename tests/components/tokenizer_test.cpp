@@ -1,15 +1,20 @@
 // Tokenizer: known encodings on a hand-made vocabulary, round trips, the
-// invalid UTF-8 rule, added tokens, the pre-tokenizer regex.
+// invalid UTF-8 rule, added tokens and their flags, the pre-tokenizer regex,
+// normalizers, and the fields that are refused. Expected ids are worked out
+// by hand from Hugging Face tokenizers' rules (its normalizers/*.rs,
+// added_vocabulary.rs and models/bpe/model.rs).
 #include "components/data/tokenizer.hpp"
 #include "support/tokenizers.hpp"
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 
 namespace glint::components {
 namespace {
 
+using glint::testing::bpe_tokenizer;
 using glint::testing::bpe_tokenizer_json;
 
 const nlohmann::json byte_level_pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
@@ -112,6 +117,358 @@ TEST(Tokenizer, BadFilesAndUnsupportedKindsAreClearErrors) {
   auto e = t->encode("hi");
   ASSERT_FALSE(e);
   EXPECT_NE(describe(e.error()).find("byte-level"), std::string::npos);
+}
+
+
+// --- normalizers and added-token flags ------------------------------------
+
+constexpr const char* kOrigin = "models/t/tokenizer.json";
+using Merges = std::vector<std::pair<std::string, std::string>>;
+using Ids = std::vector<int64_t>;
+
+std::optional<Tokenizer> parsed(const nlohmann::json& j) {
+  auto t = Tokenizer::parse(j.dump(), kOrigin);
+  if (!t) {
+    ADD_FAILURE() << describe(t.error());
+    return std::nullopt;
+  }
+  return std::move(*t);
+}
+
+// The load error of `j`, or "" when it loads.
+std::string load_error(const nlohmann::json& j) {
+  auto t = Tokenizer::parse(j.dump(), kOrigin);
+  return t ? std::string{} : describe(t.error());
+}
+
+// The encode error of `j` (which must load), or "" when "a" encodes.
+std::string encode_error(const nlohmann::json& j) {
+  auto t = parsed(j);
+  if (!t) return "did not load";
+  auto e = t->encode("a");
+  return e ? std::string{} : describe(e.error());
+}
+
+// GPT-2's pre-tokenizer, `m` (ids 256.. in order) and `normalizer`.
+nlohmann::json with_normalizer(nlohmann::json normalizer, const Merges& m = {},
+                               const std::vector<std::string>& special = {}) {
+  auto j = bpe_tokenizer(m, special, byte_level_pre);
+  j["normalizer"] = std::move(normalizer);
+  return j;
+}
+
+nlohmann::json replace(nlohmann::json pattern, std::string content) {
+  return {{"type", "Replace"}, {"pattern", std::move(pattern)}, {"content", std::move(content)}};
+}
+
+// "é" is 256 and "fi" 257.
+const Merges accents = {{"\xc3", "\xa9"}, {"f", "i"}};
+
+TEST(TokenizerNormalizer, NfcComposesACombiningAccent) {
+  auto t = parsed(with_normalizer({{"type", "NFC"}}, accents));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "e\xcc\x81"), (Ids{256}));  // e + U+0301 is é
+  EXPECT_EQ(enc(*t, "\xc3\xa9"), (Ids{256}));
+  // Without a normalizer the accent is a piece of its own (\p{M}, not \p{L}).
+  auto raw = parsed(with_normalizer(nullptr, accents));
+  ASSERT_TRUE(raw);
+  EXPECT_EQ(enc(*raw, "e\xcc\x81"), (Ids{'e', 0xcc, 0x81}));
+}
+
+TEST(TokenizerNormalizer, NfdSplitsAnAccentedLetter) {
+  auto t = parsed(with_normalizer({{"type", "NFD"}}, accents));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "\xc3\xa9"), (Ids{'e', 0xcc, 0x81}));  // é is e + U+0301
+  EXPECT_EQ(enc(*t, "\xef\xac\x81"), (Ids{0xef, 0xac, 0x81}));  // the ligature ﬁ is no canonical pair
+}
+
+TEST(TokenizerNormalizer, NfkcFoldsCompatibilityCharacters) {
+  auto t = parsed(with_normalizer({{"type", "NFKC"}}, accents));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "\xef\xac\x81"), (Ids{257}));                 // ﬁ is f + i
+  EXPECT_EQ(enc(*t, "\xef\xbc\xa1\xef\xbc\xa2"), (Ids{'A', 'B'}));  // full-width ＡＢ
+  EXPECT_EQ(enc(*t, "\xef\xac\x81" "e\xcc\x81"), (Ids{257, 256}));  // "fié", composed
+}
+
+TEST(TokenizerNormalizer, NfkdFoldsAndDecomposes) {
+  auto t = parsed(with_normalizer({{"type", "NFKD"}}, accents));
+  ASSERT_TRUE(t);
+  // "ﬁé" is "fie" + U+0301: the accent is a pre-tokenizer piece of its own.
+  EXPECT_EQ(enc(*t, "\xef\xac\x81\xc3\xa9"), (Ids{257, 'e', 0xcc, 0x81}));
+  EXPECT_EQ(enc(*t, "\xef\xbc\xa1"), (Ids{'A'}));
+}
+
+TEST(TokenizerNormalizer, LowercaseMapsEachCharacterOnItsOwn) {
+  // "σ" is 256, "α" 257. Hugging Face lowercases char by char (Rust's
+  // char::to_lowercase), so a final Σ becomes σ, not ς (which would end in
+  // the bytes 0xcf 0x82).
+  auto t = parsed(with_normalizer({{"type", "Lowercase"}}, {{"\xcf", "\x83"}, {"\xce", "\xb1"}}));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "\xce\xa3\xce\x91\xce\xa3"), (Ids{256, 257, 256}));  // ΣΑΣ -> σασ
+  // İ (U+0130) has a full mapping: i + U+0307, the mark a piece of its own.
+  EXPECT_EQ(enc(*t, "\xc4\xb0"), (Ids{'i', 0xcc, 0x87}));
+  EXPECT_EQ(enc(*t, "HeLLo WORLD"), (Ids{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}));
+}
+
+TEST(TokenizerNormalizer, StripRemovesUnicodeWhitespaceAtTheChosenEnds) {
+  auto both = parsed(with_normalizer({{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}}));
+  auto left = parsed(with_normalizer({{"type", "Strip"}, {"strip_left", true}, {"strip_right", false}}));
+  auto right = parsed(with_normalizer({{"type", "Strip"}, {"strip_left", false}, {"strip_right", true}}));
+  ASSERT_TRUE(both && left && right);
+  EXPECT_EQ(enc(*both, "\xe3\x80\x80 hi \t"), (Ids{'h', 'i'}));  // U+3000 is White_Space
+  EXPECT_EQ(enc(*left, "  hi  "), (Ids{'h', 'i', ' ', ' '}));
+  EXPECT_EQ(enc(*right, "  hi  "), (Ids{' ', ' ', 'h', 'i'}));
+  EXPECT_EQ(enc(*both, " \n "), Ids{});
+}
+
+TEST(TokenizerNormalizer, ReplaceSubstitutesALiteralOrARegex) {
+  // "▁" (U+2581, e2 96 81) is 257.
+  const Merges bar = {{"\xe2", "\x96"}, {"\xe2\x96", "\x81"}};
+  auto space = parsed(with_normalizer(replace({{"String", " "}}, "\xe2\x96\x81"), bar));
+  ASSERT_TRUE(space);
+  EXPECT_EQ(enc(*space, "a b"), (Ids{'a', 257, 'b'}));
+  // A String pattern is literal: "." matches only a dot.
+  auto literal = parsed(with_normalizer(replace({{"String", "a.b"}}, "X")));
+  ASSERT_TRUE(literal);
+  EXPECT_EQ(enc(*literal, "a.b axb"), (Ids{'X', ' ', 'a', 'x', 'b'}));
+  auto regex = parsed(with_normalizer(replace({{"Regex", "\\s+"}}, " ")));
+  ASSERT_TRUE(regex);
+  EXPECT_EQ(enc(*regex, "a \t\n b"), (Ids{'a', ' ', 'b'}));
+  // Empty matches as Oniguruma's iterator (which Hugging Face uses) gives
+  // them: the first empty match after a non-empty one is skipped, so
+  // "xxaxb" becomes "-a-b-" (Python's re.sub gives "--a--b-").
+  auto empty = parsed(with_normalizer(replace({{"Regex", "x*"}}, "-")));
+  ASSERT_TRUE(empty);
+  EXPECT_EQ(enc(*empty, "xxaxb"), (Ids{'-', 'a', '-', 'b', '-'}));
+}
+
+TEST(TokenizerNormalizer, PrependGoesBeforeEachNonEmptyPieceBetweenSpecialTokens) {
+  // "▁" is 257, "<s>" 258 (special, so matched on the raw text).
+  auto t = parsed(with_normalizer({{"type", "Prepend"}, {"prepend", "\xe2\x96\x81"}},
+                                  {{"\xe2", "\x96"}, {"\xe2\x96", "\x81"}}, {"<s>"}));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "<s>hi"), (Ids{258, 257, 'h', 'i'}));
+  EXPECT_EQ(enc(*t, "hi<s>"), (Ids{257, 'h', 'i', 258}));
+  EXPECT_EQ(enc(*t, "<s>"), (Ids{258}));
+  EXPECT_EQ(enc(*t, ""), Ids{});
+}
+
+TEST(TokenizerNormalizer, SequenceAppliesItsNormalizersInOrder) {
+  nlohmann::json lower = {{"type", "Lowercase"}};
+  auto a_to_b = replace({{"String", "A"}}, "b");
+  auto lower_first = parsed(with_normalizer({{"type", "Sequence"}, {"normalizers", {lower, a_to_b}}}));
+  auto replace_first = parsed(with_normalizer({{"type", "Sequence"}, {"normalizers", {a_to_b, lower}}}));
+  ASSERT_TRUE(lower_first && replace_first);
+  EXPECT_EQ(enc(*lower_first, "Aa"), (Ids{'a', 'a'}));
+  EXPECT_EQ(enc(*replace_first, "Aa"), (Ids{'b', 'a'}));
+  // Llama-2's normalizer: Prepend "▁", then every space to "▁".
+  auto llama = parsed(with_normalizer(
+      {{"type", "Sequence"},
+       {"normalizers", {{{"type", "Prepend"}, {"prepend", "_"}}, replace({{"String", " "}}, "_")}}}));
+  ASSERT_TRUE(llama);
+  EXPECT_EQ(enc(*llama, "a b"), (Ids{'_', 'a', '_', 'b'}));
+}
+
+TEST(TokenizerNormalizer, UnsupportedNormalizersAreRefusedAtLoadByFieldAndValue) {
+  auto expect_named = [](const nlohmann::json& normalizer, std::vector<std::string> words) {
+    auto e = load_error(with_normalizer(normalizer));
+    ASSERT_FALSE(e.empty()) << normalizer.dump();
+    words.push_back(kOrigin);
+    for (const auto& w : words) EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
+  };
+  expect_named({{"type", "BertNormalizer"}, {"lowercase", true}}, {"normalizer.type", "BertNormalizer"});
+  for (std::string type : {"StripAccents", "Precompiled", "ByteLevel", "Nmt", "Uppercase"})
+    expect_named({{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", type}}}}},
+                 {"normalizer.normalizers[1].type", type});
+  expect_named({{"lowercase", true}}, {"normalizer.type", "missing"});
+  expect_named("NFC", {"normalizer", "'NFC'"});
+  expect_named({{"type", "Strip"}, {"strip_left", true}}, {"normalizer.strip_right", "missing"});
+  expect_named({{"type", "Prepend"}, {"prepend", 3}}, {"normalizer.prepend", "3"});
+}
+
+TEST(TokenizerNormalizer, MalformedReplaceIsRefusedAtLoadByFieldAndValue) {
+  auto expect_named = [](const nlohmann::json& normalizer, std::vector<std::string> words) {
+    auto e = load_error(with_normalizer(normalizer));
+    ASSERT_FALSE(e.empty()) << normalizer.dump();
+    words.push_back(kOrigin);
+    for (const auto& w : words) EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
+  };
+  expect_named(replace({{"Glob", "a*"}}, "b"), {"normalizer.pattern", "Glob", "a*"});
+  expect_named(replace({{"String", "a"}, {"Regex", "b"}}, "c"), {"normalizer.pattern"});
+  expect_named(replace("a", "b"), {"normalizer.pattern", "'a'"});
+  expect_named({{"type", "Replace"}, {"pattern", {{"String", "a"}}}}, {"normalizer.content", "missing"});
+  expect_named(replace({{"Regex", "(x"}}, "y"), {"normalizer.pattern.Regex", "'(x'", "does not compile"});
+  expect_named({{"type", "Sequence"},
+                {"normalizers", {{{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", 5}}}}},
+               {"normalizer.normalizers[0].content", "5"});
+}
+
+nlohmann::json with_added(nlohmann::json added, nlohmann::json normalizer = nullptr) {
+  auto j = bpe_tokenizer({}, {}, byte_level_pre);
+  j["added_tokens"] = std::move(added);
+  j["normalizer"] = std::move(normalizer);
+  return j;
+}
+
+nlohmann::json token(int64_t id, const std::string& content, nlohmann::json flags = nlohmann::json::object()) {
+  flags["id"] = id;
+  flags["content"] = content;
+  return flags;
+}
+
+TEST(TokenizerAddedTokens, LstripTakesTheWhitespaceOnTheLeft) {
+  auto t = parsed(with_added({token(256, "<m>", {{"special", true}, {"lstrip", true}}),
+                              token(257, "<n>", {{"special", true}})}));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "a  <m>b"), (Ids{'a', 256, 'b'}));
+  EXPECT_EQ(enc(*t, "a  <n>b"), (Ids{'a', ' ', ' ', 257, 'b'}));
+  EXPECT_EQ(enc(*t, "a\xe3\x80\x80<m>"), (Ids{'a', 256}));  // U+3000 is whitespace too
+  EXPECT_EQ(enc(*t, "<n> <m>"), (Ids{257, 256}));
+}
+
+TEST(TokenizerAddedTokens, RstripTakesTheWhitespaceOnTheRight) {
+  auto t = parsed(with_added({token(256, "<m>", {{"special", true}, {"rstrip", true}}),
+                              token(257, "<n>", {{"special", true}})}));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "a<m>  b"), (Ids{'a', 256, 'b'}));
+  EXPECT_EQ(enc(*t, "a<n>  b"), (Ids{'a', 257, ' ', ' ', 'b'}));
+  EXPECT_EQ(enc(*t, "<m> \n"), (Ids{256}));
+}
+
+TEST(TokenizerAddedTokens, SingleWordMatchesOnlyOutsideWords) {
+  auto t = parsed(with_added({token(256, "ing", {{"single_word", true}}), token(257, "ong")}));
+  ASSERT_TRUE(t);
+  // The "ing" inside "sing" is skipped; the search goes on after it.
+  EXPECT_EQ(enc(*t, "sing ing"), (Ids{'s', 'i', 'n', 'g', ' ', 256}));
+  EXPECT_EQ(enc(*t, "ing,"), (Ids{256, ','}));  // punctuation is not a word character
+  EXPECT_EQ(enc(*t, "\xc3\xa9ing"), (Ids{0xc3, 0xa9, 'i', 'n', 'g'}));  // é is
+  EXPECT_EQ(enc(*t, "1ing"), (Ids{'1', 'i', 'n', 'g'}));                // and so is a digit
+  EXPECT_EQ(enc(*t, "song"), (Ids{'s', 257}));                          // without the flag, any match
+}
+
+TEST(TokenizerAddedTokens, NormalizedTokensMatchTheNormalizedText) {
+  auto t = parsed(
+      with_added({token(256, "Hello", {{"normalized", true}}), token(257, "World", {{"normalized", false}})},
+                 {{"type", "Lowercase"}}));
+  ASSERT_TRUE(t);
+  // "Hello" is matched as "hello" in the lowercased text; "World" only as
+  // itself in the raw text, so " WORLD" is lowercased and merged.
+  EXPECT_EQ(enc(*t, "HELLO World WORLD"), (Ids{256, ' ', 257, ' ', 'w', 'o', 'r', 'l', 'd'}));
+  EXPECT_EQ(enc(*t, "hello"), (Ids{256}));
+}
+
+TEST(TokenizerAddedTokens, SpecialTokensDefaultToRawMatchingAndOthersToNormalized) {
+  auto t = parsed(with_added({token(256, "Hi", {{"special", false}}), token(257, "<S>", {{"special", true}})},
+                             {{"type", "Lowercase"}}));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "HI<S><s>"), (Ids{256, 257, '<', 's', '>'}));
+  EXPECT_TRUE(t->is_special(257));
+  EXPECT_FALSE(t->is_special(256));
+}
+
+// --- other fields that change the ids ---------------------------------------
+
+TEST(Tokenizer, UnknownBytesUseTheUnknownTokenOrByteFallback) {
+  // A vocabulary without "z"; "<unk>" is 256 and "<0x7A>" 257.
+  auto base = bpe_tokenizer({}, {}, byte_level_pre);
+  base["model"]["vocab"].erase("z");
+  base["model"]["vocab"]["<unk>"] = 256;
+  base["model"]["vocab"]["<0x7A>"] = 257;
+  auto unk = base;
+  unk["model"]["unk_token"] = "<unk>";
+  auto t = parsed(unk);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(enc(*t, "azz"), (Ids{'a', 256, 256}));
+  unk["model"]["fuse_unk"] = true;
+  auto fused = parsed(unk);
+  ASSERT_TRUE(fused);
+  EXPECT_EQ(enc(*fused, "azz"), (Ids{'a', 256}));
+  EXPECT_EQ(enc(*fused, "zaz"), (Ids{256, 'a', 256}));
+  auto fallback = base;
+  fallback["model"]["byte_fallback"] = true;
+  auto f = parsed(fallback);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(enc(*f, "az"), (Ids{'a', 257}));
+  // Neither: Hugging Face drops the byte; this says so instead.
+  auto none = parsed(base);
+  ASSERT_TRUE(none);
+  auto e = none->encode("az");
+  ASSERT_FALSE(e);
+  EXPECT_NE(describe(e.error()).find("0x7a"), std::string::npos) << describe(e.error());
+  auto missing = base;
+  missing["model"]["unk_token"] = "<nope>";
+  auto m = parsed(missing);
+  ASSERT_TRUE(m);
+  auto me = m->encode("z");
+  ASSERT_FALSE(me);
+  EXPECT_NE(describe(me.error()).find("model.unk_token '<nope>'"), std::string::npos) << describe(me.error());
+}
+
+TEST(Tokenizer, ByteLevelPrefixSpaceAppliesToEachPieceOfAnEarlierSplit) {
+  auto t = parsed(bpe_tokenizer(
+      {}, {},
+      {{"type", "Sequence"},
+       {"pretokenizers",
+        {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{L}+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+         {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", false}}}}}));
+  ASSERT_TRUE(t);
+  // Pieces "a", " ", "b"; each that does not start with a space gets one.
+  EXPECT_EQ(enc(*t, "a b"), (Ids{' ', 'a', ' ', ' ', 'b'}));
+}
+
+TEST(Tokenizer, FieldsThatWouldChangeTheIdsAreRefusedByName) {
+  auto expect_encode_refused = [](const nlohmann::json& j, std::vector<std::string> words) {
+    auto e = encode_error(j);
+    ASSERT_FALSE(e.empty()) << j.dump();
+    words.push_back(kOrigin);
+    for (const auto& w : words) EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
+    // Decoding still works.
+    auto t = Tokenizer::parse(j.dump(), kOrigin);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->decode(std::vector<int64_t>{'h', 'i'}), "hi");
+  };
+  auto j = bpe_tokenizer({}, {}, byte_level_pre);
+  auto dropout = j;
+  dropout["model"]["dropout"] = 0.1;
+  expect_encode_refused(dropout, {"model.dropout", "0.1"});
+  dropout["model"]["dropout"] = 0.0;
+  EXPECT_EQ(encode_error(dropout), "");
+  auto prefix = j;
+  prefix["model"]["continuing_subword_prefix"] = "##";
+  expect_encode_refused(prefix, {"model.continuing_subword_prefix", "'##'"});
+  prefix["model"]["continuing_subword_prefix"] = "";
+  EXPECT_EQ(encode_error(prefix), "");
+  auto suffix = j;
+  suffix["model"]["end_of_word_suffix"] = "</w>";
+  expect_encode_refused(suffix, {"model.end_of_word_suffix", "'</w>'"});
+  auto metaspace = j;
+  metaspace["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
+  expect_encode_refused(metaspace, {"pre_tokenizer.type", "'Metaspace'"});
+  auto removed = j;
+  removed["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Removed"}}}}};
+  expect_encode_refused(removed, {"pre_tokenizer.pretokenizers[0].behavior", "'Removed'"});
+  auto after = j;
+  after["pre_tokenizer"] = {{"type", "Sequence"},
+                            {"pretokenizers", {byte_level_pre, {{"type", "Split"}, {"pattern", {{"String", " "}}}}}}};
+  expect_encode_refused(after, {"pre_tokenizer.pretokenizers[1].type", "'Split'", "after a ByteLevel"});
+  // Hugging Face numbers added tokens itself (from the vocabulary's size up)
+  // and ignores "id"; a file whose ids disagree would encode differently.
+  auto renumbered = j;
+  renumbered["added_tokens"] = {token(300, "<x>", {{"special", true}})};
+  expect_encode_refused(renumbered, {"added_tokens[0].id", "300", "'<x>'", "(256"});
+  // Two normalized tokens that normalize alike: Hugging Face picks either.
+  auto clash = j;
+  clash["normalizer"] = {{"type", "Lowercase"}};
+  clash["added_tokens"] = {token(256, "<s>"), token(257, "<S>")};
+  expect_encode_refused(clash, {"added_tokens[1].content", "'<S>'", "added_tokens[0].content", "'<s>'"});
+  // A model type other than BPE does not even decode right: refused at load.
+  auto wordpiece = j;
+  wordpiece["model"]["type"] = "WordPiece";
+  auto e = load_error(wordpiece);
+  for (std::string w : {std::string{kOrigin}, std::string{"model.type"}, std::string{"'WordPiece'"}})
+    EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
 }
 
 }  // namespace

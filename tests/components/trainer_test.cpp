@@ -251,6 +251,48 @@ TEST(Training, SetOptimizerChangesTheClippingBound) {
   EXPECT_FALSE((OptimizerConfig{.max_grad_norm = -1}.validate()));
 }
 
+// A loss setting or batch column the loss kind does not read is refused,
+// never ignored: cross_entropy used to train on a batch with advantages as
+// if they were not there, and take any beta or epsilon without a word.
+TEST(Training, WhatTheLossKindDoesNotReadIsRefused) {
+  struct Case {
+    LossSpec spec;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {{.kind = LossKind::cross_entropy, .beta = 0.1}, "cross_entropy does not read beta"},
+      {{.kind = LossKind::cross_entropy, .epsilon = 0.3}, "cross_entropy does not read epsilon"},
+      {{.kind = LossKind::cross_entropy, .entropy_coef = 0.01}, "cross_entropy does not read entropy_coef"},
+      {{.kind = LossKind::grpo, .max_tokens = 64}, "grpo does not read max_tokens"},
+      {{.kind = LossKind::cispo, .epsilon = 0.1}, "cispo does not read epsilon"},
+  };
+  for (const auto& c : cases) {
+    auto ok = c.spec.validate();
+    ASSERT_FALSE(ok) << c.expect;
+    EXPECT_NE(describe(ok.error()).find(c.expect), std::string::npos) << describe(ok.error());
+  }
+  EXPECT_TRUE((LossSpec{.kind = LossKind::dr_grpo, .max_tokens = 64}.validate()));
+  EXPECT_TRUE((LossSpec{.kind = LossKind::grpo, .epsilon = 0.1, .beta = 0.1}.validate()));
+
+  auto tr = Trainer::create(*CausalLM::init_random(small(), 2), {});
+  ASSERT_TRUE(tr);
+  auto ids = ids_of({{1, 2, 3, 4}});
+  auto adv = *Tensor::from_values(std::vector<float>{1.0f}, {1});
+  auto logps = *Tensor::from_values(std::vector<float>{0, 0, 0, 0}, {1, 4});
+  auto with_adv = tr->forward_backward({.tokens = {.input_ids = ids}, .advantages = adv}, {});
+  ASSERT_FALSE(with_adv);
+  EXPECT_NE(describe(with_adv.error()).find("advantages, which cross_entropy does not read"), std::string::npos)
+      << describe(with_adv.error());
+  EXPECT_FALSE(tr->forward_backward({.tokens = {.input_ids = ids}, .old_logps = logps}, {}));
+  auto ref = tr->forward_backward({.tokens = {.input_ids = ids}, .ref_logps = logps, .advantages = adv},
+                                  {.kind = LossKind::grpo});
+  ASSERT_FALSE(ref);
+  EXPECT_NE(describe(ref.error()).find("read only with beta > 0"), std::string::npos) << describe(ref.error());
+  EXPECT_TRUE(tr->forward_backward({.tokens = {.input_ids = ids}}, {}));
+  EXPECT_TRUE(tr->forward_backward({.tokens = {.input_ids = ids}, .ref_logps = logps, .advantages = adv},
+                                   {.kind = LossKind::grpo, .beta = 0.1}));
+}
+
 TEST(Training, SettingsFromTheWireWithUnknownKindsAreRefused) {
   EXPECT_FALSE((LossSpec{.kind = static_cast<LossKind>(9)}.validate()));
   EXPECT_FALSE((LossSpec{.epsilon = -0.1}.validate()));

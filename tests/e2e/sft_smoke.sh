@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SFT example smoke test: a short LoRA run saves its best checkpoint, lists
-# it, and the synced adapter answers.
+# it, and the synced adapter answers; --adapter-from starts a run from the
+# saved adapter, which scores as it did when saved.
 #   sft_smoke.sh SFT_BINARY GLINT_BINARY local|cluster
 set -euo pipefail
 sft=$1 glint=$2 mode=$3
@@ -27,4 +28,25 @@ if [[ $mode == local ]]; then
   ls "$root"/sft/checkpoint-*/model/adapter_model.safetensors > /dev/null
   "$sft" --out "$root/sft" --steps 10 --eval-every 10 --fresh > "$root/fresh" 2>&1 || { cat "$root/fresh"; exit 1; }
 fi
+# --adapter-from: the best checkpoint's adapter names its base and, loaded
+# into a new run, scores the held-out rows exactly as when it was saved.
+last=$root/log
+[[ $mode == local ]] && last=$root/fresh  # --fresh above replaced the first run's checkpoints
+best=$(grep -o 'best held-out loss [0-9.]*: [^ ]*' "$last" | head -1)
+best_loss=$(echo "$best" | cut -d' ' -f4 | tr -d :)
+best_dir=$(echo "$best" | cut -d' ' -f5)/model
+grep -q "\"base_model_name_or_path\": \"$root/sft/model\"" "$best_dir/adapter_config.json" \
+  || { echo "the adapter does not name its base"; cat "$best_dir/adapter_config.json"; exit 1; }
+cp -r "$best_dir" "$root/adapter"
+from=(--out "$root/sft" --steps 10 --eval-every 10 --fresh --adapter-from "$root/adapter")
+if [[ $mode == cluster ]]; then cmd=("$glint" run --nproc 2 -- "$sft" "${from[@]}"); else cmd=("$sft" "${from[@]}"); fi
+"${cmd[@]}" > "$root/from" 2>&1 || { cat "$root/from"; exit 1; }
+grep -q "held-out loss of the adapter from $root/adapter: $best_loss\$" "$root/from" \
+  || { echo "expected the loaded adapter's held-out loss to be $best_loss"; cat "$root/from"; exit 1; }
+grep -q "with the adapter: " "$root/from" || { cat "$root/from"; exit 1; }
+# A directory that is not an adapter is an error naming the file, before any step.
+code=0
+"$sft" --out "$root/sft" --steps 10 --fresh --adapter-from "$root/nope" > "$root/bad" 2>&1 || code=$?
+[[ $code == 1 ]] || { echo "--adapter-from a missing directory exited $code, not 1"; cat "$root/bad"; exit 1; }
+grep -q "$root/nope/adapter_config.json" "$root/bad" || { cat "$root/bad"; exit 1; }
 echo "sft smoke ($mode): ok"

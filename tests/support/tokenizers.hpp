@@ -9,6 +9,7 @@
 #include <memory>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace glint::testing {
@@ -41,11 +42,13 @@ inline std::string byte_level(const std::string& raw) {
   return out;
 }
 
-/// A byte-level BPE tokenizer.json: ids 0..255 are the single bytes, then
-/// one token per merge (in order, from raw-byte pairs), then `added` tokens
-/// (special) with the ids after those; `pre_tokenizer` as given.
-inline std::string bpe_tokenizer_json(const std::vector<std::pair<std::string, std::string>>& merges,
-                                      const std::vector<std::string>& added, nlohmann::json pre_tokenizer) {
+/// A byte-level BPE tokenizer.json, as an object to change before it is
+/// dumped (a normalizer, added tokens with flags, model fields): ids 0..255
+/// are the single bytes, then one token per merge (in order, from raw-byte
+/// pairs), then `added` tokens (special) with the ids after those;
+/// `pre_tokenizer` as given.
+inline nlohmann::json bpe_tokenizer(const std::vector<std::pair<std::string, std::string>>& merges,
+                                    const std::vector<std::string>& added, nlohmann::json pre_tokenizer) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
   nlohmann::json m = nlohmann::json::array();
@@ -60,7 +63,13 @@ inline std::string bpe_tokenizer_json(const std::vector<std::pair<std::string, s
                       {"pre_tokenizer", pre_tokenizer},
                       {"decoder", {{"type", "ByteLevel"}}},
                       {"added_tokens", added_tokens}};
-  return j.dump();
+  return j;
+}
+
+/// bpe_tokenizer's text.
+inline std::string bpe_tokenizer_json(const std::vector<std::pair<std::string, std::string>>& merges,
+                                      const std::vector<std::string>& added, nlohmann::json pre_tokenizer) {
+  return bpe_tokenizer(merges, added, std::move(pre_tokenizer)).dump();
 }
 
 /// A small tokenizer trained on chat-like text, with the special tokens of

@@ -99,7 +99,11 @@ Result<std::vector<std::string>> adopt(components::RunIndex& index, const std::s
     }
     found.push_back(std::move(*r));
   }
-  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  // In the order they were saved, so that "latest" among equal steps is
+  // the one saved last.
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.step, a.created_ms} < std::pair{b.step, b.created_ms};
+  });
   std::vector<std::string> adopted;
   for (auto& r : found) {
     adopted.push_back(r.name);
@@ -155,8 +159,19 @@ Result<void> Checkpointer::reconcile() {
   auto indexed = index_->checkpoints(run_);
   if (!indexed && code_of(indexed.error()) != errc::not_found) return indexed.error();
   if (indexed) {
+    std::vector<components::CheckpointRecord> moved;
     for (const auto& c : *indexed) {
       known.insert(c.name);
+      // An entry an older glint stored as an absolute path into another
+      // root (this root was copied): the copy's own directory wins.
+      const auto own = run_dir() + "/" + c.name;
+      if (fs::path{c.path}.lexically_normal() != fs::path{own}.lexically_normal() && fs::exists(own)) {
+        auto r = c;
+        r.path = own;
+        moved.push_back(std::move(r));
+        forget.push_back(c.name);
+        continue;
+      }
       if (!fs::exists(c.path)) {
         forget.push_back(c.name);
         reconciled_.forgotten.push_back(c.name);
@@ -167,6 +182,8 @@ Result<void> Checkpointer::reconcile() {
     }
     if (!forget.empty())
       if (auto ok = index_->remove_checkpoints(run_, forget); !ok) return ok;
+    for (auto& r : moved)
+      if (auto ok = index_->add_checkpoint(std::move(r)); !ok) return ok;
   }
   auto adopted = adopt(*index_, run_, run_dir(), known, reconciled_.damaged);
   if (!adopted) return adopted.error();
@@ -178,6 +195,10 @@ Result<RepairReport> Checkpointer::repair(const std::string& root) {
   RepairReport report;
   const auto index_dir = root + "/index";
   if (fs::exists(index_dir)) {
+    // A run writing to the index would go on writing into the new one:
+    // refuse while another process holds it (RocksDB's lock says so).
+    if (auto probe = components::RunIndex::open(root); !probe && code_of(probe.error()) == errc::unavailable)
+      return with_context(probe.error(), "repairing the run index");
     report.set_aside = index_dir + ".damaged-" + std::to_string(real_clock().unix_ms());
     std::error_code ec;
     fs::rename(index_dir, report.set_aside, ec);
@@ -189,7 +210,8 @@ Result<RepairReport> Checkpointer::repair(const std::string& root) {
   std::vector<std::string> runs;
   for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const auto name = it->path().filename().string();
-    if (it->is_directory() && !name.empty() && name[0] != '.' && name.rfind("index", 0) != 0) runs.push_back(name);
+    if (it->is_directory() && !name.empty() && name[0] != '.' && name != "index" && name.rfind("index.damaged-", 0) != 0)
+      runs.push_back(name);
   }
   std::sort(runs.begin(), runs.end());
   for (const auto& run : runs) {
@@ -237,8 +259,15 @@ Result<void> Checkpointer::finish_reset() {
                                name.rfind("damaged-", 0) == 0))
       doomed.push_back(it->path().string());
   }
-  for (const auto& d : doomed)
-    if (auto ok = fs_->remove_all(d); !ok) return ok;
+  // Each is renamed to a temporary name first (remove_temporaries clears
+  // those at the next open), so a kill midway through deleting one cannot
+  // leave a half-deleted directory that still looks like a checkpoint.
+  for (const auto& d : doomed) {
+    const auto p = fs::path{d};
+    const auto trash = (p.parent_path() / ("." + p.filename().string() + ".tmp-reset")).string();
+    if (auto ok = fs_->rename(d, trash); !ok) return ok;
+    if (auto ok = fs_->remove_all(trash); !ok) return ok;
+  }
   if (!fs::exists(run_dir())) return {};
   if (auto ok = fs_->remove_all(run_dir() + "/" + kResetMarker); !ok) return ok;
   return fs_->sync_dir(run_dir());
@@ -256,10 +285,12 @@ Result<void> Checkpointer::abandon_after(int64_t step) {
   const auto branch = run_dir() + "/abandoned-" + std::to_string(real_clock().unix_ms());
   if (auto ok = fs_->create_dirs(branch); !ok) return ok;
   if (auto ok = fs_->sync_dir(run_dir()); !ok) return ok;
+  // Newest first: a kill midway leaves the indexed checkpoints a prefix of
+  // the run's history, never one with a hole in it.
   std::vector<std::string> names;
-  for (const auto& c : newer) {
-    if (auto ok = fs_->rename(c.path, branch + "/" + c.name); !ok) return ok;
-    names.push_back(c.name);
+  for (auto it = newer.rbegin(); it != newer.rend(); ++it) {
+    if (auto ok = fs_->rename(it->path, branch + "/" + it->name); !ok) return ok;
+    names.push_back(it->name);
   }
   if (auto ok = fs_->sync_dir(branch); !ok) return ok;
   if (auto ok = fs_->sync_dir(run_dir()); !ok) return ok;

@@ -72,21 +72,21 @@ Result<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
     return ChildProcess{pid};
   }
   // posix_spawn cannot set the parent-death signal: fork, set it, exec. The
-  // program is found in PATH before the fork, and the child makes only
+  // places to try are listed before the fork, as execvp would search PATH
+  // (an empty entry is the current directory), and the child makes only
   // async-signal-safe calls. A pipe closed on exec tells the parent whether
   // exec worked.
-  std::string program = argv[0];
-  if (program.find('/') == std::string::npos) {
+  std::vector<std::string> candidates;
+  if (argv[0].find('/') != std::string::npos) {
+    candidates.push_back(argv[0]);
+  } else {
     const char* path = std::getenv("PATH");
-    std::string_view dirs = path ? path : "/usr/bin:/bin";
+    std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
     for (size_t at = 0; at <= dirs.size();) {
       auto end = dirs.find(':', at);
       if (end == std::string_view::npos) end = dirs.size();
-      auto candidate = std::string{dirs.substr(at, end - at)} + "/" + argv[0];
-      if (::access(candidate.c_str(), X_OK) == 0) {
-        program = candidate;
-        break;
-      }
+      auto dir = dirs.substr(at, end - at);
+      candidates.push_back((dir.empty() ? std::string{"."} : std::string{dir}) + "/" + argv[0]);
       at = end + 1;
     }
   }
@@ -105,8 +105,15 @@ Result<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
     ::close(status_pipe[0]);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the parent died before the signal was set
-    ::execve(program.c_str(), cargv.data(), cenv.data());
-    int err = errno;
+    int err = ENOENT;
+    bool denied = false;
+    for (const auto& c : candidates) {
+      ::execve(c.c_str(), cargv.data(), cenv.data());
+      err = errno;
+      if (err == EACCES) denied = true;
+      else if (err != ENOENT && err != ENOTDIR) break;  // found, but it cannot run
+    }
+    if ((err == ENOENT || err == ENOTDIR) && denied) err = EACCES;
     (void)!::write(status_pipe[1], &err, sizeof err);
     ::_exit(127);
   }

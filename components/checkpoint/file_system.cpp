@@ -117,6 +117,7 @@ caf::error FaultInjectionFileSystem::crash_error(std::string_view what, const st
 }
 
 Result<void> FaultInjectionFileSystem::create_dirs(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("create_dirs", path)) return crash_error("create_dirs", path);
   // The directories that do not exist yet are new entries of their parents.
   std::vector<std::string> made;
@@ -130,6 +131,7 @@ Result<void> FaultInjectionFileSystem::create_dirs(const std::string& path) {
 }
 
 Result<void> FaultInjectionFileSystem::write_file(const std::string& path, std::string_view data) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("write_file", path)) return crash_error("write_file", path);
   const auto p = normal(path);
   const bool existed = fs::exists(p);
@@ -141,6 +143,7 @@ Result<void> FaultInjectionFileSystem::write_file(const std::string& path, std::
 }
 
 Result<void> FaultInjectionFileSystem::append_file(const std::string& path, std::string_view data) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("append_file", path)) return crash_error("append_file", path);
   const auto p = normal(path);
   std::error_code ec;
@@ -154,6 +157,7 @@ Result<void> FaultInjectionFileSystem::append_file(const std::string& path, std:
 }
 
 Result<void> FaultInjectionFileSystem::sync_file(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("sync_file", path)) return crash_error("sync_file", path);
   if (auto ok = base_->sync_file(path); !ok) return ok;
   std::error_code ec;
@@ -163,6 +167,7 @@ Result<void> FaultInjectionFileSystem::sync_file(const std::string& path) {
 }
 
 Result<void> FaultInjectionFileSystem::sync_dir(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("sync_dir", path)) return crash_error("sync_dir", path);
   if (auto ok = base_->sync_dir(path); !ok) return ok;
   const auto dir = normal(path);
@@ -173,6 +178,7 @@ Result<void> FaultInjectionFileSystem::sync_dir(const std::string& path) {
 }
 
 Result<void> FaultInjectionFileSystem::rename(const std::string& from, const std::string& to) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("rename", from)) return crash_error("rename", from);
   if (auto ok = base_->rename(from, to); !ok) return ok;
   const auto f = normal(from), t = normal(to);
@@ -192,11 +198,13 @@ Result<void> FaultInjectionFileSystem::rename(const std::string& from, const std
 }
 
 Result<void> FaultInjectionFileSystem::remove_all(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   if (!go("remove_all", path)) return crash_error("remove_all", path);
   return base_->remove_all(path);
 }
 
 Result<void> FaultInjectionFileSystem::drop_unsynced() {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
   // File contents first, under the names they have now.
   for (const auto& [path, size] : synced_size_) {
     std::error_code ec;

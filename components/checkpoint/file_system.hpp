@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -56,16 +57,25 @@ FileSystem& local_file_system();
 /// (removing it if never synced) and undoes, newest first, the directory
 /// entries made since their directory's last fsync (renames reversed, new
 /// files and directories removed). Removals count as durable at once.
-/// Not thread-safe.
+/// Thread-safe (RocksDB writes from its background threads too).
 class FaultInjectionFileSystem : public FileSystem {
 public:
   explicit FaultInjectionFileSystem(FileSystem& base = local_file_system()) : base_(&base) {}
 
   /// Writes so far (every call of the interface counts, failed ones too).
-  int64_t writes() const { return writes_; }
+  int64_t writes() const {
+    std::lock_guard<std::recursive_mutex> guard{mx_};
+    return writes_;
+  }
   /// Crash once `n` more writes have been done (n = 0: at the next one).
-  void crash_after(int64_t n) { crash_at_ = writes_ + n; }
-  bool crashed() const { return crash_at_ && writes_ > *crash_at_; }
+  void crash_after(int64_t n) {
+    std::lock_guard<std::recursive_mutex> guard{mx_};
+    crash_at_ = writes_ + n;
+  }
+  bool crashed() const {
+    std::lock_guard<std::recursive_mutex> guard{mx_};
+    return crash_at_ && writes_ > *crash_at_;
+  }
   /// What a power loss would leave on the base file system; the crash is
   /// over afterwards (writes work again).
   Result<void> drop_unsynced();
@@ -88,6 +98,7 @@ private:
     std::string path, from;  ///< from: the old name of a rename
   };
   FileSystem* base_;
+  mutable std::recursive_mutex mx_;  ///< every member below
   int64_t writes_ = 0;
   std::optional<int64_t> crash_at_;
   std::map<std::string, int64_t> synced_size_;  ///< files written or synced through here: their durable length (-1: none)

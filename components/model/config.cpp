@@ -173,10 +173,12 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   if (c.architecture == Architecture::llama) field("mlp_bias", c.mlp_bias);
   bool use_sliding_window = false;
   int64_t sliding_window = 4096;
+  bool window_null = false;  // "sliding_window": null: transformers then has no window at all
   if (qwen) {
     field("use_sliding_window", use_sliding_window);
     field("sliding_window", sliding_window);
     field("max_window_layers", c.max_window_layers);
+    if (auto w = j.find("sliding_window"); w != j.end() && w->is_null()) window_null = true;
   }
   if (auto b = j.find("bos_token_id"); b != j.end() && b->is_number_integer()) c.bos_token_id = b->get<int64_t>();
   if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
@@ -278,7 +280,7 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   // the window exists only with use_sliding_window; layer_types, when given,
   // says which layers use it, else the layers from max_window_layers on.
   if (qwen) {
-    if (use_sliding_window) {
+    if (use_sliding_window && !window_null) {
       if (sliding_window <= 0)
         return refuse("field 'sliding_window' is " + std::to_string(sliding_window) +
                       "; with use_sliding_window it must be a positive number of positions");

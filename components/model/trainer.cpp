@@ -167,9 +167,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
         return make_error(errc::invalid_argument, std::string{"the batch has "} + name +
                                                       ", which cross_entropy does not read; set a policy loss "
                                                       "(set_loss grpo, ...) first, or leave it out");
-  if (policy && spec.beta == 0 && ref_lp->defined())
-    return make_error(errc::invalid_argument,
-                      "the batch has ref_logps, which are read only with beta > 0 (a KL penalty); beta is 0");
+
 
   auto pass = impl_->pass();
   if (!pass) return pass.error();

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <set>
 
 namespace glint::components {
 
@@ -64,6 +66,7 @@ struct RunIndex::Impl {
   std::string path;
   std::filesystem::path root;  ///< absolute
   const Clock* clock = nullptr;
+  std::mutex add;  ///< add_checkpoint reads and rewrites the run's counter
 
   // Relative to the root when under it, else absolute (a path relative to
   // the process's directory would be read back relative to the root).
@@ -112,9 +115,14 @@ Result<RunIndex> RunIndex::open(const std::string& root, RunIndexOptions opts) {
       if (p == p.parent_path()) break;
     }
     if (auto ok = fs.create_dirs(path); !ok) return with_context(ok.error(), "creating the run index");
+    // Always the root, even when the directory was there: a process killed
+    // between making it and syncing it left it not yet durable.
+    made.push_back(std::filesystem::path{path}.lexically_normal());
+    std::set<std::string> synced;
     for (const auto& p : made) {
-      auto parent = p.parent_path().empty() ? std::filesystem::path{"."} : p.parent_path();
-      if (auto ok = fs.sync_dir(parent.string()); !ok) return with_context(ok.error(), "creating the run index");
+      auto parent = (p.parent_path().empty() ? std::filesystem::path{"."} : p.parent_path()).string();
+      if (!synced.insert(parent).second) continue;
+      if (auto ok = fs.sync_dir(parent); !ok) return with_context(ok.error(), "creating the run index");
     }
   } else if (!std::filesystem::exists(path)) {
     return make_error(errc::not_found, "no run index under " + root + " (has a run saved a checkpoint there?)");
@@ -145,6 +153,7 @@ Result<void> RunIndex::add_checkpoint(CheckpointRecord r) {
                                                   r.name + "')");
   const auto now = impl_->clock->unix_ms();
   if (r.created_ms == 0) r.created_ms = now;
+  std::lock_guard<std::mutex> guard{impl_->add};
   std::string existing;
   auto got = impl_->db->Get(rocksdb::ReadOptions{}, run_key(r.run), &existing);
   if (!got.ok() && !got.IsNotFound()) return from_status(got, "reading run " + r.run);

@@ -540,6 +540,10 @@ TEST(ModelConfigJson, RefusesWhatItCannotComputeNamingFileFieldAndValue) {
 
 // Fields that change nothing are not dropped: glint writes them back.
 TEST(ModelConfigJson, KeepsFieldsItDoesNotUseWhenItSaves) {
+  // use_sliding_window with a null window: transformers has no window then.
+  auto null_window = ModelConfig::parse("{" + sizes("Qwen2ForCausalLM") + R"(,"use_sliding_window":true,"sliding_window":null})");
+  ASSERT_TRUE(null_window) << describe(null_window.error());
+  EXPECT_EQ(null_window->sliding_window, 0);
   auto c = ModelConfig::parse("{" + sizes("LlamaForCausalLM") +
                               R"(,"use_cache":true,"transformers_version":"4.57.1","pad_token_id":0,)"
                               R"("pretraining_tp":1,"custom":{"a":[1,2]},"sliding_window":4096})");

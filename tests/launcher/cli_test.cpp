@@ -198,6 +198,14 @@ TEST(Cli, AProcessThatDiesEarlyIsReportedAtOnce) {
   EXPECT_NE(r.code, 0);
 }
 
+// A program that is not there is a clear error, found as execvp would.
+TEST(Cli, RunningAProgramThatIsNotThereSaysSo) {
+  auto r = run("run --nproc 1 -- glint-no-such-program-here");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("cannot start 'glint-no-such-program-here': No such file or directory"), std::string::npos)
+      << r.out;
+}
+
 // A driver that dies by a signal is reported as such, with the signal's name.
 TEST(Cli, ADriverKilledByASignalIsReportedAsSuch) {
   auto r = run(R"(run --nproc 2 --grace 2 -- bash -c 'if [ "$GLINT_RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep 60')");

@@ -8,7 +8,6 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>

@@ -57,8 +57,8 @@ struct DataLoaderSpec {
   std::string model_name{};     ///< {{NAME}} and {{AUTHOR}} for self_cognition
   std::string model_author{};
   std::string system_prompt{};  ///< gsm8k's system message; empty: its default
-  std::string tokenizer{};      ///< a tokenizer.json, or a model directory holding one
-  std::string template_name = "chatml";
+  std::string tokenizer{};      ///< a model directory (tokenizer.json, tokenizer_config.json), or a tokenizer.json
+  std::string template_name = "auto";  ///< the model's chat template; or chatml, qwen2.5, qwen3, llama3
   int64_t max_length = 0;       ///< 0: no limit
   std::string truncation = "refuse";  ///< refuse (skip the row), left or right
   bool add_generation_prompt = false; ///< prompts to sample from (RL) rather than rows to train on (SFT)

@@ -4,7 +4,6 @@
 #include "components/data/template.hpp"
 #include "components/data/tokenizer.hpp"
 
-#include <filesystem>
 
 namespace glint::actors {
 
@@ -27,9 +26,7 @@ Result<void> DataLoaderState::load() {
   else if (!s.preprocess.empty())
     return make_error(errc::invalid_argument,
                       "unknown preprocessor '" + s.preprocess + "'; use gsm8k, self_cognition or none");
-  auto path = s.tokenizer;
-  if (std::filesystem::is_directory(path)) path += "/tokenizer.json";
-  auto tok = Tokenizer::load(path);
+  auto tok = Tokenizer::load(s.tokenizer);
   if (!tok) return tok.error();
   auto truncation = parse_truncation(s.truncation);
   if (!truncation) return truncation.error();

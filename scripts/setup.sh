@@ -9,6 +9,7 @@ packages=(
   libhwloc-dev hwloc              # topology and CPU binding
   libtorch-dev libgloo-dev        # tensors, autograd, c10d (CPU build)
   python3-torch                   # Python baseline for benchmarks
+  python3-jinja2                  # reference rendering of chat templates in tests
   # An optimised BLAS for LibTorch's own matmuls (Python baselines, ATen
   # fallbacks): without it Debian resolves libblas.so.3 to the reference
   # BLAS, ~2 GFLOP/s, against ~60 here (docs/architecture.md).

@@ -1,5 +1,6 @@
 #include "components/data/template.hpp"
 
+#include "runtime/log.hpp"
 #include "runtime/text.hpp"
 
 #include <algorithm>
@@ -9,24 +10,115 @@ namespace glint::components {
 namespace {
 
 struct Format {
+  const char* name;
   const char* begin_text;     // once at the start ("" for none)
   const char* header_open;    // before the role
   const char* header_close;   // after the role, before the content
   const char* end_of_turn;    // a special token
   const char* after_turn;     // plain text after end_of_turn
   bool trim;                  // Llama-3 trims contents
+  bool tool_responses;        // Qwen2.5/3: tool messages go in a user turn as <tool_response> blocks
+  bool think;                 // Qwen3: <think> blocks on the assistant turns after the last query
 };
 
-const Format kChatml{"", "<|im_start|>", "\n", "<|im_end|>", "\n", false};
-const Format kLlama3{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true};
+const Format kChatml{"chatml", "", "<|im_start|>", "\n", "<|im_end|>", "\n", false, false, false};
+const Format kQwen25{"qwen2.5", "", "<|im_start|>", "\n", "<|im_end|>", "\n", false, true, false};
+const Format kQwen3{"qwen3", "", "<|im_start|>", "\n", "<|im_end|>", "\n", false, true, true};
+const Format kLlama3{"llama3", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "",
+                     true, false, false};
 
 const Format* format_of(const std::string& name) {
   if (name == "chatml" || name == "qwen") return &kChatml;
+  if (name == "qwen2.5") return &kQwen25;
+  if (name == "qwen3") return &kQwen3;
   if (name == "llama3") return &kLlama3;
   return nullptr;
 }
 
+// The literal after '<|im_start|>system and a line break (written \n in
+// the Jinja string, or a real one) that closes with <|im_end|>: a default
+// system message, unescaped.
+std::optional<std::string> default_system_literal(const std::string& jinja) {
+  const std::string open = "<|im_start|>system", close = "<|im_end|>";
+  for (size_t at = jinja.find(open); at != std::string::npos; at = jinja.find(open, at + 1)) {
+    size_t from = at + open.size();
+    if (jinja.compare(from, 2, "\\n") == 0) from += 2;
+    else if (jinja.compare(from, 1, "\n") == 0) from += 1;
+    else continue;
+    const size_t to = jinja.find(close, from);
+    if (to == std::string::npos) break;
+    auto body = jinja.substr(from, to - from);
+    if (body.empty() || body.find_first_of("'\"{}+") != std::string::npos) continue;  // an expression, not a literal
+    std::string out;
+    for (size_t i = 0; i < body.size(); ++i) {
+      if (body[i] != '\\' || i + 1 == body.size()) {
+        out += body[i];
+        continue;
+      }
+      char c = body[++i];
+      out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+// Python's str.strip/lstrip/rstrip of newlines.
+std::string_view strip_newlines(std::string_view s, bool left, bool right) {
+  while (left && !s.empty() && s.front() == '\n') s.remove_prefix(1);
+  while (right && !s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+// Qwen3's split of an assistant message into its reasoning and its answer:
+// the reasoning is what lies between <think> and the first </think>, the
+// answer what follows the last </think>.
+std::pair<std::string, std::string> split_thinking(const std::string& content) {
+  const std::string close = "</think>";
+  const auto first = content.find(close);
+  if (first == std::string::npos) return {"", content};
+  std::string_view before = strip_newlines(std::string_view{content}.substr(0, first), false, true);
+  if (auto open = before.rfind("<think>"); open != std::string_view::npos) before = before.substr(open + 7);
+  const auto last = content.rfind(close);
+  return {std::string{strip_newlines(before, true, false)},
+          std::string{strip_newlines(std::string_view{content}.substr(last + close.size()), true, false)}};
+}
+
+bool is_tool_response(const std::string& s) {
+  const std::string open = "<tool_response>", close = "</tool_response>";
+  return s.size() >= open.size() + close.size() && s.compare(0, open.size(), open) == 0 &&
+         s.compare(s.size() - close.size(), close.size(), close) == 0;
+}
+
 }  // namespace
+
+ChatTemplateInfo detect_chat_template(const std::string& j) {
+  auto has = [&](const char* s) { return j.find(s) != std::string::npos; };
+  ChatTemplateInfo info;
+  if (has("<|im_start|>")) {
+    info.default_system = default_system_literal(j);
+    if (has("trim")) info.why = "it trims message contents, which glint's ChatML formats do not";
+    else if (has("preserve_thinking") || has("reasoning_effort")) info.why = "it has thinking options later than Qwen3's";
+    else if (has("<think>")) {
+      if (has("last_query_index") && has("enable_thinking")) info.name = "qwen3";
+      else info.why = "its <think> handling is not Qwen3's (thinking kept on every turn?)";
+    } else if (has("<tool_response>")) info.name = "qwen2.5";
+    else if (has("tools") || has("tool_calls")) info.why = "it renders tool calls in a way glint does not recognise";
+    else if (has("message['content']") || has("message.content") || has("message[\"content\"]")) info.name = "chatml";
+    else info.why = "it does not render message contents the way ChatML does";
+    if (info.name == "qwen3" && info.default_system)
+      info.name.clear(), info.why = "it is Qwen3's with a default system message";
+  } else if (has("<|start_header_id|>") && has("<|eot_id|>")) {
+    if (has("Cutting Knowledge") || has("date_string") || has("tools") || has("ipython"))
+      info.why = "it is Llama 3.1's or later (a dated system header, tool calls), which glint does not render";
+    else if (!has("trim")) info.why = "it does not trim contents the way Llama 3's does";
+    else info.name = "llama3";
+  } else {
+    info.why = "it is neither ChatML nor Llama 3";
+  }
+  if (!info.name.empty()) info.why.clear();
+  return info;
+}
 
 Result<Truncation> parse_truncation(std::string_view name) {
   if (name == "refuse") return Truncation::refuse;
@@ -38,9 +130,37 @@ Result<Truncation> parse_truncation(std::string_view name) {
 
 Result<Template> Template::make(std::shared_ptr<const Tokenizer> tokenizer, TemplateOptions options) {
   if (!tokenizer) return make_error(errc::invalid_argument, "a template needs a tokenizer");
+  const auto& model = tokenizer->config();
+  std::optional<ChatTemplateInfo> seen;
+  if (model.chat_template) seen = detect_chat_template(*model.chat_template);
+  if (options.name == "auto") {
+    if (!seen)
+      return make_error(errc::invalid_argument,
+                        "the tokenizer has no chat template (tokenizer_config.json's chat_template or "
+                        "chat_template.jinja); name the format: chatml, qwen2.5, qwen3 or llama3");
+    if (seen->name.empty())
+      return make_error(errc::unimplemented,
+                        model.chat_template_origin + " is not a template glint renders: " + seen->why +
+                            ". Name a format (chatml, qwen2.5, qwen3 or llama3) to train with glint's rendering of "
+                            "it instead of the model's");
+    options.name = seen->name;
+  }
   const auto* f = format_of(options.name);
   if (!f)
-    return make_error(errc::invalid_argument, "unknown chat template '" + options.name + "'; use chatml (Qwen) or llama3");
+    return make_error(errc::invalid_argument, "unknown chat template '" + options.name +
+                                                  "'; use auto (the model's), chatml, qwen2.5, qwen3 or llama3");
+  if (seen && !seen->name.empty() && seen->name != f->name)
+    return make_error(errc::invalid_argument, "chat template '" + options.name + "' is not the model's: " +
+                                                  model.chat_template_origin + " is " + seen->name +
+                                                  "'s; use auto or " + seen->name);
+  if (seen && seen->name.empty())
+    log::warn(model.chat_template_origin + " is not a template glint renders (" + seen->why + "); rendering " +
+              f->name + " as asked, which may not be the text the model was trained on");
+  if (!options.enable_thinking && !f->think)
+    return make_error(errc::invalid_argument, "enable_thinking false needs a template with thinking (qwen3), not " +
+                                                  std::string{f->name});
+  if (!options.default_system && seen && seen->name == f->name) options.default_system = seen->default_system;
+  options.name = f->name;
   if (options.max_length < 0)
     return make_error(errc::invalid_argument, "max_length must be 0 (no limit) or more, not " +
                                                   std::to_string(options.max_length));
@@ -68,15 +188,31 @@ Result<std::vector<Template::Piece>> Template::pieces(std::span<const Message> m
   if (add_generation_prompt && turns.back().role == "assistant") turns = turns.first(turns.size() - 1);
   std::vector<Piece> out;
   if (*f.begin_text) out.push_back({f.begin_text, false, true});
-  auto turn = [&](const std::string& role, const std::string& content, bool learned) {
+  auto open = [&](const std::string& role) {
     out.push_back({f.header_open, false, true});
     out.push_back({role + f.header_close, false, false});
-    out.push_back({f.trim ? std::string{trim(content)} : content, learned, false});
+  };
+  auto close = [&](bool learned) {
     out.push_back({f.end_of_turn, learned, true});
     if (*f.after_turn) out.push_back({f.after_turn, false, false});
   };
+  auto turn = [&](const std::string& role, const std::string& content, bool learned) {
+    open(role);
+    out.push_back({f.trim ? std::string{trim(content)} : content, learned, false});
+    close(learned);
+  };
   bool has_system = !turns.empty() && turns.front().role == "system";
-  if (!has_system && !options_.default_system.empty()) turn("system", options_.default_system, false);
+  if (!has_system && options_.default_system && !options_.default_system->empty())
+    turn("system", *options_.default_system, false);
+  // Qwen3: the last user message that is not a tool response; the assistant
+  // turns after it keep their reasoning.
+  size_t last_query = turns.size() - 1;
+  if (f.think)
+    for (size_t i = turns.size(); i-- > 0;)
+      if (turns[i].role == "user" && !is_tool_response(turns[i].content)) {
+        last_query = i;
+        break;
+      }
   for (size_t i = 0; i < turns.size(); ++i) {
     const auto& m = turns[i];
     if (m.role == "system" && i != 0)
@@ -84,11 +220,34 @@ Result<std::vector<Template::Piece>> Template::pieces(std::span<const Message> m
     if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool")
       return make_error(errc::invalid_argument, "message " + std::to_string(i) + " has role '" + m.role +
                                                     "'; use system, user, assistant or tool");
+    if (m.role == "tool" && f.tool_responses) {
+      // Consecutive tool messages share one user turn, each block on a line
+      // of its own.
+      if (i == 0 || turns[i - 1].role != "tool") {
+        out.push_back({f.header_open, false, true});
+        out.push_back({"user", false, false});
+      }
+      out.push_back({"\n<tool_response>\n" + m.content + "\n</tool_response>", false, false});
+      if (i + 1 == turns.size() || turns[i + 1].role != "tool") close(false);
+      continue;
+    }
+    if (m.role == "assistant" && f.think) {
+      auto [reasoning, answer] = split_thinking(m.content);
+      const bool last = i + 1 == turns.size();
+      if (i > last_query && (last || !reasoning.empty()))
+        turn("assistant",
+             "<think>\n" + std::string{strip_newlines(reasoning, true, true)} + "\n</think>\n\n" +
+                 std::string{strip_newlines(answer, true, false)},
+             true);
+      else
+        turn("assistant", answer, true);
+      continue;
+    }
     turn(m.role, m.content, m.role == "assistant");
   }
   if (add_generation_prompt) {
-    out.push_back({f.header_open, false, true});
-    out.push_back({std::string{"assistant"} + f.header_close, false, false});
+    open("assistant");
+    if (f.think && !options_.enable_thinking) out.push_back({"<think>\n\n</think>\n\n", false, false});
   }
   return out;
 }

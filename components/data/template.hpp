@@ -1,10 +1,19 @@
 #pragma once
-/// `Template`: a chat format (ChatML as Qwen writes it, or Llama-3's) that
+/// `Template`: a chat format (ChatML, Qwen2.5's, Qwen3's or Llama-3's) that
 /// turns a conversation into token ids and a loss mask, as the model's own
 /// chat template would:
 ///
-///   auto tok = std::make_shared<const Tokenizer>(*Tokenizer::load("models/tiny/tokenizer.json"));
-///   auto chat = Template::make(tok, {.name = "chatml", .max_length = 512});
+///   auto tok = std::make_shared<const Tokenizer>(*Tokenizer::load("models/tiny"));
+///   auto chat = Template::make(tok, {.max_length = 512});   // name "auto"
+///
+/// glint renders each format in C++ rather than running the model's Jinja,
+/// so it checks that the two agree: with name "auto" the format is the one
+/// the model's chat_template (tokenizer_config.json or chat_template.jinja)
+/// is recognised as, and a template glint does not recognise is refused,
+/// naming the file and what differs; a name given explicitly is refused
+/// when the model's template is recognised as another format (and logged as
+/// a warning when it is not recognised). detect_chat_template() says what a
+/// template is recognised as.
 ///   auto row = chat->encode(messages, /*add_generation_prompt=*/false);
 ///   // row->input_ids: the whole conversation; row->loss_mask: 1 where the
 ///   // next token is an assistant token (its text and its end-of-turn token)
@@ -25,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,12 +56,27 @@ enum class Truncation : uint8_t {
 Result<Truncation> parse_truncation(std::string_view name);
 
 struct TemplateOptions {
-  std::string name = "chatml";  ///< chatml (Qwen) or llama3
-  int64_t max_length = 0;       ///< tokens; 0: no limit
+  /// auto (the model's chat_template), chatml, qwen2.5, qwen3 or llama3.
+  std::string name = "auto";
+  int64_t max_length = 0;  ///< tokens; 0: no limit
   Truncation truncation = Truncation::refuse;
-  /// Put first when a conversation has no system message; empty: none.
-  std::string default_system{};
+  /// Put first when a conversation has no system message; "": none; unset:
+  /// the default the model's chat template writes (Qwen2.5's "You are Qwen,
+  /// created by Alibaba Cloud. ..."), if any.
+  std::optional<std::string> default_system{};
+  /// qwen3 only: false closes an empty <think></think> block in the
+  /// generation prompt, as Qwen3's enable_thinking=False does.
+  bool enable_thinking = true;
 };
+
+/// What a Jinja chat template is recognised as.
+struct ChatTemplateInfo {
+  std::string name;  ///< chatml, qwen2.5, qwen3 or llama3; "" when not recognised
+  /// The system message the template puts first when a conversation has none.
+  std::optional<std::string> default_system;
+  std::string why;  ///< when not recognised: what glint does not render
+};
+ChatTemplateInfo detect_chat_template(const std::string& jinja);
 
 struct EncodedRow {
   std::vector<int64_t> input_ids;
@@ -62,8 +87,11 @@ struct EncodedRow {
 
 class Template {
 public:
-  /// Errors: an unknown name, a tokenizer that lacks the format's special
-  /// tokens or cannot encode, max_length < 0.
+  /// Errors: an unknown name; "auto" with a tokenizer that has no chat
+  /// template or one glint does not recognise; a name other than the one
+  /// the model's template is recognised as; enable_thinking false for a
+  /// format without thinking; a tokenizer that lacks the format's special
+  /// tokens or cannot encode; max_length < 0.
   static Result<Template> make(std::shared_ptr<const Tokenizer> tokenizer, TemplateOptions options);
 
   /// The conversation as text, as the model's Jinja chat template renders it.
@@ -78,6 +106,8 @@ public:
   /// The token that ends an assistant turn (<|im_end|>, <|eot_id|>):
   /// sampling stops on it.
   int64_t end_of_turn_id() const { return end_of_turn_id_; }
+  /// The options as made: name is the format rendered ("auto" resolved),
+  /// default_system the one in use.
   const TemplateOptions& options() const { return options_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 

@@ -5,6 +5,7 @@
 #include "components/data/detail/normalizer.hpp"
 #include "components/data/detail/regex.hpp"
 #include "components/data/detail/unicode.hpp"
+#include "runtime/file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -12,9 +13,10 @@
 #include <array>
 #include <climits>
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <initializer_list>
 #include <optional>
+#include <queue>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -65,12 +67,8 @@ std::string decode_metaspace(const std::string& token) {
   return out;
 }
 
-std::string merge_key(std::string_view a, std::string_view b) {
-  std::string k = std::to_string(a.size());
-  k += ':';
-  k += a;
-  k += b;
-  return k;
+uint64_t pair_key(int64_t left, int64_t right) {
+  return (static_cast<uint64_t>(left) << 32) | static_cast<uint64_t>(right);
 }
 
 }  // namespace
@@ -83,7 +81,12 @@ struct PreStep {
 
 struct Tokenizer::Encoder {
   std::unordered_map<std::string, int64_t> ids;    // a vocabulary token's bytes -> id
-  std::unordered_map<std::string, int32_t> ranks;  // merge_key(left, right) -> rank
+  struct Merge {
+    int32_t rank;
+    int64_t merged;  // the id of left + right
+  };
+  std::unordered_map<uint64_t, Merge> merges;  // pair_key(left id, right id)
+  size_t max_word_bytes = TokenizerOptions{}.max_word_bytes;
   std::vector<std::pair<std::string, int64_t>> added;  // content -> id, for token_id
   detail::AddedTokenSet raw_added;         // normalized = false: matched on the text as given
   detail::AddedTokenSet normalized_added;  // normalized = true: matched on the normalized text
@@ -99,44 +102,51 @@ struct Tokenizer::Encoder {
   // vocabulary token becomes, as in Hugging Face's BPE::merge_word, <0xNN>
   // tokens (byte_fallback) or the unknown token (fused with a neighbouring
   // one under fuse_unk); with neither, Hugging Face drops the byte silently
-  // and this refuses.
+  // and this refuses. A piece longer than max_word_bytes is refused
+  // (resource_exhausted) before any work.
   Result<void> merge(std::string_view piece, std::vector<int64_t>& out) const {
     if (piece.empty()) return {};
+    if (piece.size() > max_word_bytes)
+      return make_error(errc::resource_exhausted,
+                        "a word of " + std::to_string(piece.size()) + " bytes (no space or punctuation to split it) is " +
+                            "longer than the tokenizer's max_word_bytes " + std::to_string(max_word_bytes));
     if (ignore_merges)
       if (auto it = ids.find(std::string{piece}); it != ids.end()) {
         out.push_back(it->second);
         return {};
       }
-    std::vector<std::string> sym;
-    std::optional<std::string> unk;  // an unknown-token symbol not yet placed
+    std::vector<int64_t> sym;
+    std::optional<int64_t> unk;  // an unknown-token symbol not yet placed
+    std::string one(1, '\0');
     for (char c : piece) {
-      std::string s(1, c);
-      if (ids.count(s)) {
+      one[0] = c;
+      if (auto it = ids.find(one); it != ids.end()) {
         if (unk) sym.push_back(*std::exchange(unk, std::nullopt));
-        sym.push_back(std::move(s));
+        sym.push_back(it->second);
         continue;
       }
       if (byte_fallback) {
         // The <0xNN> tokens of the UTF-8 bytes of the byte-level character
         // that stands for this byte, if the vocabulary has them all (an
         // unknown token still pending goes after them, as in Hugging Face).
-        std::vector<std::string> codes;
-        for (unsigned char u : detail::to_byte_level(s)) {
+        std::vector<int64_t> codes;
+        for (unsigned char u : detail::to_byte_level(one)) {
           char code[8];
           std::snprintf(code, sizeof(code), "<0x%02X>", u);
-          codes.emplace_back(code);
+          if (auto it = ids.find(code); it != ids.end()) codes.push_back(it->second);
         }
-        if (std::all_of(codes.begin(), codes.end(), [&](const std::string& k) { return ids.count(k) > 0; })) {
+        if (codes.size() == detail::to_byte_level(one).size()) {
           sym.insert(sym.end(), codes.begin(), codes.end());
           continue;
         }
       }
       if (unk_token) {
-        if (!ids.count(unk_bytes))
+        auto it = ids.find(unk_bytes);
+        if (it == ids.end())
           return make_error(errc::invalid_argument,
                             "model.unk_token '" + *unk_token + "' is not in the vocabulary, and a byte needs it");
         if (unk && !fuse_unk) sym.push_back(*unk);
-        unk = unk_bytes;
+        unk = it->second;
         continue;
       }
       char hex[8];
@@ -144,30 +154,76 @@ struct Tokenizer::Encoder {
       return make_error(errc::invalid_argument, std::string{"the vocabulary has no token for the byte 0x"} + hex +
                                                     " and model.unk_token is null (Hugging Face would drop it silently)");
     }
-    if (unk) sym.push_back(std::move(*unk));
-    while (sym.size() > 1) {
-      int32_t best = INT32_MAX;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i)
-        if (auto it = ranks.find(merge_key(sym[i], sym[i + 1])); it != ranks.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
-      if (best == INT32_MAX) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + static_cast<long>(at) + 1);
-    }
-    for (const auto& t : sym) {
-      auto it = ids.find(t);
-      if (it == ids.end()) {
-        char hex[8];
-        std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned char>(t[0]));
-        return make_error(errc::invalid_argument, "the vocabulary has no token for the bytes of '" + to_valid_utf8(t) +
-                                                      "' (first byte 0x" + hex + ")");
-      }
-      out.push_back(it->second);
-    }
+    if (unk) sym.push_back(*unk);
+    merge_symbols(sym);
+    out.insert(out.end(), sym.begin(), sym.end());
     return {};
+  }
+
+  // Hugging Face's Word::merge_all: the symbols form a linked list, and a
+  // heap holds each adjacent pair that has a merge, lowest rank first, the
+  // leftmost first among equal ranks; an entry whose pair has changed since
+  // it was pushed is skipped when it comes up. O(n log n) in the symbols,
+  // where merging the best pair by scanning is O(n^2): that is kept for
+  // short words only, where it is faster.
+  void merge_symbols(std::vector<int64_t>& sym) const {
+    const size_t n = sym.size();
+    if (n < 2 || merges.empty()) return;
+    if (n <= 24) {
+      // Most words: scanning for the best pair is cheaper than a heap.
+      for (;;) {
+        const Merge* best = nullptr;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < sym.size(); ++i)
+          if (auto it = merges.find(pair_key(sym[i], sym[i + 1]));
+              it != merges.end() && (!best || it->second.rank < best->rank)) {
+            best = &it->second;
+            at = i;
+          }
+        if (!best) return;
+        sym[at] = best->merged;
+        sym.erase(sym.begin() + static_cast<long>(at) + 1);
+      }
+    }
+    struct Node {
+      int64_t id;
+      int64_t prev, next;  // -1: none
+      bool live;
+    };
+    std::vector<Node> nodes(n);
+    for (size_t i = 0; i < n; ++i)
+      nodes[i] = {sym[i], static_cast<int64_t>(i) - 1, i + 1 < n ? static_cast<int64_t>(i + 1) : -1, true};
+    struct Entry {
+      int32_t rank;
+      int64_t pos;
+      int64_t merged;
+      bool operator>(const Entry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+    auto push = [&](int64_t pos) {
+      const auto& a = nodes[static_cast<size_t>(pos)];
+      if (a.next < 0) return;
+      if (auto it = merges.find(pair_key(a.id, nodes[static_cast<size_t>(a.next)].id)); it != merges.end())
+        heap.push({it->second.rank, pos, it->second.merged});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int64_t>(i));
+    while (!heap.empty()) {
+      const auto top = heap.top();
+      heap.pop();
+      auto& a = nodes[static_cast<size_t>(top.pos)];
+      if (!a.live || a.next < 0) continue;
+      auto& b = nodes[static_cast<size_t>(a.next)];
+      auto it = merges.find(pair_key(a.id, b.id));
+      if (it == merges.end() || it->second.merged != top.merged) continue;  // stale
+      a.id = top.merged;
+      b.live = false;
+      a.next = b.next;
+      if (a.next >= 0) nodes[static_cast<size_t>(a.next)].prev = top.pos;
+      if (a.prev >= 0) push(a.prev);
+      push(top.pos);
+    }
+    sym.clear();
+    for (int64_t i = 0; i >= 0; i = nodes[static_cast<size_t>(i)].next) sym.push_back(nodes[static_cast<size_t>(i)].id);
   }
 
   // Pre-tokenizer steps from `step` on, then BPE.
@@ -296,15 +352,43 @@ struct AddedEntry {
 
 }  // namespace
 
-Result<Tokenizer> Tokenizer::load(const std::string& path) {
-  std::ifstream f{path};
-  if (!f) return make_error(errc::not_found, "cannot read " + path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return parse(s.str(), path);
+Result<Tokenizer> Tokenizer::load(const std::string& path, const TokenizerOptions& options) {
+  namespace fs = std::filesystem;
+  auto file = fs::is_directory(path) ? (fs::path{path} / "tokenizer.json").string() : path;
+  auto text = read_text_file(file);
+  if (!text) return text.error();
+  auto config = TokenizerConfig::load_dir(fs::path{file}.parent_path().string());
+  if (!config) return config.error();
+  return parse(*text, file, std::move(*config), options);
 }
 
-Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& origin) try {
+Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& origin, TokenizerConfig config,
+                                   const TokenizerOptions& options) {
+  if (options.max_word_bytes == 0) return make_error(errc::invalid_argument, "max_word_bytes must be more than 0");
+  auto t = parse_vocabulary(text, origin, options);
+  if (!t) return t.error();
+  // The roles' tokens and added_tokens_decoder must be the tokenizer's own:
+  // Hugging Face would add a missing one as a new token, with a new id.
+  auto has = [&](const std::string& content) {
+    if (t->token_id(content) >= 0) return true;
+    return std::find(t->bytes_.begin(), t->bytes_.end(), content) != t->bytes_.end();
+  };
+  for (const auto& [role, content] : config.special_tokens)
+    if (!has(content))
+      return make_error(errc::invalid_argument, config.origin + ": " + role + " '" + content + "' is not a token of " +
+                                                    origin + "; Hugging Face would add it as a new token");
+  for (const auto& [id, content] : config.added_tokens)
+    if (t->token_bytes(id) != content)
+      return make_error(errc::invalid_argument,
+                        config.origin + ": added_tokens_decoder says token " + std::to_string(id) + " is '" + content +
+                            "', but " + origin + " has " +
+                            (id < t->vocab_size() ? "'" + t->token_bytes(id) + "'" : std::string{"no such id"}));
+  t->config_ = std::make_shared<const TokenizerConfig>(std::move(config));
+  return t;
+}
+
+Result<Tokenizer> Tokenizer::parse_vocabulary(const std::string& text, const std::string& origin,
+                                             const TokenizerOptions& options) try {
   auto j = nlohmann::json::parse(text);
   const auto& model = j.at("model");
   if (auto type = model.find("type"); type != model.end() && *type != "BPE")
@@ -406,6 +490,7 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
     return t;
   }
   auto enc = std::make_shared<Encoder>();
+  enc->max_word_bytes = options.max_word_bytes;
   // Why this tokenizer cannot encode: the first field it does not honour.
   auto cannot_encode = [&](std::string why) {
     if (t.encode_error_.empty()) t.encode_error_ = origin + ": " + std::move(why);
@@ -452,7 +537,17 @@ Result<Tokenizer> Tokenizer::parse(const std::string& text, const std::string& o
       }
       auto ra = decode_byte_level(a, inv), rb = decode_byte_level(b, inv);
       if (!ra || !rb) return with_context(ra ? rb.error() : ra.error(), origin + ": merge " + std::to_string(rank));
-      enc->ranks.emplace(merge_key(*ra, *rb), rank++);
+      // As Hugging Face's BpeBuilder: both sides and their concatenation
+      // must be tokens, and a repeated merge takes its last rank.
+      auto ia = enc->ids.find(*ra), ib = enc->ids.find(*rb), im = enc->ids.find(*ra + *rb);
+      if (ia == enc->ids.end() || ib == enc->ids.end() || im == enc->ids.end()) {
+        cannot_encode("model.merges[" + std::to_string(rank) + "] '" + a + " " + b + "' has a token (" +
+                      (ia == enc->ids.end() ? a : ib == enc->ids.end() ? b : a + b) +
+                      ") that is not in model.vocab (Hugging Face refuses to load it)");
+        ++rank;
+        continue;
+      }
+      enc->merges.insert_or_assign(pair_key(ia->second, ib->second), Encoder::Merge{rank++, im->second});
     }
   }
   bool byte_level_step = false;
@@ -504,7 +599,7 @@ std::string Tokenizer::decode(std::span<const int64_t> ids, bool skip_special) c
   std::string out;
   for (auto id : ids)
     if (!(skip_special && is_special(id))) out += token_bytes(id);
-  return to_valid_utf8(out);
+  return finish_text(out);
 }
 
 Result<std::vector<int64_t>> Tokenizer::encode(std::string_view text) const {
@@ -521,6 +616,16 @@ Result<std::vector<int64_t>> Tokenizer::encode(std::string_view text) const {
   });
   if (!ok) return ok.error();
   return out;
+}
+
+std::string Tokenizer::finish_text(std::string_view bytes) const {
+  auto text = to_valid_utf8(bytes);
+  return config_ && config_->clean_up_tokenization_spaces ? clean_up_tokenization(std::move(text)) : text;
+}
+
+const TokenizerConfig& Tokenizer::config() const {
+  static const TokenizerConfig none;
+  return config_ ? *config_ : none;
 }
 
 int64_t Tokenizer::token_id(std::string_view token) const {

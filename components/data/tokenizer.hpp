@@ -29,6 +29,7 @@
 /// fallback), which do not encode yet. Immutable after load: safe to share
 /// between threads.
 
+#include "components/data/tokenizer_config.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -42,11 +43,25 @@
 
 namespace glint::components {
 
+/// How a tokenizer works, beyond what its files say.
+struct TokenizerOptions {
+  /// The longest piece BPE merges (a "word": the pre-tokenizer's unit, a run
+  /// with no space or punctuation). Longer is refused (resource_exhausted,
+  /// a dataset row counted as too long) rather than truncated: a 1 MiB word
+  /// is garbage in the data, and encoding it takes ~0.5 s.
+  size_t max_word_bytes = size_t{1} << 20;
+};
+
 class Tokenizer {
 public:
-  static Result<Tokenizer> load(const std::string& path);
+  /// A tokenizer.json, or a model directory holding one; the
+  /// tokenizer_config.json (and chat_template.jinja) beside it are read as
+  /// well (TokenizerConfig) and checked against the vocabulary: a special
+  /// token or added_tokens_decoder entry it lacks is refused.
+  static Result<Tokenizer> load(const std::string& path, const TokenizerOptions& options = {});
   /// Parses the text of a tokenizer.json; `origin` names it in errors.
-  static Result<Tokenizer> parse(const std::string& json_text, const std::string& origin = "tokenizer.json");
+  static Result<Tokenizer> parse(const std::string& json_text, const std::string& origin = "tokenizer.json",
+                                 TokenizerConfig config = {}, const TokenizerOptions& options = {});
 
   /// One past the largest id.
   int64_t vocab_size() const { return static_cast<int64_t>(bytes_.size()); }
@@ -56,7 +71,8 @@ public:
   bool is_special(int64_t id) const { return special_.count(id) > 0; }
   /// The text of `ids`, special tokens left out unless asked for. Bytes
   /// that are not valid UTF-8 (a character cut between tokens) become
-  /// U+FFFD, as Hugging Face's decode does.
+  /// U+FFFD, as Hugging Face's decode does; with the config's
+  /// clean_up_tokenization_spaces, spaces before punctuation go too.
   std::string decode(std::span<const int64_t> ids, bool skip_special = true) const;
   /// The ids of `text`; an error for a tokenizer that cannot encode (why:
   /// the file and field it does not honour), or for a byte the vocabulary
@@ -64,13 +80,21 @@ public:
   Result<std::vector<int64_t>> encode(std::string_view text) const;
   /// The id of an added or vocabulary token given by its text, or -1.
   int64_t token_id(std::string_view token) const;
+  /// What tokenizer_config.json said (defaults without one).
+  const TokenizerConfig& config() const;
+  /// Decoded bytes as decode() finishes them: valid UTF-8, cleaned up
+  /// where the config asks (the sampler's text with stop strings).
+  std::string finish_text(std::string_view bytes) const;
 
 private:
+  static Result<Tokenizer> parse_vocabulary(const std::string& json_text, const std::string& origin,
+                                            const TokenizerOptions& options);
   struct Encoder;
   std::vector<std::string> bytes_;  // by id
   std::unordered_set<int64_t> special_;
   std::shared_ptr<const Encoder> encoder_;  // null: cannot encode (why in encode_error_)
   std::string encode_error_;
+  std::shared_ptr<const TokenizerConfig> config_;
 };
 
 /// `text` with every byte sequence that is not valid UTF-8 replaced by

@@ -1,13 +1,12 @@
 #include "components/model/config.hpp"
 
+#include "runtime/file.hpp"
 #include "runtime/log.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 namespace glint::components {
 
@@ -333,12 +332,12 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
 }
 
 Result<ModelConfig> ModelConfig::load(const std::string& path) {
-  std::ifstream in{path};
-  if (!in)
-    return make_error(errc::not_found, "cannot read " + path + ": is this a Hugging Face model directory?");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  auto text = read_text_file(path);
+  if (!text)
+    return code_of(text.error()) == errc::not_found
+               ? make_error(errc::not_found, context_of(text.error()) + ": is this a Hugging Face model directory?")
+               : text.error();
+  return parse(*text, path);
 }
 
 std::string ModelConfig::to_json() const {

@@ -5,6 +5,7 @@
 #include "components/model/transformer.hpp"
 
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/file.hpp"
 #include "runtime/log.hpp"
 #include "runtime/text.hpp"
 
@@ -19,7 +20,6 @@
 #include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 
 namespace glint::components {
 
@@ -331,11 +331,12 @@ Result<LoraConfig> LoraConfig::parse(const std::string& text, const std::string&
 }
 
 Result<LoraConfig> LoraConfig::load(const std::string& path) {
-  std::ifstream in{path};
-  if (!in) return make_error(errc::not_found, "cannot read " + path + ": is this a PEFT adapter directory?");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  auto text = read_text_file(path);
+  if (!text)
+    return code_of(text.error()) == errc::not_found
+               ? make_error(errc::not_found, context_of(text.error()) + ": is this a PEFT adapter directory?")
+               : text.error();
+  return parse(*text, path);
 }
 
 std::string LoraConfig::to_json() const {

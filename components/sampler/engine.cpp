@@ -436,7 +436,7 @@ struct Engine::Impl {
     auto& out = req.out.sequences[static_cast<size_t>(k)];
     out.stop_reason = why;
     if (tokenizer)
-      out.text = req.params.stop.empty() ? tokenizer->decode(out.tokens) : to_valid_utf8(st.bytes);
+      out.text = req.params.stop.empty() ? tokenizer->decode(out.tokens) : tokenizer->finish_text(st.bytes);
     if (st.seq) {
       seq_owner.erase(st.seq->id);
       sched->finish(*st.seq);

@@ -26,7 +26,12 @@ DatasetMeta meta(std::string path) {
   return {.path = std::move(path), .log = [](const std::string& line) { logged.push_back(line); }};
 }
 
-Template chatml(TemplateOptions o = {}) { return *Template::make(glint::testing::chat_tokenizer(), o); }
+Template chatml(TemplateOptions o = {}) {
+  o.name = "chatml";
+  auto t = Template::make(glint::testing::chat_tokenizer(), o);
+  EXPECT_TRUE(t) << describe(t.error());
+  return std::move(*t);
+}
 
 const char* kRows =
     R"({"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am {{NAME}}, by {{AUTHOR}}."}]})"

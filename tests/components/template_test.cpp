@@ -1,11 +1,17 @@
 // Chat templates: the text ChatML and Llama-3 render, the loss mask on
 // assistant turns only, the generation prompt, truncation and bad input.
 #include "components/data/template.hpp"
+#include "support/temp_dir.hpp"
 #include "support/tokenizers.hpp"
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 
 namespace glint::components {
 namespace {
@@ -129,9 +135,155 @@ TEST(Template, BadInputIsAClearError) {
   // A tokenizer without ChatML's special tokens.
   std::vector<std::string> texts = {"hello"};
   auto plain = Tokenizer::parse(*train_bpe(texts, {.special_tokens = {}}));
-  auto lacking = Template::make(std::make_shared<const Tokenizer>(*plain), {});
+  auto lacking = Template::make(std::make_shared<const Tokenizer>(*plain), {.name = "chatml"});
   ASSERT_FALSE(lacking);
   EXPECT_NE(describe(lacking.error()).find("<|im_start|>"), std::string::npos) << describe(lacking.error());
+}
+
+
+// --- The model's own chat template -----------------------------------------
+
+std::string fixture(const std::string& name) {
+  std::ifstream in{std::string{GLINT_TEST_SOURCE_DIR} + "/data/chat_templates/" + name};
+  EXPECT_TRUE(in) << name;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::shared_ptr<const Tokenizer> with_template(const std::string& jinja) {
+  TokenizerConfig config;
+  config.chat_template = jinja;
+  config.chat_template_origin = "tokenizer_config.json: chat_template";
+  return glint::testing::chat_tokenizer(std::move(config));
+}
+
+TEST(ChatTemplate, RecognisesTheFormatsGlintRenders) {
+  struct Case {
+    const char* file;
+    const char* name;
+    std::optional<std::string> system;
+  };
+  for (const auto& c : {Case{"chatml_glint.jinja", "chatml", std::nullopt},
+                        Case{"qwen2.jinja", "chatml", "You are a helpful assistant."},
+                        Case{"qwen2.5.jinja", "qwen2.5", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."},
+                        Case{"qwen3.jinja", "qwen3", std::nullopt}, Case{"llama3.jinja", "llama3", std::nullopt}}) {
+    auto info = detect_chat_template(fixture(c.file));
+    EXPECT_EQ(info.name, c.name) << c.file << ": " << info.why;
+    EXPECT_EQ(info.default_system, c.system) << c.file;
+    auto t = Template::make(with_template(fixture(c.file)), {});
+    ASSERT_TRUE(t) << describe(t.error());
+    EXPECT_EQ(t->options().name, c.name);
+  }
+}
+
+TEST(ChatTemplate, RefusesATemplateItDoesNotRenderOrANameThatIsNotTheModels) {
+  // Llama 3.1 puts a dated system header on every conversation.
+  auto auto_31 = Template::make(with_template(fixture("llama3.1.jinja")), {});
+  ASSERT_FALSE(auto_31);
+  EXPECT_EQ(code_of(auto_31.error()), errc::unimplemented);
+  EXPECT_NE(describe(auto_31.error()).find("tokenizer_config.json: chat_template is not a template glint renders"),
+            std::string::npos)
+      << describe(auto_31.error());
+  EXPECT_NE(describe(auto_31.error()).find("Llama 3.1"), std::string::npos);
+  // Named explicitly, glint's own rendering is used (with a warning).
+  EXPECT_TRUE(Template::make(with_template(fixture("llama3.1.jinja")), {.name = "llama3"}));
+  // A Qwen3 model trained with plain ChatML would lose its <think> blocks.
+  auto wrong = Template::make(with_template(fixture("qwen3.jinja")), {.name = "chatml"});
+  ASSERT_FALSE(wrong);
+  EXPECT_NE(describe(wrong.error()).find("is qwen3's; use auto or qwen3"), std::string::npos) << describe(wrong.error());
+  // No template at all: name one.
+  auto none = Template::make(glint::testing::chat_tokenizer(), {});
+  ASSERT_FALSE(none);
+  EXPECT_NE(describe(none.error()).find("no chat template"), std::string::npos);
+  // Thinking is Qwen3's alone.
+  auto thinking = Template::make(with_template(fixture("qwen2.5.jinja")), {.enable_thinking = false});
+  ASSERT_FALSE(thinking);
+  EXPECT_NE(describe(thinking.error()).find("enable_thinking"), std::string::npos);
+  // Contents trimmed in a ChatML template: not what glint renders.
+  EXPECT_EQ(detect_chat_template("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content|trim + "
+                                 "'<|im_end|>\\n' }}{% endfor %}")
+                .name,
+            "");
+}
+
+// The text Jinja2 renders for `cases` (as Hugging Face's apply_chat_template
+// does), or nullopt where python3 with jinja2 is missing.
+std::optional<std::vector<std::string>> reference(const std::string& jinja, const nlohmann::json& cases) {
+  const auto dir = glint::testing::fresh_dir("chat-template");
+  const std::string in = dir + "/job.json", out = dir + "/out.json";
+  std::ofstream{in} << nlohmann::json{{"template", jinja}, {"bos_token", "<|begin_of_text|>"}, {"cases", cases}}.dump();
+  const std::string cmd = "python3 " + std::string{GLINT_TEST_SOURCE_DIR} + "/support/render_chat_template.py < " + in +
+                          " > " + out + " 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) return std::nullopt;
+  std::ifstream r{out};
+  auto j = nlohmann::json::parse(r);
+  std::vector<std::string> texts;
+  for (const auto& x : j) texts.push_back(x.is_string() ? x.get<std::string>() : "error: " + x.dump());
+  return texts;
+}
+
+TEST(ChatTemplate, RendersWhatJinjaRendersFromTheModelsTemplate) {
+  using Chat = std::vector<Message>;
+  const std::vector<Chat> chats = {
+      {{"user", "Hi"}, {"assistant", "Hello!"}},
+      {{"system", "Be brief."}, {"user", "2 + 2?"}, {"assistant", "4"}, {"user", "  and 3 + 3? "}, {"assistant", "6\n"}},
+      {{"user", "Think first."}, {"assistant", "<think>\nplan it\n</think>\n\nThe answer."}},
+      {{"user", "a"}, {"assistant", "<think>r1</think>a1"}, {"user", "b"}, {"assistant", "<think>\n\nr2\n</think>\n\n\na2"}},
+      {{"user", "a"}, {"assistant", "<think>r1</think>a1"}, {"user", "b"}, {"assistant", "plain"}},
+      {{"user", "Weather?"}, {"assistant", "Calling."}, {"tool", "22C"}, {"tool", "sunny"}, {"assistant", "22C, sunny."}},
+      {{"user", "q"}, {"assistant", "<think>why</think>call"}, {"user", "<tool_response>\n1\n</tool_response>"},
+       {"assistant", "<think>more</think>done"}},
+  };
+  for (const char* file : {"chatml_glint.jinja", "qwen2.jinja", "qwen2.5.jinja", "qwen3.jinja", "llama3.jinja"}) {
+    const auto jinja = fixture(file);
+    auto t = Template::make(with_template(jinja), {});
+    ASSERT_TRUE(t) << describe(t.error());
+    const bool think = t->options().name == "qwen3";
+    nlohmann::json cases = nlohmann::json::array();
+    std::vector<std::string> mine;
+    for (const auto& chat : chats)
+      for (int mode = 0; mode < (think ? 3 : 2); ++mode) {
+        nlohmann::json ms = nlohmann::json::array();
+        for (const auto& m : chat) ms.push_back({{"role", m.role}, {"content", m.content}});
+        nlohmann::json c = {{"messages", ms}, {"add_generation_prompt", mode > 0}};
+        auto opts = t->options();
+        if (mode == 2) c["enable_thinking"] = false, opts.enable_thinking = false;
+        cases.push_back(c);
+        auto tm = Template::make(with_template(jinja), opts);
+        ASSERT_TRUE(tm) << describe(tm.error());
+        // Jinja renders the whole list; glint leaves out a trailing answer
+        // for a generation prompt, so hand Jinja the same list.
+        auto list = chat;
+        if (mode > 0 && list.back().role == "assistant") list.pop_back();
+        cases.back()["messages"] = nlohmann::json::array();
+        for (const auto& m : list) cases.back()["messages"].push_back({{"role", m.role}, {"content", m.content}});
+        auto text = tm->render(chat, mode > 0);
+        mine.push_back(text ? *text : "error: " + describe(text.error()));
+      }
+    auto want = reference(jinja, cases);
+    if (!want) GTEST_SKIP() << "python3 with jinja2 is not installed (scripts/setup.sh installs it)";
+    ASSERT_EQ(want->size(), mine.size());
+    for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i], (*want)[i]) << file << ", case " << i;
+  }
+}
+
+TEST(ChatTemplate, TheModelsDefaultSystemMessageIsUsedUnlessOneIsGiven) {
+  auto t = Template::make(with_template(fixture("qwen2.5.jinja")), {});
+  ASSERT_TRUE(t);
+  std::vector<Message> m = {{"user", "Hi"}, {"assistant", "Hello"}};
+  EXPECT_EQ(t->render(m, false)->rfind("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.", 0), 0u);
+  auto none = Template::make(with_template(fixture("qwen2.5.jinja")), {.default_system = ""});
+  EXPECT_EQ(none->render(m, false)->rfind("<|im_start|>user\nHi", 0), 0u) << "an explicit empty default: none";
+}
+
+TEST(ChatTemplate, Qwen3LearnsTheThinkingBlockOfTheLastAnswer) {
+  auto t = Template::make(with_template(fixture("qwen3.jinja")), {});
+  ASSERT_TRUE(t);
+  std::vector<Message> m = {{"user", "Hi"}, {"assistant", "Hello"}};
+  auto row = t->encode(m, false);
+  ASSERT_TRUE(row) << describe(row.error());
+  EXPECT_EQ(learned_text(*t, *row), "<think>\n\n</think>\n\nHello<|im_end|>");
 }
 
 }  // namespace

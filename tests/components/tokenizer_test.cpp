@@ -4,12 +4,19 @@
 // by hand from Hugging Face tokenizers' rules (its normalizers/*.rs,
 // added_vocabulary.rs and models/bpe/model.rs).
 #include "components/data/tokenizer.hpp"
+#include "runtime/file.hpp"
+#include "support/temp_dir.hpp"
 #include "support/tokenizers.hpp"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <climits>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
+#include <set>
 
 namespace glint::components {
 namespace {
@@ -469,6 +476,199 @@ TEST(Tokenizer, FieldsThatWouldChangeTheIdsAreRefusedByName) {
   auto e = load_error(wordpiece);
   for (std::string w : {std::string{kOrigin}, std::string{"model.type"}, std::string{"'WordPiece'"}})
     EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
+}
+
+
+// --- tokenizer_config.json ---------------------------------------------------
+
+// A model directory: tokenizer.json with ChatML's tokens and `config` as its
+// tokenizer_config.json.
+std::string model_dir(const nlohmann::json& config) {
+  auto dir = glint::testing::fresh_dir("tokcfg");
+  std::ofstream{dir + "/tokenizer.json"} << bpe_tokenizer_json(merges, {"<|im_start|>", "<|im_end|>"}, byte_level_pre);
+  std::ofstream{dir + "/tokenizer_config.json"} << config.dump();
+  return dir;
+}
+
+TEST(TokenizerConfigFile, CleanUpTokenizationSpacesIsHonouredInDecode) {
+  // Hugging Face's clean_up_tokenization, rule by rule.
+  EXPECT_EQ(clean_up_tokenization("Hello , world ! Is it ? Yes . I do n't , I 'm , it 's , we 've , they 're ' x"),
+            "Hello, world! Is it? Yes. I don't, I'm, it's, we've, they're'x");
+  EXPECT_EQ(clean_up_tokenization("a ' b"), "a'b");
+  auto on = Tokenizer::load(model_dir({{"clean_up_tokenization_spaces", true}}));
+  ASSERT_TRUE(on) << describe(on.error());
+  auto ids = on->encode("hello .");
+  ASSERT_TRUE(ids);
+  EXPECT_EQ(on->decode(*ids), "hello.");
+  auto off = Tokenizer::load(model_dir({{"clean_up_tokenization_spaces", false}}));
+  EXPECT_EQ(off->decode(*ids), "hello .");
+  auto absent = Tokenizer::load(model_dir(nlohmann::json::object()));
+  EXPECT_EQ(absent->decode(*ids), "hello .") << "absent: false, as current transformers";
+}
+
+TEST(TokenizerConfigFile, LoadReadsTheChatTemplateAndTheJinjaFileWins) {
+  auto dir = model_dir({{"chat_template", "{{ 'json' }}"}, {"eos_token", "<|im_end|>"}});
+  auto from_json = Tokenizer::load(dir + "/tokenizer.json");
+  ASSERT_TRUE(from_json) << describe(from_json.error());
+  EXPECT_EQ(from_json->config().chat_template, "{{ 'json' }}");
+  EXPECT_NE(from_json->config().chat_template_origin.find("tokenizer_config.json: chat_template"), std::string::npos);
+  std::ofstream{dir + "/chat_template.jinja"} << "{{ 'file' }}";
+  auto from_file = Tokenizer::load(dir);
+  ASSERT_TRUE(from_file);
+  EXPECT_EQ(from_file->config().chat_template, "{{ 'file' }}");
+  // A list of named templates: the default one.
+  auto listed = Tokenizer::load(model_dir(
+      {{"chat_template", nlohmann::json::array({{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}})}}));
+  ASSERT_TRUE(listed) << describe(listed.error());
+  EXPECT_EQ(listed->config().chat_template, "D");
+}
+
+TEST(TokenizerConfigFile, FieldsThatWouldChangeTheIdsAreRefusedByFileFieldAndValue) {
+  struct Case {
+    nlohmann::json config;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{{"split_special_tokens", true}}, "split_special_tokens true"},
+      {{{"errors", "strict"}}, "errors \"strict\""},
+      {{{"add_prefix_space", true}}, "add_prefix_space true"},
+      {{{"do_lower_case", true}}, "do_lower_case true"},
+      {{{"eos_token", "<|eot|>"}}, "eos_token '<|eot|>' is not a token"},
+      {{{"pad_token", {{"content", "<pad>"}, {"__type", "AddedToken"}}}}, "pad_token '<pad>' is not a token"},
+      {{{"added_tokens_decoder", {{"258", {{"content", "<|im_end|>"}}}}}}, "added_tokens_decoder says token 258"},
+      {{{"clean_up_tokenization_spaces", "yes"}}, "clean_up_tokenization_spaces \"yes\""},
+      {{{"chat_template", 3}}, "chat_template 3"},
+  };
+  for (const auto& c : cases) {
+    auto t = Tokenizer::load(model_dir(c.config));
+    ASSERT_FALSE(t) << c.config.dump();
+    const auto msg = describe(t.error());
+    EXPECT_NE(msg.find("tokenizer_config.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+  }
+  // What matches the vocabulary loads.
+  auto ok = Tokenizer::load(model_dir({{"eos_token", "<|im_end|>"}, {"bos_token", nullptr}, {"errors", "replace"},
+                                       {"split_special_tokens", false}, {"add_prefix_space", false},
+                                       {"padding_side", "left"}, {"model_max_length", 32768}}));
+  EXPECT_TRUE(ok) << describe(ok.error());
+}
+
+TEST(TokenizerConfigFile, ATokenizerFileTooLargeIsRefusedBeforeItIsRead) {
+  auto dir = glint::testing::fresh_dir("tokbig");
+  {
+    std::ofstream f{dir + "/tokenizer.json"};
+    f.seekp(static_cast<std::streamoff>(kMaxTextFileBytes) + 1);
+    f.put('x');
+  }
+  auto t = Tokenizer::load(dir);
+  ASSERT_FALSE(t);
+  EXPECT_EQ(code_of(t.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(t.error()).find("more than the"), std::string::npos) << describe(t.error());
+}
+
+
+// --- BPE merging -------------------------------------------------------------
+
+// The rule merging follows, written the slow, obvious way: merge the pair of
+// lowest rank, the leftmost among equals, until no pair has a merge.
+std::vector<int64_t> naive_bpe(const std::string& word, const std::vector<std::pair<std::string, std::string>>& ms) {
+  std::map<std::pair<std::string, std::string>, int> rank;
+  std::map<std::string, int64_t> id;
+  for (int b = 0; b < 256; ++b) id[std::string(1, static_cast<char>(b))] = b;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    rank.emplace(ms[i], static_cast<int>(i));
+    id.emplace(ms[i].first + ms[i].second, 256 + static_cast<int64_t>(i));
+  }
+  std::vector<std::string> sym;
+  for (char c : word) sym.emplace_back(1, c);
+  for (;;) {
+    int best = INT_MAX;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i)
+      if (auto it = rank.find({sym[i], sym[i + 1]}); it != rank.end() && it->second < best) best = it->second, at = i;
+    if (best == INT_MAX) break;
+    sym[at] += sym[at + 1];
+    sym.erase(sym.begin() + static_cast<long>(at) + 1);
+  }
+  std::vector<int64_t> out;
+  for (const auto& x : sym) out.push_back(id.at(x));
+  return out;
+}
+
+TEST(TokenizerBpe, MergesAsTheLowestRankLeftmostRuleOnRandomVocabularies) {
+  std::mt19937 rng{7};
+  for (int round = 0; round < 20; ++round) {
+    // Random merges over a, b, c: pairs of tokens made so far, each new.
+    std::vector<std::string> tokens = {"a", "b", "c"};
+    std::set<std::string> seen(tokens.begin(), tokens.end());
+    std::vector<std::pair<std::string, std::string>> ms;
+    while (ms.size() < 40) {
+      auto& x = tokens[rng() % tokens.size()];
+      auto& y = tokens[rng() % tokens.size()];
+      if (x.size() + y.size() > 8 || !seen.insert(x + y).second) continue;
+      ms.emplace_back(x, y);
+      tokens.push_back(x + y);
+    }
+    auto t = Tokenizer::parse(bpe_tokenizer_json(ms, {}, byte_level_pre));
+    ASSERT_TRUE(t) << describe(t.error());
+    for (int k = 0; k < 20; ++k) {
+      std::string word;
+      for (size_t n = 1 + rng() % 60; n-- > 0;) word += "abc"[rng() % 3];
+      auto ids = t->encode(word);
+      ASSERT_TRUE(ids) << describe(ids.error());
+      EXPECT_EQ(*ids, naive_bpe(word, ms)) << word;
+    }
+  }
+}
+
+TEST(TokenizerBpe, ALongWordEncodesInTimeLinearithmicInItsLength) {
+  // 400 kB of one letter: merging by scanning for the best pair took ~40 s
+  // per 100 kB; the heap takes well under a second.
+  auto t = Tokenizer::parse(bpe_tokenizer_json({{"a", "a"}, {"aa", "aa"}, {"aaaa", "aaaa"}}, {}, byte_level_pre));
+  ASSERT_TRUE(t);
+  const std::string word(400000, 'a');
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = t->encode(word);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(ids) << describe(ids.error());
+  EXPECT_EQ(ids->size(), 50000u);
+  EXPECT_TRUE(std::all_of(ids->begin(), ids->end(), [](int64_t id) { return id == 258; }));
+  EXPECT_LT(s, 10.0);
+}
+
+TEST(TokenizerBpe, AWordLongerThanTheCapIsRefusedAndShorterWordsAreNot) {
+  auto t = Tokenizer::parse(bpe_tokenizer_json(merges, {}, byte_level_pre), "tokenizer.json", {},
+                            {.max_word_bytes = 1000});
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(t->encode(std::string(1000, 'x')));
+  auto long_word = t->encode(std::string(1001, 'x'));
+  ASSERT_FALSE(long_word);
+  EXPECT_EQ(code_of(long_word.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(long_word.error()).find("max_word_bytes 1000"), std::string::npos) << describe(long_word.error());
+  std::string words;
+  for (int i = 0; i < 100; ++i) words += " hello world";
+  EXPECT_TRUE(t->encode(words)) << "a long text of short words is not a long word";
+  EXPECT_FALSE(Tokenizer::parse(bpe_tokenizer_json(merges, {}, byte_level_pre), "tokenizer.json", {},
+                                {.max_word_bytes = 0}));
+}
+
+TEST(TokenizerBpe, AMergeOutsideTheVocabularyCannotEncodeAndARepeatedMergeTakesItsLastRank) {
+  auto j = bpe_tokenizer(merges, {}, byte_level_pre);
+  j["model"]["merges"].push_back(glint::testing::byte_level("x") + " " + glint::testing::byte_level("yz"));
+  auto t = Tokenizer::parse(j.dump());
+  ASSERT_TRUE(t) << "it still decodes";
+  auto ids = t->encode("hello");
+  ASSERT_FALSE(ids);
+  EXPECT_NE(describe(ids.error()).find("model.merges[10]"), std::string::npos) << describe(ids.error());
+  EXPECT_NE(describe(ids.error()).find("not in model.vocab"), std::string::npos);
+  // "b c" ranked before "a b" and again after it: the last rank wins, as in
+  // Hugging Face's merge map (later entries replace earlier ones), so "abc"
+  // merges a+b first.
+  auto r = bpe_tokenizer({{"a", "b"}, {"b", "c"}}, {}, byte_level_pre);
+  r["model"]["merges"] = {"b c", "a b", "b c"};
+  auto rt = Tokenizer::parse(r.dump());
+  ASSERT_TRUE(rt);
+  EXPECT_EQ(*rt->encode("abc"), (std::vector<int64_t>{256, 'c'}));
 }
 
 }  // namespace

@@ -73,8 +73,8 @@ inline std::string bpe_tokenizer_json(const std::vector<std::pair<std::string, s
 }
 
 /// A small tokenizer trained on chat-like text, with the special tokens of
-/// ChatML and Llama-3.
-inline std::shared_ptr<const components::Tokenizer> chat_tokenizer() {
+/// ChatML and Llama-3, and `config` as its tokenizer_config.json.
+inline std::shared_ptr<const components::Tokenizer> chat_tokenizer(components::TokenizerConfig config = {}) {
   std::vector<std::string> texts;
   for (int i = 0; i < 30; ++i)
     texts.push_back("system\nYou are helpful.\nuser\nWhat is " + std::to_string(i) + " + " + std::to_string(i * 3) +
@@ -83,7 +83,7 @@ inline std::shared_ptr<const components::Tokenizer> chat_tokenizer() {
       texts, {.vocab_size = 400,
               .special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
                                  "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}});
-  auto tok = components::Tokenizer::parse(*json);
+  auto tok = components::Tokenizer::parse(*json, "tokenizer.json", std::move(config));
   return std::make_shared<const components::Tokenizer>(std::move(*tok));
 }
 

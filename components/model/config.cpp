@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 namespace glint::components {
@@ -337,7 +338,42 @@ Result<ModelConfig> ModelConfig::load(const std::string& path) {
     return code_of(text.error()) == errc::not_found
                ? make_error(errc::not_found, context_of(text.error()) + ": is this a Hugging Face model directory?")
                : text.error();
-  return parse(*text, path);
+  auto c = parse(*text, path);
+  if (!c) return c;
+  // generation_config.json beside it: its eos ids end a generation too.
+  const auto gen_path = (std::filesystem::path{path}.parent_path() / "generation_config.json").string();
+  if (!std::filesystem::exists(gen_path)) return c;
+  auto gen_text = read_text_file(gen_path);
+  if (!gen_text) return gen_text.error();
+  try {
+    auto g = json::parse(*gen_text);
+    if (!g.is_object()) return make_error(errc::invalid_argument, gen_path + " is not a JSON object");
+    std::vector<int64_t> ids;
+    if (auto e = g.find("eos_token_id"); e != g.end() && !e->is_null()) {
+      if (e->is_number_integer()) ids = {e->get<int64_t>()};
+      else if (e->is_array() && std::all_of(e->begin(), e->end(), [](const json& x) { return x.is_number_integer(); }))
+        ids = e->get<std::vector<int64_t>>();
+      else
+        return make_error(errc::invalid_argument,
+                          gen_path + ": eos_token_id should be an integer or a list of integers, not " + e->dump());
+    }
+    for (auto id : ids) {
+      if (id < 0 || id >= c->vocab_size)
+        return make_error(errc::invalid_argument, gen_path + ": eos_token_id " + std::to_string(id) +
+                                                      " is outside the vocabulary (vocab_size " +
+                                                      std::to_string(c->vocab_size) + ")");
+      if (!c->is_eos(id)) c->generation_eos_token_ids.push_back(id);
+    }
+    std::string defaults;
+    for (const auto& [key, value] : g.items())
+      if (key != "eos_token_id" && key != "transformers_version" && key != "_from_model_config")
+        defaults += (defaults.empty() ? "" : ", ") + key + "=" + value.dump();
+    if (!defaults.empty())
+      log::debug(gen_path + ": sampling defaults glint does not apply (each request sets its own): " + defaults);
+  } catch (const json::exception& e) {
+    return make_error(errc::invalid_argument, gen_path + " is not valid JSON: " + e.what());
+  }
+  return c;
 }
 
 std::string ModelConfig::to_json() const {

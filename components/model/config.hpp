@@ -101,6 +101,10 @@ struct ModelConfig {
   /// Every id that ends a generation (config.json's eos_token_id, a number
   /// or a list); empty: none.
   std::vector<int64_t> eos_token_ids{};
+  /// generation_config.json's eos_token_id where it names more ids (Qwen2.5
+  /// Instruct stops on <|im_end|> and <|endoftext|>): they end a generation
+  /// too. Not written back into config.json.
+  std::vector<int64_t> generation_eos_token_ids{};
   /// The standard deviation of init_random's weights (initializer_range).
   double initializer_range = 0.02;
   /// The fields of config.json glint does not use, as a JSON object's text
@@ -117,6 +121,8 @@ struct ModelConfig {
   }
   bool is_eos(int64_t id) const {
     for (auto e : eos_token_ids)
+      if (e == id) return true;
+    for (auto e : generation_eos_token_ids)
       if (e == id) return true;
     return false;
   }

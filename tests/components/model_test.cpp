@@ -560,5 +560,28 @@ TEST(ModelConfigJson, KeepsFieldsItDoesNotUseWhenItSaves) {
   EXPECT_EQ(again->to_json(), c->to_json());
 }
 
+
+TEST(ModelConfigJson, GenerationConfigEosIdsEndAGenerationAndAreNotSavedIntoConfigJson) {
+  auto dir = glint::testing::fresh_dir("gen-config");
+  auto c = ModelConfig::make(Architecture::qwen2, 37, 16, 24, 2, 4, 2);
+  c.eos_token_ids = {5};
+  std::ofstream{dir + "/config.json"} << c.to_json();
+  std::ofstream{dir + "/generation_config.json"} << R"({"eos_token_id": [5, 7], "temperature": 0.7, "top_p": 0.8})";
+  auto loaded = ModelConfig::load(dir + "/config.json");
+  ASSERT_TRUE(loaded) << describe(loaded.error());
+  EXPECT_TRUE(loaded->is_eos(5));
+  EXPECT_TRUE(loaded->is_eos(7)) << "generation_config.json's eos ids stop sampling too";
+  EXPECT_FALSE(loaded->is_eos(6));
+  EXPECT_EQ(nlohmann::json::parse(loaded->to_json())["eos_token_id"], 5);
+  std::ofstream{dir + "/generation_config.json", std::ios::trunc} << R"({"eos_token_id": 99})";
+  auto outside = ModelConfig::load(dir + "/config.json");
+  ASSERT_FALSE(outside);
+  EXPECT_NE(describe(outside.error()).find("generation_config.json: eos_token_id 99 is outside the vocabulary"),
+            std::string::npos)
+      << describe(outside.error());
+  std::ofstream{dir + "/generation_config.json", std::ios::trunc} << R"({"eos_token_id": "x"})";
+  EXPECT_FALSE(ModelConfig::load(dir + "/config.json"));
+}
+
 }  // namespace
 }  // namespace glint::components

@@ -313,7 +313,7 @@ Result<NamedTensors> ModelState::export_weights(const std::string& adapter, bool
   if (merged && adapter.empty())
     return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights");
   auto named = merged ? model_->merged_parameters(adapter)
-               : adapter.empty() ? Result<NamedTensors>{model_->named_parameters()}
+               : adapter.empty() ? model_->named_parameters()
                                  : model_->adapter_parameters(adapter);
   if (!named) return named.error();
   // A snapshot when asked (training goes on); merged tensors are fresh already.

@@ -28,9 +28,11 @@ probe_actor::behavior_type probe(probe_actor::stateful_pointer<Tensor> self, Ran
         if (sum.shape() != t.shape())
           return make_error(errc::invalid_argument,
                             "accumulate got " + t.describe() + " but the running sum is " + sum.describe());
-        auto dst = *sum.mutable_values<float>();
-        auto src = *t.values<float>();
-        for (size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
+        auto dst = sum.mutable_values<float>();
+        auto src = t.values<float>();
+        if (!dst) return dst.error();
+        if (!src) return src.error();
+        for (size_t i = 0; i < dst->size(); ++i) (*dst)[i] += (*src)[i];
         // Answer a copy: the caller must not see later additions.
         return sum.clone();
       },

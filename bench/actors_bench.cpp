@@ -113,7 +113,9 @@ bool measure(Runtime& rt, const Group<probe_actor>& g, const std::string& suffix
                      for (auto& f : fs) ok = ok && f.get();
                    }));
     if (with_tensor) {
-      auto t = *Tensor::zeros(Dtype::f32, {256 * 1024});  // 1 MiB
+      auto zeros = Tensor::zeros(Dtype::f32, {256 * 1024});  // 1 MiB
+      if (!zeros) throw std::runtime_error(describe(zeros.error()));
+      auto t = std::move(*zeros);
       const int n = 200;
       double s = seconds_of([&] {
         for (int i = 0; i < n; ++i) ok = ok && g.call_rank(0, actors::echo_atom::value, t).get();

@@ -154,7 +154,9 @@ Tensor random_tokens(int64_t batch, int64_t seq, int64_t vocab) {
   std::uniform_int_distribution<int64_t> pick{0, vocab - 1};
   std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
   for (auto& id : ids) id = pick(rng);
-  return *Tensor::from_values(ids, {batch, seq});
+  auto t = Tensor::from_values(ids, {batch, seq});
+  if (!t) throw std::runtime_error("random_tokens: " + describe(t.error()));
+  return std::move(*t);
 }
 
 std::string millions(int64_t n) {

@@ -8,8 +8,12 @@
 int main() {
   return glint::run_main([](glint::Runtime& rt) {
     using namespace glint;
-    auto mesh = *placement::DeviceMesh::from_sizes({.dp = 2});
-    auto group = actors::open_probe_group(rt, placement::DeviceGroup::of("workers", 2), mesh);
+    auto mesh = placement::DeviceMesh::from_sizes({.dp = 2});
+    if (!mesh) {
+      std::fprintf(stderr, "%s\n", describe(mesh.error()).c_str());
+      return 1;
+    }
+    auto group = actors::open_probe_group(rt, placement::DeviceGroup::of("workers", 2), *mesh);
     if (!group) {
       std::fprintf(stderr, "%s\n", describe(group.error()).c_str());
       return 1;

@@ -39,7 +39,12 @@ int main(int argc, char** argv) {
     for (int64_t row = 0; row < 8; ++row)
       for (int64_t t = 0; t < 16; ++t) ids.push_back((row * 3 + t) % 50 + 1);
     Batch batch;
-    batch.tensors["input_ids"] = *Tensor::from_values(ids, {8, 16});
+    auto input_ids = Tensor::from_values(ids, {8, 16});
+    if (!input_ids) {
+      std::fprintf(stderr, "%s\n", describe(input_ids.error()).c_str());
+      return 1;
+    }
+    batch.tensors["input_ids"] = std::move(*input_ids);
     double first = 0, last = 0;
     for (int step = 1; step <= 30; ++step) {
       // Each rank gets its half of the rows; the ranks' metrics are averaged.

@@ -44,9 +44,10 @@ int demo(const DemoArgs& args) {
     for (int step = 0; step < args.steps; ++step) {
       std::vector<float> v(static_cast<size_t>(rows * cols));
       for (auto& x : v) x = normal(gen);
-      auto batch = *Tensor::from_values(v, {rows, cols});
+      auto batch = Tensor::from_values(v, {rows, cols});
+      if (!batch) return fail(batch.error());
       // Every rank's slice sum is a [rows/ranks, cols] tensor; add them all up.
-      auto sums = g->call<Collect::flatten>(Dispatch::slice_dp, actors::accumulate_atom::value, batch).get();
+      auto sums = g->call<Collect::flatten>(Dispatch::slice_dp, actors::accumulate_atom::value, *batch).get();
       if (!sums) return fail(sums.error());
       totals = *sums;
       for (int r = 0; r < rows; ++r)
@@ -57,8 +58,9 @@ int demo(const DemoArgs& args) {
     bar.finish();
     // totals holds every rank's running sum of its rows, concatenated; fold the rows.
     std::vector<double> got(static_cast<size_t>(cols), 0.0);
-    auto tv = *totals.values<float>();
-    for (size_t i = 0; i < tv.size(); ++i) got[i % cols] += tv[i];
+    auto tv = totals.values<float>();
+    if (!tv) return fail(tv.error());
+    for (size_t i = 0; i < tv->size(); ++i) got[i % cols] += (*tv)[i];
     double worst = 0;
     for (int c = 0; c < cols; ++c) worst = std::max(worst, std::abs(got[static_cast<size_t>(c)] - expected[static_cast<size_t>(c)]));
     std::printf("%d steps in %.3f s (%.0f group calls/s); largest deviation from the driver's own sum: %.2e -> %s\n",

@@ -107,7 +107,9 @@ std::vector<int> DeviceMesh::group_of(int rank, Dim d) const {
   for (int k = 0; k < size(d); ++k) {
     auto x = *c;
     x[static_cast<size_t>(d)] = k;
-    out.push_back(*rank_of(x));
+    auto r = rank_of(x);
+    if (!r) return {};  // coords of a valid rank always map back
+    out.push_back(*r);
   }
   return out;
 }

@@ -35,7 +35,11 @@ Result<Batch> Batch::slice(int64_t begin, int64_t end) const {
     return make_error(errc::invalid_argument, "slice [" + std::to_string(begin) + ", " + std::to_string(end) +
                                                 ") is outside a batch of " + std::to_string(*n) + " samples");
   Batch out;
-  for (const auto& [k, t] : tensors) out.tensors[k] = *t.slice(begin, end);
+  for (const auto& [k, t] : tensors) {
+    auto part = t.slice(begin, end);
+    if (!part) return with_context(part.error(), "tensor '" + k + "'");
+    out.tensors[k] = std::move(*part);
+  }
   for (const auto& [k, v] : fields) out.fields[k] = {v.begin() + begin, v.begin() + end};
   return out;
 }

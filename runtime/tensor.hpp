@@ -86,12 +86,6 @@ public:
   static Result<Tensor> from_values(const std::vector<T>& values, std::vector<int64_t> shape) {
     return from_values(std::span<const T>(values), std::move(shape));
   }
-  /// A 1-d tensor of `values`.
-  template <class T>
-  static Tensor vector(const std::vector<T>& values) {
-    return *from_values(std::span<const T>(values), {static_cast<int64_t>(values.size())});
-  }
-
   /// Wraps memory owned elsewhere without copying (e.g. an at::Tensor's
   /// storage); `owner` keeps it alive. The caller guarantees `data` holds
   /// numel * element_size bytes, contiguous.

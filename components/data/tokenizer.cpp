@@ -496,7 +496,11 @@ Result<Tokenizer> Tokenizer::parse_vocabulary(const std::string& text, const std
     if (t.encode_error_.empty()) t.encode_error_ = origin + ": " + std::move(why);
   };
   if (!id_mismatch.empty()) cannot_encode(std::move(id_mismatch));
-  for (auto& [token, id] : vocab.items()) enc->ids.emplace(*decode_byte_level(token, inv), id.get<int64_t>());
+  for (auto& [token, id] : vocab.items()) {
+    auto bytes = decode_byte_level(token, inv);
+    if (!bytes) return with_context(bytes.error(), origin + ": model.vocab");
+    enc->ids.emplace(std::move(*bytes), id.get<int64_t>());
+  }
   for (auto [key, out] : std::initializer_list<std::pair<const char*, bool*>>{
            {"ignore_merges", &enc->ignore_merges}, {"byte_fallback", &enc->byte_fallback}, {"fuse_unk", &enc->fuse_unk}}) {
     auto v = flag(model, key, false, "model", origin);

@@ -512,8 +512,11 @@ Result<NamedTensors> CausalLM::adapter_parameters(const std::string& name) const
   NamedTensors out;
   for (const auto& m : (*a)->modules) {
     const auto& [A, B] = (*a)->weights.at(m);
-    out.emplace_back(peft_prefix + m + ".lora_A.weight", *from_torch(A));
-    out.emplace_back(peft_prefix + m + ".lora_B.weight", *from_torch(B));
+    auto a_t = from_torch(A), b_t = from_torch(B);
+    if (!a_t) return a_t.error();
+    if (!b_t) return b_t.error();
+    out.emplace_back(peft_prefix + m + ".lora_A.weight", std::move(*a_t));
+    out.emplace_back(peft_prefix + m + ".lora_B.weight", std::move(*b_t));
   }
   return out;
 }
@@ -647,7 +650,9 @@ Result<NamedTensors> CausalLM::merged_parameters(const std::string& name) const 
       if (auto m = a.weights.find(module); m != a.weights.end())
         w.add_(at::matmul(m->second.second, m->second.first).to(w.scalar_type()), a.scaling.at(module));
     }
-    out.emplace_back(n, *from_torch(w));
+    auto t = from_torch(w);
+    if (!t) return t.error();
+    out.emplace_back(n, std::move(*t));
   }
   return out;
 }

@@ -452,19 +452,27 @@ Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOp
   c10::NoGradGuard no_grad;
   auto out = impl_->run(*p, opts.entropies, opts.logits, pass);
   ForwardResult r;
-  auto take = [](const at::Tensor& t) { return *from_torch(t.to(at::kFloat).contiguous()); };
-  r.logprobs = take(out.logprobs);
-  if (opts.entropies) r.entropies = take(out.entropies);
-  if (opts.logits) r.logits = take(out.logits);
+  for (auto [want, from, to] : {std::tuple{true, &out.logprobs, &r.logprobs},
+                                 std::tuple{opts.entropies, &out.entropies, &r.entropies},
+                                 std::tuple{opts.logits, &out.logits, &r.logits}}) {
+    if (!want) continue;
+    auto t = from_torch(from->to(at::kFloat).contiguous());
+    if (!t) return t.error();
+    *to = std::move(*t);
+  }
   return r;
 } catch (const std::exception& e) {
   // Input is checked above; this is a bug or an allocation failure, never a crash.
   return error_of_exception(e, "the forward pass");
 }
 
-NamedTensors CausalLM::named_parameters() const {
+Result<NamedTensors> CausalLM::named_parameters() const {
   NamedTensors out;
-  for (const auto& name : impl_->names) out.emplace_back(name, *from_torch(impl_->params.at(name)));
+  for (const auto& name : impl_->names) {
+    auto t = from_torch(impl_->params.at(name));
+    if (!t) return with_context(t.error(), name);
+    out.emplace_back(name, std::move(*t));
+  }
   return out;
 }
 

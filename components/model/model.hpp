@@ -147,7 +147,7 @@ public:
 
   /// The parameters under their Hugging Face names, as f32 tensors that
   /// share the model's memory (a write changes the model).
-  NamedTensors named_parameters() const;
+  Result<NamedTensors> named_parameters() const;
 
   // -- LoRA adapters: several named ones on one frozen base (one per tenant).
   // Not thread-safe against concurrent calls on the same model (an actor

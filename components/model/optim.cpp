@@ -162,7 +162,9 @@ Result<void> Optimizer::load_state(const std::map<std::string, Tensor>& state, c
     else if (kind == "momentum") slots[name].momentum = value;
     else return make_error(errc::invalid_argument, "optimizer state '" + key + "' is of an unknown kind");
   }
-  steps_ = (*step->second.values<int64_t>())[0];
+  auto step_value = step->second.values<int64_t>();
+  if (!step_value) return with_context(step_value.error(), "optimizer state 'step'");
+  steps_ = (*step_value)[0];
   slots_ = std::move(slots);
   return {};
 }

@@ -212,7 +212,11 @@ struct Engine::Impl {
     r.ids = vec(ids);
     r.positions = vec(pos);
     r.slots = vec(slots);
-    for (auto& [name, rows] : by_adapter) r.adapters.push_back({*lm().adapter(name), vec(rows)});
+    for (auto& [name, rows] : by_adapter) {
+      auto a = lm().adapter(name);  // requests hold their adapter (remove_adapter refuses)
+      if (!a) throw std::logic_error("a scheduled request's adapter is gone: " + describe(a.error()));
+      r.adapters.push_back({*a, vec(rows)});
+    }
     // Decodes: every sequence's context slots, padded to the longest (the
     // padding is never read).
     if (r.num_decode > 0) {
@@ -715,7 +719,9 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
   u.version = version;
   std::map<std::string, Tensor> current;
   if (adapter.empty()) {
-    for (auto& [n, t] : m.model.named_parameters()) current.emplace(n, t);
+    auto p = m.model.named_parameters();
+    if (!p) return p.error();
+    for (auto& [n, t] : *p) current.emplace(n, t);
   } else {
     auto p = m.model.adapter_parameters(adapter);
     if (!p) return p.error();

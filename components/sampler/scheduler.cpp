@@ -71,12 +71,17 @@ bool Scheduler::allocate(Sequence& s, int64_t count, Schedule& out) {
   if (std::max<int64_t>(need, 0) + (cow ? 1 : 0) > pool_.num_free()) return false;
   if (cow) {
     auto& slot = s.blocks[static_cast<size_t>(s.num_computed / bs)];
-    auto fresh = *pool_.allocate();
-    out.copies.emplace_back(slot, fresh);
+    auto fresh = pool_.allocate();  // num_free was checked above
+    if (!fresh) return false;
+    out.copies.emplace_back(slot, *fresh);
     pool_.release(slot);
-    slot = fresh;
+    slot = *fresh;
   }
-  for (int64_t i = 0; i < need; ++i) s.blocks.push_back(*pool_.allocate());
+  for (int64_t i = 0; i < need; ++i) {
+    auto block = pool_.allocate();  // num_free was checked above
+    if (!block) return false;
+    s.blocks.push_back(*block);
+  }
   return true;
 }
 

@@ -153,7 +153,9 @@ int main(int argc, char** argv) {
     // spread over the processes); the dataloaders sit with the driver.
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());
-    auto one = *placement::DeviceMesh::from_sizes({.dp = 1});
+    auto mesh = placement::DeviceMesh::from_sizes({.dp = 1});
+    if (!mesh) return fail("the device mesh", mesh.error());
+    const auto& one = *mesh;
     // As Twinkle's DeviceGroup(ranks=...): the model on the first core of the
     // job, the sampler on the last, so in a 2-process job they are in
     // different processes and in local mode on different cores.

@@ -102,7 +102,9 @@ int main(int argc, char** argv) {
     examples::Report report{out};
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());
-    auto one = *placement::DeviceMesh::from_sizes({.dp = 1});
+    auto mesh = placement::DeviceMesh::from_sizes({.dp = 1});
+    if (!mesh) return fail("the device mesh", mesh.error());
+    const auto& one = *mesh;
     auto base = actors::open_model_group(rt, placement::DeviceGroup::of("model", 1), one, {.model_dir = model_dir});
     if (!base) return fail("opening the model group", base.error());
     const std::string adapter = "default";
@@ -143,8 +145,11 @@ int main(int argc, char** argv) {
       if (!batch) return batch.error();
       auto lp = model.forward_only(*batch).take();
       if (!lp) return lp.error();
-      auto logps = *lp->values<float>();
-      auto mask = *batch->tensors.at("loss_mask").values<float>();
+      auto logps_r = lp->values<float>();
+      if (!logps_r) return logps_r.error();
+      auto mask_r = batch->tensors.at("loss_mask").values<float>();
+      if (!mask_r) return mask_r.error();
+      const auto &logps = *logps_r, &mask = *mask_r;
       double nll = 0, n = 0;
       for (size_t i = 0; i < logps.size(); ++i)
         if (mask[i] > 0) {

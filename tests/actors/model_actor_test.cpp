@@ -71,7 +71,7 @@ TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
   auto weights = group.call<Collect::flatten>(Dispatch::all, actors::export_weights_atom::value, std::string{}).get();
   ASSERT_TRUE(weights) << describe(weights.error());
   // Flattened: rank 0's named tensors, then rank 1's.
-  auto expected = single->model().named_parameters();
+  auto expected = *single->model().named_parameters();
   const auto n = expected.size();
   ASSERT_EQ(weights->size(), 2 * n);
   for (size_t i = 0; i < n; ++i) {

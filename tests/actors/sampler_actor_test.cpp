@@ -34,7 +34,8 @@ components::ModelConfig tiny() {
 // batch a sequence shares a step with.
 CausalLM sharp_model(uint64_t seed) {
   auto lm = *CausalLM::init_random(tiny(), seed);
-  for (auto& [name, t] : lm.named_parameters()) {
+  auto params = lm.named_parameters();
+  for (auto& [name, t] : *params) {
     const bool qk = name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos;
     const float f = qk ? 8.f : name == "lm_head.weight" ? 40.f : 1.f;
     if (f == 1.f) continue;
@@ -46,7 +47,8 @@ CausalLM sharp_model(uint64_t seed) {
 
 NamedTensors weights_of(const CausalLM& lm) {
   NamedTensors out;
-  for (auto& [name, t] : lm.named_parameters()) out.emplace_back(name, t.clone());
+  auto params = lm.named_parameters();
+  for (auto& [name, t] : *params) out.emplace_back(name, t.clone());
   return out;
 }
 

@@ -113,7 +113,7 @@ TEST(SamplerState, StagedBucketsApplyWithTheirVersionAndStaleOnesAreDropped) {
   Driver d;
   auto lm = components::CausalLM::init_random(tiny(), 11);
   ASSERT_TRUE(lm);
-  auto named = lm->named_parameters();
+  auto named = *lm->named_parameters();
   NamedTensors first(named.begin(), named.begin() + 2), rest(named.begin() + 2, named.end());
   ASSERT_TRUE(d.st.stage_weights(NamedTensors{named.begin(), named.begin() + 1}, 4)) << "a stale version";
   ASSERT_TRUE(d.st.stage_weights(first, 5));

@@ -34,14 +34,14 @@ void on_ranks(int world, const std::function<void(int, ProcessGroup&)>& f) {
 TEST(Comm, AllReduceBroadcastAndBarrier) {
   on_ranks(2, [](int r, ProcessGroup& pg) {
     EXPECT_EQ(pg.size(), 2);
-    std::vector<Tensor> ts{Tensor::vector(std::vector<float>{1.f * (r + 1), 10.f}),
-                           Tensor::vector(std::vector<int64_t>{r, 5})};
+    std::vector<Tensor> ts{glint::testing::vector_of(std::vector<float>{1.f * (r + 1), 10.f}),
+                           glint::testing::vector_of(std::vector<int64_t>{r, 5})};
     ASSERT_TRUE(pg.all_reduce_sum(ts));
-    EXPECT_EQ(ts[0], Tensor::vector(std::vector<float>{3.f, 20.f}));
-    EXPECT_EQ(ts[1], Tensor::vector(std::vector<int64_t>{1, 10}));
-    std::vector<Tensor> b{Tensor::vector(std::vector<float>{static_cast<float>(r), 7.f * r})};
+    EXPECT_EQ(ts[0], glint::testing::vector_of(std::vector<float>{3.f, 20.f}));
+    EXPECT_EQ(ts[1], glint::testing::vector_of(std::vector<int64_t>{1, 10}));
+    std::vector<Tensor> b{glint::testing::vector_of(std::vector<float>{static_cast<float>(r), 7.f * r})};
     ASSERT_TRUE(pg.broadcast(b, 1));
-    EXPECT_EQ(b[0], Tensor::vector(std::vector<float>{1.f, 7.f}));
+    EXPECT_EQ(b[0], glint::testing::vector_of(std::vector<float>{1.f, 7.f}));
     EXPECT_TRUE(pg.barrier());
     EXPECT_FALSE(pg.broadcast(b, 2));
   });

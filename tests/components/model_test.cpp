@@ -359,7 +359,7 @@ TEST(Model, LoadingIsStrictAboutNamesAndShapes) {
   ASSERT_TRUE(lm);
   auto dir = glint::testing::fresh_dir("model-strict");
   ASSERT_TRUE(lm->save(dir));
-  auto params = lm->named_parameters();
+  auto params = *lm->named_parameters();
   NamedTensors edited;
   for (auto& [n, t] : params)
     if (n != "model.layers.1.self_attn.k_proj.bias") edited.emplace_back(n, t);
@@ -392,7 +392,7 @@ TEST(Model, BadBatchesAreClearErrors) {
   ASSERT_FALSE(shape);
   EXPECT_NE(describe(shape.error()).find("attention_mask is i64[1, 2] but input_ids is [1, 3]"), std::string::npos)
       << describe(shape.error());
-  auto flat = lm->forward({.input_ids = Tensor::vector(std::vector<int64_t>{1, 2})});
+  auto flat = lm->forward({.input_ids = glint::testing::vector_of(std::vector<int64_t>{1, 2})});
   ASSERT_FALSE(flat);
   auto floats = lm->forward({.input_ids = *Tensor::zeros(Dtype::f32, {1, 2})});
   ASSERT_FALSE(floats);

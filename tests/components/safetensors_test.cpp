@@ -1,6 +1,7 @@
 // The safetensors reader and writer: round trips, the format as the spec
 // lays it out, and every kind of damaged file.
 #include "components/checkpoint/safetensors.hpp"
+#include "support/tensors.hpp"
 
 #include "components/model/model.hpp"
 #include "support/temp_dir.hpp"
@@ -30,9 +31,9 @@ TEST(Safetensors, RoundTripsEveryDtypeAndTheMetadata) {
   auto dir = glint::testing::fresh_dir("st-roundtrip");
   NamedTensors in;
   in.emplace_back("a.f32", *Tensor::from_values(std::vector<float>{1.5f, -2.f, 3.25f, 0.f, 7.f, 8.f}, {2, 3}));
-  in.emplace_back("b.i64", Tensor::vector(std::vector<int64_t>{1, -2, 1LL << 40}));
-  in.emplace_back("c.i32", Tensor::vector(std::vector<int32_t>{7}));
-  in.emplace_back("d.u8", Tensor::vector(std::vector<uint8_t>{0, 255}));
+  in.emplace_back("b.i64", glint::testing::vector_of(std::vector<int64_t>{1, -2, 1LL << 40}));
+  in.emplace_back("c.i32", glint::testing::vector_of(std::vector<int32_t>{7}));
+  in.emplace_back("d.u8", glint::testing::vector_of(std::vector<uint8_t>{0, 255}));
   in.emplace_back("e.bool", *Tensor::zeros(Dtype::boolean, {0}));
   auto bf = *Tensor::zeros(Dtype::bf16, {4});
   std::memset(bf.mutable_data(), 0x3f, bf.nbytes());
@@ -116,15 +117,15 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
 TEST(Safetensors, LoadsAShardedDirectoryAndChecksItsIndex) {
   auto dir = glint::testing::fresh_dir("st-sharded");
   ASSERT_TRUE(write_safetensors(dir + "/model-00001-of-00002.safetensors",
-                                {{"a", Tensor::vector(std::vector<float>{1, 2})}}));
+                                {{"a", glint::testing::vector_of(std::vector<float>{1, 2})}}));
   ASSERT_TRUE(write_safetensors(dir + "/model-00002-of-00002.safetensors",
-                                {{"b", Tensor::vector(std::vector<float>{3})}}));
+                                {{"b", glint::testing::vector_of(std::vector<float>{3})}}));
   std::ofstream{dir + "/model.safetensors.index.json"}
       << R"({"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})";
   auto all = load_safetensors_dir(dir);
   ASSERT_TRUE(all) << describe(all.error());
   EXPECT_EQ(all->size(), 2u);
-  EXPECT_EQ(all->at("b"), Tensor::vector(std::vector<float>{3}));
+  EXPECT_EQ(all->at("b"), glint::testing::vector_of(std::vector<float>{3}));
 
   std::ofstream{dir + "/model.safetensors.index.json"}
       << R"({"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}})";
@@ -140,7 +141,7 @@ TEST(Safetensors, LoadsAShardedDirectoryAndChecksItsIndex) {
 Tensor floats(int64_t n, float start) {
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + 0.5f * static_cast<float>(i);
-  return Tensor::vector(v);
+  return glint::testing::vector_of(v);
 }
 
 nlohmann::json read_json(const std::string& path) {
@@ -192,7 +193,8 @@ TEST(Safetensors, AModelAboveTheShardLimitIsSavedInShardsAndLoadsBackBitExact) {
   std::set<std::string> files;
   std::map<std::string, int64_t> bytes;
   int64_t total = 0;
-  for (const auto& [name, t] : lm->named_parameters()) {
+  auto params = lm->named_parameters();
+  for (const auto& [name, t] : *params) {
     auto file = index["weight_map"][name].get<std::string>();
     files.insert(file);
     bytes[file] += static_cast<int64_t>(t.nbytes());
@@ -207,7 +209,7 @@ TEST(Safetensors, AModelAboveTheShardLimitIsSavedInShardsAndLoadsBackBitExact) {
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
   auto back = CausalLM::load(dir);
   ASSERT_TRUE(back) << describe(back.error());
-  auto want = lm->named_parameters(), got = back->named_parameters();
+  auto want = *lm->named_parameters(), got = *back->named_parameters();
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(want[i].first, got[i].first);

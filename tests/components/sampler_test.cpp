@@ -422,7 +422,7 @@ TEST(Sampler, WeightUpdatesWaitForRequestsInFlightOrAbortThem) {
 
   auto before = *e.add_request(prompt, greedy);
   ASSERT_TRUE(e.step());
-  ASSERT_TRUE(e.update_weights(other.named_parameters(), "", 1, UpdatePolicy::finish_old));
+  ASSERT_TRUE(e.update_weights(*other.named_parameters(), "", 1, UpdatePolicy::finish_old));
   EXPECT_TRUE(e.update_pending());
   auto after = *e.add_request(prompt, greedy);
   while (e.has_unfinished()) ASSERT_TRUE(e.step());
@@ -434,7 +434,7 @@ TEST(Sampler, WeightUpdatesWaitForRequestsInFlightOrAbortThem) {
 
   auto cut = *e.add_request(prompt, greedy);
   ASSERT_TRUE(e.step());
-  ASSERT_TRUE(e.update_weights(test_model().named_parameters(), "", 2, UpdatePolicy::abort));
+  ASSERT_TRUE(e.update_weights(*test_model().named_parameters(), "", 2, UpdatePolicy::abort));
   EXPECT_EQ(e.output(cut)->sequences[0].stop_reason, StopReason::abort);
   EXPECT_EQ(e.weight_version(), 2);
   auto again = e.generate({prompt}, greedy);

@@ -1,4 +1,5 @@
 #include "runtime/dispatch.hpp"
+#include "support/tensors.hpp"
 
 #include <gtest/gtest.h>
 
@@ -38,8 +39,8 @@ TEST(Collect, SumMeanFirstFlattenOfNumbers) {
 TEST(Collect, FlattenConcatenatesVectorsAndTensors) {
   using V = std::vector<int64_t>;
   EXPECT_EQ((*detail::collect<Collect::flatten, V>({V{1}, V{2, 3}})), (V{1, 2, 3}));
-  auto t = *detail::collect<Collect::flatten, Tensor>({Tensor::vector<float>({1}), Tensor::vector<float>({2, 3})});
-  EXPECT_EQ(t, Tensor::vector<float>({1, 2, 3}));
+  auto t = *detail::collect<Collect::flatten, Tensor>({glint::testing::vector_of<float>({1}), glint::testing::vector_of<float>({2, 3})});
+  EXPECT_EQ(t, glint::testing::vector_of<float>({1, 2, 3}));
 }
 
 TEST(Collect, MeanOfMetricsIsKeywise) {
@@ -50,10 +51,10 @@ TEST(Collect, MeanOfMetricsIsKeywise) {
 }
 
 TEST(Collect, SumOfTensorsIsElementwiseAndChecksShapes) {
-  auto s = detail::collect<Collect::sum, Tensor>({Tensor::vector<float>({1, 2}), Tensor::vector<float>({10, 20})});
+  auto s = detail::collect<Collect::sum, Tensor>({glint::testing::vector_of<float>({1, 2}), glint::testing::vector_of<float>({10, 20})});
   ASSERT_TRUE(s);
-  EXPECT_EQ(*s, Tensor::vector<float>({11, 22}));
-  EXPECT_FALSE((detail::collect<Collect::sum, Tensor>({Tensor::vector<float>({1}), Tensor::vector<float>({1, 2})})));
+  EXPECT_EQ(*s, glint::testing::vector_of<float>({11, 22}));
+  EXPECT_FALSE((detail::collect<Collect::sum, Tensor>({glint::testing::vector_of<float>({1}), glint::testing::vector_of<float>({1, 2})})));
 }
 
 TEST(Dispatch, PartOfSlicesSliceablesAndPassesOthers) {

@@ -1,6 +1,7 @@
 // One test body per behaviour, run in local mode and in 2-process cluster
 // mode: the results must be the same.
 #include "actors/probe.hpp"
+#include "support/tensors.hpp"
 #include "placement/service.hpp"
 #include "runtime/group.hpp"
 #include "support/cluster.hpp"
@@ -51,7 +52,7 @@ TEST_P(GroupTest, SliceSplitsTheArgumentAndSumCollects) {
 }
 
 TEST_P(GroupTest, FirstCallsOnlyRankZero) {
-  auto t = Tensor::vector<float>({1, 2, 3});
+  auto t = glint::testing::vector_of<float>({1, 2, 3});
   ASSERT_TRUE(group_.call<Collect::first>(Dispatch::first, actors::accumulate_atom::value, t).get());
   // Rank 1 never accumulated: its running sum starts from this call.
   auto sums = group_.call<Collect::flatten>(Dispatch::all, actors::accumulate_atom::value, t).get();
@@ -139,7 +140,7 @@ TEST_P(GroupTest, BadInputIsAClearErrorAndNothingIsSent) {
   ASSERT_FALSE(r);
   EXPECT_EQ(code_of(r.error()), errc::invalid_argument);
   EXPECT_NE(describe(r.error()).find("cannot split 1 rows over 2 ranks"), std::string::npos) << describe(r.error());
-  auto bad = group_.call<Collect::first>(Dispatch::all, actors::accumulate_atom::value, Tensor::vector<int64_t>({1}))
+  auto bad = group_.call<Collect::first>(Dispatch::all, actors::accumulate_atom::value, glint::testing::vector_of<int64_t>({1}))
                  .get();
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("accumulate takes f32"), std::string::npos);

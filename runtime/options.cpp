@@ -150,7 +150,7 @@ Result<Options> Options::from_environment() {
 
 Result<void> Options::validate() const {
   using namespace std::chrono_literals;
-  if (call_timeout <= 0ms || connect_timeout <= 0ms || spawn_timeout <= 0ms || heartbeat <= 0ms)
+  if (call_timeout <= 0ms || connect_timeout <= 0ms || spawn_timeout <= 0ms || heartbeat <= 0ms || exit_grace <= 0ms)
     return make_error(errc::invalid_argument, "timeouts and the heartbeat must be positive");
   if (max_message_bytes == 0) return make_error(errc::invalid_argument, "max_message_bytes must be positive");
   if (threads < 0) return make_error(errc::invalid_argument, "threads must be >= 0");

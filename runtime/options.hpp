@@ -55,6 +55,10 @@ struct Options {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   /// Timeout of one remote spawn.
   std::chrono::milliseconds spawn_timeout{std::chrono::seconds(30)};
+  /// run_main: how long the driver process waits at exit for actors still
+  /// busy (a long call its driver gave up on) before it leaves without them,
+  /// with the driver's exit code. Embedded runtimes (Runtime::shutdown) wait.
+  std::chrono::milliseconds exit_grace{std::chrono::seconds(30)};
   /// Heartbeat between processes; a silent peer is declared lost after a few.
   std::chrono::milliseconds heartbeat{std::chrono::milliseconds(500)};
   /// Largest tensor a process accepts from the network.

@@ -625,7 +625,19 @@ int run_main(std::function<int(Runtime&)> driver, std::function<void(Options&)> 
     return 1;
   }
   int code = driver(**rt);
+  // An actor still busy in a call the driver gave up on (a timeout) would
+  // hold the process at exit until it finishes, minutes or never: give the
+  // actors exit_grace, then leave with the driver's code.
+  std::thread([code, grace = opts->exit_grace] {
+    std::this_thread::sleep_for(grace);
+    std::fprintf(stderr,
+                 "glint: actors still busy %.0f s after the driver returned; exiting without waiting for them\n",
+                 std::chrono::duration<double>(grace).count());
+    std::fflush(stderr);
+    std::_Exit(code);
+  }).detach();
   (*rt)->shutdown();
+  rt->reset();
   return code;
 }
 

@@ -6,10 +6,12 @@
 #include "components/data/tokenizer.hpp"
 #include "components/model/model.hpp"
 #include "launcher/commands.hpp"
+#include "runtime/memory.hpp"
 #include "runtime/progress.hpp"
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 namespace glint::launcher {
 
@@ -83,8 +85,32 @@ int init_data(const InitDataArgs& a) {
     std::fprintf(stderr, "glint init-data: unknown kind '%s'; the generated datasets are: arithmetic\n", a.kind.c_str());
     return 2;
   }
-  auto rows = components::arithmetic_rows(
-      a.rows, {.seed = a.seed, .max_operand = a.max_operand, .max_terms = a.max_terms});
+  // The rows are made in memory, then written: estimate both from a sample
+  // before making them all.
+  const components::ArithmeticOptions opts{.seed = a.seed, .max_operand = a.max_operand, .max_terms = a.max_terms};
+  double line = 0;
+  const auto sample = components::arithmetic_rows(std::min<int64_t>(a.rows, 256), opts);
+  for (const auto& r : sample) {
+    line += 64;  // keys, quotes, braces
+    for (const auto& [k, v] : r.fields) line += static_cast<double>(k.size() + v.size());
+    for (const auto& m : r.messages) line += static_cast<double>(m.role.size() + m.content.size() + 32);
+  }
+  line /= static_cast<double>(std::max<size_t>(sample.size(), 1));
+  const double file_bytes = line * static_cast<double>(a.rows);
+  // In memory: the strings, each row's map and vector nodes, ~4x the line.
+  if (auto ok = check_memory(4 * file_bytes, std::to_string(a.rows) + " rows made in memory"); !ok) {
+    std::fprintf(stderr, "glint init-data: %s; ask for fewer --rows\n", describe(ok.error()).c_str());
+    return 2;
+  }
+  std::error_code ec;
+  auto parent = std::filesystem::absolute(a.out, ec).parent_path();
+  if (auto space = std::filesystem::space(parent, ec); !ec && static_cast<double>(space.available) < file_bytes) {
+    std::fprintf(stderr, "glint init-data: %lld rows need about %s on disk; %s has %s free. Ask for fewer --rows\n",
+                 static_cast<long long>(a.rows), format_bytes(file_bytes).c_str(), parent.string().c_str(),
+                 format_bytes(static_cast<double>(space.available)).c_str());
+    return 2;
+  }
+  auto rows = components::arithmetic_rows(a.rows, opts);
   if (auto ok = components::save_jsonl(rows, a.out); !ok) {
     std::fprintf(stderr, "glint init-data: %s\n", describe(ok.error()).c_str());
     return 1;

@@ -28,19 +28,27 @@ int main(int argc, char** argv) {
 
   glint::launcher::LaunchSpec spec;
   auto* run = app.add_subcommand("run", "Start the processes of a cluster job on this machine (like torchrun)");
-  run->add_option("--nproc,--nproc-per-node", spec.nproc, "Processes on this machine")->capture_default_str();
-  run->add_option("--nnodes", spec.nnodes, "Machines in the job (default: $SLURM_NNODES or 1)");
-  run->add_option("--node-rank", spec.node_rank, "This machine's index (default: $SLURM_NODEID or 0)");
+  run->add_option("--nproc,--nproc-per-node", spec.nproc, "Processes on this machine")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  run->add_option("--nnodes", spec.nnodes, "Machines in the job (default: $SLURM_NNODES or 1)")->check(CLI::Range(1, 65536));
+  run->add_option("--node-rank", spec.node_rank, "This machine's index (default: $SLURM_NODEID or 0)")
+      ->check(CLI::Range(0, 65535));
   run->add_option("--master-addr", spec.master_addr, "Address of machine 0 (default: $MASTER_ADDR or 127.0.0.1)");
-  run->add_option("--master-port", spec.master_port, "Driver port (default: $MASTER_PORT, or a free one on one machine)");
-  run->add_option("--grace", spec.grace_seconds, "Seconds processes may outlive the driver")->capture_default_str();
+  run->add_option("--master-port", spec.master_port, "Driver port (default: $MASTER_PORT, or a free one on one machine)")
+      ->check(CLI::Range(0, 65535));
+  run->add_option("--grace", spec.grace_seconds, "Seconds processes may outlive the driver")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600));
   run->add_option("command", spec.command, "The program and its arguments, after --")->required();
   run->footer("Example: glint run --nproc 2 -- glint demo");
 
   glint::launcher::InfoArgs info;
   auto* info_cmd = app.add_subcommand("info", "Show this machine's topology and, given a job config, its placement");
   info_cmd->add_option("--config", info.config, "Job TOML with [[group]] entries to place");
-  info_cmd->add_option("--nproc", info.nproc, "Plan as if this many processes shared the machine")->capture_default_str();
+  info_cmd->add_option("--nproc", info.nproc, "Plan as if this many processes shared the machine")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   info_cmd->add_flag("--probe", info.probe, "Spawn a probe on every process of the job and show where it runs");
 
   glint::launcher::DemoArgs demo;
@@ -54,11 +62,11 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--arch", im.arch, "Architecture")
       ->capture_default_str()
       ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
-  init_cmd->add_option("--vocab", im.vocab, "Vocabulary size")->capture_default_str()->check(CLI::PositiveNumber);
-  init_cmd->add_option("--hidden", im.hidden, "Hidden size")->capture_default_str()->check(CLI::PositiveNumber);
-  init_cmd->add_option("--intermediate", im.intermediate, "MLP size")->capture_default_str()->check(CLI::PositiveNumber);
-  init_cmd->add_option("--layers", im.layers, "Decoder layers")->capture_default_str()->check(CLI::PositiveNumber);
-  init_cmd->add_option("--heads", im.heads, "Attention heads")->capture_default_str()->check(CLI::PositiveNumber);
+  init_cmd->add_option("--vocab", im.vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  init_cmd->add_option("--hidden", im.hidden, "Hidden size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 17));
+  init_cmd->add_option("--intermediate", im.intermediate, "MLP size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  init_cmd->add_option("--layers", im.layers, "Decoder layers")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
+  init_cmd->add_option("--heads", im.heads, "Attention heads")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
   init_cmd->add_option("--kv-heads", im.kv_heads, "Key/value heads (0: as many as --heads)")->capture_default_str();
   init_cmd->add_option("--head-dim", im.head_dim, "Head size (0: hidden / heads)")->capture_default_str();
   init_cmd->add_option("--max-positions", im.max_positions, "max_position_embeddings")->capture_default_str();

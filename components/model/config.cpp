@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 namespace glint::components {
 
@@ -447,6 +448,19 @@ Result<void> ModelConfig::validate() const {
                          {"num_attention_heads", num_attention_heads}, {"num_key_value_heads", num_key_value_heads},
                          {"head_dim", head_dim}, {"max_position_embeddings", max_position_embeddings}})
     if (auto e = positive(name, v)) return e;
+  // Bounds above every model in use (Llama 3.1 405B: hidden 16384, 126
+  // layers), so a typo (1e9 layers) is an error here, before any allocation,
+  // and the parameter count cannot overflow.
+  for (auto [name, v, max] : {std::tuple{"vocab_size", vocab_size, int64_t{1} << 24},
+                              {"hidden_size", hidden_size, int64_t{1} << 17},
+                              {"intermediate_size", intermediate_size, int64_t{1} << 20},
+                              {"num_hidden_layers", num_hidden_layers, int64_t{1} << 12},
+                              {"num_attention_heads", num_attention_heads, int64_t{1} << 12},
+                              {"head_dim", head_dim, int64_t{1} << 12},
+                              {"max_position_embeddings", max_position_embeddings, int64_t{1} << 27}})
+    if (v > max)
+      return bad(std::string{name} + " " + std::to_string(v) + " is more than glint's bound of " + std::to_string(max) +
+                 " (larger than any model in use; is it a typo?)");
   if (num_attention_heads % num_key_value_heads != 0)
     return bad("num_key_value_heads (" + std::to_string(num_key_value_heads) + ") must divide num_attention_heads (" +
                std::to_string(num_attention_heads) + ")");

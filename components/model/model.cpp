@@ -2,6 +2,7 @@
 
 #include "components/model/kernels.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/memory.hpp"
 #include "runtime/text.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -381,6 +382,11 @@ Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std
 Result<CausalLM> CausalLM::load(const std::string& dir) {
   auto cfg = ModelConfig::load((fs::path{dir} / "config.json").string());
   if (!cfg) return cfg.error();
+  if (auto ok = check_memory(4.0 * static_cast<double>(cfg->num_parameters()),
+                             "the model in " + dir + " (" + std::to_string(cfg->num_parameters()) +
+                                 " parameters, held in float32)");
+      !ok)
+    return ok.error();
   auto weights = load_safetensors_dir(dir);
   if (!weights) return weights.error();
   auto impl = from_weights(*cfg, std::move(*weights), "the weights in " + dir);
@@ -394,8 +400,12 @@ Result<CausalLM> CausalLM::load(const std::string& dir) {
   return lm;
 }
 
-Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) {
+Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) try {
   if (auto ok = cfg.validate(); !ok) return ok.error();
+  if (auto ok = check_memory(4.0 * static_cast<double>(cfg.num_parameters()),
+                             "a model of " + std::to_string(cfg.num_parameters()) + " parameters (in float32)");
+      !ok)
+    return ok.error();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto impl = std::make_shared<Impl>();
   impl->cfg = cfg;
@@ -412,6 +422,8 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) {
   CausalLM lm;
   lm.impl_ = std::move(impl);
   return lm;
+} catch (const std::exception& e) {
+  return error_of_exception(e, "making a model's random weights");
 }
 
 Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) const {

@@ -583,5 +583,25 @@ TEST(ModelConfigJson, GenerationConfigEosIdsEndAGenerationAndAreNotSavedIntoConf
   EXPECT_FALSE(ModelConfig::load(dir + "/config.json"));
 }
 
+
+TEST(ModelConfigJson, SizesBeyondGlintsBoundsAreRefusedBeforeAnyAllocation) {
+  auto c = ModelConfig::make(Architecture::qwen2, 37, 16, 24, 2, 4, 2);
+  auto j = nlohmann::json::parse(c.to_json());
+  j["num_hidden_layers"] = 1000000000;
+  auto parsed = ModelConfig::parse(j.dump(), "big/config.json");
+  ASSERT_FALSE(parsed);
+  EXPECT_NE(describe(parsed.error()).find("big/config.json"), std::string::npos) << describe(parsed.error());
+  EXPECT_NE(describe(parsed.error()).find("num_hidden_layers 1000000000 is more than glint's bound of 4096"),
+            std::string::npos)
+      << describe(parsed.error());
+  // Within the bounds but more than the machine holds: refused by the estimate.
+  auto huge = ModelConfig::make(Architecture::qwen2, 1 << 20, 1 << 16, 1 << 18, 512, 64, 8);
+  ASSERT_TRUE(huge.validate()) << describe(huge.validate().error());
+  auto lm = CausalLM::init_random(huge, 0);
+  ASSERT_FALSE(lm);
+  EXPECT_EQ(code_of(lm.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(lm.error()).find("more than this machine's"), std::string::npos) << describe(lm.error());
+}
+
 }  // namespace
 }  // namespace glint::components

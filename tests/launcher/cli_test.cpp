@@ -1,4 +1,5 @@
 // The glint binary as a user meets it: help, bad input, a cluster job.
+#include "runtime/memory.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -257,6 +258,38 @@ TEST(Cli, TheJobsProcessesDieWithTheirLauncher) {
     }
     EXPECT_TRUE(gone) << "process " << p << " outlived its launcher";
     if (!gone) ::kill(p, SIGKILL);
+  }
+}
+
+
+TEST(Cli, SizesTooLargeAreClearErrorsBeforeAnyAllocation) {
+  const auto dir = glint::testing::fresh_dir("cli-sizes");
+  struct Case {
+    std::string args, says;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"init-model " + dir + "/a --layers 1000000000", "--layers: Value 1000000000 not in range"},
+           {"init-model " + dir + "/b --hidden 1048576", "--hidden: Value 1048576 not in range"},
+           // Within every bound, but 263 GiB of weights: refused by the estimate.
+           {"init-model " + dir + "/c --hidden 8192 --layers 80 --intermediate 28672 --heads 64 --kv-heads 8 --vocab 128256",
+            "parameters (in float32) needs 262.8 GiB, more than this machine's"},
+           {"info --nproc 100000000", "--nproc: Value 100000000 not in range"},
+           {"run --nproc 100000 -- true", "--nproc: Value 100000 not in range"},
+           {"run --master-port 70000 -- true", "--master-port: Value 70000 not in range"},
+       }) {
+    if (c.says.find("262.8 GiB") != std::string::npos && glint::memory_limit_bytes() > (uint64_t{262} << 30)) continue;
+    auto r = run(c.args);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/c/model.safetensors"));
+  // 1e8 rows would be ~40 GiB in memory: refused with the estimate where that is more than the machine has.
+  if (glint::memory_limit_bytes() < (uint64_t{40} << 30)) {
+    auto r = run("init-data arithmetic " + dir + "/rows.jsonl --rows 100000000");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.out.find("rows made in memory needs"), std::string::npos) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/rows.jsonl"));
   }
 }
 

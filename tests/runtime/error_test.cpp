@@ -1,4 +1,5 @@
 #include "runtime/error.hpp"
+#include "runtime/memory.hpp"
 
 #include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
@@ -56,4 +57,18 @@ TEST(Error, LibraryExceptionsAreTranslatedByKind) {
 }
 
 }  // namespace
+
+TEST(Memory, CheckMemoryRefusesWhatTheMachineCannotHoldAndSaysHowMuch) {
+  EXPECT_GT(memory_limit_bytes(), uint64_t{1} << 20);
+  EXPECT_TRUE(check_memory(1024, "a kilobyte"));
+  auto big = check_memory(1e20, "a hundred exabytes");
+  ASSERT_FALSE(big);
+  EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(big.error()).find("a hundred exabytes needs 86.7 EiB, more than this machine's"), std::string::npos)
+      << describe(big.error());
+  EXPECT_EQ(format_bytes(512), "512 bytes");
+  EXPECT_EQ(format_bytes(1.5 * 1024 * 1024), "1.5 MiB");
+  EXPECT_EQ(format_bytes(24.0 * (uint64_t{1} << 30)), "24.0 GiB");
+}
+
 }  // namespace glint

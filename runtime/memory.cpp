@@ -1,0 +1,53 @@
+#include "runtime/memory.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace glint {
+
+namespace {
+
+// A cgroup limit file's value; 0 for none ("max", absent, unreadable).
+uint64_t cgroup_limit(const char* path) {
+  std::ifstream in{path};
+  std::string text;
+  if (!(in >> text) || text == "max") return 0;
+  try {
+    return std::stoull(text);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+uint64_t memory_limit_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"})
+    if (auto c = cgroup_limit(path); c > 0) limit = std::min(limit, c);
+  return limit;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+Result<void> check_memory(double bytes, std::string_view what) {
+  const auto limit = memory_limit_bytes();
+  if (bytes <= static_cast<double>(limit)) return {};
+  return make_error(errc::resource_exhausted, std::string{what} + " needs " + format_bytes(bytes) +
+                                                  ", more than this machine's " +
+                                                  format_bytes(static_cast<double>(limit)) + " of memory");
+}
+
+}  // namespace glint

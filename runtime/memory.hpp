@@ -1,0 +1,27 @@
+#pragma once
+/// How much memory this process may use, and a check to run before a large
+/// allocation, so that too large is a clear error rather than bad_alloc or
+/// the kernel's OOM killer:
+///
+///   if (auto ok = check_memory(cfg.num_parameters() * 4, "the model's float32 weights"); !ok) return ok.error();
+
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace glint {
+
+/// The machine's physical memory, or the container's (cgroup) limit where
+/// that is smaller.
+uint64_t memory_limit_bytes();
+
+/// "24.0 GiB", "512 MiB", "3.1 TiB".
+std::string format_bytes(double bytes);
+
+/// resource_exhausted naming `what`, the bytes it needs and the limit when
+/// `bytes` exceeds memory_limit_bytes().
+Result<void> check_memory(double bytes, std::string_view what);
+
+}  // namespace glint

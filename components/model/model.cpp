@@ -121,6 +121,16 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
     auto before = at::ones({T, T}, at::kBool).tril(-1).unsqueeze(0);              // k < q
     p.positions = (same_seg.logical_and(before).to(at::kLong) * real.unsqueeze(1)).sum(2);
   }
+  // A position the model was not trained for: refused, not extrapolated.
+  if (auto beyond = (p.positions >= c.max_position_embeddings).logical_and(mask); beyond.any().item<bool>()) {
+    auto idx = beyond.nonzero()[0];
+    const int64_t r = idx[0].item<int64_t>(), s = idx[1].item<int64_t>();
+    return make_error(errc::invalid_argument,
+                      "row " + std::to_string(r) + " has a token at position " +
+                          std::to_string(p.positions[r][s].item<int64_t>()) +
+                          ", beyond the model's max_position_embeddings " + std::to_string(c.max_position_embeddings) +
+                          " (config.json); shorten the rows (the dataloader's max_length and truncation)");
+  }
 
   // Query i attends key j when j <= i, j is real, and both share a segment.
   auto causal = at::ones({T, T}, at::kBool).tril().unsqueeze(0);

@@ -400,6 +400,23 @@ TEST(Model, BadBatchesAreClearErrors) {
   EXPECT_TRUE(lm->forward({.input_ids = ids_of({{1, 999}}), .attention_mask = ids_of({{1, 0}})}));
 }
 
+TEST(Model, PositionsBeyondTheModelsAreRefusedNotExtrapolated) {
+  auto cfg = tiny(Architecture::qwen2);
+  cfg.max_position_embeddings = 4;
+  auto lm = CausalLM::init_random(cfg, 1);
+  ASSERT_TRUE(lm);
+  EXPECT_TRUE(lm->forward({.input_ids = ids_of({{1, 2, 3, 4}})}));
+  auto five = lm->forward({.input_ids = ids_of({{1, 2, 3, 4, 5}})});
+  ASSERT_FALSE(five);
+  EXPECT_NE(describe(five.error()).find("row 0 has a token at position 4, beyond the model's max_position_embeddings 4"),
+            std::string::npos)
+      << describe(five.error());
+  // Padding beyond is no position; packed segments count from 0 each.
+  EXPECT_TRUE(lm->forward({.input_ids = ids_of({{1, 2, 3, 4, 0}}), .attention_mask = ids_of({{1, 1, 1, 1, 0}})}));
+  EXPECT_TRUE(lm->forward({.input_ids = ids_of({{1, 2, 3, 4, 5, 6}}), .segment_ids = ids_of({{0, 0, 0, 1, 1, 1}})}));
+  EXPECT_FALSE(lm->forward({.input_ids = ids_of({{1, 2}}), .position_ids = ids_of({{0, 9}})}));
+}
+
 TEST(ModelConfigJson, ParsesHuggingFaceConfigs) {
   auto qwen2 = ModelConfig::parse(R"({"architectures":["Qwen2ForCausalLM"],"vocab_size":151936,"hidden_size":896,
     "intermediate_size":4864,"num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,

@@ -10,6 +10,10 @@ namespace glint::placement {
 
 namespace {
 
+// A group's ranks, and a device index: TOML integers are 64-bit, glint's
+// ranks int; 4294967297 must not become 1.
+constexpr int64_t kMaxGroupRanks = int64_t{1} << 16;
+
 std::string where(std::string_view source, const toml::node& n) {
   const auto& src = n.source();
   return std::string{source} + ":" + std::to_string(src.begin.line);
@@ -73,15 +77,20 @@ Result<JobConfig> JobConfig::parse(std::string_view text, std::string_view sourc
     auto* ranks = t->get("ranks");
     if (!ranks) return make_error(errc::invalid_argument, where(source, node) + ": group '" + *name + "' needs 'ranks'");
     if (auto n = ranks->value<int64_t>()) {
-      if (*n < 1)
+      if (*n < 1 || *n > kMaxGroupRanks)
         return make_error(errc::invalid_argument, where(source, *ranks) + ": group '" + *name + "' has " +
-                                                      std::to_string(*n) + " ranks; a group needs at least one");
+                                                      std::to_string(*n) + " ranks; a group has 1 to " +
+                                                      std::to_string(kMaxGroupRanks));
       req.group.count = static_cast<int>(*n);
     } else if (auto* list = ranks->as_array()) {
       for (auto& e : *list) {
         auto d = e.value<int64_t>();
-        if (!d || *d < 0)
-          return make_error(errc::invalid_argument, where(source, e) + ": device indices in 'ranks' must be integers >= 0");
+        if (!d || *d < 0 || *d >= kMaxGroupRanks)
+          return make_error(errc::invalid_argument, where(source, e) + ": device indices in 'ranks' must be integers from 0 to " +
+                                                        std::to_string(kMaxGroupRanks - 1));
+        if (list->size() > static_cast<size_t>(kMaxGroupRanks))
+          return make_error(errc::invalid_argument, where(source, *ranks) + ": more than " +
+                                                        std::to_string(kMaxGroupRanks) + " ranks");
         req.group.ranks.push_back(static_cast<int>(*d));
       }
     } else {

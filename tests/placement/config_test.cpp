@@ -41,7 +41,10 @@ TEST(JobConfig, BadInputGetsAnErrorWithFileAndLine) {
   expect_error("strategy = \"random\"\n", "unknown placement strategy 'random'");
   expect_error("[[group]]\nname = \"m\"\nrank = 2\n", "unknown group key 'rank'");
   expect_error("[[group]]\nranks = 2\n", "needs a non-empty 'name'");
-  expect_error("[[group]]\nname = \"m\"\nranks = [1, -1]\n", "integers >= 0");
+  expect_error("[[group]]\nname = \"m\"\nranks = [1, -1]\n", "integers from 0 to 65535");
+  // 64-bit TOML integers are not truncated into glint's int ranks (this was 1 rank).
+  expect_error("[[group]]\nname = \"m\"\nranks = 4294967297\n", "group 'm' has 4294967297 ranks; a group has 1 to 65536");
+  expect_error("[[group]]\nname = \"m\"\nranks = [0, 4294967296]\n", "integers from 0 to 65535");
 }
 
 TEST(JobConfig, MissingFileIsNotFound) {

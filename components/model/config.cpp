@@ -111,6 +111,22 @@ ModelConfig ModelConfig::make(Architecture a, int64_t vocab, int64_t hidden, int
   return c;
 }
 
+namespace {
+
+// eos_token_id as config.json and generation_config.json write it: a number,
+// a list of numbers, or absent / null (none).
+Result<std::vector<int64_t>> eos_ids_of(const json& j, const std::string& origin) {
+  auto e = j.find("eos_token_id");
+  if (e == j.end() || e->is_null()) return std::vector<int64_t>{};
+  if (e->is_number_integer()) return std::vector<int64_t>{e->get<int64_t>()};
+  if (e->is_array() && std::all_of(e->begin(), e->end(), [](const json& x) { return x.is_number_integer(); }))
+    return e->get<std::vector<int64_t>>();
+  return make_error(errc::invalid_argument, origin + ": field 'eos_token_id' should be an integer or a list of "
+                                                     "integers, not " + e->dump());
+}
+
+}  // namespace
+
 Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::string& origin) {
   json j;
   try {
@@ -182,16 +198,8 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
     if (auto w = j.find("sliding_window"); w != j.end() && w->is_null()) window_null = true;
   }
   if (auto b = j.find("bos_token_id"); b != j.end() && b->is_number_integer()) c.bos_token_id = b->get<int64_t>();
-  if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
-    if (e->is_number_integer()) {
-      c.eos_token_ids = {e->get<int64_t>()};
-    } else if (e->is_array() && std::all_of(e->begin(), e->end(), [](const json& x) { return x.is_number_integer(); })) {
-      c.eos_token_ids = e->get<std::vector<int64_t>>();
-    } else {
-      return make_error(errc::invalid_argument, origin + ": field 'eos_token_id' should be an integer or a list of "
-                                                         "integers, not " + e->dump());
-    }
-  }
+  if (auto ids = eos_ids_of(j, origin); !ids) return ids.error();
+  else c.eos_token_ids = std::move(*ids);
   if (err) return err;
   for (auto* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
     if (!j.contains(key)) return make_error(errc::invalid_argument, origin + " lacks the field '" + key + "'");
@@ -349,16 +357,9 @@ Result<ModelConfig> ModelConfig::load(const std::string& path) {
   try {
     auto g = json::parse(*gen_text);
     if (!g.is_object()) return make_error(errc::invalid_argument, gen_path + " is not a JSON object");
-    std::vector<int64_t> ids;
-    if (auto e = g.find("eos_token_id"); e != g.end() && !e->is_null()) {
-      if (e->is_number_integer()) ids = {e->get<int64_t>()};
-      else if (e->is_array() && std::all_of(e->begin(), e->end(), [](const json& x) { return x.is_number_integer(); }))
-        ids = e->get<std::vector<int64_t>>();
-      else
-        return make_error(errc::invalid_argument,
-                          gen_path + ": eos_token_id should be an integer or a list of integers, not " + e->dump());
-    }
-    for (auto id : ids) {
+    auto ids = eos_ids_of(g, gen_path);
+    if (!ids) return ids.error();
+    for (auto id : *ids) {
       if (id < 0 || id >= c->vocab_size)
         return make_error(errc::invalid_argument, gen_path + ": eos_token_id " + std::to_string(id) +
                                                       " is outside the vocabulary (vocab_size " +

@@ -3,13 +3,11 @@
 #include "components/checkpoint/atomic_dir.hpp"
 #include "components/store/index.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/file.hpp"
 #include "runtime/log.hpp"
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace glint::actors {
@@ -19,39 +17,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kState = "trainer_state.json";
-
-nlohmann::json to_json(const TrainerState& s) {
-  return {{"step", s.step},
-          {"consumed_samples", s.consumed_samples},
-          {"gradient_accumulation", s.gradient_accumulation},
-          {"seed", s.seed},
-          {"phase", s.phase},
-          {"loader", {{"seed", s.loader.seed}, {"epoch", s.loader.epoch}, {"position", s.loader.position}}},
-          {"metrics", s.metrics},
-          {"train_configs", s.train_configs}};
-}
-
-Result<TrainerState> from_json(const std::string& path) {
-  std::ifstream in{path};
-  if (!in) return make_error(errc::not_found, "cannot read " + path);
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return make_error(errc::invalid_argument, path + " is not a trainer state");
-  try {
-    TrainerState s;
-    s.step = j.at("step").get<int64_t>();
-    s.consumed_samples = j.value("consumed_samples", int64_t{0});
-    s.gradient_accumulation = j.value("gradient_accumulation", int64_t{1});
-    s.seed = j.value("seed", uint64_t{0});
-    s.phase = j.value("phase", std::string{});
-    const auto& l = j.at("loader");
-    s.loader = {l.at("seed").get<uint64_t>(), l.at("epoch").get<int64_t>(), l.at("position").get<int64_t>()};
-    s.metrics = j.value("metrics", std::map<std::string, double>{});
-    s.train_configs = j.value("train_configs", std::string{});
-    return s;
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(errc::invalid_argument, path + " lacks a field: " + e.what());
-  }
-}
 
 constexpr const char* kResetMarker = ".reset";
 
@@ -73,16 +38,17 @@ std::vector<std::string> checkpoint_dirs(const std::string& run_dir) {
 Result<components::CheckpointRecord> describe_dir(const std::string& run, const std::string& name,
                                                   const std::string& dir) {
   if (auto ok = components::verify_dir(dir, components::Verify::sizes); !ok) return ok.error();
-  std::ifstream in{dir + "/" + kState};
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
-    return make_error(errc::invalid_argument, dir + "/" + kState + " is missing or holds no step");
+  const auto path = dir + "/" + kState;
+  auto text = read_text_file(path);
+  if (!text) return make_error(errc::invalid_argument, path + " is missing");
+  auto c = parse_checkpoint_summary(*text, path);
+  if (!c) return c.error();
   return components::CheckpointRecord{.run = run,
                                       .name = name,
                                       .path = dir,
-                                      .step = j["step"].get<int64_t>(),
-                                      .created_ms = j.value("saved_ms", int64_t{0}),
-                                      .summary = j.value("summary", std::string{})};
+                                      .step = c->step,
+                                      .created_ms = c->saved_ms,
+                                      .summary = std::move(c->summary)};
 }
 
 // Indexes the whole checkpoint directories of `run_dir` that `known` lacks,
@@ -342,10 +308,7 @@ Result<std::string> Checkpointer::save(const std::string& name, const ModelGroup
     state.train_configs = *cfg;
   // The directory describes itself: step, summary and time let repair() and
   // open() index it without the index.
-  auto state_json = to_json(state);
-  state_json["summary"] = summary;
-  state_json["saved_ms"] = real_clock().unix_ms();
-  if (auto ok = dir->write_file(kState, state_json.dump(2)); !ok)
+  if (auto ok = dir->write_file(kState, trainer_state_json(state, summary, real_clock().unix_ms())); !ok)
     return with_context(ok.error(), "saving checkpoint " + name);
   if (auto ok = dir->commit(); !ok) return with_context(ok.error(), "saving checkpoint " + name);
   if (auto ok = index_->add_checkpoint({.run = run_, .name = name, .path = dir->final_path(), .step = state.step,
@@ -379,7 +342,9 @@ Result<std::optional<TrainerState>> Checkpointer::resume(const ModelGroup& model
                                              (names.empty() ? std::string{"none"} : names) + ")");
   }
   if (auto ok = components::verify_dir(path); !ok) return with_context(ok.error(), "resuming from " + path);
-  auto state = from_json(path + "/" + kState);
+  auto state_text = read_text_file(path + "/" + kState);
+  if (!state_text) return state_text.error();
+  auto state = parse_trainer_state(*state_text, path + "/" + kState);
   if (!state) return state.error();
   auto loaded = model.load({.dir = path + "/model", .with_optimizer = true}).get();
   if (!loaded) return with_context(loaded.error(), "resuming from " + path);

@@ -41,6 +41,7 @@
 
 #include "actors/dataloader_group.hpp"
 #include "actors/model_group.hpp"
+#include "actors/trainer_state.hpp"
 
 #include <map>
 #include <memory>
@@ -53,17 +54,6 @@ class RunIndex;
 }
 
 namespace glint::actors {
-
-struct TrainerState {
-  int64_t step = 0;                    ///< optimizer steps the loop has taken
-  int64_t consumed_samples = 0;
-  int64_t gradient_accumulation = 1;
-  uint64_t seed = 0;                   ///< the driver's seed; with step, it seeds each step's draws
-  std::string phase{};                 ///< the loop's own label ("sft", "grpo")
-  LoaderState loader{};                ///< filled in by save from the dataloader given
-  std::map<std::string, double> metrics{};
-  std::string train_configs{};         ///< filled in by save: the model's configs for the adapter (JSON)
-};
 
 /// What Checkpointer::open found and mended (names of checkpoints).
 struct ReconcileReport {

@@ -20,6 +20,7 @@ packages=(
   libpcre2-dev libcpp-httplib-dev
   libicu-dev                      # Unicode normalisation for tokenizer normalizers
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-dev           # libFuzzer and sanitizers for the parser fuzzers (fuzz/)
 )
 
 missing=()

@@ -1,10 +1,13 @@
 #include "components/checkpoint/atomic_dir.hpp"
 
+#include "runtime/file.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -119,27 +122,54 @@ Result<void> AtomicDir::commit() {
   return fs_->sync_dir(parent.empty() ? "." : parent.string());
 }
 
-Result<void> verify_dir(const std::string& dir, Verify how) {
-  std::ifstream in{dir + "/" + kManifest};
-  if (!in) return make_error(errc::not_found, dir + " has no " + kManifest + ": not a complete checkpoint");
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.contains("files") || !j["files"].is_object())
-    return make_error(errc::invalid_argument, dir + "/" + kManifest + " is damaged");
+Result<std::vector<ManifestEntry>> parse_manifest(std::string_view text, const std::string& origin) {
+  auto damaged = [&](const std::string& why) {
+    return make_error(errc::invalid_argument, origin + " is damaged: " + why);
+  };
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return damaged("not JSON");
+  if (!j.is_object() || !j.contains("files") || !j["files"].is_object()) return damaged("no \"files\" object");
+  std::vector<ManifestEntry> out;
   for (const auto& [rel, want] : j["files"].items()) {
+    // The manifest names files below its own directory, as commit writes
+    // them: never one elsewhere that verify_dir would read.
+    const fs::path p{rel};
+    if (rel.empty() || p.is_absolute() || std::any_of(p.begin(), p.end(), [](const fs::path& part) {
+          return part.empty() || part == "." || part == "..";
+        }))
+      return damaged("it lists '" + rel + "', which is not a path below the directory");
+    auto bytes = want.is_object() ? want.find("bytes") : want.end();
+    auto hash = want.is_object() ? want.find("fnv1a") : want.end();
+    if (!want.is_object() || bytes == want.end() || !bytes->is_number_unsigned() || hash == want.end() ||
+        !hash->is_string())
+      return damaged("the entry of " + rel + " is " + want.dump() + ", not {\"bytes\": n, \"fnv1a\": \"hash\"}");
+    out.push_back({rel, bytes->get<uint64_t>(), hash->get<std::string>()});
+  }
+  return out;
+}
+
+Result<void> verify_dir(const std::string& dir, Verify how) {
+  const auto path = dir + "/" + kManifest;
+  auto text = read_text_file(path);
+  if (!text) return make_error(errc::not_found, dir + " has no " + kManifest + ": not a complete checkpoint");
+  auto files = parse_manifest(*text, path);
+  if (!files) return files.error();
+  for (const auto& want : *files) {
+    const auto file = dir + "/" + want.path;
     if (how == Verify::sizes) {
       std::error_code ec;
-      auto size = fs::file_size(dir + "/" + rel, ec);
-      if (ec) return make_error(errc::not_found, dir + " lacks " + rel + ", which its manifest lists");
-      if (size != want.value("bytes", uint64_t{0}))
-        return make_error(errc::invalid_argument, dir + "/" + rel + " differs from its manifest (" +
-                                                      std::to_string(size) + " bytes; changed or truncated)");
+      auto size = fs::file_size(file, ec);
+      if (ec) return make_error(errc::not_found, dir + " lacks " + want.path + ", which its manifest lists");
+      if (size != want.bytes)
+        return make_error(errc::invalid_argument, file + " differs from its manifest (" + std::to_string(size) +
+                                                      " bytes; changed or truncated)");
       continue;
     }
-    auto d = digest(dir + "/" + rel);
-    if (!d) return make_error(errc::not_found, dir + " lacks " + rel + ", which its manifest lists");
-    if (d->first != want.value("bytes", uint64_t{0}) || hex(d->second) != want.value("fnv1a", std::string{}))
-      return make_error(errc::invalid_argument, dir + "/" + rel + " differs from its manifest (" +
-                                                    std::to_string(d->first) + " bytes; changed or truncated)");
+    auto d = digest(file);
+    if (!d) return make_error(errc::not_found, dir + " lacks " + want.path + ", which its manifest lists");
+    if (d->first != want.bytes || hex(d->second) != want.fnv1a)
+      return make_error(errc::invalid_argument, file + " differs from its manifest (" + std::to_string(d->first) +
+                                                    " bytes; changed or truncated)");
   }
   return {};
 }

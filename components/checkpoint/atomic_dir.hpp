@@ -17,7 +17,10 @@
 #include "components/checkpoint/file_system.hpp"
 #include "runtime/error.hpp"
 
+#include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace glint::components {
 
@@ -46,6 +49,19 @@ private:
   std::string tmp_, final_;
   bool done_ = false;
 };
+
+/// One file a committed directory's manifest.json lists.
+struct ManifestEntry {
+  std::string path;   ///< relative to the directory
+  uint64_t bytes = 0;
+  std::string fnv1a;  ///< FNV-1a 64 of the bytes, 16 hex digits
+};
+
+/// Parses the text of a manifest.json; `origin` names it in errors.
+/// Error (invalid_argument): not JSON, no "files" object, an entry that is
+/// not {"bytes": n, "fnv1a": "..."}, or a path that is not a file below
+/// the directory (empty, absolute, or with a ".", ".." or empty part).
+Result<std::vector<ManifestEntry>> parse_manifest(std::string_view text, const std::string& origin);
 
 /// How much verify_dir reads.
 enum class Verify : uint8_t {

@@ -79,27 +79,35 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   if (map->size > 0) map->addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map->size > 0 && map->addr == MAP_FAILED) return io_error("cannot map", path);
+  std::span<std::byte> bytes;
+  if (map->size > 0) bytes = {static_cast<std::byte*>(map->addr), map->size};
+  return parse(bytes, std::move(map), path);
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse(std::span<std::byte> bytes, std::shared_ptr<void> owner,
+                                               const std::string& path) {
   auto bad = [&](const std::string& why) {
     return make_error(errc::invalid_argument, path + " is not a valid safetensors file: " + why);
   };
-  if (map->size < 8) return bad("it has " + std::to_string(map->size) + " bytes, fewer than the 8-byte header length");
-  auto* bytes = static_cast<const std::byte*>(map->addr);
+  const size_t size = bytes.size();
+  if (size < 8) return bad("it has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-  if (header_len > map->size - 8)
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
+  if (header_len > size - 8)
     return bad("the header claims " + std::to_string(header_len) + " bytes but the file has " +
-               std::to_string(map->size - 8) + " after the length (truncated?)");
+               std::to_string(size - 8) + " after the length (truncated?)");
+  const auto* text = reinterpret_cast<const char*>(bytes.data() + 8);
   json header;
   try {
-    header = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + header_len));
-  } catch (const json::parse_error& e) {
+    header = json::parse(text, text + header_len);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     return bad(std::string{"the header is not valid JSON: "} + e.what());
   }
   if (!header.is_object()) return bad("the header is not a JSON object");
   SafetensorsFile f;
   f.path_ = path;
-  f.data_ = bytes + 8 + header_len;
-  uint64_t data_size = map->size - 8 - header_len;
+  f.data_ = bytes.data() + 8 + header_len;
+  uint64_t data_size = size - 8 - header_len;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
@@ -144,7 +152,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second) return bad("two tensors' data_offsets overlap");
-  f.mapping_ = std::move(map);
+  f.mapping_ = std::move(owner);
   return f;
 }
 
@@ -369,7 +377,7 @@ Result<std::map<std::string, Tensor>> load_safetensors_dir(const std::string& di
     json j;
     try {
       j = json::parse(in);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
       return make_error(errc::invalid_argument, index.string() + " is not valid JSON: " + e.what());
     }
     if (!j.contains("weight_map") || !j["weight_map"].is_object())

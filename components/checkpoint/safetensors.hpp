@@ -19,6 +19,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,12 @@ using glint::NamedTensors;
 class SafetensorsFile {
 public:
   static Result<SafetensorsFile> open(const std::string& path);
+  /// A safetensors file held in memory, checked as open() checks a file:
+  /// `bytes` is the whole file, kept alive by `owner`; tensors from get()
+  /// view it (and may be written in place). `origin` names it in errors.
+  /// open() maps the file and calls this.
+  static Result<SafetensorsFile> parse(std::span<std::byte> bytes, std::shared_ptr<void> owner,
+                                       const std::string& origin);
 
   const std::string& path() const { return path_; }
   /// Tensor names, sorted.

@@ -19,6 +19,7 @@ constexpr int kLoggedPerReason = 3;
 
 std::string scalar_text(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());  // past int64: not as a negative
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_number()) return v.dump();
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
@@ -81,6 +82,10 @@ void Dataset::skip(const std::string& reason, const std::string& origin, const s
 Result<Dataset> Dataset::load(const DatasetMeta& meta) {
   std::ifstream in{meta.path, std::ios::binary};
   if (!in) return make_error(errc::not_found, "cannot read dataset " + meta.path + " (does it exist, and may we read it?)");
+  return parse(in, meta);
+}
+
+Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
   if (meta.slice_begin < 0 || (meta.slice_end >= 0 && meta.slice_end < meta.slice_begin))
     return make_error(errc::invalid_argument, "data slice [" + std::to_string(meta.slice_begin) + ", " +
                                                   std::to_string(meta.slice_end) + ") of " + meta.path + " is empty or negative");

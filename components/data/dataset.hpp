@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <span>
@@ -77,6 +78,10 @@ struct EncodeOptions {
 class Dataset {
 public:
   static Result<Dataset> load(const DatasetMeta& meta);
+  /// Rows read from `in` as load() reads the file meta.path, whose name
+  /// still picks the format (.jsonl or JSON) and names rows in logs; load()
+  /// opens the file and calls this.
+  static Result<Dataset> parse(std::istream& in, const DatasetMeta& meta);
   static Dataset from_rows(std::vector<Row> rows, std::string name = "rows");
 
   size_t size() const { return rows_.size(); }

@@ -50,10 +50,16 @@ Result<std::string> decode_byte_level(const std::string& token, const std::array
   return out;
 }
 
+int hex_digit(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
 std::string decode_metaspace(const std::string& token) {
-  // <0x0A>: a byte-fallback token.
-  if (token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>')
-    return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+  // <0x0A>: a byte-fallback token. "<0xZZ>" is not one, just text (std::stoi
+  // threw on it, out of parse: found by fuzzing).
+  if (token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>' && hex_digit(token[3]) >= 0 &&
+      hex_digit(token[4]) >= 0)
+    return std::string(1, static_cast<char>(hex_digit(token[3]) * 16 + hex_digit(token[4])));
   std::string out;
   static const std::string meta = "\xe2\x96\x81";  // U+2581
   for (size_t i = 0; i < token.size();) {
@@ -444,7 +450,14 @@ Result<Tokenizer> Tokenizer::parse_vocabulary(const std::string& text, const std
       const std::string field = "added_tokens[" + std::to_string(i) + "]";
       if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
         return make_error(errc::invalid_argument, origin + ": " + field + " " + show(a) + " has no string content");
-      AddedEntry e{field, a["content"].get<std::string>(), a.at("id").get<int64_t>(), false, false, false, false, false};
+      // An integer: a float id (1e300) has no int64 (undefined behaviour
+      // in the conversion, found by fuzzing), and 3.5 is no id either.
+      auto id = a.find("id");
+      if (id == a.end() || !id->is_number_integer())
+        return make_error(errc::invalid_argument, origin + ": " + field + ".id " +
+                                                      (id == a.end() ? std::string{"(missing)"} : show(*id)) +
+                                                      " is not an integer");
+      AddedEntry e{field, a["content"].get<std::string>(), id->get<int64_t>(), false, false, false, false, false};
       auto special = flag(a, "special", false, field, origin);
       if (!special) return special.error();
       e.special = *special;

@@ -131,7 +131,7 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     return make_error(errc::invalid_argument, origin + " is not valid JSON: " + e.what());
   }
   if (!j.is_object()) return make_error(errc::invalid_argument, origin + " should hold a JSON object");
@@ -263,9 +263,13 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
     if (auto t = scaling->find("rope_type"); t != scaling->end() && t->is_string()) type = t->get<std::string>();
     else if (auto t2 = scaling->find("type"); t2 != scaling->end() && t2->is_string()) type = t2->get<std::string>();
     auto number = [&](const char* key, auto& out) -> caf::error {
+      // An integer field takes integers only: a float outside int64's
+      // range has no conversion (undefined behaviour, found by fuzzing).
+      constexpr bool integral = std::is_integral_v<std::remove_reference_t<decltype(out)>>;
       auto f = scaling->find(key);
-      if (f == scaling->end() || !f->is_number())
-        return refuse("field '" + scaling_field + "." + key + "' of rope type " + type + " should be a number, not " +
+      if (f == scaling->end() || !(integral ? f->is_number_integer() : f->is_number()))
+        return refuse("field '" + scaling_field + "." + key + "' of rope type " + type + " should be " +
+                      (integral ? "an integer" : "a number") + ", not " +
                       (f == scaling->end() ? std::string{"absent"} : f->dump()));
       out = f->template get<std::remove_reference_t<decltype(out)>>();
       return caf::none;

@@ -73,6 +73,21 @@ TEST(Dataset, JsonArraysLoadAndOtherJsonIsAnError) {
   EXPECT_NE(describe(missing.error()).find("/nonexistent/data.jsonl"), std::string::npos);
 }
 
+// Found while writing fuzz/targets/dataset.cpp: an integer field past
+// int64 (a JSON id, 12345678901234567890) was kept as the negative number
+// its bits make. Dataset::parse reads from a stream, as the fuzz target does.
+TEST(Dataset, IntegerFieldsKeepTheirDigitsAndParseReadsAStream) {
+  std::istringstream in{R"({"id": 12345678901234567890, "n": -3, "x": 1.5, "ok": true})" "\n"};
+  auto ds = Dataset::parse(in, meta("rows.jsonl"));
+  ASSERT_TRUE(ds) << describe(ds.error());
+  ASSERT_EQ(ds->size(), 1u);
+  EXPECT_EQ(ds->row(0).fields.at("id"), "12345678901234567890");
+  EXPECT_EQ(ds->row(0).fields.at("n"), "-3");
+  EXPECT_EQ(ds->row(0).fields.at("x"), "1.5");
+  EXPECT_EQ(ds->row(0).fields.at("ok"), "true");
+  EXPECT_EQ(ds->row(0).origin, "rows.jsonl:1");
+}
+
 TEST(Dataset, SliceSelfCognitionAndEncode) {
   auto path = write("rows.jsonl", kRows);
   auto m = meta(path);

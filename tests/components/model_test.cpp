@@ -473,6 +473,27 @@ TEST(ModelConfigJson, BadConfigsNameTheField) {
   EXPECT_EQ(code_of(missing.error()), errc::not_found);
 }
 
+// Found by fuzz/targets/model_config.cpp: nlohmann throws out_of_range, not
+// parse_error, for a number past a double (1e999), which went past the catch
+// to std::terminate; and a float where the rope scaling wants an integer
+// (1e300) was converted to int64 with undefined behaviour.
+TEST(ModelConfigJson, ANumberPastADoubleOrAFloatForAnIntegerIsAnError) {
+  const std::string base = R"("architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,)"
+                           R"("intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2)";
+  auto huge = ModelConfig::parse("{" + base + R"(,"rope_theta":1e999})", "cfg.json");
+  ASSERT_FALSE(huge);
+  EXPECT_EQ(code_of(huge.error()), errc::invalid_argument);
+  EXPECT_NE(describe(huge.error()).find("not valid JSON"), std::string::npos) << describe(huge.error());
+  auto fractional = ModelConfig::parse(
+      "{" + base + R"(,"rope_scaling":{"rope_type":"llama3","factor":8,"low_freq_factor":1,"high_freq_factor":4,)"
+                   R"("original_max_position_embeddings":1e300}})",
+      "cfg.json");
+  ASSERT_FALSE(fractional);
+  EXPECT_NE(describe(fractional.error()).find("original_max_position_embeddings' of rope type llama3 should be an integer"),
+            std::string::npos)
+      << describe(fractional.error());
+}
+
 // Current transformers writes rope_parameters and dtype; glint read neither
 // and fell back to rope_theta 10000 and float32.
 TEST(ModelConfigJson, ReadsCurrentTransformersSpellings) {

@@ -114,6 +114,24 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
   EXPECT_EQ(code_of(none.error()), errc::not_found);
 }
 
+// Found by fuzz/targets/safetensors.cpp: nlohmann throws out_of_range, not
+// parse_error, for a number beyond a double, which only parse_error's catch
+// let through to std::terminate.
+TEST(Safetensors, ANumberBeyondADoubleInAHeaderOrIndexIsAnErrorNotACrash) {
+  auto dir = glint::testing::fresh_dir("st-overflow");
+  write_raw(dir + "/model.safetensors", R"({"__metadata__": {"n": 1e999}})", "");
+  auto f = SafetensorsFile::open(dir + "/model.safetensors");
+  ASSERT_FALSE(f);
+  EXPECT_EQ(code_of(f.error()), errc::invalid_argument);
+  EXPECT_NE(describe(f.error()).find("not valid JSON"), std::string::npos) << describe(f.error());
+  fs::remove(dir + "/model.safetensors");
+  std::ofstream{dir + "/model.safetensors.index.json"} << R"({"metadata": {"total_size": 1e999}, "weight_map": {}})";
+  auto all = load_safetensors_dir(dir);
+  ASSERT_FALSE(all);
+  EXPECT_EQ(code_of(all.error()), errc::invalid_argument);
+  EXPECT_NE(describe(all.error()).find("not valid JSON"), std::string::npos) << describe(all.error());
+}
+
 TEST(Safetensors, LoadsAShardedDirectoryAndChecksItsIndex) {
   auto dir = glint::testing::fresh_dir("st-sharded");
   ASSERT_TRUE(write_safetensors(dir + "/model-00001-of-00002.safetensors",

@@ -126,6 +126,34 @@ TEST(Tokenizer, BadFilesAndUnsupportedKindsAreClearErrors) {
   EXPECT_NE(describe(e.error()).find("byte-level"), std::string::npos);
 }
 
+// Found by fuzz/targets/tokenizer.cpp: an added token's "id" was converted
+// with get<int64_t>() whatever its type: 1e300 is undefined behaviour, 3.5
+// became 3.
+TEST(Tokenizer, AnAddedTokenIdThatIsNotAnIntegerIsRefused) {
+  for (auto [id, shown] : {std::pair{"1e300", "1e+300"}, {"3.5", "3.5"}, {"\"7\"", "'7'"}}) {
+    auto j = bpe_tokenizer(merges, {}, byte_level_pre);
+    j["added_tokens"] = nlohmann::json::array();
+    j["added_tokens"].push_back({{"content", "<x>"}, {"special", true}, {"id", nlohmann::json::parse(id)}});
+    auto t = Tokenizer::parse(j.dump(), "t.json");
+    ASSERT_FALSE(t) << id;
+    EXPECT_EQ(code_of(t.error()), errc::invalid_argument);
+    EXPECT_NE(describe(t.error()).find("added_tokens[0].id " + std::string{shown} + " is not an integer"),
+              std::string::npos)
+        << describe(t.error());
+  }
+}
+
+// Found by fuzz/targets/tokenizer.cpp (and its corpus keeps the input): a
+// SentencePiece token shaped like a byte-fallback token but not hex made
+// std::stoi throw out of Tokenizer::parse.
+TEST(Tokenizer, ATokenLikeAByteFallbackTokenButNotHexIsText) {
+  nlohmann::json sp = {{"model", {{"type", "BPE"}, {"vocab", {{"<0xZZ>", 0}, {"<0x-1>", 1}, {"<0x4a>", 2}}}}},
+                       {"decoder", {{"type", "Metaspace"}}}};
+  auto t = Tokenizer::parse(sp.dump());
+  ASSERT_TRUE(t) << describe(t.error());
+  EXPECT_EQ(t->decode(std::vector<int64_t>{0, 1, 2}), "<0xZZ><0x-1>J");
+}
+
 
 // --- normalizers and added-token flags ------------------------------------
 

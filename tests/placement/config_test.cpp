@@ -45,6 +45,37 @@ TEST(JobConfig, BadInputGetsAnErrorWithFileAndLine) {
   // 64-bit TOML integers are not truncated into glint's int ranks (this was 1 rank).
   expect_error("[[group]]\nname = \"m\"\nranks = 4294967297\n", "group 'm' has 4294967297 ranks; a group has 1 to 65536");
   expect_error("[[group]]\nname = \"m\"\nranks = [0, 4294967296]\n", "integers from 0 to 65535");
+  // Floats are no counts: 1.1e29 had no int64 (undefined behaviour in toml++'s conversion, found by fuzzing).
+  expect_error("[[group]]\nname = \"m\"\nranks = 1.1e29\n", "'ranks' must be a count or a list");
+  expect_error("[[group]]\nname = \"m\"\nranks = [1e30]\n", "integers from 0 to 65535");
+}
+
+// Found by fuzz/targets/job_toml.cpp: toml++ 3.3.0 reaches
+// __builtin_unreachable (undefined behaviour) on some non-ASCII characters
+// (U+00A1 to U+0499 among them) where it tests for whitespace, outside
+// strings and comments. glint refuses non-ASCII text there (TOML does too)
+// before toml++ sees it, and keeps it in strings and comments.
+TEST(JobConfig, NonAsciiOutsideStringsIsRefusedBeforeParsing) {
+  expect_error("[[group]]\nname = \"m\"\nranks = 1 \xc3\xa9\n", "job.toml:3: a non-ASCII character (byte 0xC3)");
+  expect_error("\n\xef\xba\xbf = 1\n", "job.toml:2: a non-ASCII character (byte 0xEF)");
+  expect_error("a = \"x\" \xc5\x9b\n", "job.toml:1: a non-ASCII character");
+  expect_error("a = \"\"\"x\"\"\"\"\" \xc5\x9b\n", "job.toml:1: a non-ASCII character");  // closed by 5 quotes
+  expect_error("a = '''x'''\xc5\x9b\n", "job.toml:1: a non-ASCII character");
+  expect_error("a = \"x\\\"\"\xc5\x9b\n", "job.toml:1: a non-ASCII character");  // after an escaped quote
+  // A quote inside a bare value or key opens no string for toml++, so none here either.
+  expect_error("sb=5\"s\xef\xba\xbf@\n", "job.toml:1: a non-ASCII character (byte 0xEF)");
+  expect_error("a = 1.\"\xc3\xa9\"\n", "job.toml:1: a non-ASCII character (byte 0xC3)");
+  expect_error("a\"\xc3\xa9\" = 1\n", "job.toml:1: a non-ASCII character (byte 0xC3)");
+  // After a backslash in a string toml++ tests for whitespace as well.
+  expect_error("a = \"\"\"x \\\n  \xc3\xa9\"\"\"\n", "job.toml:2: a non-ASCII character (byte 0xC3)");
+  expect_error("a = \"\\\xc3\xa9\"\n", "job.toml:1: a non-ASCII character (byte 0xC3)");
+  // In strings and comments, any character: names and paths in any language.
+  auto ok = JobConfig::parse("# caf\xc3\xa9 \xe6\xa8\xa1\xe5\x9e\x8b\n[[group]]\nname = \"model\xc5\x9b\"\nranks = 1\n"
+                             "[[group]]\nname = '\xd0\x9f\xd1\x80'\nranks = 1\n",
+                             "job.toml");
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(ok->groups.at(0).group.name, "model\xc5\x9b");
+  EXPECT_EQ(ok->groups.at(1).group.name, "\xd0\x9f\xd1\x80");
 }
 
 TEST(JobConfig, MissingFileIsNotFound) {

@@ -1,0 +1,282 @@
+// Writes the seed corpus of every fuzz target under DIR/<target>/ (usage:
+// fuzz_seeds DIR; scripts/fuzz.sh --seeds runs it into fuzz/corpus): small
+// valid inputs made by glint's own writers (train_bpe, ModelConfig::to_json,
+// LoraConfig::to_json, write_safetensors, AtomicDir::commit,
+// trainer_state_json, save_jsonl) or the tree's test data, and near-valid
+// variants of them. Nothing is downloaded. Names are the content's FNV-1a
+// hash, so running it again adds only what changed.
+#include "common.hpp"
+
+#include "actors/trainer_state.hpp"
+#include "components/checkpoint/atomic_dir.hpp"
+#include "components/checkpoint/safetensors.hpp"
+#include "components/data/bpe_trainer.hpp"
+#include "components/data/dataset.hpp"
+#include "components/model/config.hpp"
+#include "components/model/lora_config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace glint;
+using namespace glint::components;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+fs::path g_root;
+
+std::string read(const fs::path& p) {
+  std::ifstream in{p, std::ios::binary};
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void seed(const std::string& target, const std::string& bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ULL;
+  char name[32];
+  std::snprintf(name, sizeof name, "seed-%016llx", static_cast<unsigned long long>(h));
+  fs::create_directories(g_root / target);
+  std::ofstream{g_root / target / name, std::ios::binary} << bytes;
+}
+
+template <class T>
+T ok(Result<T> r, const char* what) {
+  if (!r) fuzz::fail(std::string{what} + ": " + describe(r.error()));
+  return std::move(*r);
+}
+void ok(Result<void> r, const char* what) {
+  if (!r) fuzz::fail(std::string{what} + ": " + describe(r.error()));
+}
+
+void safetensors_seeds(const fs::path& tmp) {
+  auto f32 = ok(Tensor::from_values(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}), "f32");
+  auto i64 = ok(Tensor::from_values(std::vector<int64_t>{7}, {1}), "i64");
+  auto u8 = ok(Tensor::from_values(std::vector<uint8_t>{1, 2, 3}, {3}), "u8");
+  auto bf16 = ok(Tensor::zeros(Dtype::bf16, {2, 0}), "bf16");
+  auto i32 = ok(Tensor::zeros(Dtype::i32, {1, 1, 2}), "i32");
+  const auto path = (tmp / "t.safetensors").string();
+  for (const auto& [tensors, meta] :
+       std::vector<std::pair<NamedTensors, std::map<std::string, std::string>>>{
+           {{{"model.embed_tokens.weight", f32}, {"step", i64}}, {{"format", "pt"}}},
+           {{{"a", u8}, {"b", bf16}, {"c", i32}}, {}},
+           {{}, {}}}) {
+    ok(write_safetensors(path, tensors, meta), "write_safetensors");
+    auto bytes = read(path);
+    seed("safetensors", bytes);
+    seed("safetensors", bytes.substr(0, bytes.size() - 1));  // truncated
+  }
+  // An unpadded header: tensors misaligned, read by copy.
+  std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>(header.size() >> (8 * i));
+  seed("safetensors", file + header + std::string(8, '\x01'));
+}
+
+void model_config_seeds() {
+  auto llama = ModelConfig::make(Architecture::llama, 512, 64, 128, 2, 4, 2);
+  llama.eos_token_ids = {2, 3};
+  llama.bos_token_id = 1;
+  llama.rope_scaling = {RopeScaling::Type::llama3, 8.0, 1.0, 4.0, 8192};
+  llama.dtype = Dtype::bf16;
+  seed("model_config", llama.to_json());
+  auto qwen2 = ModelConfig::make(Architecture::qwen2, 300, 32, 64, 4, 4, 1);
+  qwen2.sliding_window = 64;
+  qwen2.sliding_layers = {false, false, true, true};
+  qwen2.tie_word_embeddings = true;
+  qwen2.hidden_act = Activation::gelu_tanh;
+  seed("model_config", qwen2.to_json());
+  auto qwen3 = ModelConfig::make(Architecture::qwen3, 1000, 64, 96, 1, 2, 2, 32);
+  qwen3.rope_scaling = {RopeScaling::Type::linear, 2.0};
+  qwen3.extra_json = R"({"use_cache": true, "transformers_version": "4.51.0"})";
+  seed("model_config", qwen3.to_json());
+  // The field spellings to_json does not write, and a few refusals.
+  seed("model_config", R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    "use_sliding_window": true, "sliding_window": null, "max_window_layers": 1, "eos_token_id": 3})");
+  seed("model_config", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+    "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_act": "swish",
+    "attention_dropout": 0.1, "quantization_config": {"bits": 4}})");
+  seed("model_config", R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10})");
+}
+
+void tokenizer_seeds() {
+  const auto& base = fuzz::chat_tokenizer_json();
+  seed("tokenizer", base);
+  auto j = json::parse(base);
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers",
+                      {{{"type", "NFKC"}},
+                       {{"type", "Lowercase"}},
+                       {{"type", "Strip"}, {"strip_left", true}, {"strip_right", false}},
+                       {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xe2\x96\x81"}},
+                       {{"type", "Replace"}, {"pattern", {{"Regex", "\\d+"}}}, {"content", "0"}},
+                       {{"type", "Prepend"}, {"prepend", "\xe2\x96\x81"}}}}};
+  j["added_tokens"].push_back({{"id", 400}, {"content", "hello"}, {"special", false}, {"normalized", true},
+                               {"lstrip", true}, {"rstrip", true}, {"single_word", true}});
+  seed("tokenizer", j.dump());
+  j = json::parse(base);
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"String", "\n"}}}, {"behavior", "Isolated"}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}}}};
+  j["model"]["ignore_merges"] = true;
+  j["model"]["unk_token"] = "<|endoftext|>";
+  j["model"]["fuse_unk"] = true;
+  j["model"]["dropout"] = 0.1;
+  seed("tokenizer", j.dump());
+  // A SentencePiece-style vocabulary (decode only), with byte fallback.
+  seed("tokenizer", R"({"model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+    "vocab": {"<unk>": 0, "<0x0A>": 1, "<0x41>": 2, "\u2581a": 3, "b": 4, "\u2581ab": 5},
+    "merges": [["\u2581a", "b"]]}, "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]},
+    "added_tokens": [{"id": 6, "content": "</s>", "special": true}]})");
+  // A tiny byte-level one with merges as strings.
+  seed("tokenizer", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120a": 4},
+    "merges": ["a b", "\u0120 a"]}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
+    "added_tokens": [{"id": 5, "content": "<s>", "special": true, "normalized": false}]})");
+}
+
+const char* kChatml =
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+void tokenizer_config_seeds(const fs::path& tmp) {
+  ok(save_chatml_tokenizer((tmp / "tok").string(), fuzz::chat_tokenizer_json()), "save_chatml_tokenizer");
+  seed("tokenizer_config", read(tmp / "tok" / "tokenizer_config.json"));
+  json j = {{"bos_token", {{"__type", "AddedToken"}, {"content", "<|endoftext|>"}, {"lstrip", false}}},
+            {"eos_token", "<|eot_id|>"},
+            {"unk_token", nullptr},
+            {"clean_up_tokenization_spaces", true},
+            {"add_bos_token", false},
+            {"errors", "replace"},
+            {"split_special_tokens", false},
+            {"model_max_length", 131072},
+            {"added_tokens_decoder", {{"397", {{"content", "<|eot_id|>"}, {"special", true}}}}},
+            {"chat_template", {{{"name", "default"}, {"template", kChatml}}, {{"name", "tool_use"}, {"template", "x"}}}}};
+  seed("tokenizer_config", j.dump(2));
+  seed("tokenizer_config", R"({"do_lower_case": true, "add_prefix_space": false})");
+}
+
+void chat_template_seeds() {
+  seed("chat_template", kChatml);
+  for (const auto& e : fs::directory_iterator(fs::path{GLINT_SOURCE_DIR} / "tests" / "data" / "chat_templates"))
+    seed("chat_template", read(e.path()));
+  seed("chat_template",
+       "{% if messages[0]['role'] != 'system' %}<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n"
+       "{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\\n{{ message['content'] }}"
+       "<|im_end|>\\n{% endfor %}");
+}
+
+void lora_config_seeds() {
+  LoraConfig c;
+  seed("lora_config", c.to_json());
+  c.target_modules = {"all-linear"};
+  c.rslora = true;
+  c.alpha = 32;
+  c.dropout = 0.05;
+  c.base_model_name_or_path = "Qwen/Qwen2.5-0.5B";
+  seed("lora_config", c.to_json());
+  LoraConfig d;
+  d.target_modules = {"q_proj", "v_proj", "model.layers.0.mlp.up_proj"};
+  d.rank_pattern = {{"q_proj", 4}, {"layers\\.1\\..*", 2}};
+  d.alpha_pattern = {{"v_proj", 8.5}};
+  d.layers_to_transform = {0, 1};
+  d.layers_pattern = {"layers"};
+  d.exclude_modules = {"k_proj"};
+  d.other_fields = R"({"inference_mode": false, "peft_version": "0.15.0", "task_type": "CAUSAL_LM"})";
+  seed("lora_config", d.to_json());
+  LoraConfig e;
+  e.target_regex = R"(.*\.(q|v)_proj)";
+  e.exclude_regex = R"(.*layers\.0\..*)";
+  seed("lora_config", e.to_json());
+  seed("lora_config", R"({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj"],
+    "use_dora": true, "bias": "all", "fan_in_fan_out": false, "modules_to_save": null})");
+}
+
+void dataset_seeds(const fs::path& tmp) {
+  std::vector<Row> rows = {
+      {{{"system", "Be brief."}, {"user", "What is 2 + 6?"}, {"assistant", "8"}}, {}, ""},
+      {{}, {{"question", "Tom has 3 apples and buys 4. How many?"}, {"answer", "3 + 4 = 7\n#### 7"}}, ""},
+      {{}, {{"query", "Who are you?"}, {"response", "I am {{NAME}}, made by {{AUTHOR}}."}}, ""},
+      {{{"user", "hi"}, {"assistant", "hello"}, {"user", "bye"}, {"assistant", "bye!"}}, {{"id", "42"}}, ""}};
+  const auto path = (tmp / "rows.jsonl").string();
+  ok(save_jsonl(rows, path), "save_jsonl");
+  const auto jsonl = read(path);
+  seed("dataset", "\x01" + jsonl);  // first byte: bit 0 set, JSONL
+  seed("dataset", "\x0b" + jsonl + "not json\n{\"messages\": 3}\n[1]\n\n");
+  std::string array = "[";
+  std::istringstream in{jsonl};
+  for (std::string line; std::getline(in, line);) array += (array.size() > 1 ? "," : "") + line;
+  seed("dataset", std::string(1, '\0') + array + "]");  // JSON array
+  seed("dataset", std::string{"\x04"} + R"([{"question": "1+1?", "answer": "#### 2", "n": 12345678901234567890, "f": 1.5, "b": true}, {"messages": [{"role": "user", "content": null}]}])");
+}
+
+void job_toml_seeds() {
+  seed("job_toml", "strategy = \"pack\"\nallow_cpu_oversubscribe = true\n\n[[group]]\nname = \"model\"\nranks = 2\n"
+                   "device_type = \"cpu\"\nmesh = { dp = 2 }\n");
+  seed("job_toml", "strategy = \"spread\"\n[[group]]\nname = \"model\"\nranks = 4\ndevice_type = \"cuda\"\n"
+                   "mesh = { dp = 2, tp = 2 }\n[[group]]\nname = \"sampler\"\nranks = [4, 5]\ndevice_type = \"cuda\"\n");
+  seed("job_toml", "allow_cpu_oversubscribe = false\n[[group]]\nname = \"a\"\nranks = [0, 1, 2]\n[[group]]\n"
+                   "name = \"b\"\nranks = 3\nmesh = { fsdp = 3, pp = 1, cp = 1, ep = 1 }\n");
+  seed("job_toml", "[[group]]\nname = \"m\"\nranks = 4\nmesh = { dp = 3 }\n");
+}
+
+void trainer_state_seeds() {
+  actors::TrainerState s;
+  s.step = 40;
+  s.consumed_samples = 320;
+  s.gradient_accumulation = 2;
+  s.seed = 1;
+  s.phase = "grpo";
+  s.loader = {7, 1, 16};
+  s.metrics = {{"loss", 0.31}, {"reward", 0.5}};
+  s.train_configs = R"({"lr": 1e-4})";
+  seed("trainer_state", actors::trainer_state_json(s, "loss 0.31", 1700000000000));
+  seed("trainer_state", actors::trainer_state_json({}, "", 0));
+  seed("trainer_state", R"({"step": 3, "saved_ms": 12, "summary": "only what the index needs"})");
+}
+
+void manifest_seeds(const fs::path& tmp) {
+  auto dir = ok(AtomicDir::begin((tmp / "run" / "step-1").string()), "AtomicDir::begin");
+  ok(dir.write_file("trainer_state.json", "{\"step\": 1}"), "write_file");
+  fs::create_directories(fs::path{dir.path()} / "model");
+  ok(dir.write_file("model/config.json", "{}"), "write_file");
+  ok(dir.commit(), "commit");
+  seed("manifest", read(tmp / "run" / "step-1" / "manifest.json"));
+  seed("manifest", R"({"files": {}})");
+  seed("manifest", R"({"files": {"../x": {"bytes": 1, "fnv1a": "00"}, "a": 3}})");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  g_root = argv[1];
+  const auto tmp = fs::temp_directory_path() / ("glint-fuzz-seeds-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  safetensors_seeds(tmp);
+  model_config_seeds();
+  tokenizer_seeds();
+  tokenizer_config_seeds(tmp);
+  chat_template_seeds();
+  lora_config_seeds();
+  dataset_seeds(tmp);
+  job_toml_seeds();
+  trainer_state_seeds();
+  manifest_seeds(tmp);
+  fs::remove_all(tmp);
+  return 0;
+}

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 namespace glint {
 
@@ -31,6 +32,32 @@ uint64_t memory_limit_bytes() {
   for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"})
     if (auto c = cgroup_limit(path); c > 0) limit = std::min(limit, c);
   return limit;
+}
+
+uint64_t memory_available_bytes() {
+  // MemAvailable: free memory plus what the kernel can reclaim (caches).
+  uint64_t available = 0;
+  std::ifstream meminfo{"/proc/meminfo"};
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  }
+  if (available == 0) available = memory_limit_bytes();  // no /proc: the limit is all we know
+  // Under a cgroup limit, what it leaves (its usage counts the page cache,
+  // which is reclaimable, so this errs on the small side).
+  for (auto [max, current] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                              {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                               "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const auto limit = cgroup_limit(max), used = cgroup_limit(current);
+    if (limit > 0 && limit < (uint64_t{1} << 60)) available = std::min(available, limit > used ? limit - used : 0);
+  }
+  return available;
 }
 
 std::string format_bytes(double bytes) {

@@ -17,6 +17,12 @@ namespace glint {
 /// that is smaller.
 uint64_t memory_limit_bytes();
 
+/// The memory this process could still allocate now: the kernel's
+/// MemAvailable, or what the container's (cgroup) limit leaves where that
+/// is smaller. It changes as other processes run; use it to size work
+/// (micro-batches), memory_limit_bytes() to refuse what can never fit.
+uint64_t memory_available_bytes();
+
 /// "24.0 GiB", "512 MiB", "3.1 TiB".
 std::string format_bytes(double bytes);
 

@@ -5,6 +5,8 @@
 #include "components/model/transformer.hpp"
 #include "components/rl/losses.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/log.hpp"
+#include "runtime/memory.hpp"
 
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -57,6 +59,23 @@ Result<void> LossSpec::validate() const {
   return {};
 }
 
+namespace {
+
+// The rows [begin, begin + n) of a checked batch, as the model and the loss read them.
+struct Slice {
+  model_detail::Prepared prepared;
+  at::Tensor mask, old_logps, ref_logps, advantages;  // undefined when not given
+};
+
+Slice rows_of(const Slice& all, int64_t begin, int64_t n) {
+  auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, n) : t; };
+  const auto& p = all.prepared;
+  return {{rows(p.ids), rows(p.positions), rows(p.allowed), rows(p.targets), rows(p.target_mask)},
+          rows(all.mask), rows(all.old_logps), rows(all.ref_logps), rows(all.advantages)};
+}
+
+}  // namespace
+
 struct Trainer::Impl {
   CausalLM model;
   TrainConfig cfg;
@@ -81,6 +100,12 @@ struct Trainer::Impl {
     return out;
   }
 
+  Result<std::pair<rl::LossOutput, double>> pass_once(const Slice& s, const LossSpec& spec, const PassOptions& pass);
+  /// How many rows of a [B, T] batch one pass may take: all B when they fit
+  /// the budget, an error when not even one does. `keep_gradients`: a copy
+  /// of the accumulated gradients is kept besides.
+  Result<int64_t> rows_per_pass(int64_t B, int64_t T, int64_t elem_bytes, bool entropies, bool keep_gradients) const;
+
   /// The adapter being trained, or an error if it went away.
   Result<PassOptions> pass() const {
     PassOptions p;
@@ -96,6 +121,9 @@ struct Trainer::Impl {
 };
 
 Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
+  if (cfg.micro_batch_rows < 0)
+    return make_error(errc::invalid_argument,
+                      "micro_batch_rows is " + std::to_string(cfg.micro_batch_rows) + "; use 0 (as many as fit) or more");
   if (auto ok = cfg.optimizer.validate(); !ok) return ok.error();
   if (auto ok = cfg.scheduler.validate(); !ok) return ok.error();
   auto impl = std::make_shared<Impl>();
@@ -134,6 +162,108 @@ Result<at::Tensor> float_input(const Tensor& t, const char* name, int64_t B, int
 
 }  // namespace
 
+
+// One forward and backward pass: adds the gradient of the loss's sum over
+// `s`. Returns the loss's output (its metrics, with "loss" weighted by what
+// it is a mean over) and that count. Adds nothing when it fails.
+Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& s, const LossSpec& spec,
+                                                                  const PassOptions& pass) {
+  const auto& m = model.impl();
+  auto out = m.run(s.prepared, spec.entropy_coef != 0, false, pass);
+  rl::LossInputs in;
+  in.logps = out.logprobs;
+  in.mask = s.mask;
+  in.old_logps = s.old_logps.defined() ? s.old_logps : out.logprobs.detach();
+  in.ref_logps = s.ref_logps;
+  in.advantages = s.advantages;
+  in.entropies = out.entropies;
+  rl::PolicyOptions po;
+  po.epsilon = spec.epsilon;
+  po.epsilon_high = spec.epsilon_high;
+  po.beta = spec.beta;
+  po.entropy_coef = spec.entropy_coef;
+  po.max_tokens = spec.max_tokens;
+  Result<rl::LossOutput> loss = make_error(errc::internal, "no loss");
+  // What the loss is a mean over, so that the sum can be accumulated.
+  double count = 0;
+  switch (spec.kind) {
+    case LossKind::cross_entropy:
+      loss = rl::cross_entropy(in);
+      count = s.mask.sum().item<double>();
+      break;
+    case LossKind::grpo:
+      loss = rl::grpo(in, po);
+      count = s.mask.any(1).sum().item<double>();
+      break;
+    case LossKind::gspo:
+      loss = rl::gspo(in, po);
+      count = s.mask.any(1).sum().item<double>();
+      break;
+    case LossKind::dr_grpo:
+      loss = rl::dr_grpo(in, po);
+      count = static_cast<double>(s.mask.size(0));
+      break;
+    case LossKind::cispo:
+      loss = rl::cispo(in, po);
+      count = s.mask.sum().item<double>();
+      break;
+  }
+  if (!loss) return loss.error();
+  auto value = loss->loss.item<double>();
+  if (!std::isfinite(value))
+    return make_error(errc::invalid_argument, "the loss is not finite (" + std::to_string(value) +
+                                                  "); nothing was accumulated");
+  auto objective = loss->loss * count;
+  if (cfg.adapter.empty()) {
+    objective.backward();
+  } else {
+    // Only the adapter's tensors: a full-model trainer on the same model
+    // may have made the base weights require gradients, and they must not
+    // collect this tenant's.
+    auto ps = params();
+    std::vector<at::Tensor> inputs;
+    for (auto& [n, p] : ps) inputs.push_back(p);
+    auto grads = torch::autograd::grad({objective}, inputs, {}, c10::nullopt, false, /*allow_unused=*/true);
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      auto& p = inputs[i];
+      if (p.grad().defined()) p.mutable_grad().add_(grads[i]);
+      else p.mutable_grad() = grads[i].clone();
+    }
+  }
+  loss->metrics["loss"] = value;
+  loss->weights["loss"] = count;
+  return std::pair{std::move(*loss), count};
+}
+
+Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_bytes, bool entropies,
+                                             bool keep_gradients) const {
+  const double per_row =
+      model_detail::training_bytes_per_row(model.impl().cfg, T, elem_bytes, entropies, !cfg.adapter.empty());
+  // A split batch keeps a copy of the gradients accumulated before it, to
+  // put them back if a later slice fails.
+  double copy = 0;
+  if (keep_gradients)
+    for (const auto& [n, p] : params()) copy += static_cast<double>(p.numel() * p.element_size());
+  const bool fixed = cfg.memory_budget_bytes > 0;
+  const double budget = fixed ? static_cast<double>(cfg.memory_budget_bytes)
+                              : 0.8 * static_cast<double>(memory_available_bytes());
+  const double room = budget - copy;
+  if (room < per_row)
+    return make_error(errc::resource_exhausted,
+                      "training one row of " + std::to_string(T) + " tokens needs about " + format_bytes(per_row) +
+                          " (the activations of its forward and backward pass" +
+                          (copy > 0 ? ", besides " + format_bytes(copy) + " for a copy of the gradients" : "") +
+                          "), more than the " + format_bytes(budget) +
+                          (fixed ? " of TrainConfig::memory_budget_bytes" : " this process may use now (80% of the "
+                                                                            "memory available)") +
+                          ": use shorter sequences (max_length) or a smaller model, or free memory");
+  auto rows = std::min<int64_t>(B, static_cast<int64_t>(room / per_row));
+  if (cfg.micro_batch_rows > 0) rows = std::min(rows, cfg.micro_batch_rows);
+  return rows;
+}
+
 Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec) try {
   if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
@@ -168,79 +298,86 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
                                                       ", which cross_entropy does not read; set a policy loss "
                                                       "(set_loss grpo, ...) first, or leave it out");
 
-
   auto pass = impl_->pass();
   if (!pass) return pass.error();
+  const auto tokens = mask.sum().item<double>();
+  const auto sequences = mask.any(1).sum().item<double>();
+  const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv};
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  const bool entropies = spec.entropy_coef != 0;
+  auto rows = impl_->rows_per_pass(B, T, elem, entropies, false);
+  if (!rows) return rows.error();
   c10::AutoGradMode grad(true);
-  auto out = m.run(*prepared, spec.entropy_coef != 0, false, *pass);
-  rl::LossInputs in;
-  in.logps = out.logprobs;
-  in.mask = mask;
-  in.old_logps = old_lp->defined() ? *old_lp : out.logprobs.detach();
-  in.ref_logps = *ref_lp;
-  in.advantages = *adv;
-  in.entropies = out.entropies;
-  rl::PolicyOptions po;
-  po.epsilon = spec.epsilon;
-  po.epsilon_high = spec.epsilon_high;
-  po.beta = spec.beta;
-  po.entropy_coef = spec.entropy_coef;
-  po.max_tokens = spec.max_tokens;
-  Result<rl::LossOutput> loss = make_error(errc::internal, "no loss");
-  // What the loss is a mean over, so that the sum can be accumulated.
-  double count = 0;
-  auto tokens = mask.sum().item<double>();
-  auto sequences = mask.any(1).sum().item<double>();
-  switch (spec.kind) {
-    case LossKind::cross_entropy:
-      loss = rl::cross_entropy(in);
-      count = tokens;
-      break;
-    case LossKind::grpo:
-      loss = rl::grpo(in, po);
-      count = sequences;
-      break;
-    case LossKind::gspo:
-      loss = rl::gspo(in, po);
-      count = sequences;
-      break;
-    case LossKind::dr_grpo:
-      loss = rl::dr_grpo(in, po);
-      count = static_cast<double>(B);
-      break;
-    case LossKind::cispo:
-      loss = rl::cispo(in, po);
-      count = tokens;
-      break;
+
+  if (*rows >= B || tokens == 0) {  // one pass (a batch without a counted token: the loss says so)
+    auto one = impl_->pass_once(all, spec, *pass);
+    if (!one) return one.error();
+    impl_->accumulated += one->second;
+    ++impl_->micro_batches;
+    Metrics metrics = std::move(one->first.metrics);
+    metrics["tokens"] = tokens;
+    metrics["sequences"] = sequences;
+    return metrics;
   }
-  if (!loss) return loss.error();
-  auto value = loss->loss.item<double>();
-  if (!std::isfinite(value))
-    return make_error(errc::invalid_argument, "the loss is not finite (" + std::to_string(value) +
-                                                  "); nothing was accumulated");
-  auto objective = loss->loss * count;
-  if (impl_->cfg.adapter.empty()) {
-    objective.backward();
-  } else {
-    // Only the adapter's tensors: a full-model trainer on the same model
-    // may have made the base weights require gradients, and they must not
-    // collect this tenant's.
-    auto params = impl_->params();
-    std::vector<at::Tensor> inputs;
-    for (auto& [n, p] : params) inputs.push_back(p);
-    auto grads = torch::autograd::grad({objective}, inputs, {}, c10::nullopt, false, /*allow_unused=*/true);
+
+  // In slices of rows: the gradients accumulated before are kept, to put
+  // back if a slice fails (with none before, zeros are put back).
+  const bool had = impl_->micro_batches > 0;
+  if (had) {
+    rows = impl_->rows_per_pass(B, T, elem, entropies, true);
+    if (!rows) return rows.error();
+  }
+  auto params = impl_->params();
+  std::vector<at::Tensor> saved;
+  if (had)
+    for (auto& [n, p] : params) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
+  auto restore = [&] {
     c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      auto& p = inputs[i];
-      if (p.grad().defined()) p.mutable_grad().add_(grads[i]);
-      else p.mutable_grad() = grads[i].clone();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i].second;
+      if (!p.grad().defined()) continue;
+      if (had && saved[i].defined()) p.mutable_grad().copy_(saved[i]);
+      else p.mutable_grad().zero_();
     }
+  };
+  const int64_t slices = (B + *rows - 1) / *rows;
+  log::debug("forward_backward: " + std::to_string(B) + " rows of " + std::to_string(T) + " tokens in " +
+             std::to_string(slices) + " micro-batches of " + std::to_string(*rows) + " rows");
+  std::vector<rl::LossOutput> parts;
+  double count = 0;
+  try {
+    for (int64_t begin = 0; begin < B; begin += *rows) {
+      const int64_t n = std::min(*rows, B - begin);
+      auto slice = rows_of(all, begin, n);
+      if (!slice.mask.any().item<bool>()) {
+        // No counted token: no gradient, but DR-GRPO's normaliser (and so
+        // its mean loss) counts rows.
+        if (spec.kind == LossKind::dr_grpo) {
+          count += static_cast<double>(n);
+          rl::LossOutput none;
+          none.metrics["loss"] = 0;
+          none.weights["loss"] = static_cast<double>(n);
+          parts.push_back(std::move(none));
+        }
+        continue;
+      }
+      auto one = impl_->pass_once(slice, spec, *pass);
+      if (!one) {
+        restore();
+        return with_context(one.error(), "rows " + std::to_string(begin) + " to " + std::to_string(begin + n - 1) +
+                                             " of the batch (micro-batch " + std::to_string(begin / *rows + 1) +
+                                             " of " + std::to_string(slices) + "; nothing was accumulated)");
+      }
+      count += one->second;
+      parts.push_back(std::move(one->first));
+    }
+  } catch (...) {
+    restore();
+    throw;
   }
   impl_->accumulated += count;
   ++impl_->micro_batches;
-  Metrics metrics = loss->metrics;
-  metrics["loss"] = value;
+  Metrics metrics = rl::combine_metrics(parts);
   metrics["tokens"] = tokens;
   metrics["sequences"] = sequences;
   return metrics;

@@ -16,8 +16,17 @@
 /// DR-GRPO normalises by a constant: set LossSpec::max_tokens, or each
 /// micro-batch uses its own length.
 ///
+/// Micro-batching: a batch too large for the memory available is run in
+/// slices of rows, each a forward and backward pass, whose gradients add up
+/// to the whole batch's (the sums above make the split exact, up to float
+/// rounding); its metrics are the whole batch's. The slices are sized from
+/// model_detail::training_bytes_per_row and the memory available at the
+/// call (runtime/memory.hpp), or capped by TrainConfig::micro_batch_rows. A
+/// batch whose single row does not fit is refused (resource_exhausted) with
+/// the estimate, before anything is allocated.
+///
 /// Bad input (shapes, ids, NaN advantages) is an error and leaves the
-/// accumulated gradients as they were.
+/// accumulated gradients as they were, also when a later slice fails.
 
 #include "components/comm/process_group.hpp"
 #include "components/model/model.hpp"
@@ -68,14 +77,20 @@ struct TrainConfig {
   /// and counts over the group before it divides, so dp ranks with the
   /// same weights take the same step (null or size 1: alone).
   std::shared_ptr<ProcessGroup> dp_group{};
+  /// At most this many rows per forward and backward pass (0: as many as
+  /// fit in memory_budget_bytes).
+  int64_t micro_batch_rows = 0;
+  /// The memory a pass may take (0: 80% of what is available at the call).
+  uint64_t memory_budget_bytes = 0;
 };
 
 class Trainer {
 public:
   static Result<Trainer> create(CausalLM model, TrainConfig cfg);
 
-  /// Adds the gradients of one micro-batch. Metrics: loss (the batch's mean
-  /// loss), tokens, sequences, and the loss's own (clip_fraction, kl, ...).
+  /// Adds the gradients of one batch (in slices when it does not fit at
+  /// once: see above). Metrics: loss (the batch's mean loss), tokens,
+  /// sequences, and the loss's own (clip_fraction, kl, ...).
   Result<Metrics> forward_backward(const TrainBatch& batch, const LossSpec& loss);
   /// Clips the accumulated gradients by global norm, steps the optimizer at
   /// the scheduled rate and clears the gradients. With a dp_group, call it

@@ -30,6 +30,14 @@ struct Prepared {
 
 Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
 
+/// An estimate of the memory one row of T tokens takes through a training
+/// forward and backward pass (the activations autograd keeps, the attention
+/// scores, the logits and the peak of the backward pass), with elements of
+/// `elem_bytes`. `entropies`: the entropies are computed too; `adapter`: a
+/// LoRA adapter is trained (its inputs kept for dropout). Linear in the
+/// rows of a batch, so a batch of B rows takes B times this.
+double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_bytes, bool entropies, bool adapter);
+
 }  // namespace model_detail
 
 /// One LoRA adapter: per target module (its path, "model.layers.0.self_attn.q_proj"),

@@ -186,10 +186,12 @@ at::Tensor regularize(at::Tensor per_token, const Prepared& p, const PolicyOptio
     auto d = p.ref_logps - p.logps;
     auto k3 = at::exp(d) - d - 1;
     out.metrics["kl"] = item(token_mean(k3, p));
+    out.weights["kl"] = item(p.tokens);
     if (o.beta > 0) per_token = per_token + o.beta * k3;
   }
   if (p.entropies.defined()) {
     out.metrics["entropy"] = item(token_mean(p.entropies, p));
+    out.weights["entropy"] = item(p.tokens);
     if (o.entropy_coef != 0) per_token = per_token - o.entropy_coef * p.entropies;
   }
   return per_token;
@@ -217,6 +219,7 @@ Result<LossOutput> clipped_surrogate(std::string_view fn, const LossInputs& in, 
   c10::NoGradGuard no_grad;
   out.metrics["clip_fraction"] = item(token_mean(clipped(ratio, *p, o).to(ratio.scalar_type()), *p));
   out.metrics["ratio_mean"] = item(token_mean(ratio, *p));
+  out.weights["clip_fraction"] = out.weights["ratio_mean"] = item(p->tokens);
   return out;
 } catch (const std::exception& e) {
   return torch_failed(fn, e);
@@ -267,6 +270,8 @@ Result<LossOutput> gspo(const LossInputs& in, const PolicyOptions& o) try {
   // The ratio is per sequence, so its mean is over sequences (with a counted token), not tokens.
   auto has = p->maskf.sum(1).gt(0);
   out.metrics["ratio_mean"] = item(seq_log_ratio.exp().masked_select(has).mean());
+  out.weights["clip_fraction"] = item(p->tokens);
+  out.weights["ratio_mean"] = item(has.sum());
   return out;
 } catch (const std::exception& e) {
   return torch_failed("gspo", e);
@@ -290,6 +295,7 @@ Result<LossOutput> cispo(const LossInputs& in, const PolicyOptions& o) try {
   c10::NoGradGuard no_grad;
   out.metrics["clip_fraction"] = item(token_mean(ratio.gt(1 + o.epsilon_high).to(ratio.scalar_type()), *p));
   out.metrics["ratio_mean"] = item(token_mean(ratio, *p));
+  out.weights["clip_fraction"] = out.weights["ratio_mean"] = item(p->tokens);
   return out;
 } catch (const std::exception& e) {
   return torch_failed("cispo", e);
@@ -344,9 +350,28 @@ Result<LossOutput> dpo(const DpoInputs& in, const DpoOptions& o) try {
   out.metrics["reward_rejected"] = item(rejected_reward.mean());
   out.metrics["reward_margin"] = item((chosen_reward - rejected_reward).mean());
   out.metrics["reward_accuracy"] = item(chosen_reward.gt(rejected_reward).to(dtype).mean());
+  for (const auto& [name, value] : out.metrics) out.weights[name] = static_cast<double>(chosen.size(0));
   return out;
 } catch (const std::exception& e) {
   return torch_failed("dpo", e);
+}
+
+std::map<std::string, double> combine_metrics(const std::vector<LossOutput>& parts) {
+  std::map<std::string, double> out, weight;
+  for (const auto& part : parts)
+    for (const auto& [name, value] : part.metrics) {
+      auto w = part.weights.find(name);
+      if (w == part.weights.end()) {
+        out[name] += value;
+      } else if (w->second > 0) {
+        out[name] += value * w->second;
+        weight[name] += w->second;
+      } else {
+        out.try_emplace(name, 0.0);  // a mean over nothing adds nothing
+      }
+    }
+  for (const auto& [name, w] : weight) out[name] /= w;
+  return out;
 }
 
 }  // namespace glint::components::rl

@@ -38,7 +38,15 @@ struct LossOutput {
   /// Policy losses: clip_fraction, ratio_mean; kl when ref_logps is given; entropy when entropies
   /// are. Cross-entropy: tokens. DPO: reward_chosen, reward_rejected, reward_margin, reward_accuracy.
   std::map<std::string, double> metrics;
+  /// What each metric is a mean over (its count of tokens, sequences or
+  /// pairs), so that the metrics of slices of a batch combine into the
+  /// whole batch's (combine_metrics); a metric without a weight is a sum.
+  std::map<std::string, double> weights;
 };
+
+/// The metrics of a batch from those of its slices: weighted means for the
+/// metrics with a weight, sums for the others.
+std::map<std::string, double> combine_metrics(const std::vector<LossOutput>& parts);
 
 /// SFT: -sum(mask * logps) / sum(mask), the mean negative log-likelihood per counted token.
 /// Reads logps and mask only.

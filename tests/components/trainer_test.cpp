@@ -144,6 +144,111 @@ TEST(Training, AccumulatedMicroBatchesEqualOneBatch) {
     EXPECT_TRUE(at::allclose(p, parts.model().impl().params.at(n), 1e-6, 1e-7)) << n;
 }
 
+// A batch too large for the memory at hand runs in slices of rows; the
+// update and the metrics are the whole batch's, for every loss (a row
+// without a counted token included: DR-GRPO still counts it).
+TEST(Training, ABatchInSlicesTrainsAsTheWholeBatch) {
+  auto cfg = small();
+  const auto ids = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 0, 0, 0}, {4, 4, 4, 4, 0, 0}, {9, 8, 7, 6, 5, 4}, {3, 1, 4, 1, 5, 9}});
+  const auto attention = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}, {1, 1, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}});
+  const auto loss_mask = ids_of({{0, 0, 1, 1, 1, 1}, {0, 1, 1, 0, 0, 0}, {0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1}, {0, 1, 1, 1, 1, 1}});
+  const auto advantages = *Tensor::from_values(std::vector<float>{1.f, -0.5f, 2.f, -1.f, 0.25f}, {5});
+  auto logps = [&](float shift) {
+    std::vector<float> v(30);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = -1.5f + shift * static_cast<float>(i % 7) / 7.f;
+    return *Tensor::from_values(v, {5, 6});
+  };
+  const double per_row = model_detail::training_bytes_per_row(cfg, 6, 4, true, false);
+  struct Case {
+    LossSpec loss;
+    bool policy;
+  };
+  for (const auto& c : {Case{{}, false}, Case{{.kind = LossKind::grpo, .beta = 0.1, .entropy_coef = 0.01}, true},
+                        Case{{.kind = LossKind::gspo}, true}, Case{{.kind = LossKind::dr_grpo, .max_tokens = 8}, true},
+                        Case{{.kind = LossKind::dr_grpo}, true}, Case{{.kind = LossKind::cispo, .epsilon_high = 0.1}, true}}) {
+    SCOPED_TRACE(std::string{to_string(c.loss.kind)});
+    TrainBatch b{.tokens = {.input_ids = ids, .attention_mask = attention}, .loss_mask = loss_mask};
+    if (c.policy) b.old_logps = logps(0.4f), b.ref_logps = logps(-0.3f), b.advantages = advantages;
+    auto make = [&](int64_t rows, uint64_t budget) {
+      // SGD: the update is the gradient's (Adam's would turn float noise in
+      // a near-zero gradient into a whole step).
+      return *Trainer::create(*CausalLM::init_random(cfg, 9),
+                              {.optimizer = {.kind = OptimizerConfig::Kind::sgd, .lr = 0.5},
+                               .micro_batch_rows = rows,
+                               .memory_budget_bytes = budget});
+    };
+    // Whole; one row per pass; as many as a budget of 2.5 rows holds (2).
+    auto whole = make(0, 0), ones = make(1, 0), twos = make(0, static_cast<uint64_t>(2.5 * per_row));
+    auto w = whole.forward_backward(b, c.loss);
+    ASSERT_TRUE(w) << describe(w.error());
+    for (auto* t : {&ones, &twos}) {
+      auto s = t->forward_backward(b, c.loss);
+      ASSERT_TRUE(s) << describe(s.error());
+      ASSERT_EQ(s->size(), w->size());
+      for (const auto& [name, value] : *w) EXPECT_NEAR(s->at(name), value, 1e-5 * std::max(1.0, std::abs(value))) << name;
+      ASSERT_TRUE(t->clip_grad_and_step());
+    }
+    ASSERT_TRUE(whole.clip_grad_and_step());
+    for (auto& [n, p] : whole.model().impl().params) {
+      EXPECT_TRUE(at::allclose(p, ones.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+      EXPECT_TRUE(at::allclose(p, twos.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+    }
+  }
+}
+
+// A slice that fails after others have added their gradients puts back
+// what was accumulated before the call: the next step is as if the call
+// had not happened.
+TEST(Training, ASliceThatFailsLeavesTheAccumulatedGradientsAsTheyWere) {
+  auto cfg = small();
+  const TrainBatch good{.tokens = {.input_ids = ids_of({{1, 2, 3, 4}, {4, 3, 2, 1}})},
+                        .advantages = *Tensor::from_values(std::vector<float>{1.f, -1.f}, {2})};
+  // Row 1's advantage overflows its loss (a sum of 3.4e38s): finite input, infinite loss.
+  const TrainBatch bad{.tokens = {.input_ids = ids_of({{1, 2, 3, 4}, {5, 6, 7, 8}})},
+                       .advantages = *Tensor::from_values(std::vector<float>{1.f, 3.4e38f}, {2})};
+  const LossSpec grpo{.kind = LossKind::grpo};
+  for (bool before : {true, false}) {
+    SCOPED_TRACE(before ? "gradients accumulated before" : "none before");
+    auto tr = *Trainer::create(*CausalLM::init_random(cfg, 3), {.optimizer = {.lr = 1e-2}, .micro_batch_rows = 1});
+    auto alone = *Trainer::create(*CausalLM::init_random(cfg, 3), {.optimizer = {.lr = 1e-2}});
+    if (before) {
+      ASSERT_TRUE(tr.forward_backward(good, grpo));
+      ASSERT_TRUE(alone.forward_backward(good, grpo));
+    }
+    auto r = tr.forward_backward(bad, grpo);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(code_of(r.error()), errc::invalid_argument);
+    EXPECT_NE(describe(r.error()).find("micro-batch 2 of 2; nothing was accumulated"), std::string::npos)
+        << describe(r.error());
+    ASSERT_TRUE(tr.forward_backward(good, grpo));
+    ASSERT_TRUE(alone.forward_backward(good, grpo));
+    ASSERT_TRUE(tr.clip_grad_and_step());
+    ASSERT_TRUE(alone.clip_grad_and_step());
+    for (auto& [n, p] : alone.model().impl().params)
+      EXPECT_TRUE(at::allclose(p, tr.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+  }
+}
+
+// One row that does not fit is refused with the estimate, before any
+// allocation; a negative micro_batch_rows is refused at creation.
+TEST(Training, ARowThatDoesNotFitIsRefusedWithItsEstimate) {
+  auto cfg = small();
+  const double per_row = model_detail::training_bytes_per_row(cfg, 4, 4, false, false);
+  EXPECT_GT(per_row, 0);
+  // Linear in the rows' length for the projections, quadratic for attention.
+  EXPECT_GT(model_detail::training_bytes_per_row(cfg, 400, 4, false, false), 100 * per_row);
+  auto tr = *Trainer::create(*CausalLM::init_random(cfg, 3), {.memory_budget_bytes = static_cast<uint64_t>(per_row / 2)});
+  auto r = tr.forward_backward({.tokens = {.input_ids = ids_of({{1, 2, 3, 4}})}}, {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(r.error()).find("training one row of 4 tokens needs about"), std::string::npos)
+      << describe(r.error());
+  EXPECT_NE(describe(r.error()).find("TrainConfig::memory_budget_bytes"), std::string::npos) << describe(r.error());
+  auto neg = Trainer::create(*CausalLM::init_random(cfg, 3), {.micro_batch_rows = -1});
+  ASSERT_FALSE(neg);
+  EXPECT_NE(describe(neg.error()).find("micro_batch_rows is -1"), std::string::npos);
+}
+
 // The data-parallel path without a second process: a fake group whose
 // peers hold the same batch. A collective that fails (a peer died, c10d
 // timed out) fails the step without stepping; the gradients it had are

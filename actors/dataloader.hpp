@@ -59,7 +59,10 @@ struct DataLoaderSpec {
   std::string system_prompt{};  ///< gsm8k's system message; empty: its default
   std::string tokenizer{};      ///< a model directory (tokenizer.json, tokenizer_config.json), or a tokenizer.json
   std::string template_name = "auto";  ///< the model's chat template; or chatml, qwen2.5, qwen3, llama3
-  int64_t max_length = 0;       ///< 0: no limit
+  /// Tokens per row; 0: the model's context (max_position_embeddings of
+  /// the config.json beside the tokenizer, else tokenizer_config.json's
+  /// model_max_length), no limit when neither gives one.
+  int64_t max_length = 0;
   std::string truncation = "refuse";  ///< refuse (skip the row), left or right
   bool add_generation_prompt = false; ///< prompts to sample from (RL) rather than rows to train on (SFT)
   int64_t batch_size = 8;       ///< the global batch

@@ -3,11 +3,54 @@
 #include "actors/detail/message_size.hpp"
 #include "components/data/template.hpp"
 #include "components/data/tokenizer.hpp"
+#include "runtime/file.hpp"
+#include "runtime/log.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
 
 namespace glint::actors {
 
 using namespace components;
+
+namespace {
+
+// The longest row when the spec gives no max_length: the model's context,
+// max_position_embeddings of the config.json beside the tokenizer, else the
+// tokenizer_config.json's model_max_length; 0 (no limit) when neither says.
+Result<int64_t> default_max_length(const std::string& tokenizer_path, const Tokenizer& tok) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(tokenizer_path, ec) ? fs::path{tokenizer_path}
+                                                            : fs::path{tokenizer_path}.parent_path();
+  const auto config = (dir / "config.json").string();
+  if (fs::exists(config, ec)) {
+    auto text = read_text_file(config);
+    if (!text) return text.error();
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return make_error(errc::invalid_argument, config + " is not a JSON object (read for the model's context length)");
+    if (auto v = j.find("max_position_embeddings"); v != j.end()) {
+      if (!v->is_number_integer() || v->get<int64_t>() <= 0)
+        return make_error(errc::invalid_argument, config + ": max_position_embeddings " + v->dump() +
+                                                      " is not a positive integer");
+      log::info("dataloader: max_length " + std::to_string(v->get<int64_t>()) +
+                " tokens, the model's max_position_embeddings (" + config + "); set max_length to change it");
+      return v->get<int64_t>();
+    }
+  }
+  if (auto n = tok.config().model_max_length) {
+    log::info("dataloader: max_length " + std::to_string(*n) + " tokens, the tokenizer's model_max_length (" +
+              tok.config().origin + "); set max_length to change it");
+    return *n;
+  }
+  log::warn("dataloader: no max_length, and neither config.json nor tokenizer_config.json beside " + tokenizer_path +
+            " gives the model's context: rows of any length are kept (set max_length to bound them)");
+  return 0;
+}
+
+}  // namespace
 
 DataLoaderState::DataLoaderState(RankContext ctx, DataLoaderSpec spec) : ctx_(std::move(ctx)), spec_(std::move(spec)) {
   if (auto ok = load(); !ok) load_error_ = ok.error();
@@ -30,8 +73,17 @@ Result<void> DataLoaderState::load() {
   if (!tok) return tok.error();
   auto truncation = parse_truncation(s.truncation);
   if (!truncation) return truncation.error();
+  if (s.max_length < 0)
+    return make_error(errc::invalid_argument, "max_length is " + std::to_string(s.max_length) +
+                                                  "; use 0 (the model's context) or a number of tokens");
+  int64_t max_length = s.max_length;
+  if (max_length == 0) {
+    auto d = default_max_length(s.tokenizer, *tok);
+    if (!d) return d.error();
+    max_length = *d;
+  }
   auto chat = Template::make(std::make_shared<const Tokenizer>(std::move(*tok)),
-                             {.name = s.template_name, .max_length = s.max_length, .truncation = *truncation});
+                             {.name = s.template_name, .max_length = max_length, .truncation = *truncation});
   if (!chat) return chat.error();
   ds->set_template(std::move(*chat));
   if (auto e = ds->encode({.add_generation_prompt = s.add_generation_prompt}); !e) return e;

@@ -90,6 +90,18 @@ Result<TokenizerConfig> TokenizerConfig::parse(const std::string& text, const st
   }
   if (auto v = optional_flag(j, "clean_up_tokenization_spaces", origin); !v) return v.error();
   else c.clean_up_tokenization_spaces = v->value_or(false);
+  if (auto v = j.find("model_max_length"); v != j.end() && !v->is_null()) {
+    // Hugging Face writes int(1e30) for "no limit": beyond int64 it reads
+    // as a float here, and so does any limit past 2^40 tokens.
+    constexpr int64_t kNoLimit = int64_t{1} << 40;
+    if (!v->is_number())
+      return make_error(errc::invalid_argument, origin + ": model_max_length " + show(*v) + " is not a number");
+    if (v->is_number_integer() && v->get<int64_t>() > 0 && v->get<int64_t>() < kNoLimit)
+      c.model_max_length = v->get<int64_t>();
+    else if (!(v->get<double>() >= static_cast<double>(kNoLimit)))
+      return make_error(errc::invalid_argument,
+                        origin + ": model_max_length " + show(*v) + " is not a positive number of tokens");
+  }
   if (auto v = optional_flag(j, "add_bos_token", origin); !v) return v.error();
   else c.add_bos_token = *v;
   if (auto v = optional_flag(j, "add_eos_token", origin); !v) return v.error();

@@ -39,6 +39,10 @@ struct TokenizerConfig {
   /// encode(text, add_special_tokens=False), as apply_chat_template uses, so
   /// they are kept for callers and change no glint encoding.
   std::optional<bool> add_bos_token, add_eos_token;
+  /// The longest input the model takes, when the file says (Hugging Face's
+  /// int(1e30) for "no limit" reads as none). The dataloader uses it when
+  /// no max_length is given and the model's config.json has none.
+  std::optional<int64_t> model_max_length;
   /// Special tokens by role (bos_token, eos_token, pad_token, unk_token);
   /// each must be a token of the tokenizer.
   std::map<std::string, std::string> special_tokens;

@@ -8,6 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
 namespace glint::actors {
 namespace {
 
@@ -85,6 +89,58 @@ TEST(DataLoaderState, ADatasetThatDoesNotLoadAnswersWhy) {
   EXPECT_NE(describe(b.error()).find("unknown preprocessor 'nope'"), std::string::npos) << describe(b.error());
   EXPECT_NE(describe(st.fail(b.error())).find("group 'data'"), std::string::npos);
   EXPECT_FALSE(st.state());
+}
+
+// max_length 0 is the model's context: max_position_embeddings of the
+// config.json beside the tokenizer, else the tokenizer_config.json's
+// model_max_length. Rows beyond it are refused (skipped, counted) or
+// truncated as the spec says, never passed on to a model that cannot take them.
+TEST(DataLoaderState, NoMaxLengthMeansTheModelsContext) {
+  auto s = spec();
+  s.shuffle = false;
+  s.batch_size = 1;
+  const auto dir = glint::testing::fresh_dir("loader-context");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(s.tokenizer + "/" + f, dir + "/" + f);
+  s.tokenizer = dir;
+  // No config.json, no model_max_length: no limit. The rows' lengths:
+  std::vector<size_t> lengths;
+  {
+    DataLoaderState st{RankContext{}, s};
+    ASSERT_TRUE(st.info()) << describe(st.info().error());
+    for (auto b = st.next(); b && !b->end; b = st.next()) lengths.push_back(b->rows.at(0).input_ids.size());
+  }
+  ASSERT_EQ(lengths.size(), 20u);
+  auto sorted = lengths;
+  std::sort(sorted.begin(), sorted.end());
+  const auto context = sorted[10];
+  const auto fit = std::count_if(lengths.begin(), lengths.end(), [&](size_t n) { return n <= context; });
+  ASSERT_LT(fit, 20) << "the rows must differ in length for this test";
+  std::ofstream{dir + "/config.json"} << R"({"max_position_embeddings": )" << context << "}";
+  {
+    DataLoaderState st{RankContext{}, s};
+    auto info = st.info();
+    ASSERT_TRUE(info) << describe(info.error());
+    EXPECT_EQ(info->rows, fit);
+    EXPECT_NE(info->skipped.find(std::to_string(20 - fit) + " too long"), std::string::npos) << info->skipped;
+  }
+  s.truncation = "left";
+  {
+    DataLoaderState st{RankContext{}, s};
+    ASSERT_TRUE(st.info());
+    EXPECT_EQ(st.info()->rows, 20);
+    for (auto b = st.next(); b && !b->end; b = st.next()) EXPECT_LE(b->rows.at(0).input_ids.size(), context);
+  }
+  s.max_length = -1;
+  DataLoaderState negative{RankContext{}, s};
+  ASSERT_FALSE(negative.info());
+  EXPECT_NE(describe(negative.info().error()).find("max_length is -1"), std::string::npos);
+  std::ofstream{dir + "/config.json"} << R"({"max_position_embeddings": "long"})";
+  s.max_length = 0;
+  DataLoaderState broken{RankContext{}, s};
+  ASSERT_FALSE(broken.info());
+  EXPECT_NE(describe(broken.info().error()).find("max_position_embeddings \"long\""), std::string::npos)
+      << describe(broken.info().error());
 }
 
 }  // namespace

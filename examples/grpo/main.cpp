@@ -25,6 +25,7 @@
 #include "components/rl/metrics.hpp"
 #include "components/rl/rewards.hpp"
 #include "placement/service.hpp"
+#include "runtime/memory.hpp"
 #include "runtime/progress.hpp"
 
 #include <CLI/CLI.hpp>
@@ -124,7 +125,9 @@ int main(int argc, char** argv) {
   app.add_option("--generations", a.generations, "Completions per prompt (the group)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{256}));
-  app.add_option("--max-tokens", a.max_tokens, "New tokens per completion")->capture_default_str();
+  app.add_option("--max-tokens", a.max_tokens, "New tokens per completion")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app.add_option("--sft-lr", a.sft_lr, "Learning rate of the warm-up")->capture_default_str();
   app.add_option("--lr", a.lr, "Learning rate of GRPO")->capture_default_str();
   app.add_option("--seed", a.seed, "Seed of the data, the weights and the sampling")->capture_default_str();
@@ -137,6 +140,19 @@ int main(int argc, char** argv) {
   app.add_flag("--fresh", a.fresh, "Start the run over: delete its earlier checkpoints (the data and model stay)");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results in order with the progress lines on stderr
+
+  // A step holds every completion of its prompts in the driver and in the
+  // training batch (ids, masks, log-probabilities, advantages: about 48
+  // bytes a token, prompts of up to 512 tokens); the model trains them in
+  // micro-batches, so this is what must fit at once.
+  const double step_tokens = static_cast<double>(a.prompts * a.generations) * static_cast<double>(a.max_tokens + 512);
+  if (auto ok = check_memory(48 * step_tokens, "a GRPO step of " + std::to_string(a.prompts) + " prompts x " +
+                                                   std::to_string(a.generations) + " completions of " +
+                                                   std::to_string(a.max_tokens) + " tokens");
+      !ok) {
+    std::fprintf(stderr, "grpo: %s: lower --prompts, --generations or --max-tokens\n", context_of(ok.error()).c_str());
+    return 2;
+  }
 
   return run_main([&](Runtime& rt) -> int {
     const auto out = fs::absolute(a.out).lexically_normal().string();

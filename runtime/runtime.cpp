@@ -2,6 +2,7 @@
 #include "runtime/text.hpp"
 
 #include "runtime/batch.hpp"
+#include "runtime/stop.hpp"
 #include "runtime/tensor.hpp"
 
 #include <caf/all.hpp>
@@ -625,6 +626,9 @@ int run_main(std::function<int(Runtime&)> driver, std::function<void(Options&)> 
     return 1;
   }
   int code = driver(**rt);
+  // Long work in actors (micro-batches, sampling steps) stops at its next
+  // step now that nothing waits for it.
+  request_stop();
   // An actor still busy in a call the driver gave up on (a timeout) would
   // hold the process at exit until it finishes, minutes or never: give the
   // actors exit_grace, then leave with the driver's code.

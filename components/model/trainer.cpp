@@ -7,6 +7,7 @@
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/log.hpp"
 #include "runtime/memory.hpp"
+#include "runtime/stop.hpp"
 
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -347,6 +348,10 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   double count = 0;
   try {
     for (int64_t begin = 0; begin < B; begin += *rows) {
+      if (auto ok = check_stop("forward_backward"); !ok) {
+        restore();
+        return ok.error();
+      }
       const int64_t n = std::min(*rows, B - begin);
       auto slice = rows_of(all, begin, n);
       if (!slice.mask.any().item<bool>()) {

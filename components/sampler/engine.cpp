@@ -5,6 +5,7 @@
 #include "components/sampler/paged_attention.hpp"
 #include "components/sampler/scheduler.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/stop.hpp"
 #include "runtime/text.hpp"
 
 #include <c10/core/GradMode.h>
@@ -699,7 +700,18 @@ std::vector<Result<RequestOutput>> Engine::generate(const std::vector<std::vecto
     return false;
   };
   // A failed step aborts its requests, which then finish with StopReason::abort.
-  while (unfinished()) (void)step();
+  while (unfinished()) {
+    if (auto ok = check_stop("sampling"); !ok) {  // the driver is gone: stop between steps
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (!ids[i]) continue;
+        abort(ids[i]);
+        (void)take(ids[i]);
+        out[i] = ok.error();
+      }
+      return out;
+    }
+    (void)step();
+  }
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!ids[i]) continue;
     auto o = take(ids[i]);

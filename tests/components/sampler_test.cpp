@@ -4,6 +4,8 @@
 #include "components/tensor/torch_bridge.hpp"
 #include "support/tokenizers.hpp"
 
+#include "runtime/stop.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -97,6 +99,23 @@ TEST(Sampler, GreedyEqualsFullRecompute) {
     expect_greedy_matches(e, prompts, greedy);
     EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);  // everything released
   }
+}
+
+// Once the driver has returned (run_main asks for a stop), generate ends
+// between engine steps: every request answers aborted and frees its blocks.
+TEST(Sampler, AStopRequestEndsGenerationBetweenSteps) {
+  auto e = make_engine(test_model());
+  request_stop();
+  auto out = e.generate(prompts_of({7, 16}), greedy);
+  request_stop(false);
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& o : out) {
+    ASSERT_FALSE(o);
+    EXPECT_EQ(code_of(o.error()), errc::aborted);
+  }
+  EXPECT_EQ(e.stats().free_blocks, e.stats().num_blocks);
+  auto again = e.generate(prompts_of({7}), greedy);
+  ASSERT_TRUE(again[0]) << "served again once the stop is withdrawn";
 }
 
 TEST(Sampler, PrefixCacheReusesSharedPromptBlocks) {

@@ -9,6 +9,8 @@
 #include "support/fake_process_group.hpp"
 #include "support/tensors.hpp"
 
+#include "runtime/stop.hpp"
+
 #include <gtest/gtest.h>
 
 #include <c10/core/GradMode.h>
@@ -247,6 +249,20 @@ TEST(Training, ARowThatDoesNotFitIsRefusedWithItsEstimate) {
   auto neg = Trainer::create(*CausalLM::init_random(cfg, 3), {.micro_batch_rows = -1});
   ASSERT_FALSE(neg);
   EXPECT_NE(describe(neg.error()).find("micro_batch_rows is -1"), std::string::npos);
+}
+
+// Once the driver has returned (run_main asks for a stop), a batch in
+// micro-batches stops at the next one, putting the gradients back.
+TEST(Training, AStopRequestEndsAMicroBatchedCallBetweenSlices) {
+  auto tr = *Trainer::create(*CausalLM::init_random(small(), 3), {.micro_batch_rows = 1});
+  const TrainBatch b{.tokens = {.input_ids = ids_of({{1, 2, 3, 4}, {4, 3, 2, 1}})}};
+  request_stop();
+  auto r = tr.forward_backward(b, {});
+  request_stop(false);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::aborted);
+  EXPECT_NE(describe(r.error()).find("the driver has returned"), std::string::npos) << describe(r.error());
+  ASSERT_TRUE(tr.forward_backward(b, {})) << "served again once the stop is withdrawn";
 }
 
 // The data-parallel path without a second process: a fake group whose

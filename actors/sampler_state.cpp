@@ -3,6 +3,7 @@
 #include "actors/detail/message_size.hpp"
 #include "actors/weight_sync/collective.hpp"
 #include "actors/weight_sync/stream.hpp"
+#include "runtime/stop.hpp"
 
 #include <algorithm>
 
@@ -99,6 +100,8 @@ void SamplerState::sample(const std::vector<SampleRequest>& requests, const Samp
 void SamplerState::step(uint64_t loop) {
   if (loop != loop_ || !stepping_ || !engine_) return;
   auto& e = *engine_;
+  // The driver has returned: nothing waits for these calls.
+  if (auto ok = check_stop("sampling"); !ok) fail_all(ok.error());
   try {
     const auto steps_before = e.stats().steps;
     auto touched = e.step();

@@ -4,6 +4,8 @@
 // an actor system.
 #include "actors/sampler_state.hpp"
 
+#include "runtime/stop.hpp"
+
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -159,6 +161,25 @@ TEST(SamplerState, AbortEndsRequestsInFlightAndAnswersTheirCalls) {
   ASSERT_TRUE(out && *out) << "the call is answered by the abort";
   for (const auto& s : **out) EXPECT_EQ(s.stop_reason, StopReason::abort);
   d.run();
+}
+
+// Once the driver has returned (run_main asks for a stop), the next step
+// answers every call in flight with aborted and the loop ends.
+TEST(SamplerState, AStopRequestAnswersTheCallsInFlightAtTheNextStep) {
+  Driver d;
+  std::optional<Result<std::vector<SampledSequence>>> out;
+  d.st.sample(requests_of({{1, 2}, {3}}), {.max_tokens = 50, .temperature = 0, .ignore_eos = true}, "", nullptr,
+              [&](auto r) { out = std::move(r); });
+  request_stop();
+  d.run();
+  request_stop(false);
+  ASSERT_TRUE(out) << "answered";
+  ASSERT_FALSE(*out);
+  EXPECT_EQ(code_of(out->error()), errc::aborted);
+  EXPECT_EQ(d.st.stats()->at("calls"), 0);
+  auto again = d.sample({{1, 2}}, greedy);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(*again) << "served again once the stop is withdrawn";
 }
 
 }  // namespace

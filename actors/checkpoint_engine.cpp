@@ -1,5 +1,6 @@
 #include "actors/checkpoint_engine.hpp"
 
+#include "actors/remote.hpp"
 #include "runtime/process.hpp"
 
 #include <optional>
@@ -31,6 +32,11 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
                                               "give the engine model.with_adapter(name)");
   const auto* model = model_.backend().actor_group();
   const auto* sampler = sampler_.backend().actor_group();
+  if (auto* remote = dynamic_cast<RemoteWeightSync*>(&model_.backend()); remote && !model && !sampler) {
+    auto r = remote->sync_to(sampler_.backend(), model_.adapter(), o);
+    if (r) version_ = r->version;
+    return r;
+  }
   if (!model || !sampler)
     return make_error(errc::unimplemented, "sync_weights moves weights between actor groups of this runtime; these "
                                            "groups are served elsewhere (remote mode syncs on the server)");

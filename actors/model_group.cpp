@@ -1,6 +1,7 @@
 #include "actors/model_group.hpp"
 
 #include "actors/detail/clients.hpp"
+#include "actors/remote.hpp"
 
 namespace glint::actors {
 
@@ -79,7 +80,11 @@ ModelGroup model_group_of(Group<model_actor> group) {
 
 Result<ModelGroup> open_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                     const placement::DeviceMesh& mesh, ModelSpec spec) {
-  if (auto err = detail::refuse_remote(rt, "open_model_group")) return err;
+  if (rt.mode() == Mode::remote) {
+    auto remote = remote_groups(rt, "open_model_group");
+    if (!remote) return remote.error();
+    return (*remote)->open_model(spec);
+  }
   auto g = spawn_model_group(rt, group, mesh, std::move(spec));
   if (!g) return g.error();
   return model_group_of(std::move(*g));

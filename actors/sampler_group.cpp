@@ -1,6 +1,7 @@
 #include "actors/sampler_group.hpp"
 
 #include "actors/detail/clients.hpp"
+#include "actors/remote.hpp"
 #include "placement/service.hpp"
 
 namespace glint::actors {
@@ -68,7 +69,11 @@ SamplerGroup sampler_group_of(Runtime& rt, Group<sampler_actor> group) {
 
 Result<SamplerGroup> open_sampler_group(Runtime& rt, const placement::DeviceGroup& group,
                                         const placement::DeviceMesh& mesh, SamplerSpec spec) {
-  if (auto err = detail::refuse_remote(rt, "open_sampler_group")) return err;
+  if (rt.mode() == Mode::remote) {
+    auto remote = remote_groups(rt, "open_sampler_group");
+    if (!remote) return remote.error();
+    return (*remote)->open_sampler(spec);
+  }
   auto g = spawn_sampler_group(rt, group, mesh, std::move(spec));
   if (!g) return g.error();
   return sampler_group_of(rt, std::move(*g));

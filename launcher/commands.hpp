@@ -62,4 +62,22 @@ struct RunsArgs {
 /// Lists the runs (or one run's checkpoints) of the run index under root.
 int runs(const RunsArgs& args);
 
+struct ServeArgs {
+  std::string config;      ///< the server's TOML (rpc/serve_config.hpp)
+  bool insecure = false;   ///< allow plain TCP on a non-loopback address
+  int port = -1;           ///< overrides [listen] port when >= 0 (0: any free port)
+  int grace_seconds = 30;  ///< how long calls in flight may finish at SIGTERM
+};
+/// Serves the config's base model to tenants until SIGTERM or SIGINT.
+int serve(const ServeArgs& args);
+
+struct ServeKeysArgs {
+  std::string action;      ///< create, list or revoke
+  std::string config;      ///< the server's TOML, for its state_dir
+  std::string state_dir;   ///< or the state directory itself
+  std::string tenant;      ///< create: whose key
+  std::string key;         ///< revoke: the key or its id
+};
+int serve_keys(const ServeKeysArgs& args);
+
 }  // namespace glint::launcher

@@ -1,4 +1,5 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
+#include "bench/remote_bench.hpp"
 #include "bench/sample_bench.hpp"
 #include "bench/sync_bench.hpp"
 #include "bench/train_bench.hpp"
@@ -197,6 +198,45 @@ int main(int argc, char** argv) {
                      "weight_sync_cluster_{messages,c10d,stream}_gbps_<size>, weight_sync_cluster_gbps_<size> (the fastest), "
                      "tcp_loopback_gbps and weight_sync_cluster_vs_tcp_300m (cluster). Needs about 6 GB of memory for the 300M model.");
 
+  glint::bench::RemoteBenchArgs remote_args;
+  auto* bench_remote = bench->add_subcommand(
+      "remote", "Remote mode's cost and sharing's gain: RPC round trips and training steps against the same calls "
+                "made locally, and 4 tenants' tokens/s against one tenant's, all in one run over loopback");
+  bench_remote->add_option("--repeats", remote_args.repeats, "No-op calls per mode (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 100000));
+  bench_remote->add_option("--steps", remote_args.steps, "Training steps per timing and per tenant")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 10000));
+  bench_remote->footer("Prints local_noop_rtt_us, remote_noop_rtt_us, remote_forward_backward_vs_local (goal <= 1.2), "
+                       "tenants1_tokens_per_s, tenants4_tokens_per_s and tenants4_vs_1_tokens_per_s (goal >= 1.5).");
+
+  glint::launcher::ServeArgs serve_args;
+  auto* serve_cmd = app.add_subcommand(
+      "serve", "Serve a base model to many tenants, each training its own LoRA adapters (remote mode)");
+  serve_cmd->add_option("--config", serve_args.config, "The server's TOML (model, listen, tls, groups, limits)");
+  serve_cmd->add_flag("--insecure", serve_args.insecure,
+                      "Allow plain TCP on a non-loopback address (keys and data travel in clear text)");
+  serve_cmd->add_option("--port", serve_args.port, "Listen on this port instead of the config's (0: any free one)")
+      ->check(CLI::Range(0, 65535));
+  serve_cmd->add_option("--grace", serve_args.grace_seconds, "Seconds calls in flight may take to finish at SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600));
+  serve_cmd->footer("Example: glint serve --config serve.toml   (docs/remote.md; drivers attach with "
+                    "GLINT_REMOTE_URL=host:port GLINT_API_KEY=tml-...)");
+  glint::launcher::ServeKeysArgs keys_args;
+  auto* keys_cmd = serve_cmd->add_subcommand("keys", "Manage the server's API keys (stored as salted hashes)");
+  keys_cmd->require_subcommand(1);
+  for (auto* k : {keys_cmd->add_subcommand("create", "Make a key for a tenant; it is printed once"),
+                  keys_cmd->add_subcommand("list", "List the keys: id, tenant, creation, state"),
+                  keys_cmd->add_subcommand("revoke", "Revoke a key (by the key or its id); it stops working at once")}) {
+    k->add_option("--config", keys_args.config, "The server's TOML (its state_dir holds the keys)");
+    k->add_option("--state-dir", keys_args.state_dir, "The server's state directory, instead of --config");
+    k->callback([k, &keys_args] { keys_args.action = k->get_name(); });
+    if (k->get_name() == "create") k->add_option("--tenant", keys_args.tenant, "The tenant the key belongs to")->required();
+    if (k->get_name() == "revoke") k->add_option("key", keys_args.key, "The key, or its id (keys list shows ids)")->required();
+  }
+
   CLI11_PARSE(app, argc, argv);
 
   if (*run) {
@@ -207,6 +247,14 @@ int main(int argc, char** argv) {
     }
     return *code;
   }
+  if (*keys_cmd) return glint::launcher::serve_keys(keys_args);
+  if (*serve_cmd) {
+    if (serve_args.config.empty()) {
+      std::fprintf(stderr, "glint serve: --config is required (a serve.toml; see docs/remote.md)\n");
+      return 2;
+    }
+    return glint::launcher::serve(serve_args);
+  }
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);
@@ -216,6 +264,7 @@ int main(int argc, char** argv) {
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_sync) return glint::bench::sync(sync_args);
+  if (*bench_remote) return glint::bench::remote(remote_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;
     return glint::bench::train(train_args);

@@ -1,5 +1,7 @@
 #include "placement/config.hpp"
 
+#include "placement/toml.hpp"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -142,7 +144,7 @@ std::optional<size_t> non_ascii_outside_strings(std::string_view text) {
 
 }  // namespace
 
-Result<JobConfig> JobConfig::parse(std::string_view text, std::string_view source) {
+Result<void> check_toml_text(std::string_view text, std::string_view source) {
   if (auto at = non_ascii_outside_strings(text)) {
     const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(*at), '\n');
     char byte[8];
@@ -152,14 +154,24 @@ Result<JobConfig> JobConfig::parse(std::string_view text, std::string_view sourc
                                                   ") outside a string or comment (or right after a backslash in one); "
                                                   "TOML keys and values are ASCII unless quoted (write name = \"...\")");
   }
-  toml::table root;
+  return {};
+}
+
+Result<toml::table> parse_toml(std::string_view text, std::string_view source) {
+  if (auto ok = check_toml_text(text, source); !ok) return ok.error();
   try {
-    root = toml::parse(text, source);
+    return toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     std::ostringstream msg;
     msg << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": " << e.description();
     return make_error(errc::invalid_argument, "malformed TOML: " + msg.str());
   }
+}
+
+Result<JobConfig> JobConfig::parse(std::string_view text, std::string_view source) {
+  auto parsed = parse_toml(text, source);
+  if (!parsed) return parsed.error();
+  const toml::table& root = *parsed;
   JobConfig cfg;
   static const std::set<std::string> top_keys{"strategy", "allow_cpu_oversubscribe", "group"};
   for (auto&& [k, v] : root)

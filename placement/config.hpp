@@ -19,6 +19,11 @@
 
 namespace glint::placement {
 
+/// Refuses what Debian's toml++ 3.3.0 must not parse (undefined behaviour
+/// on some non-ASCII bytes outside strings and comments, which TOML does not
+/// allow there anyway): call it on any TOML text before toml::parse.
+Result<void> check_toml_text(std::string_view toml_text, std::string_view source);
+
 struct JobConfig {
   PlanOptions options;
   std::vector<GroupRequest> groups;

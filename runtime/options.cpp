@@ -137,7 +137,14 @@ Result<Options> Options::from_environment() {
     if (!mode) return with_context(mode.error(), "GLINT_MODE");
     o.mode = *mode;
   }
-  if (const char* r = std::getenv("GLINT_REMOTE"); r && *r) o.remote_endpoint = r;
+  // GLINT_REMOTE_URL (GLINT_REMOTE, its older name) attaches to a server:
+  // remote mode unless GLINT_MODE says otherwise.
+  for (const char* name : {"GLINT_REMOTE", "GLINT_REMOTE_URL"})
+    if (const char* r = std::getenv(name); r && *r) o.remote_endpoint = r;
+  if (const char* k = std::getenv("GLINT_API_KEY"); k && *k) o.remote_api_key = k;
+  if (const char* c = std::getenv("GLINT_REMOTE_CA"); c && *c) o.remote_ca_file = c;
+  const char* mode_env = std::getenv("GLINT_MODE");
+  if (!o.remote_endpoint.empty() && (!mode_env || !*mode_env) && o.mode == Mode::local) o.mode = Mode::remote;
   if (const char* m = std::getenv("GLINT_MAX_MESSAGE_BYTES"); m && *m) {
     uint64_t v = 0;
     auto [p, ec] = std::from_chars(m, m + std::strlen(m), v);

@@ -46,8 +46,15 @@ struct ClusterEnv {
 struct Options {
   Mode mode = Mode::local;
   ClusterEnv cluster;
-  /// remote mode: the deployment to attach to (host:port).
+  /// remote mode: the `glint serve` deployment to attach to: "host:port"
+  /// (plain TCP, loopback only unless the server allows it) or
+  /// "tls://host:port" (GLINT_REMOTE_URL).
   std::string remote_endpoint;
+  /// remote mode: the API key (`glint serve keys create`; GLINT_API_KEY).
+  std::string remote_api_key;
+  /// remote mode with TLS: a PEM file of the certificate (or CA) to trust
+  /// instead of the system's store (GLINT_REMOTE_CA).
+  std::string remote_ca_file;
 
   /// Default timeout of every actor call; a call never waits longer.
   std::chrono::milliseconds call_timeout{std::chrono::minutes(5)};

@@ -468,6 +468,7 @@ void Runtime::set_service(const std::string& name, caf::actor a) {
 }
 
 void Runtime::shutdown() {
+  remote_.reset();  // closes the connection to the server (remote mode)
   if (!impl_ || !sys_) return;
   {
     // Every strong handle taken here must be released before the actor system
@@ -510,10 +511,18 @@ void Runtime::shutdown() {
 
 Result<std::unique_ptr<Runtime>> initialize(Options opts) {
   if (auto ok = opts.validate(); !ok) return with_context(ok.error(), "invalid options");
-  if (opts.mode == Mode::remote)
-    return make_error(errc::unimplemented,
-                      "remote mode (attaching to a running `glint serve` deployment) is not built yet; "
-                      "use local or cluster mode");
+  const RemoteConnector* connect = nullptr;
+  if (opts.mode == Mode::remote) {
+    connect = remote_connector();
+    if (!connect)
+      return make_error(errc::unimplemented,
+                        "remote mode needs the remote transport, and this program was not linked with glint::rpc; "
+                        "link it, or use local or cluster mode");
+    if (opts.remote_endpoint.empty())
+      return make_error(errc::invalid_argument,
+                        "remote mode needs the server's address: set GLINT_REMOTE_URL (host:port, or "
+                        "tls://host:port) or Options::remote_endpoint");
+  }
   if (opts.mode == Mode::cluster && opts.cluster.rank != 0)
     return make_error(errc::failed_precondition,
                       "this is process " + std::to_string(opts.cluster.rank) +
@@ -535,6 +544,11 @@ Result<std::unique_ptr<Runtime>> initialize(Options opts) {
   impl->responses_handle = caf::make_actor<detail::ResponseSink, caf::strong_actor_ptr>(
       rt->sys_->next_actor_id(), rt->sys_->node(), rt->sys_.get(), sink_cfg);
   detail::sink(impl->responses_handle)->start(impl->responses_handle);
+  if (connect) {
+    auto attached = (*connect)(opts);
+    if (!attached) return attached.error();
+    rt->remote_ = std::move(*attached);
+  }
   if (opts.mode != Mode::cluster) return rt;
 
   impl->rendezvous = rt->sys_->spawn(rendezvous_fn, impl, world);

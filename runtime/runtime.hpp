@@ -20,6 +20,7 @@
 #include "runtime/future.hpp"
 #include "runtime/options.hpp"
 #include "runtime/registry.hpp"
+#include "runtime/remote.hpp"
 #include "runtime/types.hpp"
 
 #include <caf/actor.hpp>
@@ -76,6 +77,9 @@ public:
   Mode mode() const { return opts_.mode; }
   const Options& options() const { return opts_; }
   caf::actor_system& system() { return *sys_; }
+  /// Remote mode: the connection to the server (runtime/remote.hpp); null
+  /// in local and cluster mode, and after shutdown.
+  RemoteAttachment* remote() const { return remote_.get(); }
 
   /// Processes in the job (1 in local mode).
   int num_nodes() const;
@@ -133,12 +137,16 @@ private:
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> sys_;
   std::shared_ptr<Impl> impl_;
+  std::shared_ptr<RemoteAttachment> remote_;
 };
 
 /// Starts the driver's runtime. In cluster mode (process rank 0) it listens on
 /// the master port and waits, up to `connect_timeout`, for every node process
-/// to register; the error lists the ones that did not. Remote mode answers
-/// `unimplemented` until the remote service exists. In a node process
+/// to register; the error lists the ones that did not. In remote mode it
+/// starts a local runtime (for client-side actors such as dataloaders) and
+/// connects to the server at `remote_endpoint` with `remote_api_key`
+/// (GLINT_REMOTE_URL, GLINT_API_KEY), through the rpc layer: a program not
+/// linked with glint::rpc gets `unimplemented`. In a node process
 /// (rank > 0) this is `failed_precondition`: use `run_main` or `serve_node`.
 Result<std::unique_ptr<Runtime>> initialize(Options opts = {});
 

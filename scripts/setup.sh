@@ -14,7 +14,8 @@ packages=(
   # fallbacks): without it Debian resolves libblas.so.3 to the reference
   # BLAS, ~2 GFLOP/s, against ~60 here (docs/architecture.md).
   libopenblas0-openmp
-  capnproto libcapnp-dev          # wire schema and remote RPC
+  capnproto libcapnp-dev          # wire schema and remote RPC (glint serve, remote mode)
+  libssl-dev openssl              # TLS of remote mode, API key hashes; test certificates
   librocksdb-dev                  # durable metadata
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libspdlog-dev
   libpcre2-dev libcpp-httplib-dev

@@ -25,12 +25,13 @@ Future<T> failed(caf::error e) {
   return Future<T>::ready_with(std::move(e));
 }
 
-/// Why `open_*` cannot spawn in this runtime's mode, or none. Remote mode
-/// attaches to a server instead, through rpc/ (not built yet).
+/// Why `open_*` of a group a server does not host cannot run in this
+/// runtime's mode, or none: in remote mode a server hosts model and sampler
+/// groups (and dataloaders run with the driver), nothing else.
 inline caf::error refuse_remote(const Runtime& rt, const std::string& what) {
   if (rt.mode() != Mode::remote) return caf::none;
-  return make_error(errc::unimplemented, what + " in remote mode needs the remote transport (rpc/), which this build "
-                                                "does not have yet; run in local or cluster mode");
+  return make_error(errc::unimplemented, what + " in remote mode: a glint server hosts model and sampler groups only; "
+                                                "run in local or cluster mode");
 }
 
 }  // namespace glint::actors::detail

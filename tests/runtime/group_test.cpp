@@ -205,12 +205,15 @@ TEST(ClusterTransport, InitializeFailsClearlyWhenNodesNeverCome) {
       << describe(rt.error());
 }
 
-TEST(LocalRuntime, RemoteModeIsNotBuiltYet) {
+TEST(LocalRuntime, RemoteModeNeedsTheRpcLayerLinkedIn) {
+  // This test binary does not link glint::rpc, so no connector is installed.
   Options opts;
   opts.mode = Mode::remote;
+  opts.remote_endpoint = "127.0.0.1:1";
   auto rt = initialize(opts);
   ASSERT_FALSE(rt);
   EXPECT_EQ(code_of(rt.error()), errc::unimplemented);
+  EXPECT_NE(describe(rt.error()).find("not linked with glint::rpc"), std::string::npos) << describe(rt.error());
 }
 
 }  // namespace

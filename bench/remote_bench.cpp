@@ -1,0 +1,218 @@
+// glint bench remote: see remote_bench.hpp.
+#include "bench/remote_bench.hpp"
+#include "bench/measure.hpp"
+
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
+#include "components/data/bpe_trainer.hpp"
+#include "components/data/dataset.hpp"
+#include "components/data/synthetic.hpp"
+#include "components/model/model.hpp"
+#include "placement/service.hpp"
+#include "rpc/keys.hpp"
+#include "rpc/server.hpp"
+#include "runtime/runtime.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#include <unistd.h>
+
+namespace glint::bench {
+
+namespace {
+
+constexpr const char* kName = "glint bench remote";
+using actors::ModelGroup;
+using actors::SamplerGroup;
+using placement::DeviceGroup;
+using placement::DeviceMesh;
+
+int fail(const std::string& what, const caf::error& e) {
+  std::fprintf(stderr, "%s: %s: %s\n", kName, what.c_str(), describe(e).c_str());
+  return 1;
+}
+
+const actors::LoraConfig kLora{.r = 8, .alpha = 16, .target_modules = {"all-linear"}};
+
+// A batch of 8 rows of 64 tokens.
+Batch train_batch(int64_t vocab, int64_t offset) {
+  Batch b;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 8 * 64; ++i) ids.push_back((i * 31 + offset * 7) % (vocab - 3) + 3);
+  if (auto t = Tensor::from_values(ids, {8, 64})) b.tensors["input_ids"] = std::move(*t);
+  return b;
+}
+
+// One tenant's work unit: a training step and a sample call; answers its tokens.
+Result<int64_t> work(const ModelGroup& model, const SamplerGroup& sampler, int64_t vocab, int step) {
+  auto batch = train_batch(vocab, step);
+  auto fb = model.forward_backward(batch).take();
+  if (!fb) return fb.error();
+  auto s = model.clip_grad_and_step().take();
+  if (!s) return s.error();
+  std::vector<std::vector<int64_t>> prompts;
+  for (int p = 0; p < 4; ++p) prompts.push_back({3 + p, 5 + step % 7, 9, 11, 13, 17, 19, 23});
+  auto seqs = sampler.sample(prompts, {.max_tokens = 32, .temperature = 1.0, .seed = step, .ignore_eos = true}).take();
+  if (!seqs) return seqs.error();
+  int64_t tokens = batch.tensors["input_ids"].numel();
+  for (const auto& q : *seqs) tokens += static_cast<int64_t>(q.tokens.size());
+  return tokens;
+}
+
+}  // namespace
+
+int remote(const RemoteBenchArgs& a) {
+  namespace fs = std::filesystem;
+  auto root = fs::temp_directory_path() / ("glint-bench-remote-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{root};
+  // The base: a small Qwen3 (4 layers, hidden 256) with a trained tokenizer.
+  auto model_dir = (root / "base").string();
+  auto rows = components::arithmetic_rows(200, {.seed = 1});
+  auto json = components::train_bpe(components::texts_of(components::Dataset::from_rows(rows)), {.vocab_size = 512});
+  if (!json) return fail("training the tokenizer", json.error());
+  auto tok = components::Tokenizer::parse(*json);
+  if (!tok) return fail("reading the tokenizer", tok.error());
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, tok->vocab_size(), 256, 768, 4, 8, 4);
+  cfg.max_position_embeddings = 512;
+  auto lm = components::CausalLM::init_random(cfg, 1);
+  if (!lm) return fail("making the model", lm.error());
+  if (auto ok = lm->save(model_dir); !ok) return fail("saving the model", ok.error());
+  if (auto ok = components::save_chatml_tokenizer(model_dir, *json); !ok) return fail("saving the tokenizer", ok.error());
+  const int64_t vocab = tok->vocab_size();
+
+  auto rt = initialize(Options{});
+  if (!rt) return fail("starting the runtime", rt.error());
+  rpc::ServeConfig config{.model_dir = model_dir, .state_dir = (root / "state").string(), .port = 0};
+  config.sampler_cache_bytes = int64_t{64} << 20;
+  auto server = rpc::Server::start(**rt, config);
+  if (!server) return fail("starting the server", server.error());
+  std::vector<std::string> keys;
+  for (int t = 0; t < 4; ++t) {
+    auto key = rpc::KeyStore::create(config.state_dir, "tenant" + std::to_string(t));
+    if (!key) return fail("making a key", key.error());
+    keys.push_back(*key);
+  }
+  auto attach = [&](const std::string& key) {
+    Options o;
+    o.mode = Mode::remote;
+    o.remote_endpoint = "127.0.0.1:" + std::to_string((*server)->port());
+    o.remote_api_key = key;
+    return initialize(o);
+  };
+  auto mesh = DeviceMesh::from_sizes({.dp = 1});
+  if (!mesh) return fail("the device mesh", mesh.error());
+  const auto& one = *mesh;
+
+  // 1. noop round trips and training steps, local and remote.
+  auto local = actors::open_model_group(**rt, DeviceGroup::of("local-model", 1), one, {.model_dir = model_dir});
+  if (!local) return fail("opening the local model group", local.error());
+  auto driver = attach(keys[0]);
+  if (!driver) return fail("attaching", driver.error());
+  auto remote = actors::open_model_group(**driver, DeviceGroup::of("model", 1), one, {});
+  if (!remote) return fail("opening the remote model group", remote.error());
+  double noop_us[2] = {0, 0}, step_s[2] = {0, 0};
+  int m = 0;
+  for (ModelGroup* g : {&*local, &*remote}) {
+    if (auto ok = g->add_adapter("bench", kLora, 1).get(); !ok) return fail("adding an adapter", ok.error());
+    auto ad = g->with_adapter("bench");
+    if (auto ok = ad.set_optimizer({.lr = 1e-3}).get(); !ok) return fail("setting the optimizer", ok.error());
+    std::vector<double> noops, steps;
+    for (int i = 0; i < a.repeats; ++i) {
+      caf::error err;
+      noops.push_back(seconds_of([&] {
+        if (auto r = ad.calculate_metric().get(); !r) err = r.error();
+      }));
+      if (err) return fail("calculate_metric", err);
+    }
+    auto batch = train_batch(vocab, 0);
+    for (int i = 0; i < a.steps + 2; ++i) {
+      caf::error err;
+      double s = seconds_of([&] {
+        if (auto r = ad.forward_backward(batch).get(); !r) err = r.error();
+        else if (auto st = ad.clip_grad_and_step().get(); !st) err = st.error();
+      });
+      if (err) return fail("a training step", err);
+      if (i >= 2) steps.push_back(s);  // the first two warm up
+    }
+    noop_us[m] = median(noops) * 1e6;
+    step_s[m] = median(steps);
+    ++m;
+  }
+  print_metric("local_noop_rtt_us", noop_us[0], 1);
+  print_metric("remote_noop_rtt_us", noop_us[1], 1);
+  print_metric("local_forward_backward_s", step_s[0], 4);
+  print_metric("remote_forward_backward_s", step_s[1], 4);
+  print_metric("remote_forward_backward_vs_local", step_s[1] / step_s[0], 3);
+  (void)local->remove_adapter("bench").get();
+  (void)remote->remove_adapter("bench").get();
+
+  // 2. One tenant alone, then four at once, each alternating training and sampling.
+  auto throughput = [&](int tenants) -> Result<double> {
+    std::vector<std::unique_ptr<Runtime>> drivers;
+    std::vector<ModelGroup> models;
+    std::vector<SamplerGroup> samplers;
+    for (int t = 0; t < tenants; ++t) {
+      auto d = attach(keys[static_cast<size_t>(t)]);
+      if (!d) return d.error();
+      auto mg = actors::open_model_group(**d, DeviceGroup::of("model", 1), one, {});
+      if (!mg) return mg.error();
+      auto sg = actors::open_sampler_group(**d, DeviceGroup::of("sampler", 1), one, {});
+      if (!sg) return sg.error();
+      const std::string name = "t" + std::to_string(tenants);
+      if (auto ok = mg->add_adapter(name, kLora, static_cast<uint64_t>(t)).get(); !ok) return ok.error();
+      if (auto ok = sg->add_adapter(name, kLora).get(); !ok) return ok.error();
+      if (auto ok = mg->with_adapter(name).set_optimizer({.lr = 1e-3}).get(); !ok) return ok.error();
+      models.push_back(mg->with_adapter(name));
+      samplers.push_back(sg->with_adapter(name));
+      drivers.push_back(std::move(*d));
+    }
+    // A warm-up unit each, then the timed ones.
+    for (int t = 0; t < tenants; ++t)
+      if (auto w = work(models[static_cast<size_t>(t)], samplers[static_cast<size_t>(t)], vocab, 0); !w) return w.error();
+    std::atomic<int64_t> tokens{0};
+    std::vector<caf::error> errors(static_cast<size_t>(tenants));
+    auto secs = seconds_of([&] {
+      std::vector<std::thread> threads;
+      for (int t = 0; t < tenants; ++t)
+        threads.emplace_back([&, t] {
+          for (int s = 1; s <= a.steps; ++s) {
+            auto w = work(models[static_cast<size_t>(t)], samplers[static_cast<size_t>(t)], vocab, s);
+            if (!w) {
+              errors[static_cast<size_t>(t)] = w.error();
+              return;
+            }
+            tokens += *w;
+          }
+        });
+      for (auto& th : threads) th.join();
+    });
+    for (auto& e : errors)
+      if (e) return e;
+    for (size_t t = 0; t < models.size(); ++t) {
+      (void)samplers[t].remove_adapter(samplers[t].adapter()).get();
+      (void)models[t].base().remove_adapter(models[t].adapter()).get();
+    }
+    return static_cast<double>(tokens.load()) / secs;
+  };
+  auto alone = throughput(1);
+  if (!alone) return fail("one tenant", alone.error());
+  auto four = throughput(4);
+  if (!four) return fail("four tenants", four.error());
+  print_metric("tenants1_tokens_per_s", *alone, 0);
+  print_metric("tenants4_tokens_per_s", *four, 0);
+  print_metric("tenants4_vs_1_tokens_per_s", *four / *alone, 3);
+  driver->reset();
+  (*server)->shutdown();
+  return 0;
+}
+
+}  // namespace glint::bench

@@ -1,0 +1,27 @@
+#pragma once
+/// `glint bench remote`: what remote mode costs and what sharing a server
+/// gains, all measured in one run on one machine (a `glint serve` core and
+/// its drivers in this process, over loopback TCP):
+///
+/// - remote_noop_rtt_us against local_noop_rtt_us: the median round trip of
+///   the cheapest model call (calculate_metric on an adapter) through the
+///   RPC gateway, and straight to the same server's actors;
+/// - remote_forward_backward_vs_local: the median time of forward_backward +
+///   clip_grad_and_step on the tiny model, remote over local (goal <= 1.2);
+/// - tenants4_vs_1_tokens_per_s: tokens trained and sampled per second by 4
+///   tenants at once (each its own adapter, key and connection, each
+///   alternating a training step and a sample call) over one tenant alone
+///   doing the same (goal >= 1.5: the model and the sampler work at once,
+///   and the sampler batches tenants' requests in the same engine steps).
+///   Also printed: tenants1_tokens_per_s and tenants4_tokens_per_s.
+
+namespace glint::bench {
+
+struct RemoteBenchArgs {
+  int repeats = 200;  ///< noop calls per mode (the median is printed)
+  int steps = 12;     ///< training steps per timing and per tenant
+};
+
+int remote(const RemoteBenchArgs& args);
+
+}  // namespace glint::bench

@@ -1,0 +1,159 @@
+#include "rpc/serve_config.hpp"
+
+#include "placement/toml.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace glint::rpc {
+
+namespace {
+
+caf::error bad(const std::string& source, const std::string& what) {
+  return make_error(errc::invalid_argument, source + ": " + what);
+}
+
+// Reads `key` of `t` into `out` when present; a value of another type, or
+// out of [lo, hi], is an error naming it.
+Result<void> read_int(const toml::table& t, const std::string& section, const char* key, int64_t lo, int64_t hi,
+                      int64_t& out, const std::string& source) {
+  auto* n = t.get(key);
+  if (!n) return {};
+  auto v = n->value_exact<int64_t>();
+  if (!v || *v < lo || *v > hi)
+    return bad(source, section + key + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = *v;
+  return {};
+}
+
+Result<void> read_string(const toml::table& t, const std::string& section, const char* key, std::string& out,
+                         const std::string& source) {
+  auto* n = t.get(key);
+  if (!n) return {};
+  auto v = n->value_exact<std::string>();
+  if (!v) return bad(source, section + key + " must be a string");
+  out = *v;
+  return {};
+}
+
+Result<void> only_keys(const toml::table& t, const std::string& section, std::set<std::string> known,
+                       const std::string& source) {
+  for (const auto& [k, _] : t)
+    if (!known.count(std::string{k.str()}))
+      return bad(source, "unknown key '" + section + std::string{k.str()} + "'");
+  return {};
+}
+
+}  // namespace
+
+bool ServeConfig::loopback() const { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+
+Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::string& source) {
+  auto parsed = placement::parse_toml(text, source);
+  if (!parsed) return parsed.error();
+  const toml::table& root = *parsed;
+  ServeConfig c;
+  if (auto ok = only_keys(root, "", {"model", "state_dir", "sampling_seed", "listen", "tls", "groups", "limits", "metrics"}, source);
+      !ok)
+    return ok.error();
+  Result<void> ok;
+  if (!(ok = read_string(root, "", "model", c.model_dir, source))) return ok.error();
+  if (!(ok = read_string(root, "", "state_dir", c.state_dir, source))) return ok.error();
+  int64_t seed = 0;
+  if (!(ok = read_int(root, "", "sampling_seed", 0, INT64_MAX, seed, source))) return ok.error();
+  c.sampling_seed = static_cast<uint64_t>(seed);
+  auto section = [&](const char* name) -> Result<const toml::table*> {
+    auto* n = root.get(name);
+    if (!n) return static_cast<const toml::table*>(nullptr);
+    if (!n->is_table()) return bad(source, std::string{name} + " must be a table ([" + name + "])");
+    return n->as_table();
+  };
+  auto listen = section("listen");
+  if (!listen) return listen.error();
+  if (*listen) {
+    if (!(ok = only_keys(**listen, "listen.", {"host", "port"}, source))) return ok.error();
+    if (!(ok = read_string(**listen, "listen.", "host", c.host, source))) return ok.error();
+    int64_t port = c.port;
+    if (!(ok = read_int(**listen, "listen.", "port", 0, 65535, port, source))) return ok.error();
+    c.port = static_cast<int>(port);
+  }
+  auto metrics = section("metrics");
+  if (!metrics) return metrics.error();
+  if (*metrics) {
+    if (!(ok = only_keys(**metrics, "metrics.", {"host", "port"}, source))) return ok.error();
+    if (!(ok = read_string(**metrics, "metrics.", "host", c.metrics_host, source))) return ok.error();
+    int64_t port = 9464;
+    if (!(ok = read_int(**metrics, "metrics.", "port", 0, 65535, port, source))) return ok.error();
+    c.metrics_port = static_cast<int>(port);
+  }
+  auto tls = section("tls");
+  if (!tls) return tls.error();
+  if (*tls) {
+    if (!(ok = only_keys(**tls, "tls.", {"cert", "key"}, source))) return ok.error();
+    if (!(ok = read_string(**tls, "tls.", "cert", c.tls_cert, source))) return ok.error();
+    if (!(ok = read_string(**tls, "tls.", "key", c.tls_key, source))) return ok.error();
+  }
+  auto groups = section("groups");
+  if (!groups) return groups.error();
+  if (*groups) {
+    if (!(ok = only_keys(**groups, "groups.", {"model_ranks", "sampler_ranks", "sampler_cache_mib"}, source)))
+      return ok.error();
+    int64_t m = c.model_ranks, s = c.sampler_ranks, cache = c.sampler_cache_bytes >> 20;
+    if (!(ok = read_int(**groups, "groups.", "model_ranks", 1, 1024, m, source))) return ok.error();
+    if (!(ok = read_int(**groups, "groups.", "sampler_ranks", 1, 1024, s, source))) return ok.error();
+    if (!(ok = read_int(**groups, "groups.", "sampler_cache_mib", 1, int64_t{1} << 24, cache, source))) return ok.error();
+    c.model_ranks = static_cast<int>(m);
+    c.sampler_ranks = static_cast<int>(s);
+    c.sampler_cache_bytes = cache << 20;
+  }
+  auto limits = section("limits");
+  if (!limits) return limits.error();
+  if (*limits) {
+    if (!(ok = only_keys(**limits, "limits.",
+                         {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib"}, source)))
+      return ok.error();
+    auto& l = c.limits;
+    int64_t mib = c.max_message_bytes >> 20;
+    if (!(ok = read_int(**limits, "limits.", "adapters", 1, 1 << 20, l.adapters, source))) return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "max_rank", 1, 1 << 16, l.max_rank, source))) return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "tokens_per_call", 1, int64_t{1} << 40, l.tokens_per_call, source)))
+      return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "calls_in_flight", 1, 1 << 20, l.calls_in_flight, source)))
+      return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "message_mib", 1, 4095, mib, source))) return ok.error();
+    c.max_message_bytes = mib << 20;
+  }
+  return c;
+}
+
+Result<ServeConfig> ServeConfig::load(const std::string& path) {
+  std::ifstream in{path};
+  if (!in) return make_error(errc::not_found, "cannot read the server config " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto c = parse(ss.str(), path);
+  if (!c) return c;
+  // Relative paths in the file are relative to the file.
+  auto base = std::filesystem::absolute(path).parent_path();
+  for (auto* p : {&c->model_dir, &c->state_dir, &c->tls_cert, &c->tls_key})
+    if (!p->empty() && std::filesystem::path{*p}.is_relative()) *p = (base / *p).lexically_normal().string();
+  return c;
+}
+
+Result<void> ServeConfig::validate() const {
+  if (model_dir.empty()) return make_error(errc::invalid_argument, "the server config names no base model (model = \"DIR\")");
+  if (!std::filesystem::exists(std::filesystem::path{model_dir} / "config.json"))
+    return make_error(errc::not_found, "the base model " + model_dir + " has no config.json");
+  if (tls_cert.empty() != tls_key.empty())
+    return make_error(errc::invalid_argument, "[tls] needs both cert and key (PEM files)");
+  if (!loopback() && !tls() && !insecure)
+    return make_error(errc::permission_denied,
+                      "listening on " + host + " (not loopback) sends API keys and tenants' data in clear text: "
+                      "configure [tls] cert and key, or pass --insecure on a network you trust");
+  if (state_dir.empty()) return make_error(errc::invalid_argument, "state_dir must not be empty");
+  return {};
+}
+
+}  // namespace glint::rpc

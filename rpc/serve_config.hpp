@@ -1,0 +1,68 @@
+#pragma once
+// What `glint serve` reads from its TOML file (docs/remote.md shows one):
+//
+//   model = "models/qwen-tiny"       # the base model every tenant trains adapters on
+//   state_dir = "serve-state"        # keys, tenants, checkpoints (RocksDB and files)
+//   [listen]
+//   host = "127.0.0.1"               # anything but loopback needs [tls] or --insecure
+//   port = 7733
+//   [tls]
+//   cert = "server.pem"              # PEM certificate chain
+//   key = "server.key"               # PEM private key
+//   [groups]
+//   model_ranks = 1                  # data-parallel ranks of the shared model group
+//   sampler_ranks = 1
+//   sampler_cache_mib = 64
+//   [limits]                         # per tenant; over one: resource_exhausted naming it
+//   adapters = 8
+//   max_rank = 64
+//   tokens_per_call = 262144
+//   calls_in_flight = 16
+//   message_mib = 256                # largest message a peer may send
+//   [metrics]                        # Prometheus text at http://host:port/metrics
+//   host = "127.0.0.1"
+//   port = 9464                      # absent: no metrics endpoint
+//
+// Every key is checked: an unknown key or a value of the wrong type is an
+// error naming it (a typo never silently keeps a default).
+
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace glint::rpc {
+
+struct TenantLimits {
+  int64_t adapters = 8;             ///< model-group adapters a tenant may hold at once
+  int64_t max_rank = 64;            ///< LoRA rank at most
+  int64_t tokens_per_call = 262144; ///< tokens of one training batch, or prompt + new tokens of one sample call
+  int64_t calls_in_flight = 16;     ///< a tenant's calls the server holds at once
+};
+
+struct ServeConfig {
+  std::string model_dir;
+  std::string state_dir = "glint-serve";
+  std::string host = "127.0.0.1";
+  int port = 7733;  ///< 0: any free port (tests)
+  std::string tls_cert, tls_key;
+  bool insecure = false;  ///< the CLI's --insecure: plain TCP on a non-loopback address
+  int model_ranks = 1;
+  int sampler_ranks = 1;
+  int64_t sampler_cache_bytes = int64_t{64} << 20;
+  uint64_t sampling_seed = 0;
+  TenantLimits limits;
+  int64_t max_message_bytes = int64_t{256} << 20;
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = -1;  ///< -1: no metrics endpoint; 0: any free port
+
+  static Result<ServeConfig> parse(const std::string& toml_text, const std::string& source);
+  static Result<ServeConfig> load(const std::string& path);
+  bool tls() const { return !tls_cert.empty(); }
+  bool loopback() const;
+  /// A model directory, TLS files that go together, a non-loopback bind
+  /// only with TLS or insecure, positive sizes.
+  Result<void> validate() const;
+};
+
+}  // namespace glint::rpc

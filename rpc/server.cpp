@@ -1,0 +1,906 @@
+#include "rpc/server.hpp"
+
+#include "actors/checkpoint_engine.hpp"
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
+#include "placement/service.hpp"
+#include "rpc/convert.hpp"
+#include "rpc/detail/kj_bridge.hpp"
+#include "rpc/fingerprint.hpp"
+#include "rpc/keys.hpp"
+#include "runtime/log.hpp"
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <kj/compat/http.h>
+#include <kj/compat/tls.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+namespace glint::rpc {
+
+namespace fs = std::filesystem;
+using detail::await_future;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in{path};
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A tenant's state on the server. Touched on the I/O thread only.
+struct Tenant {
+  std::string name;
+  std::set<std::string> adapters;          ///< its model-group adapters (its own names)
+  std::set<std::string> sampler_adapters;  ///< its sampler-group adapters
+  std::map<std::string, std::unique_ptr<actors::CheckpointEngine>> syncs;  ///< by adapter
+  int64_t in_flight = 0;
+  /// Calls wait for this before they start: a weight sync replaces it, so
+  /// the calls after a sync see its result.
+  kj::ForkedPromise<void> barrier = kj::Promise<void>(kj::READY_NOW).fork();
+  // Counters (docs/remote.md, "Observable").
+  int64_t calls = 0, errors = 0, tokens = 0;
+  int64_t queue_wait_us = 0;  ///< summed time calls waited for the tenant's earlier calls
+  int64_t sessions = 0;       ///< open connections
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServeConfig config;
+  Runtime* rt = nullptr;
+  std::optional<actors::ModelGroup> model;
+  std::optional<actors::SamplerGroup> sampler;
+  std::unique_ptr<KeyStore> keys;
+  std::string fingerprint;
+  std::string base_name;
+  int64_t vocab_size = 0;
+  std::atomic<int> port{0};
+  std::atomic<int> metrics_port{-1};
+  std::atomic<uint64_t> upload_counter{0};
+
+  std::thread io;
+  const kj::Executor* executor = nullptr;  ///< the I/O thread's, while it runs
+  std::mutex stop_mx;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop;  ///< set by the I/O thread, fulfilled by shutdown
+  std::chrono::milliseconds grace{30000};
+  bool stopped = false;
+
+  std::map<std::string, std::unique_ptr<Tenant>> tenants;  ///< I/O thread only
+
+  Tenant& tenant(const std::string& name) {
+    auto& t = tenants[name];
+    if (!t) {
+      t = std::make_unique<Tenant>();
+      t->name = name;
+    }
+    return *t;
+  }
+  std::string upload_dir() {
+    return (fs::path{config.state_dir} / "tmp" / ("upload-" + std::to_string(::getpid()) + "-" +
+                                                  std::to_string(upload_counter.fetch_add(1))))
+        .string();
+  }
+  void run_io(std::promise<Result<void>>& ready);
+};
+
+using ServerState = Server::Impl;
+
+namespace {
+
+// -- the tenant's session -----------------------------------------------------
+
+class SessionImpl final : public wire::Session::Server {
+public:
+  SessionImpl(ServerState& s, std::string tenant, std::string key_id)
+      : s_(s), tenant_(std::move(tenant)), key_id_(std::move(key_id)) {
+    ++t().sessions;
+  }
+  ~SessionImpl() { --t().sessions; }
+
+  kj::Promise<void> heartbeat(HeartbeatContext ctx) override {
+    return run(ctx, "heartbeat", 0, [] { return ok_now(); });
+  }
+
+  kj::Promise<void> addAdapter(AddAdapterContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_name(p.getName(), "adapter name");
+    if (!name) return refuse(ctx, "add_adapter", name.error());
+    auto lora = read_lora(p.getLora());
+    if (!lora) return refuse(ctx, "add_adapter", lora.error());
+    if (auto ok = check_new_adapter(*name, *lora); !ok) return refuse(ctx, "add_adapter", ok.error());
+    auto seed = p.getSeed();
+    t().adapters.insert(*name);  // reserved now, so a second add in flight is refused
+    return run(ctx, "add_adapter", 0, [this, n = *name, l = *lora, seed] {
+      return finish_add(n, s_.model->add_adapter(inner(n), l, seed));
+    });
+  }
+
+  kj::Promise<void> removeAdapter(RemoveAdapterContext ctx) override {
+    auto name = owned(ctx.getParams().getName());
+    if (!name) return refuse(ctx, "remove_adapter", name.error());
+    return run(ctx, "remove_adapter", 0, [this, n = *name] {
+      return await_future(s_.model->remove_adapter(inner(n))).then([this, n](Result<void> r) {
+        if (r) {
+          t().adapters.erase(n);
+          t().syncs.erase(n);
+        }
+        return r;
+      });
+    });
+  }
+
+  kj::Promise<void> setLoss(SetLossContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = owned(p.getAdapter());
+    if (!name) return refuse(ctx, "set_loss", name.error());
+    auto loss = read_loss(p.getLoss());
+    if (!loss) return refuse(ctx, "set_loss", loss.error());
+    return run(ctx, "set_loss", 0, [this, n = *name, l = *loss] { return await_future(s_.model->backend().set_loss(inner(n), l)); });
+  }
+
+  kj::Promise<void> setOptimizer(SetOptimizerContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = owned(p.getAdapter());
+    if (!name) return refuse(ctx, "set_optimizer", name.error());
+    auto o = read_optimizer(p.getOptimizer());
+    if (!o) return refuse(ctx, "set_optimizer", o.error());
+    return run(ctx, "set_optimizer", 0,
+               [this, n = *name, o = *o] { return await_future(s_.model->backend().set_optimizer(inner(n), o)); });
+  }
+
+  kj::Promise<void> setLrScheduler(SetLrSchedulerContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = owned(p.getAdapter());
+    if (!name) return refuse(ctx, "set_lr_scheduler", name.error());
+    auto sc = read_scheduler(p.getScheduler());
+    if (!sc) return refuse(ctx, "set_lr_scheduler", sc.error());
+    return run(ctx, "set_lr_scheduler", 0,
+               [this, n = *name, sc = *sc] { return await_future(s_.model->backend().set_lr_scheduler(inner(n), sc)); });
+  }
+
+  kj::Promise<void> forwardBackward(ForwardBackwardContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = owned(p.getAdapter(), "forward_backward");
+    if (!name) return refuse(ctx, "forward_backward", name.error());
+    auto batch = checked_batch(p.getBatch());
+    if (!batch) return refuse(ctx, "forward_backward", batch.error());
+    auto tokens = tokens_of(*batch);
+    return run(ctx, "forward_backward", tokens, [this, ctx, n = *name, b = std::move(*batch)]() mutable {
+      return await_future(s_.model->backend().forward_backward(b, inner(n))).then([ctx](Result<Metrics> r) mutable {
+        if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> forwardOnly(ForwardOnlyContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_adapter_or_base(p.getAdapter());
+    if (!name) return refuse(ctx, "forward_only", name.error());
+    auto batch = checked_batch(p.getBatch());
+    if (!batch) return refuse(ctx, "forward_only", batch.error());
+    auto tokens = tokens_of(*batch);
+    return run(ctx, "forward_only", tokens, [this, ctx, n = *name, b = std::move(*batch)]() mutable {
+      // Answers are copied into the message: nothing tells the server
+      // when the RPC system has written them.
+      return await_future(s_.model->backend().forward_only(b, inner_or_base(n))).then([ctx](Result<Tensor> r) mutable {
+        if (r) write_tensor(ctx.getResults().initLogps(), *r, nullptr);
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> clipGradAndStep(ClipGradAndStepContext ctx) override {
+    auto name = owned(ctx.getParams().getAdapter(), "clip_grad_and_step");
+    if (!name) return refuse(ctx, "clip_grad_and_step", name.error());
+    return run(ctx, "clip_grad_and_step", 0, [this, ctx, n = *name]() mutable {
+      return await_future(s_.model->backend().clip_grad_and_step(inner(n))).then([ctx](Result<Metrics> r) mutable {
+        if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> calculateMetric(CalculateMetricContext ctx) override {
+    auto name = owned(ctx.getParams().getAdapter());
+    if (!name) return refuse(ctx, "calculate_metric", name.error());
+    return run(ctx, "calculate_metric", 0, [this, ctx, n = *name]() mutable {
+      return await_future(s_.model->backend().calculate_metric(inner(n))).then([ctx](Result<Metrics> r) mutable {
+        if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> trainConfigs(TrainConfigsContext ctx) override {
+    auto name = owned(ctx.getParams().getAdapter());
+    if (!name) return refuse(ctx, "train_configs", name.error());
+    return run(ctx, "train_configs", 0, [this, ctx, n = *name]() mutable {
+      return await_future(s_.model->backend().train_configs(inner(n))).then([this, ctx](Result<std::string> r) mutable {
+        if (r) ctx.getResults().setJson(clean(*r));
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> exportWeights(ExportWeightsContext ctx) override {
+    auto name = owned(ctx.getParams().getAdapter());
+    if (!name) return refuse(ctx, "export_weights", name.error());
+    return run(ctx, "export_weights", 0, [this, ctx, n = *name]() mutable {
+      return await_future(s_.model->backend().export_weights(inner(n))).then([ctx](Result<NamedTensors> r) mutable {
+        // Copied into the message now: the model's tensors change with its
+        // next step, before the answer may be written.
+        if (r) write_named(ctx.getResults().initTensors(static_cast<unsigned>(r->size())), *r, nullptr);
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> saveAdapter(SaveAdapterContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = owned(p.getAdapter());
+    if (!name) return refuse(ctx, "save_adapter", name.error());
+    bool with_optimizer = p.getWithOptimizer();
+    return run(ctx, "save_adapter", 0, [this, ctx, n = *name, with_optimizer]() mutable {
+      auto dir = s_.upload_dir();
+      return await_future(s_.model->backend().save(inner(n), actors::SaveRequest{.dir = dir, .with_optimizer = with_optimizer}))
+          .then([this, ctx, dir](Result<std::string> r) mutable -> Result<void> {
+            auto cleanup = kj::defer([dir] {
+              std::error_code ec;
+              fs::remove_all(dir, ec);
+            });
+            if (!r) return r.error();
+            auto files = read_dir_files(dir);
+            if (!files) return files.error();
+            write_files(ctx.getResults().initFiles(static_cast<unsigned>(files->size())), *files);
+            return {};
+          });
+    });
+  }
+
+  kj::Promise<void> loadAdapter(LoadAdapterContext ctx) override {
+    auto p = ctx.getParams();
+    bool create = p.getCreate(), with_optimizer = p.getWithOptimizer();
+    auto name = create ? read_name(p.getAdapter(), "adapter name") : owned(p.getAdapter());
+    if (!name) return refuse(ctx, "load_adapter", name.error());
+    if (create && t().adapters.count(*name))
+      return refuse(ctx, "load_adapter", make_error(errc::invalid_argument, "adapter '" + *name + "' exists already"));
+    if (create && static_cast<int64_t>(t().adapters.size()) >= s_.config.limits.adapters)
+      return refuse(ctx, "load_adapter", adapters_limit());
+    auto files = read_files(p.getFiles());
+    if (!files) return refuse(ctx, "load_adapter", files.error());
+    auto dir = s_.upload_dir();
+    if (auto ok = write_dir_files(dir, *files); !ok) return refuse(ctx, "load_adapter", ok.error());
+    if (auto ok = check_uploaded_rank(dir); !ok) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      return refuse(ctx, "load_adapter", ok.error());
+    }
+    if (create) t().adapters.insert(*name);
+    return run(ctx, "load_adapter", 0, [this, n = *name, dir, create, with_optimizer] {
+      auto f = create ? s_.model->load_adapter(inner(n), dir)
+                      : s_.model->with_adapter(inner(n)).load({.dir = dir, .with_optimizer = with_optimizer});
+      return await_future(f).then([this, n, dir, create](Result<void> r) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+        if (!r && create) t().adapters.erase(n);
+        return r;
+      });
+    });
+  }
+
+  kj::Promise<void> sample(SampleContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_adapter_or_base(p.getAdapter(), /*sampler=*/true);
+    if (!name) return refuse(ctx, "sample", name.error());
+    auto params = read_sampling(p.getParams());
+    if (!params) return refuse(ctx, "sample", params.error());
+    auto requests = read_requests(p.getRequests(), s_.vocab_size);
+    if (!requests) return refuse(ctx, "sample", requests.error());
+    int64_t tokens = 0;
+    for (const auto& r : *requests) tokens += static_cast<int64_t>(r.prompt.size()) + params->num_samples * params->max_tokens;
+    if (tokens > s_.config.limits.tokens_per_call)
+      return refuse(ctx, "sample", tokens_limit(tokens));
+    return run(ctx, "sample", tokens, [this, ctx, n = *name, rs = std::move(*requests), pr = *params]() mutable {
+      return await_future(s_.sampler->backend().sample(rs, pr, inner_or_base(n)))
+          .then([this, ctx](Result<std::vector<SampledSequence>> r) mutable {
+            if (r) {
+              for (auto& s : *r) s.error = clean(s.error);
+              write_sequences(ctx.getResults().initSequences(static_cast<unsigned>(r->size())), *r);
+            }
+            return drop(r);
+          });
+    });
+  }
+
+  kj::Promise<void> syncWeights(SyncWeightsContext ctx) override {
+    auto name = owned(ctx.getParams().getAdapter());
+    if (!name) return refuse(ctx, "sync_weights", name.error());
+    if (!t().sampler_adapters.count(*name))
+      return refuse(ctx, "sync_weights",
+                    make_error(errc::failed_precondition, "the sampler has no adapter '" + *name +
+                                                              "': add it to the sampler group first (add_adapter)"));
+    auto& engine = t().syncs[*name];
+    if (!engine)
+      engine = std::make_unique<actors::CheckpointEngine>(s_.model->with_adapter(inner(*name)),
+                                                          s_.sampler->with_adapter(inner(*name)));
+    auto* e = engine.get();
+    // The sync blocks (it waits on the model's push): a thread of its own,
+    // and the tenant's next calls wait for it.
+    auto run_sync = [this, ctx, e]() mutable {
+      auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+      auto out = std::make_shared<Result<actors::SyncReport>>(make_error(errc::internal, "sync did not run"));
+      auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<void>>>(kj::mv(paf.fulfiller));
+      std::thread([e, out, fulfiller] {
+        *out = e->sync_weights({});
+        (*fulfiller)->fulfill();
+      }).detach();
+      return paf.promise.then([ctx, out]() mutable -> Result<void> {
+        if (!*out) return out->error();
+        ctx.getResults().setVersion((*out)->version);
+        return {};
+      });
+    };
+    auto done = run(ctx, "sync_weights", 0, kj::mv(run_sync)).fork();
+    t().barrier = done.addBranch().fork();
+    return done.addBranch();
+  }
+
+  kj::Promise<void> samplerStats(SamplerStatsContext ctx) override {
+    return run(ctx, "sampler_stats", 0, [this, ctx]() mutable {
+      return await_future(s_.sampler->stats()).then([ctx](Result<std::vector<Metrics>> r) mutable {
+        if (r) {
+          auto ranks = ctx.getResults().initRanks(static_cast<unsigned>(r->size()));
+          for (size_t i = 0; i < r->size(); ++i)
+            write_metrics(ranks[static_cast<unsigned>(i)].initMetrics(static_cast<unsigned>((*r)[i].size())), (*r)[i]);
+        }
+        return drop(r);
+      });
+    });
+  }
+
+  kj::Promise<void> listAdapters(ListAdaptersContext ctx) override {
+    return run(ctx, "list_adapters", 0, [this, ctx]() mutable {
+      auto names = ctx.getResults().initNames(static_cast<unsigned>(t().adapters.size()));
+      unsigned i = 0;
+      for (const auto& n : t().adapters) names.set(i++, n);
+      return ok_now();
+    });
+  }
+
+  kj::Promise<void> samplerAddAdapter(SamplerAddAdapterContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_name(p.getName(), "adapter name");
+    if (!name) return refuse(ctx, "sampler_add_adapter", name.error());
+    auto lora = read_lora(p.getLora());
+    if (!lora) return refuse(ctx, "sampler_add_adapter", lora.error());
+    if (auto ok = check_new_sampler_adapter(*name, *lora); !ok) return refuse(ctx, "sampler_add_adapter", ok.error());
+    t().sampler_adapters.insert(*name);
+    return run(ctx, "sampler_add_adapter", 0, [this, n = *name, l = *lora] {
+      return await_future(s_.sampler->add_adapter(inner(n), l)).then([this, n](Result<void> r) {
+        if (!r) t().sampler_adapters.erase(n);
+        return r;
+      });
+    });
+  }
+
+  kj::Promise<void> samplerLoadAdapter(SamplerLoadAdapterContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_name(p.getName(), "adapter name");
+    if (!name) return refuse(ctx, "sampler_load_adapter", name.error());
+    if (t().sampler_adapters.count(*name))
+      return refuse(ctx, "sampler_load_adapter",
+                    make_error(errc::invalid_argument, "the sampler has an adapter '" + *name + "' already"));
+    auto files = read_files(p.getFiles());
+    if (!files) return refuse(ctx, "sampler_load_adapter", files.error());
+    auto dir = s_.upload_dir();
+    if (auto ok = write_dir_files(dir, *files); !ok) return refuse(ctx, "sampler_load_adapter", ok.error());
+    if (auto ok = check_uploaded_rank(dir); !ok) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      return refuse(ctx, "sampler_load_adapter", ok.error());
+    }
+    t().sampler_adapters.insert(*name);
+    return run(ctx, "sampler_load_adapter", 0, [this, n = *name, dir] {
+      return await_future(s_.sampler->load_adapter(inner(n), dir)).then([this, n, dir](Result<void> r) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+        if (!r) t().sampler_adapters.erase(n);
+        return r;
+      });
+    });
+  }
+
+  kj::Promise<void> samplerRemoveAdapter(SamplerRemoveAdapterContext ctx) override {
+    auto name = read_name(ctx.getParams().getName(), "adapter name");
+    if (!name) return refuse(ctx, "sampler_remove_adapter", name.error());
+    if (!t().sampler_adapters.count(*name)) return refuse(ctx, "sampler_remove_adapter", unknown(*name));
+    return run(ctx, "sampler_remove_adapter", 0, [this, n = *name] {
+      return await_future(s_.sampler->remove_adapter(inner(n))).then([this, n](Result<void> r) {
+        if (r) {
+          t().sampler_adapters.erase(n);
+          t().syncs.erase(n);
+        }
+        return r;
+      });
+    });
+  }
+
+private:
+  Tenant& t() { return s_.tenant(tenant_); }
+  std::string inner(const std::string& name) const { return tenant_ + ":" + name; }
+  std::string inner_or_base(const std::string& name) const { return name.empty() ? std::string{} : inner(name); }
+
+  static kj::Promise<Result<void>> ok_now() { return Result<void>{}; }
+  template <class T>
+  static Result<void> drop(const Result<T>& r) {
+    if (!r) return r.error();
+    return {};
+  }
+
+  /// The adapter's internal names and the server's paths never reach a
+  /// tenant: errors and texts are cleaned of them.
+  std::string clean(std::string text) const {
+    for (const auto& needle : {tenant_ + ":", s_.config.state_dir + "/tmp/"}) {
+      for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at))
+        text.replace(at, needle.size(), needle.back() == ':' ? "" : "<upload>/");
+    }
+    return text;
+  }
+
+  caf::error unknown(const std::string& name) const {
+    return make_error(errc::not_found, "you have no adapter '" + name + "'");
+  }
+  caf::error adapters_limit() const {
+    return make_error(errc::resource_exhausted, "limit adapters: a tenant holds at most " +
+                                                    std::to_string(s_.config.limits.adapters) +
+                                                    " adapters; remove one first");
+  }
+  caf::error tokens_limit(int64_t tokens) const {
+    return make_error(errc::resource_exhausted, "limit tokens_per_call: this call has " + std::to_string(tokens) +
+                                                    " tokens, at most " +
+                                                    std::to_string(s_.config.limits.tokens_per_call) +
+                                                    " are allowed; split it");
+  }
+
+  /// One of the tenant's model-group adapters. `training`: a call that
+  /// changes weights names the method, and the base model (no adapter) is
+  /// refused.
+  Result<std::string> owned(capnp::Text::Reader r, const char* training = nullptr) {
+    if (training && r.size() == 0)
+      return make_error(errc::permission_denied,
+                        std::string{training} +
+                            " with no adapter would train the shared base model, which every tenant of this server "
+                            "uses: train a LoRA adapter (add_adapter, then with_adapter(name))");
+    auto name = read_name(r, "adapter name");
+    if (!name) return name.error();
+    if (!t().adapters.count(*name)) return unknown(*name);
+    return name;
+  }
+  /// Empty (the base model, read-only) or one of the tenant's adapters.
+  Result<std::string> read_adapter_or_base(capnp::Text::Reader r, bool sampler = false) {
+    if (r.size() == 0) return std::string{};
+    auto name = read_name(r, "adapter name");
+    if (!name) return name.error();
+    if (!(sampler ? t().sampler_adapters : t().adapters).count(*name)) return unknown(*name);
+    return name;
+  }
+
+  Result<void> check_rank(const LoraConfig& l) const {
+    int64_t r = l.r;
+    for (const auto& [_, pr] : l.rank_pattern) r = std::max(r, pr);
+    if (r > s_.config.limits.max_rank)
+      return make_error(errc::resource_exhausted, "limit max_rank: rank " + std::to_string(r) + " is above the " +
+                                                      std::to_string(s_.config.limits.max_rank) +
+                                                      " this server allows");
+    return {};
+  }
+  Result<void> check_new_adapter(const std::string& name, const LoraConfig& l) {
+    if (t().adapters.count(name)) return make_error(errc::invalid_argument, "adapter '" + name + "' exists already");
+    if (static_cast<int64_t>(t().adapters.size()) >= s_.config.limits.adapters) return adapters_limit();
+    return check_rank(l);
+  }
+  Result<void> check_new_sampler_adapter(const std::string& name, const LoraConfig& l) {
+    if (t().sampler_adapters.count(name))
+      return make_error(errc::invalid_argument, "the sampler has an adapter '" + name + "' already");
+    if (static_cast<int64_t>(t().sampler_adapters.size()) >= s_.config.limits.adapters) return adapters_limit();
+    return check_rank(l);
+  }
+  /// An uploaded PEFT directory's rank, read before any actor loads it.
+  Result<void> check_uploaded_rank(const std::string& dir) const {
+    auto j = nlohmann::json::parse(read_text(dir + "/adapter_config.json"), nullptr, false);
+    if (!j.is_object()) return make_error(errc::invalid_argument, "the files hold no valid adapter_config.json");
+    LoraConfig l;
+    if (j.contains("r") && j["r"].is_number_integer()) l.r = j["r"].get<int64_t>();
+    if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
+      for (auto& [k, v] : j["rank_pattern"].items())
+        if (v.is_number_integer()) l.rank_pattern.emplace_back(k, v.get<int64_t>());
+    return check_rank(l);
+  }
+
+  Result<Batch> checked_batch(wire::Batch::Reader r) {
+    auto b = read_batch(r);
+    if (!b) return b;
+    auto ids = b->tensors.find("input_ids");
+    if (ids == b->tensors.end()) return make_error(errc::invalid_argument, "batch: input_ids is required");
+    if (ids->second.dtype() != Dtype::i64 || ids->second.dims() != 2)
+      return make_error(errc::invalid_argument, "batch: input_ids must be i64 [B, T], not " + ids->second.describe());
+    for (const char* key : {"input_ids", "target_ids"}) {
+      auto it = b->tensors.find(key);
+      if (it == b->tensors.end()) continue;
+      auto v = it->second.values<int64_t>();
+      if (!v) return make_error(errc::invalid_argument, std::string{"batch: "} + key + " must be i64");
+      for (size_t i = 0; i < v->size(); ++i)
+        // target_ids may hold -100 (ignored positions), as Hugging Face's labels.
+        if ((*v)[i] >= s_.vocab_size || ((*v)[i] < 0 && !(std::string_view{key} == "target_ids" && (*v)[i] == -100)))
+          return make_error(errc::invalid_argument, std::string{"batch: "} + key + "[" + std::to_string(i) + "] is " +
+                                                        std::to_string((*v)[i]) + ", outside the vocabulary [0, " +
+                                                        std::to_string(s_.vocab_size) + ")");
+    }
+    if (auto tokens = tokens_of(*b); tokens > s_.config.limits.tokens_per_call) return tokens_limit(tokens);
+    return b;
+  }
+  static int64_t tokens_of(const Batch& b) {
+    auto it = b.tensors.find("input_ids");
+    return it == b.tensors.end() ? 0 : it->second.numel();
+  }
+
+  template <class Context>
+  kj::Promise<void> refuse(Context& ctx, const char* method, const caf::error& err) {
+    auto& tn = t();
+    ++tn.calls;
+    ++tn.errors;
+    log_call(method, 0, std::chrono::microseconds{0}, err);
+    auto res = ctx.getResults();
+    write_status(res.initStatus(), err);
+    res.getStatus().setMessage(clean(std::string{res.getStatus().getMessage().cStr()}));
+    return kj::READY_NOW;
+  }
+
+  void log_call(const char* method, int64_t tokens, std::chrono::microseconds latency, const caf::error& err) const {
+    log::info("serve: tenant=" + tenant_ + " method=" + method + " tokens=" + std::to_string(tokens) +
+              " latency_us=" + std::to_string(latency.count()) +
+              " outcome=" + std::string{to_string(code_of(err))});
+  }
+
+  /// Runs `start` (which returns a promise of the call's outcome) after the
+  /// tenant's barrier, within its in-flight limit, and answers the status.
+  template <class Context, class Start>
+  kj::Promise<void> run(Context& ctx, const char* method, int64_t tokens, Start start) {
+    if (!s_.keys->still_valid(key_id_))
+      return refuse(ctx, method,
+                    make_error(errc::permission_denied, "the API key of this session was revoked; connect with a valid key"));
+    auto& tn = t();
+    if (tn.in_flight >= s_.config.limits.calls_in_flight)
+      return refuse(ctx, method,
+                    make_error(errc::resource_exhausted, "limit calls_in_flight: " + std::to_string(tn.in_flight) +
+                                                             " calls of yours are in flight; wait for one"));
+    ++tn.in_flight;
+    ++tn.calls;
+    tn.tokens += tokens;
+    auto t0 = Clock::now();
+    auto ctx_copy = ctx;
+    return tn.barrier.addBranch()
+        .then([this, t0, start = kj::mv(start)]() mutable {
+          t().queue_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+          return start();
+        })
+        .then(
+            [this, ctx_copy, method, tokens, t0](Result<void> r) mutable {
+              finish(ctx_copy, method, tokens, t0, r ? caf::error{} : r.error());
+            },
+            [this, ctx_copy, method, tokens, t0](kj::Exception&& e) mutable {
+              finish(ctx_copy, method, tokens, t0, detail::error_of(e, method));
+            });
+  }
+
+  template <class Context>
+  void finish(Context& ctx, const char* method, int64_t tokens, Clock::time_point t0, const caf::error& err) {
+    auto& tn = t();
+    --tn.in_flight;
+    if (err) ++tn.errors;
+    log_call(method, tokens, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0), err);
+    auto res = ctx.getResults();
+    write_status(res.initStatus(), err);
+    if (err) res.getStatus().setMessage(clean(std::string{res.getStatus().getMessage().cStr()}));
+  }
+
+  template <class Fut>
+  kj::Promise<Result<void>> finish_add(const std::string& name, Fut f) {
+    return await_future(f).then([this, name](Result<void> r) {
+      if (!r) t().adapters.erase(name);
+      return r;
+    });
+  }
+
+  ServerState& s_;
+  std::string tenant_;
+  std::string key_id_;
+};
+
+// -- the gateway --------------------------------------------------------------
+
+class GatewayImpl final : public wire::Gateway::Server {
+public:
+  explicit GatewayImpl(ServerState& s) : s_(s) {}
+
+  kj::Promise<void> connect(ConnectContext ctx) override {
+    auto p = ctx.getParams();
+    auto res = ctx.getResults();
+    res.setServerVersion(wire::PROTOCOL_VERSION);
+    if (p.getProtocolVersion() != wire::PROTOCOL_VERSION) {
+      write_status(res.initStatus(),
+                   make_error(errc::failed_precondition,
+                              "this server speaks glint protocol version " + std::to_string(wire::PROTOCOL_VERSION) +
+                                  ", the client " + std::to_string(p.getProtocolVersion()) +
+                                  ": use a glint build of the server's version"));
+      return kj::READY_NOW;
+    }
+    std::string key{p.getApiKey().cStr(), p.getApiKey().size()};
+    auto tenant = s_.keys->authenticate(key);
+    if (!tenant) {
+      log::info("serve: refused a connection: " + describe(tenant.error()));
+      write_status(res.initStatus(), tenant.error());
+      return kj::READY_NOW;
+    }
+    s_.tenant(*tenant);
+    res.setSession(kj::heap<SessionImpl>(s_, *tenant, KeyStore::id_of(key)));
+    res.setTenant(*tenant);
+    auto base = res.initBase();
+    base.setName(s_.base_name);
+    base.setFingerprint(s_.fingerprint);
+    base.setModelRanks(s_.model->info().size());
+    base.setSamplerRanks(s_.sampler->info().size());
+    base.setVocabSize(s_.vocab_size);
+    auto l = res.initLimits();
+    l.setMaxAdapters(s_.config.limits.adapters);
+    l.setMaxRank(s_.config.limits.max_rank);
+    l.setMaxTokensPerCall(s_.config.limits.tokens_per_call);
+    l.setMaxCallsInFlight(s_.config.limits.calls_in_flight);
+    l.setMaxMessageBytes(s_.config.max_message_bytes);
+    write_status(res.initStatus(), caf::none);
+    log::info("serve: tenant " + *tenant + " connected (" + std::string{p.getClient().cStr()}.substr(0, 256) + ")");
+    return kj::READY_NOW;
+  }
+
+private:
+  ServerState& s_;
+};
+
+// One accepted connection: its stream, its vat network and its RPC system.
+struct Connection {
+  kj::Own<kj::AsyncIoStream> stream;
+  capnp::TwoPartyVatNetwork network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  Connection(kj::Own<kj::AsyncIoStream> s, capnp::Capability::Client bootstrap, uint64_t max_bytes)
+      : stream(kj::mv(s)),
+        network(*stream, capnp::rpc::twoparty::Side::SERVER, detail::reader_options(max_bytes)),
+        rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+};
+
+int64_t resident_bytes() {
+  std::ifstream in{"/proc/self/statm"};
+  int64_t pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Prometheus' text format: per-tenant counters, server gauges.
+std::string metrics_text(const ServerState& s) {
+  std::ostringstream out;
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    for (const auto& [tenant, t] : s.tenants) out << name << "{tenant=\"" << tenant << "\"} " << value(*t) << "\n";
+  };
+  family("glint_serve_calls_total", "counter", "Calls a tenant made.", [](const Tenant& t) { return t.calls; });
+  family("glint_serve_errors_total", "counter", "Calls that failed.", [](const Tenant& t) { return t.errors; });
+  family("glint_serve_tokens_total", "counter", "Tokens trained on and sampled (prompt + new).",
+         [](const Tenant& t) { return t.tokens; });
+  family("glint_serve_queue_wait_seconds_total", "counter",
+         "Time calls waited for the tenant's earlier calls before they started.",
+         [](const Tenant& t) { return static_cast<double>(t.queue_wait_us) / 1e6; });
+  family("glint_serve_calls_in_flight", "gauge", "Calls the server holds now.", [](const Tenant& t) { return t.in_flight; });
+  family("glint_serve_sessions", "gauge", "Open connections.", [](const Tenant& t) { return t.sessions; });
+  family("glint_serve_adapters", "gauge", "Adapters resident (model and sampler groups).",
+         [](const Tenant& t) { return static_cast<int64_t>(t.adapters.size() + t.sampler_adapters.size()); });
+  int64_t adapters = 0;
+  for (const auto& [_, t] : s.tenants) adapters += static_cast<int64_t>(t->adapters.size() + t->sampler_adapters.size());
+  out << "# HELP glint_serve_adapters_resident Adapters resident, all tenants.\n"
+      << "# TYPE glint_serve_adapters_resident gauge\nglint_serve_adapters_resident " << adapters << "\n"
+      << "# HELP glint_serve_resident_memory_bytes The server process's resident memory.\n"
+      << "# TYPE glint_serve_resident_memory_bytes gauge\nglint_serve_resident_memory_bytes " << resident_bytes()
+      << "\n";
+  return out.str();
+}
+
+class MetricsService final : public kj::HttpService {
+public:
+  MetricsService(const ServerState& s, const kj::HttpHeaderTable& table) : s_(s), table_(table) {}
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders&, kj::AsyncInputStream&,
+                            Response& response) override {
+    kj::HttpHeaders headers(table_);
+    if (method != kj::HttpMethod::GET || (url != "/metrics" && url != "/"))
+      return response.sendError(404, "Not Found", headers);
+    auto body = metrics_text(s_);
+    headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; version=0.0.4");
+    auto stream = response.send(200, "OK", headers, body.size());
+    auto text = kj::heapString(body.data(), body.size());
+    auto write = stream->write(text.begin(), text.size());
+    return write.attach(kj::mv(stream), kj::mv(text));
+  }
+
+private:
+  const ServerState& s_;
+  const kj::HttpHeaderTable& table_;
+};
+
+}  // namespace
+
+void Server::Impl::run_io(std::promise<Result<void>>& ready) {
+  bool reported = false;
+  try {
+    auto io = kj::setupAsyncIo();
+    executor = &kj::getCurrentThreadExecutor();
+    kj::Own<kj::TlsContext> tls;
+    if (config.tls()) {
+      kj::TlsKeypair keypair{kj::TlsPrivateKey(read_text(config.tls_key)), kj::TlsCertificate(read_text(config.tls_cert))};
+      kj::TlsContext::Options o;
+      o.useSystemTrustStore = false;
+      o.defaultKeypair = keypair;
+      o.timer = io.provider->getTimer();
+      o.acceptTimeout = 10 * kj::SECONDS;
+      tls = kj::heap<kj::TlsContext>(kj::mv(o));
+    }
+    auto addr = io.provider->getNetwork().parseAddress(config.host, static_cast<unsigned>(config.port)).wait(io.waitScope);
+    kj::Own<kj::ConnectionReceiver> listener = addr->listen();
+    port = static_cast<int>(listener->getPort());
+    if (tls) listener = tls->wrapPort(kj::mv(listener));
+    capnp::Capability::Client gateway = kj::heap<GatewayImpl>(*this);
+
+    // The Prometheus endpoint, on the same loop.
+    kj::HttpHeaderTable header_table;
+    MetricsService metrics_service(*this, header_table);
+    kj::HttpServer http(io.provider->getTimer(), header_table, metrics_service);
+    kj::Own<kj::ConnectionReceiver> metrics_listener;
+    kj::Promise<void> metrics_loop = kj::READY_NOW;
+    if (config.metrics_port >= 0) {
+      auto maddr = io.provider->getNetwork()
+                       .parseAddress(config.metrics_host, static_cast<unsigned>(config.metrics_port))
+                       .wait(io.waitScope);
+      metrics_listener = maddr->listen();
+      metrics_port = static_cast<int>(metrics_listener->getPort());
+      metrics_loop = http.listenHttp(*metrics_listener).eagerlyEvaluate([](kj::Exception&& e) {
+        log::warn(std::string{"serve: the metrics endpoint stopped: "} + e.getDescription().cStr());
+      });
+    }
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    {
+      std::lock_guard<std::mutex> guard{stop_mx};
+      stop = kj::mv(paf.fulfiller);
+    }
+    struct ErrorLog final : kj::TaskSet::ErrorHandler {
+      void taskFailed(kj::Exception&& e) override { log::info(std::string{"serve: a connection ended: "} + e.getDescription().cStr()); }
+    } errors;
+    kj::TaskSet connections{errors};
+    // The accept loop: a failed accept (a bad TLS handshake) is logged and
+    // the loop goes on.
+    std::function<kj::Promise<void>()> accept_loop = [&]() -> kj::Promise<void> {
+      return listener->accept()
+          .then(
+              [&](kj::Own<kj::AsyncIoStream> stream) {
+                auto c = kj::heap<Connection>(kj::mv(stream), gateway, static_cast<uint64_t>(config.max_message_bytes));
+                auto done = c->network.onDisconnect();
+                connections.add(done.attach(kj::mv(c)));
+              },
+              [](kj::Exception&& e) { log::info(std::string{"serve: accept failed: "} + e.getDescription().cStr()); })
+          .then([&]() { return accept_loop(); });
+    };
+    ready.set_value(Result<void>{});
+    reported = true;
+    // Serve until shutdown; then stop accepting, and give the calls in
+    // flight the grace period before the connections close.
+    paf.promise.exclusiveJoin(accept_loop()).wait(io.waitScope);
+    auto all_idle = [&] {
+      for (auto& [_, t] : tenants)
+        if (t->in_flight > 0) return false;
+      return true;
+    };
+    auto deadline = Clock::now() + grace;
+    while (!all_idle() && Clock::now() < deadline) io.provider->getTimer().afterDelay(20 * kj::MILLISECONDS).wait(io.waitScope);
+    {
+      std::lock_guard<std::mutex> guard{stop_mx};
+      executor = nullptr;
+    }
+  } catch (const kj::Exception& e) {
+    auto err = make_error(errc::unavailable, std::string{"the server cannot listen on "} + config.host + ":" +
+                                                 std::to_string(config.port) + ": " + e.getDescription().cStr());
+    if (!reported) ready.set_value(err);
+    else log::info("serve: the I/O loop failed: " + describe(err));
+  }
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { shutdown(); }
+
+int Server::port() const { return impl_->port.load(); }
+int Server::metrics_port() const { return impl_->metrics_port.load(); }
+const std::string& Server::fingerprint() const { return impl_->fingerprint; }
+
+void Server::shutdown(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> guard{impl_->stop_mx};
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+    impl_->grace = grace;
+    if (impl_->stop) impl_->stop->fulfill();
+  }
+  if (impl_->io.joinable()) impl_->io.join();
+}
+
+Result<std::unique_ptr<Server>> Server::start(Runtime& rt, ServeConfig config) {
+  if (auto ok = config.validate(); !ok) return ok.error();
+  auto impl = std::make_unique<Impl>();
+  impl->rt = &rt;
+  impl->config = config;
+  auto fp = model_fingerprint(config.model_dir);
+  if (!fp) return with_context(fp.error(), "fingerprinting the base model");
+  impl->fingerprint = *fp;
+  impl->base_name = fs::path{config.model_dir}.lexically_normal().filename().string();
+  if (impl->base_name.empty()) impl->base_name = fs::path{config.model_dir}.parent_path().filename().string();
+  auto cfg = nlohmann::json::parse(read_text(config.model_dir + "/config.json"), nullptr, false);
+  if (!cfg.is_object() || !cfg.contains("vocab_size") || !cfg["vocab_size"].is_number_integer())
+    return make_error(errc::invalid_argument, config.model_dir + "/config.json has no integer vocab_size");
+  impl->vocab_size = cfg["vocab_size"].get<int64_t>();
+  auto keys = KeyStore::open_reader(config.state_dir);
+  if (!keys) return keys.error();
+  impl->keys = std::move(*keys);
+  std::error_code ec;
+  fs::remove_all(fs::path{config.state_dir} / "tmp", ec);  // uploads a killed server left behind
+
+  if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
+    return with_context(svc.error(), "placement");
+  auto model_mesh = placement::DeviceMesh::from_sizes({.dp = config.model_ranks});
+  if (!model_mesh) return model_mesh.error();
+  auto model = actors::open_model_group(rt, placement::DeviceGroup::of("model", config.model_ranks), *model_mesh,
+                                        {.model_dir = config.model_dir});
+  if (!model) return with_context(model.error(), "loading the base model into the model group");
+  impl->model = *model;
+  auto sampler_mesh = placement::DeviceMesh::from_sizes({.dp = config.sampler_ranks});
+  if (!sampler_mesh) return sampler_mesh.error();
+  auto sampler = actors::open_sampler_group(
+      rt, placement::DeviceGroup::of("sampler", config.sampler_ranks), *sampler_mesh,
+      {.model_dir = config.model_dir, .sampling_seed = config.sampling_seed, .cache_bytes = config.sampler_cache_bytes});
+  if (!sampler) return with_context(sampler.error(), "loading the base model into the sampler group");
+  impl->sampler = *sampler;
+
+  std::promise<Result<void>> ready;
+  auto started = ready.get_future();
+  auto* raw = impl.get();
+  impl->io = std::thread([raw, &ready] { raw->run_io(ready); });
+  auto ok = started.get();
+  if (!ok) {
+    impl->io.join();
+    return ok.error();
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+}  // namespace glint::rpc

@@ -1,0 +1,483 @@
+// Remote mode end to end in one process: a `glint serve` core (rpc::Server)
+// on a local runtime, and drivers in remote mode attached to it over
+// loopback, each with its own tenant's key. What a driver does through the
+// typed clients equals what it does locally; tenants cannot reach each
+// other's adapters, and neither can change the shared base; keys, limits and
+// bad input are refused with errors that say why.
+#include "actors/checkpoint_engine.hpp"
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
+#include "components/data/bpe_trainer.hpp"
+#include "components/data/dataset.hpp"
+#include "components/data/synthetic.hpp"
+#include "components/model/model.hpp"
+#include "placement/service.hpp"
+#include "rpc/keys.hpp"
+#include "rpc/server.hpp"
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace glint::rpc {
+namespace {
+
+using actors::ModelGroup;
+using actors::SamplerGroup;
+using placement::DeviceGroup;
+using placement::DeviceMesh;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+Batch batch(int64_t offset = 0) {
+  Batch b;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 16; ++i) ids.push_back((i * 7 + offset) % 290 + 3);
+  b.tensors["input_ids"] = *Tensor::from_values(ids, {2, 8});
+  return b;
+}
+
+std::vector<float> values_of(const Tensor& t) {
+  auto v = t.values<float>();
+  return v ? std::vector<float>(v->begin(), v->end()) : std::vector<float>{};
+}
+
+const actors::LoraConfig kLora{.r = 4, .alpha = 8, .target_modules = {"q_proj", "v_proj"}};
+
+class RemoteTest : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    root_ = new std::string(glint::testing::fresh_dir("remote"));
+    auto model_dir = *root_ + "/base";
+    auto rows = components::arithmetic_rows(40, {.seed = 2});
+    auto json = components::train_bpe(components::texts_of(components::Dataset::from_rows(rows)), {.vocab_size = 300});
+    ASSERT_TRUE(json);
+    auto tok = components::Tokenizer::parse(*json);
+    ASSERT_TRUE(tok);
+    auto cfg = components::ModelConfig::make(components::Architecture::qwen3, tok->vocab_size(), 32, 64, 2, 4, 2);
+    cfg.max_position_embeddings = 256;
+    auto lm = components::CausalLM::init_random(cfg, 7);
+    ASSERT_TRUE(lm);
+    ASSERT_TRUE(lm->save(model_dir));
+    ASSERT_TRUE(components::save_chatml_tokenizer(model_dir, *json));
+    auto rt = initialize(Options{});
+    ASSERT_TRUE(rt) << describe(rt.error());
+    server_rt_ = rt->release();
+    ServeConfig config{.model_dir = model_dir, .state_dir = *root_ + "/state", .port = 0};
+    config.limits.max_rank = 16;
+    config.limits.adapters = 3;
+    config.limits.tokens_per_call = 4096;
+    config.metrics_port = 0;
+    auto s = Server::start(*server_rt_, config);
+    ASSERT_TRUE(s) << describe(s.error());
+    server_ = s->release();
+    for (auto* who : {"alice", "bob"}) {
+      auto key = KeyStore::create(config.state_dir, who);
+      ASSERT_TRUE(key) << describe(key.error());
+      (*keys_)[who] = *key;
+    }
+  }
+  static void TearDownTestSuite() {
+    if (server_) server_->shutdown(std::chrono::seconds(5));
+    delete server_;
+    if (server_rt_) server_rt_->shutdown();
+    delete server_rt_;
+    std::filesystem::remove_all(*root_);
+    delete root_;
+  }
+
+  static std::string model_dir() { return *root_ + "/base"; }
+  static std::string state_dir() { return *root_ + "/state"; }
+
+  /// A driver's runtime in remote mode, attached with `key`.
+  static Result<std::unique_ptr<Runtime>> attach(const std::string& key) {
+    Options o;
+    o.mode = Mode::remote;
+    o.remote_endpoint = "127.0.0.1:" + std::to_string(server_->port());
+    o.remote_api_key = key;
+    return initialize(o);
+  }
+  static std::unique_ptr<Runtime> attached(const std::string& tenant) {
+    auto rt = attach((*keys_)[tenant]);
+    EXPECT_TRUE(rt) << describe(rt.error());
+    return rt ? std::move(*rt) : nullptr;
+  }
+  static ModelGroup model_of(Runtime& rt) {
+    auto m = actors::open_model_group(rt, DeviceGroup::of("model", 1), *DeviceMesh::from_sizes({.dp = 1}),
+                                      {.model_dir = model_dir()});
+    EXPECT_TRUE(m) << describe(m.error());
+    return std::move(*m);
+  }
+  static SamplerGroup sampler_of(Runtime& rt) {
+    auto s = actors::open_sampler_group(rt, DeviceGroup::of("sampler", 1), *DeviceMesh::from_sizes({.dp = 1}),
+                                        {.model_dir = model_dir()});
+    EXPECT_TRUE(s) << describe(s.error());
+    return std::move(*s);
+  }
+
+  static std::string* root_;
+  static Runtime* server_rt_;
+  static Server* server_;
+  static std::map<std::string, std::string>* keys_;
+};
+
+std::string* RemoteTest::root_ = nullptr;
+Runtime* RemoteTest::server_rt_ = nullptr;
+Server* RemoteTest::server_ = nullptr;
+std::map<std::string, std::string>* RemoteTest::keys_ = new std::map<std::string, std::string>();
+
+TEST_F(RemoteTest, TrainingAnAdapterRemotelyEqualsTrainingItLocally) {
+  // Local: a model group of the same base in the server's own runtime.
+  ASSERT_TRUE(placement::service(*server_rt_, {}));
+  auto local = actors::open_model_group(*server_rt_, DeviceGroup::of("local-model", 1),
+                                        *DeviceMesh::from_sizes({.dp = 1}), {.model_dir = model_dir()});
+  ASSERT_TRUE(local) << describe(local.error());
+  auto rt = attached("alice");
+  ASSERT_TRUE(rt);
+  auto remote = model_of(*rt);
+  std::vector<double> losses[2];
+  std::vector<float> logps[2];
+  int i = 0;
+  for (ModelGroup* m : {&*local, &remote}) {
+    ASSERT_TRUE(m->add_adapter("same", kLora, 11).get());
+    auto a = m->with_adapter("same");
+    ASSERT_TRUE(a.set_optimizer({.lr = 1e-2}).get());
+    for (int step = 0; step < 3; ++step) {
+      auto fb = a.forward_backward(batch(step)).get();
+      ASSERT_TRUE(fb) << describe(fb.error());
+      losses[i].push_back(fb->at("loss"));
+      ASSERT_TRUE(a.clip_grad_and_step().get());
+    }
+    auto lp = a.forward_only(batch()).get();
+    ASSERT_TRUE(lp) << describe(lp.error());
+    logps[i] = values_of(*lp);
+    ++i;
+  }
+  ASSERT_EQ(losses[0].size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_NEAR(losses[0][s], losses[1][s], 1e-6) << "step " << s;
+  ASSERT_EQ(logps[0].size(), logps[1].size());
+  for (size_t k = 0; k < logps[0].size(); ++k) EXPECT_EQ(logps[0][k], logps[1][k]) << "position " << k;
+  ASSERT_TRUE(remote.remove_adapter("same").get());
+}
+
+TEST_F(RemoteTest, SaveWritesTheAdapterOnTheDriversSideAndLoadReadsItBack) {
+  auto rt = attached("alice");
+  ASSERT_TRUE(rt);
+  auto m = model_of(*rt);
+  ASSERT_TRUE(m.add_adapter("saved", kLora, 3).get());
+  auto a = m.with_adapter("saved");
+  ASSERT_TRUE(a.set_optimizer({.lr = 1e-2}).get());
+  ASSERT_TRUE(a.forward_backward(batch()).get());
+  ASSERT_TRUE(a.clip_grad_and_step().get());
+  auto dir = glint::testing::fresh_dir("remote-save") + "/adapter";
+  auto saved = a.save({.dir = dir, .with_optimizer = true}).get();
+  ASSERT_TRUE(saved) << describe(saved.error());
+  EXPECT_TRUE(std::filesystem::exists(dir + "/adapter_model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/adapter_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer.safetensors"));
+  auto before = a.forward_only(batch()).get();
+  ASSERT_TRUE(before);
+  ASSERT_TRUE(m.load_adapter("copy", dir).get());
+  auto copy = m.with_adapter("copy").forward_only(batch()).get();
+  ASSERT_TRUE(copy) << describe(copy.error());
+  EXPECT_EQ(values_of(*before), values_of(*copy));
+  // Loading into the trained adapter (with its optimizer) keeps its outputs.
+  ASSERT_TRUE(a.load({.dir = dir, .with_optimizer = true}).get());
+  EXPECT_EQ(values_of(*a.forward_only(batch()).get()), values_of(*before));
+  ASSERT_TRUE(m.remove_adapter("saved").get());
+  ASSERT_TRUE(m.remove_adapter("copy").get());
+}
+
+TEST_F(RemoteTest, AnAdapterSyncedToTheSamplerAnswersWithItsWeights) {
+  auto rt = attached("alice");
+  ASSERT_TRUE(rt);
+  auto m = model_of(*rt);
+  auto s = sampler_of(*rt);
+  ASSERT_TRUE(m.add_adapter("rl", kLora, 5).get());
+  ASSERT_TRUE(s.add_adapter("rl", kLora).get());
+  auto a = m.with_adapter("rl");
+  ASSERT_TRUE(a.set_optimizer({.lr = 5e-2}).get());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a.forward_backward(batch(i)).get());
+    ASSERT_TRUE(a.clip_grad_and_step().get());
+  }
+  actors::CheckpointEngine sync{a, s.with_adapter("rl")};
+  auto report = sync.sync_weights();
+  ASSERT_TRUE(report) << describe(report.error());
+  EXPECT_GT(report->version, 0);
+  components::SamplingParams greedy{.max_tokens = 6, .temperature = 0, .ignore_eos = true};
+  auto base = s.sample({{5, 6, 7, 8}}, greedy).get();
+  auto tuned = s.with_adapter("rl").sample({{5, 6, 7, 8}}, greedy).get();
+  ASSERT_TRUE(base) << describe(base.error());
+  ASSERT_TRUE(tuned) << describe(tuned.error());
+  ASSERT_EQ(tuned->size(), 1u);
+  EXPECT_EQ((*tuned)[0].weight_version, report->version);
+  EXPECT_EQ((*tuned)[0].tokens.size(), 6u);
+  EXPECT_EQ((*base)[0].tokens.size(), 6u);
+  // Sampling refuses what the server shares: the samplers' own controls.
+  EXPECT_EQ(code_of(s.sleep().get().error()), errc::permission_denied);
+  ASSERT_TRUE(s.remove_adapter("rl").get());
+  ASSERT_TRUE(m.remove_adapter("rl").get());
+}
+
+TEST_F(RemoteTest, TenantsCannotReachEachOthersAdaptersAndTheBaseNeverChanges) {
+  auto alice_rt = attached("alice");
+  auto bob_rt = attached("bob");
+  ASSERT_TRUE(alice_rt && bob_rt);
+  auto alice = model_of(*alice_rt);
+  auto bob = model_of(*bob_rt);
+  ASSERT_TRUE(alice.add_adapter("mine", kLora, 1).get());
+  auto alice_a = alice.with_adapter("mine");
+  ASSERT_TRUE(alice_a.set_optimizer({.lr = 1e-2}).get());
+  ASSERT_TRUE(alice_a.forward_backward(batch()).get());
+  ASSERT_TRUE(alice_a.clip_grad_and_step().get());
+  auto alice_before = values_of(*alice_a.forward_only(batch()).get());
+  auto bob_base_before = values_of(*bob.forward_only(batch()).get());
+
+  // Bob, with his valid key, names Alice's adapter every way there is: each
+  // is refused exactly as for a name nobody has.
+  auto b = bob.with_adapter("mine");
+  auto nobody = bob.with_adapter("nobody-has-this");
+  auto same_refusal = [&](const caf::error& e, const caf::error& reference, const char* what) {
+    EXPECT_EQ(code_of(e), errc::not_found) << what << ": " << describe(e);
+    auto scrub = [](std::string s, const char* name) {
+      for (auto at = s.find(name); at != std::string::npos; at = s.find(name)) s.replace(at, std::strlen(name), "X");
+      return s;
+    };
+    EXPECT_EQ(scrub(context_of(e), "mine"), scrub(context_of(reference), "nobody-has-this")) << what;
+  };
+  same_refusal(b.forward_only(batch()).get().error(), nobody.forward_only(batch()).get().error(), "forward_only");
+  same_refusal(b.forward_backward(batch()).get().error(), nobody.forward_backward(batch()).get().error(), "train");
+  same_refusal(b.clip_grad_and_step().get().error(), nobody.clip_grad_and_step().get().error(), "step");
+  same_refusal(b.export_weights().get().error(), nobody.export_weights().get().error(), "export");
+  same_refusal(b.set_optimizer({}).get().error(), nobody.set_optimizer({}).get().error(), "set_optimizer");
+  same_refusal(b.train_configs().get().error(), nobody.train_configs().get().error(), "train_configs");
+  auto dir = glint::testing::fresh_dir("remote-steal");
+  same_refusal(b.save({.dir = dir + "/x"}).get().error(), nobody.save({.dir = dir + "/y"}).get().error(), "save");
+  same_refusal(bob.remove_adapter("mine").get().error(), bob.remove_adapter("nobody-has-this").get().error(), "remove");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/x"));
+
+  // Bob's own adapter of the same name, of another rank: his, not hers.
+  ASSERT_TRUE(bob.add_adapter("mine", {.r = 8, .alpha = 16}, 2).get());
+  ASSERT_TRUE(b.set_optimizer({.lr = 1e-1}).get());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(b.forward_backward(batch(i)).get());
+    ASSERT_TRUE(b.clip_grad_and_step().get());
+  }
+  // Overwriting through a load is his adapter too.
+  auto bob_dir = dir + "/bob";
+  ASSERT_TRUE(b.save({.dir = bob_dir}).get());
+  ASSERT_TRUE(b.load({.dir = bob_dir}).get());
+  EXPECT_EQ(values_of(*alice_a.forward_only(batch()).get()), alice_before) << "Alice's adapter changed";
+  EXPECT_EQ(values_of(*bob.forward_only(batch()).get()), bob_base_before) << "the shared base changed";
+
+  // Nobody trains the base.
+  auto base_train = bob.forward_backward(batch()).get();
+  ASSERT_FALSE(base_train);
+  EXPECT_EQ(code_of(base_train.error()), errc::permission_denied);
+  EXPECT_TRUE(contains(describe(base_train.error()), "shared base")) << describe(base_train.error());
+  EXPECT_EQ(code_of(bob.save({.dir = dir + "/base"}).get().error()), errc::permission_denied);
+  ASSERT_TRUE(bob.remove_adapter("mine").get());
+  ASSERT_TRUE(alice.remove_adapter("mine").get());
+}
+
+TEST_F(RemoteTest, KeysAreCheckedAtConnectAndARevokedKeyStopsAtOnce) {
+  auto wrong = attach("tml-" + std::string(64, '0'));
+  ASSERT_FALSE(wrong);
+  EXPECT_EQ(code_of(wrong.error()), errc::permission_denied);
+  auto malformed = attach("not a key");
+  ASSERT_FALSE(malformed);
+  EXPECT_EQ(code_of(malformed.error()), errc::permission_denied);
+  EXPECT_EQ(context_of(wrong.error()), context_of(malformed.error())) << "refusals say nothing about why";
+
+  auto key = KeyStore::create(state_dir(), "carol");
+  ASSERT_TRUE(key);
+  auto rt = attach(*key);
+  ASSERT_TRUE(rt) << describe(rt.error());
+  auto m = model_of(**rt);
+  ASSERT_TRUE(m.add_adapter("c", kLora).get());
+  auto revoked = KeyStore::revoke(state_dir(), KeyStore::id_of(*key));
+  ASSERT_TRUE(revoked) << describe(revoked.error());
+  auto after = m.with_adapter("c").forward_only(batch()).get();
+  ASSERT_FALSE(after);
+  EXPECT_EQ(code_of(after.error()), errc::permission_denied);
+  EXPECT_FALSE(attach(*key));
+  // The store keeps no key, only salted hashes.
+  auto listed = KeyStore::list(state_dir());
+  ASSERT_TRUE(listed);
+  for (const auto& e : std::filesystem::recursive_directory_iterator(state_dir())) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in{e.path(), std::ios::binary};
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes.find(key->substr(20)), std::string::npos) << e.path() << " holds the key's secret";
+  }
+}
+
+TEST_F(RemoteTest, LimitsAndBadInputAreRefusedBeforeAnyActorSeesThem) {
+  auto rt = attached("bob");
+  ASSERT_TRUE(rt);
+  auto m = model_of(*rt);
+  auto big = m.add_adapter("big", {.r = 32, .alpha = 64}).get();
+  ASSERT_FALSE(big);
+  EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
+  EXPECT_TRUE(contains(describe(big.error()), "max_rank")) << describe(big.error());
+  auto bad_name = m.add_adapter("../escape", kLora).get();
+  EXPECT_EQ(code_of(bad_name.error()), errc::invalid_argument);
+  for (auto* n : {"a1", "a2", "a3"}) ASSERT_TRUE(m.add_adapter(n, kLora).get());
+  auto fourth = m.add_adapter("a4", kLora).get();
+  ASSERT_FALSE(fourth);
+  EXPECT_TRUE(contains(describe(fourth.error()), "limit adapters")) << describe(fourth.error());
+  auto a = m.with_adapter("a1");
+  Batch out_of_vocab;
+  out_of_vocab.tensors["input_ids"] = *Tensor::from_values(std::vector<int64_t>{1, 2, 100000, 4}, {1, 4});
+  auto oov = a.forward_backward(out_of_vocab).get();
+  ASSERT_FALSE(oov);
+  EXPECT_EQ(code_of(oov.error()), errc::invalid_argument);
+  EXPECT_TRUE(contains(describe(oov.error()), "outside the vocabulary")) << describe(oov.error());
+  Batch floats;
+  floats.tensors["input_ids"] = *Tensor::from_values(std::vector<float>{1, 2}, {1, 2});
+  EXPECT_EQ(code_of(a.forward_backward(floats).get().error()), errc::invalid_argument);
+  Batch huge;
+  huge.tensors["input_ids"] = *Tensor::zeros(Dtype::i64, {2, 4096});
+  auto too_many = a.forward_backward(huge).get();
+  ASSERT_FALSE(too_many);
+  EXPECT_TRUE(contains(describe(too_many.error()), "tokens_per_call")) << describe(too_many.error());
+  // The next well-formed call is served.
+  EXPECT_TRUE(a.forward_backward(batch()).get());
+  for (auto* n : {"a1", "a2", "a3"}) ASSERT_TRUE(m.remove_adapter(n).get());
+}
+
+TEST_F(RemoteTest, AttachingChecksTheBaseModel) {
+  auto rt = attached("alice");
+  ASSERT_TRUE(rt);
+  auto other = glint::testing::fresh_dir("remote-other");
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 32, 64, 2, 4, 2);
+  auto lm = components::CausalLM::init_random(cfg, 8);
+  ASSERT_TRUE(lm && lm->save(other));
+  auto m = actors::open_model_group(*rt, DeviceGroup::of("model", 1), *DeviceMesh::from_sizes({.dp = 1}),
+                                    {.model_dir = other});
+  ASSERT_FALSE(m);
+  EXPECT_EQ(code_of(m.error()), errc::failed_precondition);
+  EXPECT_TRUE(contains(describe(m.error()), "not the server's base model")) << describe(m.error());
+  auto random = actors::open_model_group(*rt, DeviceGroup::of("model", 1), *DeviceMesh::from_sizes({.dp = 1}),
+                                         {.config_json = cfg.to_json()});
+  EXPECT_EQ(code_of(random.error()), errc::invalid_argument);
+  EXPECT_TRUE(actors::open_model_group(*rt, DeviceGroup::of("model", 1), *DeviceMesh::from_sizes({.dp = 1}), {}));
+}
+
+// GET `path` from 127.0.0.1:port; the whole response.
+std::string http_get(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {};
+  }
+  auto req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  // Read the headers, then Content-Length bytes (the server keeps the
+  // connection open).
+  std::string out;
+  char buf[4096];
+  size_t want = std::string::npos;
+  for (ssize_t n; out.size() < want && (n = ::read(fd, buf, sizeof buf)) > 0;) {
+    out.append(buf, static_cast<size_t>(n));
+    auto end = out.find("\r\n\r\n");
+    auto len = out.find("Content-Length: ");
+    if (want == std::string::npos && end != std::string::npos && len != std::string::npos && len < end)
+      want = end + 4 + std::stoul(out.substr(len + 16));
+  }
+  ::close(fd);
+  return out;
+}
+
+TEST_F(RemoteTest, PrometheusCountersCountEachTenantsCalls) {
+  auto rt = attached("alice");
+  ASSERT_TRUE(rt);
+  auto m = model_of(*rt);
+  ASSERT_TRUE(m.add_adapter("counted", kLora).get());
+  ASSERT_TRUE(m.with_adapter("counted").forward_backward(batch()).get());
+  EXPECT_FALSE(m.with_adapter("nope").forward_backward(batch()).get());
+  ASSERT_GT(server_->metrics_port(), 0);
+  auto text = http_get(server_->metrics_port(), "/metrics");
+  EXPECT_TRUE(contains(text, "200 OK")) << text;
+  EXPECT_TRUE(contains(text, "# TYPE glint_serve_calls_total counter")) << text;
+  EXPECT_TRUE(contains(text, "glint_serve_tokens_total{tenant=\"alice\"}")) << text;
+  EXPECT_TRUE(contains(text, "glint_serve_errors_total{tenant=\"alice\"}")) << text;
+  EXPECT_TRUE(contains(text, "glint_serve_adapters_resident ")) << text;
+  EXPECT_TRUE(contains(text, "glint_serve_resident_memory_bytes ")) << text;
+  EXPECT_TRUE(contains(http_get(server_->metrics_port(), "/other"), "404")) << "unknown paths are 404";
+  ASSERT_TRUE(m.remove_adapter("counted").get());
+}
+
+// A server with TLS: a client that trusts its certificate attaches over
+// tls://; one that does not, or that speaks plain TCP to it, is refused.
+TEST(RemoteTls, ClientsAttachOverTlsOnlyWhenTheyTrustTheCertificate) {
+  auto dir = glint::testing::fresh_dir("remote-tls");
+  auto cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=localhost "
+             "-addext subjectAltName=DNS:localhost -keyout " + dir + "/key.pem -out " + dir + "/cert.pem 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl (scripts/setup.sh installs it) made no certificate";
+  auto model_dir = dir + "/base";
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  auto lm = components::CausalLM::init_random(cfg, 3);
+  ASSERT_TRUE(lm && lm->save(model_dir));
+  auto rt = initialize(Options{});
+  ASSERT_TRUE(rt);
+  ServeConfig config{.model_dir = model_dir, .state_dir = dir + "/state", .port = 0, .tls_cert = dir + "/cert.pem",
+                     .tls_key = dir + "/key.pem"};
+  auto server = Server::start(**rt, config);
+  ASSERT_TRUE(server) << describe(server.error());
+  auto key = KeyStore::create(config.state_dir, "tls-user");
+  ASSERT_TRUE(key);
+  Options o;
+  o.mode = Mode::remote;
+  o.remote_api_key = *key;
+  o.remote_endpoint = "tls://localhost:" + std::to_string((*server)->port());
+  o.remote_ca_file = dir + "/cert.pem";
+  o.connect_timeout = std::chrono::seconds(10);
+  {
+    auto client = initialize(o);
+    ASSERT_TRUE(client) << describe(client.error());
+    auto m = actors::open_model_group(**client, DeviceGroup::of("model", 1), *DeviceMesh::from_sizes({.dp = 1}), {});
+    ASSERT_TRUE(m);
+    ASSERT_TRUE(m->add_adapter("a", kLora).get());
+    EXPECT_TRUE(m->with_adapter("a").forward_only(batch()).get());
+  }
+  auto untrusted = o;
+  untrusted.remote_ca_file.clear();  // the system's store does not hold a self-signed certificate
+  auto refused = initialize(untrusted);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(code_of(refused.error()), errc::unavailable) << describe(refused.error());
+  auto plain = o;
+  plain.remote_endpoint = "127.0.0.1:" + std::to_string((*server)->port());
+  EXPECT_FALSE(initialize(plain)) << "plain TCP to a TLS port";
+  (*server)->shutdown(std::chrono::seconds(5));
+}
+
+TEST(RemoteConnect, NoServerIsUnavailableAndABadAddressIsInvalid) {
+  Options o;
+  o.mode = Mode::remote;
+  o.remote_api_key = "tml-" + std::string(64, '0');
+  o.remote_endpoint = "127.0.0.1:1";
+  auto none = initialize(o);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(code_of(none.error()), errc::unavailable);
+  o.remote_endpoint = "no-port";
+  auto bad = initialize(o);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(code_of(bad.error()), errc::invalid_argument);
+}
+
+}  // namespace
+}  // namespace glint::rpc

@@ -5,7 +5,8 @@
 ///
 /// - remote_noop_rtt_us against local_noop_rtt_us: the median round trip of
 ///   the cheapest model call (calculate_metric on an adapter) through the
-///   RPC gateway, and straight to the same server's actors;
+///   RPC gateway, and straight to the same server's model group (the same
+///   actors on the same cores); the two alternate call by call;
 /// - remote_forward_backward_vs_local: the median time of forward_backward +
 ///   clip_grad_and_step on the tiny model, remote over local (goal <= 1.2);
 /// - tenants4_vs_1_tokens_per_s: tokens trained and sampled per second by 4
@@ -13,7 +14,8 @@
 ///   alternating a training step and a sample call) over one tenant alone
 ///   doing the same (goal >= 1.5: the model and the sampler work at once,
 ///   and the sampler batches tenants' requests in the same engine steps).
-///   Also printed: tenants1_tokens_per_s and tenants4_tokens_per_s.
+///   Also printed: tenants1_tokens_per_s and tenants4_tokens_per_s (medians
+///   of three rounds, one tenant then four, in turn).
 
 namespace glint::bench {
 

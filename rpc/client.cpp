@@ -93,7 +93,14 @@ public:
       std::lock_guard<std::mutex> guard{stop_mx_};
       if (stop_) stop_->fulfill();
     }
-    if (io_.joinable()) io_.join();
+    // The last handle may go on the I/O thread itself (a future's
+    // continuation held one): it cannot join itself, and ends on its own.
+    if (io_.joinable()) {
+      if (io_.get_id() == std::this_thread::get_id())
+        io_.detach();
+      else
+        io_.join();
+    }
   }
 
   static Result<std::shared_ptr<Connection>> open(const Options& opts) {
@@ -267,6 +274,7 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     fail_pending();
     tasks_ = nullptr;
   } catch (const kj::Exception& e) {
+    fail_pending();
     report(make_error(errc::unavailable, "cannot reach the glint server at " + url_ + ": " +
                                              std::string{e.getDescription().cStr()} +
                                              " (is `glint serve` running there?)"));
@@ -626,7 +634,75 @@ Result<SamplerGroup> Connection::open_sampler(const actors::SamplerSpec& spec) {
   return SamplerGroup{std::make_shared<RemoteSamplerBackend>(shared_from_this())};
 }
 
+CheckpointInfo checkpoint_of(wire::CheckpointInfo::Reader r) {
+  return {.name = r.getName().cStr(), .adapter = r.getAdapter().cStr(), .created_ms = r.getCreatedMs(),
+          .with_optimizer = r.getWithOptimizer()};
+}
+
 }  // namespace
+
+Result<ServerCheckpoints> ServerCheckpoints::of(Runtime& rt) {
+  auto* c = dynamic_cast<Connection*>(rt.remote());
+  if (!c)
+    return make_error(errc::failed_precondition,
+                      "server checkpoints exist in remote mode only (GLINT_REMOTE_URL); locally, use the Checkpointer");
+  ServerCheckpoints out;
+  out.connection_ = c->shared_from_this();
+  return out;
+}
+
+Result<CheckpointInfo> ServerCheckpoints::save(const actors::ModelGroup& adapter, const std::string& name,
+                                               bool with_optimizer) {
+  auto& c = static_cast<Connection&>(*connection_);
+  return c.call<CheckpointInfo>([a = adapter.adapter(), name, with_optimizer](wire::Session::Client& s) {
+            auto req = s.saveCheckpointRequest();
+            req.setAdapter(a);
+            req.setName(name);
+            req.setWithOptimizer(with_optimizer);
+            return req.send().then([](auto&& r) -> Result<CheckpointInfo> {
+              if (auto err = status_of(r)) return err;
+              return checkpoint_of(r.getCheckpoint());
+            });
+          })
+      .take();
+}
+
+Result<std::vector<CheckpointInfo>> ServerCheckpoints::list() {
+  auto& c = static_cast<Connection&>(*connection_);
+  return c.call<std::vector<CheckpointInfo>>([](wire::Session::Client& s) {
+            return s.listCheckpointsRequest().send().then([](auto&& r) -> Result<std::vector<CheckpointInfo>> {
+              if (auto err = status_of(r)) return err;
+              std::vector<CheckpointInfo> out;
+              for (auto e : r.getCheckpoints()) out.push_back(checkpoint_of(e));
+              return out;
+            });
+          })
+      .take();
+}
+
+Result<void> ServerCheckpoints::load(const std::string& name, const actors::ModelGroup& target, bool create,
+                                     bool with_optimizer) {
+  auto& c = static_cast<Connection&>(*connection_);
+  return c.call<void>([name, a = target.adapter(), create, with_optimizer](wire::Session::Client& s) {
+            auto req = s.loadCheckpointRequest();
+            req.setName(name);
+            req.setAdapter(a);
+            req.setCreate(create);
+            req.setWithOptimizer(with_optimizer);
+            return send_status(req);
+          })
+      .take();
+}
+
+Result<void> ServerCheckpoints::remove(const std::string& name) {
+  auto& c = static_cast<Connection&>(*connection_);
+  return c.call<void>([name](wire::Session::Client& s) {
+            auto req = s.deleteCheckpointRequest();
+            req.setName(name);
+            return send_status(req);
+          })
+      .take();
+}
 
 Result<std::shared_ptr<RemoteAttachment>> connect(const Options& opts) {
   auto c = Connection::open(opts);

@@ -22,10 +22,14 @@
 /// any thread are handed to it and answered through glint futures. Tensors
 /// of a request are sent without a copy when aligned (rpc/convert.hpp).
 
+#include "actors/model_group.hpp"
+#include "rpc/tenant_store.hpp"
 #include "runtime/options.hpp"
 #include "runtime/remote.hpp"
+#include "runtime/runtime.hpp"
 
 #include <memory>
+#include <vector>
 
 namespace glint::rpc {
 
@@ -34,5 +38,28 @@ namespace glint::rpc {
 /// Errors: unavailable (no server there), permission_denied (the key),
 /// failed_precondition (a protocol version the server does not speak).
 Result<std::shared_ptr<RemoteAttachment>> connect(const Options& opts);
+
+/// The tenant's checkpoints on the server: saved there durably (they
+/// survive a restart of the server, a crash too), listed, loaded and
+/// deleted only by the tenant that saved them. Only in remote mode.
+///
+///   auto ckpts = rpc::ServerCheckpoints::of(rt);
+///   ckpts->save(model.with_adapter("policy"), "step-100", /*with_optimizer=*/true);
+///   ckpts->load("step-100", model.with_adapter("restored"), /*create=*/true);
+class ServerCheckpoints {
+public:
+  /// Error: the runtime is not in remote mode.
+  static Result<ServerCheckpoints> of(Runtime& rt);
+  /// Saves `adapter`'s adapter as checkpoint `name` (a new name).
+  Result<CheckpointInfo> save(const actors::ModelGroup& adapter, const std::string& name, bool with_optimizer = false);
+  Result<std::vector<CheckpointInfo>> list();
+  /// Into `target`'s adapter: a new one of that name (create), or the existing one.
+  Result<void> load(const std::string& name, const actors::ModelGroup& target, bool create,
+                    bool with_optimizer = false);
+  Result<void> remove(const std::string& name);
+
+private:
+  std::shared_ptr<RemoteAttachment> connection_;
+};
 
 }  // namespace glint::rpc

@@ -273,4 +273,23 @@ interface Session {
   # syncWeights or samplerLoadAdapter brings weights).
   samplerLoadAdapter @19 (name :Text, files :List(File)) -> (status :Status);
   samplerRemoveAdapter @20 (name :Text) -> (status :Status);
+
+  saveCheckpoint @21 (adapter :Text, name :Text, withOptimizer :Bool)
+      -> (status :Status, checkpoint :CheckpointInfo);
+  # Saves the adapter on the server, durably (it survives a restart, a
+  # crash too), as the tenant's checkpoint `name` (a new name).
+  listCheckpoints @22 () -> (status :Status, checkpoints :List(CheckpointInfo));
+  # The tenant's checkpoints, oldest first.
+  loadCheckpoint @23 (name :Text, adapter :Text, create :Bool, withOptimizer :Bool) -> (status :Status);
+  # Into a new adapter (create) or an existing one of the tenant's.
+  deleteCheckpoint @24 (name :Text) -> (status :Status);
+}
+
+struct CheckpointInfo {
+  # A tenant's server-side checkpoint, as the server describes it.
+  name @0 :Text;
+  adapter @1 :Text;
+  # The adapter it was saved from.
+  createdMs @2 :Int64;
+  withOptimizer @3 :Bool;
 }

@@ -250,11 +250,14 @@ Result<std::string> KeyStore::authenticate(const std::string& key) {
   return it->second.record.tenant;
 }
 
-bool KeyStore::still_valid(const std::string& id) {
+Result<void> KeyStore::check(const std::string& id) {
   std::lock_guard<std::mutex> guard{mx_};
-  if (auto ok = reload_if_changed(); !ok) return false;
+  if (auto ok = reload_if_changed(); !ok)
+    return make_error(errc::unavailable, "the server cannot read its key store now; retry");
   auto it = keys_.find(id);
-  return it != keys_.end() && !it->second.record.revoked;
+  if (it == keys_.end() || it->second.record.revoked)
+    return make_error(errc::permission_denied, "the API key of this session was revoked; connect with a valid key");
+  return {};
 }
 
 }  // namespace glint::rpc

@@ -1,8 +1,8 @@
 #pragma once
 // API keys of a `glint serve` deployment, kept in RocksDB under the server's
 // state directory (state/keys). A key is shown once, when it is made; the
-// store keeps only a random salt and SHA-256(salt || secret), so a copy of
-// the store gives no key away. Keys are 256-bit random secrets, so a salted
+// store keeps only a random salt and SHA-256(salt || key), so a copy of
+// the store gives no key away. Keys hold 192 random bits, so a salted
 // hash suffices (a slow KDF protects guessable passwords, not these).
 //
 // Writers: the `glint serve keys` commands, which open the store for a
@@ -51,8 +51,10 @@ public:
   /// with the same message whatever was wrong. Re-reads the store first
   /// when a writer changed it.
   Result<std::string> authenticate(const std::string& key);
-  /// True while key `id` is still valid (for calls of an open session).
-  bool still_valid(const std::string& id);
+  /// Whether key `id` is still valid, for each call of an open session:
+  /// permission_denied once it is revoked, unavailable when the store
+  /// cannot be read (which is not a revocation).
+  Result<void> check(const std::string& id);
   /// The id part of a well-formed key; empty otherwise.
   static std::string id_of(const std::string& key);
 

@@ -8,6 +8,8 @@
 #include "rpc/detail/kj_bridge.hpp"
 #include "rpc/fingerprint.hpp"
 #include "rpc/keys.hpp"
+#include "rpc/tenant_store.hpp"
+#include "components/checkpoint/atomic_dir.hpp"
 #include "runtime/log.hpp"
 
 #include <capnp/rpc-twoparty.h>
@@ -49,7 +51,7 @@ struct Tenant {
   std::string name;
   std::set<std::string> adapters;          ///< its model-group adapters (its own names)
   std::set<std::string> sampler_adapters;  ///< its sampler-group adapters
-  std::map<std::string, std::unique_ptr<actors::CheckpointEngine>> syncs;  ///< by adapter
+  std::map<std::string, std::shared_ptr<actors::CheckpointEngine>> syncs;  ///< by adapter
   int64_t in_flight = 0;
   /// Calls wait for this before they start: a weight sync replaces it, so
   /// the calls after a sync see its result.
@@ -68,9 +70,11 @@ struct Server::Impl {
   std::optional<actors::ModelGroup> model;
   std::optional<actors::SamplerGroup> sampler;
   std::unique_ptr<KeyStore> keys;
+  std::unique_ptr<TenantStore> store;
   std::string fingerprint;
   std::string base_name;
   int64_t vocab_size = 0;
+  int64_t max_positions = 0;  ///< the base's context (config.json max_position_embeddings)
   std::atomic<int> port{0};
   std::atomic<int> metrics_port{-1};
   std::atomic<uint64_t> upload_counter{0};
@@ -83,6 +87,24 @@ struct Server::Impl {
   bool stopped = false;
 
   std::map<std::string, std::unique_ptr<Tenant>> tenants;  ///< I/O thread only
+
+  /// Blocking work off the I/O thread (a weight sync), joined at shutdown:
+  /// nothing it uses is destroyed under it.
+  std::mutex workers_mx;
+  std::vector<std::thread> workers;
+  template <class F>
+  void start_worker(F f) {
+    std::lock_guard<std::mutex> guard{workers_mx};
+    workers.emplace_back(std::move(f));
+  }
+  void join_workers() {
+    std::vector<std::thread> all;
+    {
+      std::lock_guard<std::mutex> guard{workers_mx};
+      all.swap(workers);
+    }
+    for (auto& w : all) w.join();
+  }
 
   Tenant& tenant(const std::string& name) {
     auto& t = tenants[name];
@@ -112,7 +134,9 @@ public:
       : s_(s), tenant_(std::move(tenant)), key_id_(std::move(key_id)) {
     ++t().sessions;
   }
-  ~SessionImpl() { --t().sessions; }
+  ~SessionImpl() {
+    if (auto it = s_.tenants.find(tenant_); it != s_.tenants.end()) --it->second->sessions;
+  }
 
   kj::Promise<void> heartbeat(HeartbeatContext ctx) override {
     return run(ctx, "heartbeat", 0, [] { return ok_now(); });
@@ -126,10 +150,12 @@ public:
     if (!lora) return refuse(ctx, "add_adapter", lora.error());
     if (auto ok = check_new_adapter(*name, *lora); !ok) return refuse(ctx, "add_adapter", ok.error());
     auto seed = p.getSeed();
+    if (auto err = admission()) return refuse(ctx, "add_adapter", err);
     t().adapters.insert(*name);  // reserved now, so a second add in flight is refused
-    return run(ctx, "add_adapter", 0, [this, n = *name, l = *lora, seed] {
-      return finish_add(n, s_.model->add_adapter(inner(n), l, seed));
-    });
+    return run(
+        ctx, "add_adapter", 0,
+        [this, n = *name, l = *lora, seed] { return finish_add(n, s_.model->add_adapter(inner(n), l, seed)); },
+        [this, n = *name] { t().adapters.erase(n); });
   }
 
   kj::Promise<void> removeAdapter(RemoveAdapterContext ctx) override {
@@ -286,14 +312,15 @@ public:
       return refuse(ctx, "load_adapter", adapters_limit());
     auto files = read_files(p.getFiles());
     if (!files) return refuse(ctx, "load_adapter", files.error());
+    if (auto err = admission()) return refuse(ctx, "load_adapter", err);
     auto dir = s_.upload_dir();
-    if (auto ok = write_dir_files(dir, *files); !ok) return refuse(ctx, "load_adapter", ok.error());
-    if (auto ok = check_uploaded_rank(dir); !ok) {
+    if (auto ok = upload(dir, *files); !ok) return refuse(ctx, "load_adapter", ok.error());
+    if (create) t().adapters.insert(*name);
+    auto undo = [this, n = *name, dir, create] {
       std::error_code ec;
       fs::remove_all(dir, ec);
-      return refuse(ctx, "load_adapter", ok.error());
-    }
-    if (create) t().adapters.insert(*name);
+      if (create) t().adapters.erase(n);
+    };
     return run(ctx, "load_adapter", 0, [this, n = *name, dir, create, with_optimizer] {
       auto f = create ? s_.model->load_adapter(inner(n), dir)
                       : s_.model->with_adapter(inner(n)).load({.dir = dir, .with_optimizer = with_optimizer});
@@ -303,7 +330,7 @@ public:
         if (!r && create) t().adapters.erase(n);
         return r;
       });
-    });
+    }, undo);
   }
 
   kj::Promise<void> sample(SampleContext ctx) override {
@@ -314,8 +341,14 @@ public:
     if (!params) return refuse(ctx, "sample", params.error());
     auto requests = read_requests(p.getRequests(), s_.vocab_size);
     if (!requests) return refuse(ctx, "sample", requests.error());
-    int64_t tokens = 0;
-    for (const auto& r : *requests) tokens += static_cast<int64_t>(r.prompt.size()) + params->num_samples * params->max_tokens;
+    if (auto ok = check_sampling(*params); !ok) return refuse(ctx, "sample", ok.error());
+    // Counted wide: num_samples and max_tokens are bounded above, and so is
+    // the number of requests (by the message size), so this cannot overflow.
+    __int128 wide = 0;
+    for (const auto& r : *requests)
+      wide += static_cast<__int128>(r.prompt.size()) +
+              static_cast<__int128>(params->num_samples) * std::max<int64_t>(params->max_tokens, 1);
+    const int64_t tokens = wide > INT64_MAX ? INT64_MAX : static_cast<int64_t>(wide);
     if (tokens > s_.config.limits.tokens_per_call)
       return refuse(ctx, "sample", tokens_limit(tokens));
     return run(ctx, "sample", tokens, [this, ctx, n = *name, rs = std::move(*requests), pr = *params]() mutable {
@@ -339,19 +372,19 @@ public:
                                                               "': add it to the sampler group first (add_adapter)"));
     auto& engine = t().syncs[*name];
     if (!engine)
-      engine = std::make_unique<actors::CheckpointEngine>(s_.model->with_adapter(inner(*name)),
+      engine = std::make_shared<actors::CheckpointEngine>(s_.model->with_adapter(inner(*name)),
                                                           s_.sampler->with_adapter(inner(*name)));
-    auto* e = engine.get();
+    auto e = engine;  // the thread's own reference: it outlives a removal
     // The sync blocks (it waits on the model's push): a thread of its own,
     // and the tenant's next calls wait for it.
     auto run_sync = [this, ctx, e]() mutable {
       auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
       auto out = std::make_shared<Result<actors::SyncReport>>(make_error(errc::internal, "sync did not run"));
       auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<void>>>(kj::mv(paf.fulfiller));
-      std::thread([e, out, fulfiller] {
+      s_.start_worker([e, out, fulfiller] {
         *out = e->sync_weights({});
         (*fulfiller)->fulfill();
-      }).detach();
+      });
       return paf.promise.then([ctx, out]() mutable -> Result<void> {
         if (!*out) return out->error();
         ctx.getResults().setVersion((*out)->version);
@@ -392,13 +425,17 @@ public:
     auto lora = read_lora(p.getLora());
     if (!lora) return refuse(ctx, "sampler_add_adapter", lora.error());
     if (auto ok = check_new_sampler_adapter(*name, *lora); !ok) return refuse(ctx, "sampler_add_adapter", ok.error());
+    if (auto err = admission()) return refuse(ctx, "sampler_add_adapter", err);
     t().sampler_adapters.insert(*name);
-    return run(ctx, "sampler_add_adapter", 0, [this, n = *name, l = *lora] {
-      return await_future(s_.sampler->add_adapter(inner(n), l)).then([this, n](Result<void> r) {
-        if (!r) t().sampler_adapters.erase(n);
-        return r;
-      });
-    });
+    return run(
+        ctx, "sampler_add_adapter", 0,
+        [this, n = *name, l = *lora] {
+          return await_future(s_.sampler->add_adapter(inner(n), l)).then([this, n](Result<void> r) {
+            if (!r) t().sampler_adapters.erase(n);
+            return r;
+          });
+        },
+        [this, n = *name] { t().sampler_adapters.erase(n); });
   }
 
   kj::Promise<void> samplerLoadAdapter(SamplerLoadAdapterContext ctx) override {
@@ -410,14 +447,17 @@ public:
                     make_error(errc::invalid_argument, "the sampler has an adapter '" + *name + "' already"));
     auto files = read_files(p.getFiles());
     if (!files) return refuse(ctx, "sampler_load_adapter", files.error());
+    if (static_cast<int64_t>(t().sampler_adapters.size()) >= s_.config.limits.adapters)
+      return refuse(ctx, "sampler_load_adapter", adapters_limit());
+    if (auto err = admission()) return refuse(ctx, "sampler_load_adapter", err);
     auto dir = s_.upload_dir();
-    if (auto ok = write_dir_files(dir, *files); !ok) return refuse(ctx, "sampler_load_adapter", ok.error());
-    if (auto ok = check_uploaded_rank(dir); !ok) {
+    if (auto ok = upload(dir, *files); !ok) return refuse(ctx, "sampler_load_adapter", ok.error());
+    t().sampler_adapters.insert(*name);
+    auto undo = [this, n = *name, dir] {
       std::error_code ec;
       fs::remove_all(dir, ec);
-      return refuse(ctx, "sampler_load_adapter", ok.error());
-    }
-    t().sampler_adapters.insert(*name);
+      t().sampler_adapters.erase(n);
+    };
     return run(ctx, "sampler_load_adapter", 0, [this, n = *name, dir] {
       return await_future(s_.sampler->load_adapter(inner(n), dir)).then([this, n, dir](Result<void> r) {
         std::error_code ec;
@@ -425,7 +465,7 @@ public:
         if (!r) t().sampler_adapters.erase(n);
         return r;
       });
-    });
+    }, undo);
   }
 
   kj::Promise<void> samplerRemoveAdapter(SamplerRemoveAdapterContext ctx) override {
@@ -443,7 +483,108 @@ public:
     });
   }
 
+  kj::Promise<void> saveCheckpoint(SaveCheckpointContext ctx) override {
+    auto p = ctx.getParams();
+    auto adapter = owned(p.getAdapter());
+    if (!adapter) return refuse(ctx, "save_checkpoint", adapter.error());
+    auto name = read_name(p.getName(), "checkpoint name");
+    if (!name) return refuse(ctx, "save_checkpoint", name.error());
+    if (s_.store->find(tenant_, *name))
+      return refuse(ctx, "save_checkpoint",
+                    make_error(errc::invalid_argument, "checkpoint '" + *name + "' exists already; pick a new name"));
+    bool with_optimizer = p.getWithOptimizer();
+    return run(ctx, "save_checkpoint", 0, [this, ctx, a = *adapter, n = *name, with_optimizer]() mutable {
+      auto tmp = s_.upload_dir();
+      return await_future(s_.model->backend().save(inner(a), actors::SaveRequest{.dir = tmp, .with_optimizer = with_optimizer}))
+          .then([this, ctx, a, n, with_optimizer, tmp](Result<std::string> r) mutable -> Result<void> {
+            auto cleanup = kj::defer([tmp] {
+              std::error_code ec;
+              fs::remove_all(tmp, ec);
+            });
+            if (!r) return r.error();
+            auto files = read_dir_files(tmp);
+            if (!files) return files.error();
+            auto final_dir = s_.store->checkpoint_dir(tenant_, n);
+            std::error_code ec;
+            fs::create_directories(fs::path{final_dir}.parent_path(), ec);
+            auto dir = components::AtomicDir::begin(final_dir);
+            if (!dir) return dir.error();
+            for (const auto& f : *files)
+              if (auto ok = dir->write_file(f.name, f.data); !ok) return ok.error();
+            if (auto ok = dir->commit(); !ok) return ok.error();
+            CheckpointInfo info{.name = n, .adapter = a,
+                                .created_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  std::chrono::system_clock::now().time_since_epoch())
+                                                  .count(),
+                                .with_optimizer = with_optimizer};
+            if (auto ok = s_.store->add(tenant_, info); !ok) return ok.error();
+            write_checkpoint(ctx.getResults().initCheckpoint(), info);
+            return {};
+          });
+    });
+  }
+
+  kj::Promise<void> listCheckpoints(ListCheckpointsContext ctx) override {
+    return run(ctx, "list_checkpoints", 0, [this, ctx]() mutable -> kj::Promise<Result<void>> {
+      auto all = s_.store->list(tenant_);
+      if (!all) return Result<void>{all.error()};
+      auto list = ctx.getResults().initCheckpoints(static_cast<unsigned>(all->size()));
+      for (size_t i = 0; i < all->size(); ++i) write_checkpoint(list[static_cast<unsigned>(i)], (*all)[i]);
+      return Result<void>{};
+    });
+  }
+
+  kj::Promise<void> loadCheckpoint(LoadCheckpointContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_name(p.getName(), "checkpoint name");
+    if (!name) return refuse(ctx, "load_checkpoint", name.error());
+    auto found = s_.store->find(tenant_, *name);
+    if (!found) return refuse(ctx, "load_checkpoint", found.error());
+    bool create = p.getCreate(), with_optimizer = p.getWithOptimizer();
+    if (with_optimizer && !found->with_optimizer)
+      return refuse(ctx, "load_checkpoint", make_error(errc::invalid_argument, "checkpoint '" + *name +
+                                                                                   "' was saved without its optimizer state"));
+    auto adapter = create ? read_name(p.getAdapter(), "adapter name") : owned(p.getAdapter());
+    if (!adapter) return refuse(ctx, "load_checkpoint", adapter.error());
+    if (create && t().adapters.count(*adapter))
+      return refuse(ctx, "load_checkpoint", make_error(errc::invalid_argument, "adapter '" + *adapter + "' exists already"));
+    if (create && static_cast<int64_t>(t().adapters.size()) >= s_.config.limits.adapters)
+      return refuse(ctx, "load_checkpoint", adapters_limit());
+    auto dir = s_.store->checkpoint_dir(tenant_, *name);
+    if (auto ok = check_uploaded_rank(dir); !ok) return refuse(ctx, "load_checkpoint", ok.error());
+    if (auto err = admission()) return refuse(ctx, "load_checkpoint", err);
+    if (create) t().adapters.insert(*adapter);
+    return run(
+        ctx, "load_checkpoint", 0,
+        [this, a = *adapter, dir, create, with_optimizer] {
+          auto f = create ? s_.model->load_adapter(inner(a), dir)
+                          : s_.model->with_adapter(inner(a)).load({.dir = dir, .with_optimizer = with_optimizer});
+          return await_future(f).then([this, a, create](Result<void> r) {
+            if (!r && create) t().adapters.erase(a);
+            return r;
+          });
+        },
+        [this, a = *adapter, create] {
+          if (create) t().adapters.erase(a);
+        });
+  }
+
+  kj::Promise<void> deleteCheckpoint(DeleteCheckpointContext ctx) override {
+    auto name = read_name(ctx.getParams().getName(), "checkpoint name");
+    if (!name) return refuse(ctx, "delete_checkpoint", name.error());
+    return run(ctx, "delete_checkpoint", 0, [this, n = *name]() -> kj::Promise<Result<void>> {
+      return s_.store->remove(tenant_, n);
+    });
+  }
+
 private:
+  static void write_checkpoint(wire::CheckpointInfo::Builder b, const CheckpointInfo& c) {
+    b.setName(c.name);
+    b.setAdapter(c.adapter);
+    b.setCreatedMs(c.created_ms);
+    b.setWithOptimizer(c.with_optimizer);
+  }
+
   Tenant& t() { return s_.tenant(tenant_); }
   std::string inner(const std::string& name) const { return tenant_ + ":" + name; }
   std::string inner_or_base(const std::string& name) const { return name.empty() ? std::string{} : inner(name); }
@@ -455,12 +596,33 @@ private:
     return {};
   }
 
-  /// The adapter's internal names and the server's paths never reach a
-  /// tenant: errors and texts are cleaned of them.
+  /// Writes uploaded files to `dir` and checks the adapter's rank there;
+  /// on any error nothing is left on disk.
+  Result<void> upload(const std::string& dir, const std::vector<FileBytes>& files) const {
+    auto ok = write_dir_files(dir, files);
+    if (ok) ok = check_uploaded_rank(dir);
+    if (!ok) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+    return ok;
+  }
+
+  /// The adapters' internal names, other adapters' names and the server's
+  /// paths never reach a tenant: errors and texts are cleaned of them. (An
+  /// actor's "no adapter 'x' (adapters: ...)" lists every tenant's.)
   std::string clean(std::string text) const {
-    for (const auto& needle : {tenant_ + ":", s_.config.state_dir + "/tmp/"}) {
-      for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at))
-        text.replace(at, needle.size(), needle.back() == ':' ? "" : "<upload>/");
+    for (size_t at = text.find(" (adapters:"); at != std::string::npos; at = text.find(" (adapters:", at)) {
+      auto close = text.find(')', at);
+      text.erase(at, close == std::string::npos ? std::string::npos : close - at + 1);
+    }
+    const std::string upload_root = (fs::path{s_.config.state_dir} / "tmp").string() + "/";
+    const std::string checkpoint_root = (fs::path{s_.config.state_dir} / "checkpoints" / tenant_).string() + "/";
+    for (const auto& [needle, with] : {std::pair<std::string, std::string>{tenant_ + ":", ""},
+                                       {upload_root, "<upload>/"},
+                                       {checkpoint_root, "<checkpoint>/"}}) {
+      for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + with.size()))
+        text.replace(at, needle.size(), with);
     }
     return text;
   }
@@ -535,6 +697,25 @@ private:
     return check_rank(l);
   }
 
+  /// Sampling parameters within what the server can answer: counts below
+  /// the model's context, top-k and log-probs below the vocabulary, stop
+  /// tokens in it.
+  Result<void> check_sampling(const SamplingParams& p) const {
+    auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "sampling params: " + what); };
+    if (p.num_samples > 1024) return bad("num_samples must be at most 1024, not " + std::to_string(p.num_samples));
+    if (p.max_tokens > s_.max_positions)
+      return bad("max_tokens must be at most the model's context, " + std::to_string(s_.max_positions) + ", not " +
+                 std::to_string(p.max_tokens));
+    for (auto [name, v] : {std::pair{"top_k", p.top_k}, {"logprobs", p.logprobs}, {"prompt_logprobs", p.prompt_logprobs}})
+      if (v > s_.vocab_size) return bad(std::string{name} + " must be at most the vocabulary size, " + std::to_string(s_.vocab_size));
+    for (auto id : p.stop_token_ids)
+      if (id < 0 || id >= s_.vocab_size) return bad("stop token " + std::to_string(id) + " is outside the vocabulary");
+    if (p.stop_token_ids.size() > 256 || p.stop.size() > 64) return bad("at most 256 stop tokens and 64 stop strings");
+    for (const auto& s : p.stop)
+      if (s.size() > 1024) return bad("a stop string is longer than 1024 bytes");
+    return {};
+  }
+
   Result<Batch> checked_batch(wire::Batch::Reader r) {
     auto b = read_batch(r);
     if (!b) return b;
@@ -542,6 +723,32 @@ private:
     if (ids == b->tensors.end()) return make_error(errc::invalid_argument, "batch: input_ids is required");
     if (ids->second.dtype() != Dtype::i64 || ids->second.dims() != 2)
       return make_error(errc::invalid_argument, "batch: input_ids must be i64 [B, T], not " + ids->second.describe());
+    const int64_t rows = ids->second.size(0), len = ids->second.size(1);
+    if (len > s_.max_positions)
+      return make_error(errc::invalid_argument, "batch: rows of " + std::to_string(len) +
+                                                    " tokens are longer than the model's context, " +
+                                                    std::to_string(s_.max_positions));
+    // Every tensor is one the trainer reads, of its shape: nothing the
+    // trainer would ignore, nothing it would size from a wrong dimension.
+    static const std::set<std::string> per_token = {"attention_mask", "position_ids", "segment_ids", "target_ids",
+                                                    "loss_mask",      "old_logps",    "ref_logps"};
+    for (const auto& [name, t] : b->tensors) {
+      if (name == "input_ids") continue;
+      const bool known = per_token.count(name) || name == "advantages";
+      const bool token_shaped = t.dims() == 2 && t.size(0) == rows && t.size(1) == len;
+      const bool fits = per_token.count(name) ? token_shaped
+                        : name == "advantages" ? token_shaped || (t.dims() == 1 && t.size(0) == rows)
+                                               : false;
+      if (fits) continue;
+      if (!known)
+        return make_error(errc::invalid_argument,
+                          "batch: unknown tensor '" + name.substr(0, 64) +
+                              "' (the trainer reads input_ids, attention_mask, position_ids, segment_ids, target_ids, "
+                              "loss_mask, old_logps, ref_logps, advantages)");
+      return make_error(errc::invalid_argument, "batch: '" + name + "' must be [B, T] = [" + std::to_string(rows) +
+                                                    ", " + std::to_string(len) + "]" +
+                                                    (name == "advantages" ? " or [B]" : "") + ", not " + t.describe());
+    }
     for (const char* key : {"input_ids", "target_ids"}) {
       auto it = b->tensors.find(key);
       if (it == b->tensors.end()) continue;
@@ -580,18 +787,29 @@ private:
               " outcome=" + std::string{to_string(code_of(err))});
   }
 
+  /// Why this session may not start a call now (its key was revoked, its
+  /// calls in flight are at the limit), or none. Methods that reserve a
+  /// name or write an upload ask first, so a refusal leaves nothing behind.
+  caf::error admission() {
+    if (auto valid = s_.keys->check(key_id_); !valid) return valid.error();
+    if (t().in_flight >= s_.config.limits.calls_in_flight)
+      return make_error(errc::resource_exhausted, "limit calls_in_flight: " + std::to_string(t().in_flight) +
+                                                      " calls of yours are in flight; wait for one");
+    return caf::none;
+  }
+
   /// Runs `start` (which returns a promise of the call's outcome) after the
   /// tenant's barrier, within its in-flight limit, and answers the status.
+  /// `undo` runs if the call ends in an exception instead of an outcome (the
+  /// outcome's own continuation undoes a failed call's reservations).
   template <class Context, class Start>
-  kj::Promise<void> run(Context& ctx, const char* method, int64_t tokens, Start start) {
-    if (!s_.keys->still_valid(key_id_))
-      return refuse(ctx, method,
-                    make_error(errc::permission_denied, "the API key of this session was revoked; connect with a valid key"));
+  kj::Promise<void> run(Context& ctx, const char* method, int64_t tokens, Start start,
+                        std::function<void()> undo = nullptr) {
+    if (auto err = admission()) {
+      if (undo) undo();
+      return refuse(ctx, method, err);
+    }
     auto& tn = t();
-    if (tn.in_flight >= s_.config.limits.calls_in_flight)
-      return refuse(ctx, method,
-                    make_error(errc::resource_exhausted, "limit calls_in_flight: " + std::to_string(tn.in_flight) +
-                                                             " calls of yours are in flight; wait for one"));
     ++tn.in_flight;
     ++tn.calls;
     tn.tokens += tokens;
@@ -606,7 +824,8 @@ private:
             [this, ctx_copy, method, tokens, t0](Result<void> r) mutable {
               finish(ctx_copy, method, tokens, t0, r ? caf::error{} : r.error());
             },
-            [this, ctx_copy, method, tokens, t0](kj::Exception&& e) mutable {
+            [this, ctx_copy, method, tokens, t0, undo](kj::Exception&& e) mutable {
+              if (undo) undo();
               finish(ctx_copy, method, tokens, t0, detail::error_of(e, method));
             });
   }
@@ -757,6 +976,9 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
   bool reported = false;
   try {
     auto io = kj::setupAsyncIo();
+    // The tenants' KJ objects (their barriers) go on this thread, after the
+    // connections (declared below) and before the loop.
+    auto clear_tenants = kj::defer([this] { tenants.clear(); });
     executor = &kj::getCurrentThreadExecutor();
     kj::Own<kj::TlsContext> tls;
     if (config.tls()) {
@@ -842,6 +1064,7 @@ Server::~Server() { shutdown(); }
 
 int Server::port() const { return impl_->port.load(); }
 int Server::metrics_port() const { return impl_->metrics_port.load(); }
+const actors::ModelGroup& Server::model_group() const { return *impl_->model; }
 const std::string& Server::fingerprint() const { return impl_->fingerprint; }
 
 void Server::shutdown(std::chrono::milliseconds grace) {
@@ -853,6 +1076,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     if (impl_->stop) impl_->stop->fulfill();
   }
   if (impl_->io.joinable()) impl_->io.join();
+  impl_->join_workers();  // a sync still running ends within its own timeouts
 }
 
 Result<std::unique_ptr<Server>> Server::start(Runtime& rt, ServeConfig config) {
@@ -869,9 +1093,15 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, ServeConfig config) {
   if (!cfg.is_object() || !cfg.contains("vocab_size") || !cfg["vocab_size"].is_number_integer())
     return make_error(errc::invalid_argument, config.model_dir + "/config.json has no integer vocab_size");
   impl->vocab_size = cfg["vocab_size"].get<int64_t>();
+  impl->max_positions = cfg.contains("max_position_embeddings") && cfg["max_position_embeddings"].is_number_integer()
+                            ? cfg["max_position_embeddings"].get<int64_t>()
+                            : int64_t{1} << 20;
   auto keys = KeyStore::open_reader(config.state_dir);
   if (!keys) return keys.error();
   impl->keys = std::move(*keys);
+  auto store = TenantStore::open(config.state_dir);
+  if (!store) return store.error();
+  impl->store = std::move(*store);
   std::error_code ec;
   fs::remove_all(fs::path{config.state_dir} / "tmp", ec);  // uploads a killed server left behind
 

@@ -19,6 +19,7 @@
 /// it. The base model is never trained: a call that would change it
 /// (training with no adapter) is refused with permission_denied.
 
+#include "actors/model_group.hpp"
 #include "rpc/serve_config.hpp"
 #include "runtime/runtime.hpp"
 
@@ -40,6 +41,10 @@ public:
   int port() const;
   /// The port of the Prometheus endpoint, or -1 without one.
   int metrics_port() const;
+  /// The shared model group itself, called without the gateway: what
+  /// benchmarks and tests compare remote calls with (the same actors on
+  /// the same cores). Adapter names without a ':' are nobody's tenant's.
+  const actors::ModelGroup& model_group() const;
   /// The base model's fingerprint (rpc/fingerprint.hpp).
   const std::string& fingerprint() const;
   /// Stops accepting, lets calls in flight finish (up to `grace`; the rest

@@ -9,32 +9,42 @@
 #include <kj/exception.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace glint::rpc::detail {
 
 /// A promise, on the calling KJ thread, of `f`'s result: the thread that
-/// answers `f` wakes the loop through a cross-thread fulfiller. If that
-/// thread never answers, the promise still settles when the future's
-/// callbacks are dropped (the fulfiller's destructor rejects it).
+/// answers `f` copies it into a slot and wakes the loop through a
+/// cross-thread fulfiller. The promise's continuation holds only the slot,
+/// never the future, so a future dropped unanswered drops its callback, the
+/// fulfiller with it, and the promise rejects instead of waiting forever.
 template <class T>
 kj::Promise<Result<T>> await_future(Future<T> f) {
+  struct Slot {
+    std::optional<Result<T>> value;
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> fulfiller;
+  };
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
-  auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<void>>>(kj::mv(paf.fulfiller));
-  f.then([fulfiller](const Result<T>&) {
-    (*fulfiller)->fulfill();
+  auto slot = std::make_shared<Slot>();
+  slot->fulfiller = kj::mv(paf.fulfiller);
+  f.then([slot](const Result<T>& r) {
+    slot->value.emplace(r);
+    slot->fulfiller->fulfill();
     return Result<bool>{true};
   });
-  return paf.promise.then([f]() { return f.take(); });
+  return paf.promise.then([slot]() -> Result<T> { return std::move(*slot->value); });
 }
 
 /// What a KJ exception (a lost connection, a refused message) means to a
 /// glint caller.
 inline caf::error error_of(const kj::Exception& e, const std::string& what) {
+  // FAILED is a bug on one side (a message too large to build, say), not
+  // something a retry fixes.
   auto code = e.getType() == kj::Exception::Type::DISCONNECTED  ? errc::unavailable
               : e.getType() == kj::Exception::Type::OVERLOADED  ? errc::resource_exhausted
               : e.getType() == kj::Exception::Type::UNIMPLEMENTED ? errc::unimplemented
-                                                                  : errc::unavailable;
+                                                                  : errc::internal;
   return make_error(code, what + ": " + std::string{e.getDescription().cStr()});
 }
 

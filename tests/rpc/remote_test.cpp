@@ -12,6 +12,7 @@
 #include "components/data/synthetic.hpp"
 #include "components/model/model.hpp"
 #include "placement/service.hpp"
+#include "rpc/client.hpp"
 #include "rpc/keys.hpp"
 #include "rpc/server.hpp"
 #include "support/temp_dir.hpp"
@@ -289,6 +290,26 @@ TEST_F(RemoteTest, TenantsCannotReachEachOthersAdaptersAndTheBaseNeverChanges) {
   ASSERT_TRUE(alice.remove_adapter("mine").get());
 }
 
+TEST_F(RemoteTest, ErrorsNeverNameAnotherTenantsAdapters) {
+  auto alice_rt = attached("alice");
+  auto bob_rt = attached("bob");
+  ASSERT_TRUE(alice_rt && bob_rt);
+  auto bob = model_of(*bob_rt);
+  ASSERT_TRUE(bob.add_adapter("bobs-secret-name", kLora).get());
+  auto alice = model_of(*alice_rt);
+  // An add the gateway accepts and the model refuses (no module matches),
+  // with a call right behind it that reaches the model after the refusal:
+  // the model's "no adapter" error lists every adapter it holds.
+  auto add = alice.add_adapter("x", {.r = 2, .alpha = 4, .target_modules = {"no_such_proj"}});
+  auto behind = alice.with_adapter("x").set_loss({});
+  EXPECT_FALSE(add.get());
+  auto err = behind.get();
+  ASSERT_FALSE(err);
+  EXPECT_FALSE(contains(describe(err.error()), "bobs-secret-name")) << describe(err.error());
+  EXPECT_FALSE(contains(describe(err.error()), "bob:")) << describe(err.error());
+  ASSERT_TRUE(bob.remove_adapter("bobs-secret-name").get());
+}
+
 TEST_F(RemoteTest, KeysAreCheckedAtConnectAndARevokedKeyStopsAtOnce) {
   auto wrong = attach("tml-" + std::string(64, '0'));
   ASSERT_FALSE(wrong);
@@ -346,10 +367,28 @@ TEST_F(RemoteTest, LimitsAndBadInputAreRefusedBeforeAnyActorSeesThem) {
   floats.tensors["input_ids"] = *Tensor::from_values(std::vector<float>{1, 2}, {1, 2});
   EXPECT_EQ(code_of(a.forward_backward(floats).get().error()), errc::invalid_argument);
   Batch huge;
-  huge.tensors["input_ids"] = *Tensor::zeros(Dtype::i64, {2, 4096});
+  huge.tensors["input_ids"] = *Tensor::zeros(Dtype::i64, {20, 256});
   auto too_many = a.forward_backward(huge).get();
   ASSERT_FALSE(too_many);
   EXPECT_TRUE(contains(describe(too_many.error()), "tokens_per_call")) << describe(too_many.error());
+  Batch too_long;
+  too_long.tensors["input_ids"] = *Tensor::zeros(Dtype::i64, {1, 1024});
+  auto long_rows = a.forward_backward(too_long).get();
+  ASSERT_FALSE(long_rows);
+  EXPECT_TRUE(contains(describe(long_rows.error()), "longer than the model's context")) << describe(long_rows.error());
+  Batch unknown = batch();
+  unknown.tensors["advantagez"] = *Tensor::zeros(Dtype::f32, {2});
+  auto ignored = a.forward_backward(unknown).get();
+  ASSERT_FALSE(ignored) << "a tensor the trainer would ignore is refused, not dropped";
+  EXPECT_TRUE(contains(describe(ignored.error()), "unknown tensor 'advantagez'")) << describe(ignored.error());
+  Batch misshapen = batch();
+  misshapen.tensors["loss_mask"] = *Tensor::zeros(Dtype::f32, {2, 3});
+  EXPECT_EQ(code_of(a.forward_backward(misshapen).get().error()), errc::invalid_argument);
+  auto s = actors::open_sampler_group(*rt, DeviceGroup::of("s", 1), *DeviceMesh::from_sizes({.dp = 1}), {});
+  ASSERT_TRUE(s);
+  auto many = s->sample({{5, 6}}, {.num_samples = int64_t{1} << 40, .max_tokens = 0}).get();
+  ASSERT_FALSE(many);
+  EXPECT_TRUE(contains(describe(many.error()), "num_samples")) << describe(many.error());
   // The next well-formed call is served.
   EXPECT_TRUE(a.forward_backward(batch()).get());
   for (auto* n : {"a1", "a2", "a3"}) ASSERT_TRUE(m.remove_adapter(n).get());
@@ -462,6 +501,91 @@ TEST(RemoteTls, ClientsAttachOverTlsOnlyWhenTheyTrustTheCertificate) {
   auto plain = o;
   plain.remote_endpoint = "127.0.0.1:" + std::to_string((*server)->port());
   EXPECT_FALSE(initialize(plain)) << "plain TCP to a TLS port";
+  (*server)->shutdown(std::chrono::seconds(5));
+}
+
+// Server-side checkpoints: the tenant's own, and still there after the
+// server restarts.
+TEST(RemoteCheckpoints, ATenantsCheckpointsAreItsOwnAndOutliveTheServer) {
+  auto dir = glint::testing::fresh_dir("remote-ckpt");
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  auto lm = components::CausalLM::init_random(cfg, 4);
+  ASSERT_TRUE(lm && lm->save(dir + "/base"));
+  ServeConfig config{.model_dir = dir + "/base", .state_dir = dir + "/state", .port = 0};
+  auto alice_key = KeyStore::create(config.state_dir, "alice");
+  auto bob_key = KeyStore::create(config.state_dir, "bob");
+  ASSERT_TRUE(alice_key && bob_key);
+  auto attach_to = [](const Server& s, const std::string& key) {
+    Options o;
+    o.mode = Mode::remote;
+    o.remote_endpoint = "127.0.0.1:" + std::to_string(s.port());
+    o.remote_api_key = key;
+    return initialize(o);
+  };
+  auto mesh = *DeviceMesh::from_sizes({.dp = 1});
+  std::vector<float> trained;
+  {
+    auto rt = initialize(Options{});
+    ASSERT_TRUE(rt);
+    auto server = Server::start(**rt, config);
+    ASSERT_TRUE(server) << describe(server.error());
+    auto alice = attach_to(**server, *alice_key);
+    auto bob = attach_to(**server, *bob_key);
+    ASSERT_TRUE(alice && bob);
+    auto m = actors::open_model_group(**alice, DeviceGroup::of("m", 1), mesh, {});
+    ASSERT_TRUE(m);
+    ASSERT_TRUE(m->add_adapter("policy", kLora, 2).get());
+    auto a = m->with_adapter("policy");
+    ASSERT_TRUE(a.set_optimizer({.lr = 1e-2}).get());
+    ASSERT_TRUE(a.forward_backward(batch()).get());
+    ASSERT_TRUE(a.clip_grad_and_step().get());
+    trained = values_of(*a.forward_only(batch()).get());
+    auto ckpts = ServerCheckpoints::of(**alice);
+    ASSERT_TRUE(ckpts);
+    auto saved = ckpts->save(a, "step-1", /*with_optimizer=*/true);
+    ASSERT_TRUE(saved) << describe(saved.error());
+    EXPECT_EQ(saved->adapter, "policy");
+    EXPECT_FALSE(ckpts->save(a, "step-1")) << "a checkpoint is never overwritten";
+    // Bob sees nothing of it, and cannot load or delete it.
+    auto bobs = ServerCheckpoints::of(**bob);
+    ASSERT_TRUE(bobs);
+    EXPECT_TRUE(bobs->list()->empty());
+    auto bm = actors::open_model_group(**bob, DeviceGroup::of("m", 1), mesh, {});
+    ASSERT_TRUE(bm);
+    auto steal = bobs->load("step-1", bm->with_adapter("stolen"), /*create=*/true);
+    ASSERT_FALSE(steal);
+    EXPECT_EQ(code_of(steal.error()), errc::not_found);
+    EXPECT_EQ(code_of(bobs->remove("step-1").error()), errc::not_found);
+    EXPECT_EQ(code_of(bobs->remove("../alice/step-1").error()), errc::invalid_argument);
+    alice->reset();
+    bob->reset();
+    (*server)->shutdown(std::chrono::seconds(5));
+    (*rt)->shutdown();
+  }
+  // A new server on the same state directory.
+  auto rt = initialize(Options{});
+  ASSERT_TRUE(rt);
+  auto server = Server::start(**rt, config);
+  ASSERT_TRUE(server) << describe(server.error());
+  auto alice = attach_to(**server, *alice_key);
+  ASSERT_TRUE(alice);
+  auto ckpts = ServerCheckpoints::of(**alice);
+  ASSERT_TRUE(ckpts);
+  auto listed = ckpts->list();
+  ASSERT_TRUE(listed) << describe(listed.error());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].name, "step-1");
+  EXPECT_TRUE((*listed)[0].with_optimizer);
+  auto m = actors::open_model_group(**alice, DeviceGroup::of("m", 1), mesh, {});
+  ASSERT_TRUE(m);
+  auto loaded = ckpts->load("step-1", m->with_adapter("back"), /*create=*/true);
+  ASSERT_TRUE(loaded) << describe(loaded.error());
+  EXPECT_EQ(values_of(*m->with_adapter("back").forward_only(batch()).get()), trained);
+  ASSERT_TRUE(ckpts->load("step-1", m->with_adapter("back"), /*create=*/false, /*with_optimizer=*/true));
+  ASSERT_TRUE(ckpts->remove("step-1"));
+  EXPECT_TRUE(ckpts->list()->empty());
+  EXPECT_FALSE(std::filesystem::exists(config.state_dir + "/checkpoints/alice/step-1"));
+  alice->reset();
   (*server)->shutdown(std::chrono::seconds(5));
 }
 

@@ -9,6 +9,7 @@
 #include <kj/async-io.h>
 #include <kj/compat/tls.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -248,6 +249,9 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     base_.sampler_ranks = std::max(1, answer.getBase().getSamplerRanks());
     base_.vocab_size = answer.getBase().getVocabSize();
     base_.tenant = answer.getTenant().cStr();
+    // A heartbeat at a third of the server's idle limit (at most every 10 s)
+    // keeps the tenant's adapters resident while the driver is busy elsewhere.
+    const int64_t beat_ms = std::clamp<int64_t>(answer.getLimits().getIdleSeconds() * 1000 / 3, 100, 10000);
 
     struct Ignore final : kj::TaskSet::ErrorHandler {
       void taskFailed(kj::Exception&&) override {}  // each task answers its own future
@@ -259,9 +263,8 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
       std::lock_guard<std::mutex> guard{stop_mx_};
       stop_ = kj::mv(paf.fulfiller);
     }
-    // A heartbeat every 10 s keeps the tenant's adapters resident.
     std::function<kj::Promise<void>()> beat = [&]() -> kj::Promise<void> {
-      return io.provider->getTimer().afterDelay(10 * kj::SECONDS).then([&]() {
+      return io.provider->getTimer().afterDelay(static_cast<uint64_t>(beat_ms) * kj::MILLISECONDS).then([&]() {
         return session_->heartbeatRequest().send().ignoreResult().then([&]() { return beat(); });
       });
     };

@@ -208,6 +208,9 @@ struct Limits {
   maxTokensPerCall @2 :Int64;
   maxCallsInFlight @3 :Int64;
   maxMessageBytes @4 :Int64;
+  idleSeconds @5 :Int64;
+  # A tenant silent this long has its adapters freed (its checkpoints
+  # stay): the client sends a heartbeat at a third of it.
 }
 
 # -- interfaces -------------------------------------------------------------

@@ -112,7 +112,7 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (!limits) return limits.error();
   if (*limits) {
     if (!(ok = only_keys(**limits, "limits.",
-                         {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib"}, source)))
+                         {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib", "idle_seconds"}, source)))
       return ok.error();
     auto& l = c.limits;
     int64_t mib = c.max_message_bytes >> 20;
@@ -121,6 +121,8 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     if (!(ok = read_int(**limits, "limits.", "tokens_per_call", 1, int64_t{1} << 40, l.tokens_per_call, source)))
       return ok.error();
     if (!(ok = read_int(**limits, "limits.", "calls_in_flight", 1, 1 << 20, l.calls_in_flight, source)))
+      return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "idle_seconds", 1, int64_t{1} << 31, l.idle_seconds, source)))
       return ok.error();
     if (!(ok = read_int(**limits, "limits.", "message_mib", 1, 4095, mib, source))) return ok.error();
     c.max_message_bytes = mib << 20;

@@ -18,6 +18,7 @@
 //   max_rank = 64
 //   tokens_per_call = 262144
 //   calls_in_flight = 16
+//   idle_seconds = 1800              # silent this long (no call, no heartbeat): its adapters are freed
 //   message_mib = 256                # largest message a peer may send
 //   [metrics]                        # Prometheus text at http://host:port/metrics
 //   host = "127.0.0.1"
@@ -38,6 +39,9 @@ struct TenantLimits {
   int64_t max_rank = 64;            ///< LoRA rank at most
   int64_t tokens_per_call = 262144; ///< tokens of one training batch, or prompt + new tokens of one sample call
   int64_t calls_in_flight = 16;     ///< a tenant's calls the server holds at once
+  /// A tenant silent this long (no call; drivers send a heartbeat at a third
+  /// of it) has its adapters freed from the groups; its checkpoints stay.
+  int64_t idle_seconds = 1800;
 };
 
 struct ServeConfig {

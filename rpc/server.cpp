@@ -18,6 +18,7 @@
 #include <kj/compat/tls.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -60,6 +61,7 @@ struct Tenant {
   int64_t calls = 0, errors = 0, tokens = 0;
   int64_t queue_wait_us = 0;  ///< summed time calls waited for the tenant's earlier calls
   int64_t sessions = 0;       ///< open connections
+  Clock::time_point last_seen = Clock::now();  ///< its last call (a heartbeat counts)
 };
 
 }  // namespace
@@ -120,6 +122,27 @@ struct Server::Impl {
         .string();
   }
   void run_io(std::promise<Result<void>>& ready);
+
+  /// Frees the adapters of tenants silent for longer than idle_seconds
+  /// (none of their calls in flight); their checkpoints stay. I/O thread.
+  void reclaim_idle() {
+    const auto now = Clock::now();
+    const auto idle = std::chrono::seconds(config.limits.idle_seconds);
+    for (auto& [name, t] : tenants) {
+      if (t->in_flight > 0 || now - t->last_seen < idle || (t->adapters.empty() && t->sampler_adapters.empty()))
+        continue;
+      // The groups serve messages in order: a call of the tenant's after
+      // this sees the adapters gone.
+      for (const auto& a : t->adapters) (void)model->remove_adapter(name + ":" + a);
+      for (const auto& a : t->sampler_adapters) (void)sampler->remove_adapter(name + ":" + a);
+      log::info("serve: tenant " + name + " silent for over " + std::to_string(config.limits.idle_seconds) +
+                " s: freed its " + std::to_string(t->adapters.size()) + " model and " +
+                std::to_string(t->sampler_adapters.size()) + " sampler adapters (its checkpoints stay)");
+      t->adapters.clear();
+      t->sampler_adapters.clear();
+      t->syncs.clear();
+    }
+  }
 };
 
 using ServerState = Server::Impl;
@@ -810,6 +833,7 @@ private:
       return refuse(ctx, method, err);
     }
     auto& tn = t();
+    tn.last_seen = Clock::now();
     ++tn.in_flight;
     ++tn.calls;
     tn.tokens += tokens;
@@ -894,6 +918,7 @@ public:
     l.setMaxTokensPerCall(s_.config.limits.tokens_per_call);
     l.setMaxCallsInFlight(s_.config.limits.calls_in_flight);
     l.setMaxMessageBytes(s_.config.max_message_bytes);
+    l.setIdleSeconds(s_.config.limits.idle_seconds);
     write_status(res.initStatus(), caf::none);
     log::info("serve: tenant " + *tenant + " connected (" + std::string{p.getClient().cStr()}.substr(0, 256) + ")");
     return kj::READY_NOW;
@@ -1034,6 +1059,18 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
               [](kj::Exception&& e) { log::info(std::string{"serve: accept failed: "} + e.getDescription().cStr()); })
           .then([&]() { return accept_loop(); });
     };
+    // Idle tenants are looked for at a quarter of the idle time (at most
+    // every 5 s).
+    const auto sweep_ms = std::clamp<int64_t>(config.limits.idle_seconds * 250, 100, 5000);
+    std::function<kj::Promise<void>()> sweep = [&]() -> kj::Promise<void> {
+      return io.provider->getTimer().afterDelay(static_cast<uint64_t>(sweep_ms) * kj::MILLISECONDS).then([&]() {
+        reclaim_idle();
+        return sweep();
+      });
+    };
+    auto sweeping = sweep().eagerlyEvaluate([](kj::Exception&& e) {
+      log::warn(std::string{"serve: the idle sweep stopped: "} + e.getDescription().cStr());
+    });
     ready.set_value(Result<void>{});
     reported = true;
     // Serve until shutdown; then stop accepting, and give the calls in

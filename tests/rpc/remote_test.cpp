@@ -13,11 +13,14 @@
 #include "components/model/model.hpp"
 #include "placement/service.hpp"
 #include "rpc/client.hpp"
+#include "rpc/glint.capnp.h"
 #include "rpc/keys.hpp"
 #include "rpc/server.hpp"
 #include "support/temp_dir.hpp"
 
+#include <capnp/rpc-twoparty.h>
 #include <gtest/gtest.h>
+#include <kj/async-io.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -586,6 +589,66 @@ TEST(RemoteCheckpoints, ATenantsCheckpointsAreItsOwnAndOutliveTheServer) {
   EXPECT_TRUE(ckpts->list()->empty());
   EXPECT_FALSE(std::filesystem::exists(config.state_dir + "/checkpoints/alice/step-1"));
   alice->reset();
+  (*server)->shutdown(std::chrono::seconds(5));
+}
+
+// A client that goes silent (no calls, no heartbeats) has its adapters
+// freed after the idle time; a driver's own heartbeats keep its adapters.
+TEST(RemoteIdle, ASilentTenantsAdaptersAreFreedAndAHeartbeatingOnesStay) {
+  auto dir = glint::testing::fresh_dir("remote-idle");
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  auto lm = components::CausalLM::init_random(cfg, 6);
+  ASSERT_TRUE(lm && lm->save(dir + "/base"));
+  auto rt = initialize(Options{});
+  ASSERT_TRUE(rt);
+  ServeConfig config{.model_dir = dir + "/base", .state_dir = dir + "/state", .port = 0};
+  config.limits.idle_seconds = 1;
+  auto server = Server::start(**rt, config);
+  ASSERT_TRUE(server) << describe(server.error());
+  auto silent_key = KeyStore::create(config.state_dir, "silent");
+  auto busy_key = KeyStore::create(config.state_dir, "busy");
+  ASSERT_TRUE(silent_key && busy_key);
+  // The busy tenant: a driver, whose client sends heartbeats.
+  Options o;
+  o.mode = Mode::remote;
+  o.remote_endpoint = "127.0.0.1:" + std::to_string((*server)->port());
+  o.remote_api_key = *busy_key;
+  auto busy_rt = initialize(o);
+  ASSERT_TRUE(busy_rt);
+  auto busy = actors::open_model_group(**busy_rt, DeviceGroup::of("m", 1), *DeviceMesh::from_sizes({.dp = 1}), {});
+  ASSERT_TRUE(busy);
+  ASSERT_TRUE(busy->add_adapter("kept", kLora).get());
+  // The silent one: a bare Cap'n Proto client that never sends a heartbeat.
+  auto io = kj::setupAsyncIo();
+  auto address = io.provider->getNetwork()
+                     .parseAddress("127.0.0.1", static_cast<unsigned>((*server)->port()))
+                     .wait(io.waitScope);
+  auto stream = address->connect().wait(io.waitScope);
+  capnp::TwoPartyVatNetwork network(*stream, capnp::rpc::twoparty::Side::CLIENT);
+  auto rpc = capnp::makeRpcClient(network);
+  capnp::MallocMessageBuilder vat;
+  auto vat_id = vat.initRoot<capnp::rpc::twoparty::VatId>();
+  vat_id.setSide(capnp::rpc::twoparty::Side::SERVER);
+  auto hello = rpc.bootstrap(vat_id).castAs<wire::Gateway>().connectRequest();
+  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+  hello.setApiKey(*silent_key);
+  auto connected = hello.send().wait(io.waitScope);
+  ASSERT_EQ(connected.getStatus().getCode(), 0);
+  EXPECT_EQ(connected.getLimits().getIdleSeconds(), 1);
+  auto session = connected.getSession();
+  auto add = session.addAdapterRequest();
+  add.setName("gone");
+  add.getLora().setR(2);
+  add.getLora().setAlpha(4);
+  add.getLora().initTargetModules(1).set(0, "q_proj");
+  ASSERT_EQ(add.send().wait(io.waitScope).getStatus().getCode(), 0);
+  io.provider->getTimer().afterDelay(2500 * kj::MILLISECONDS).wait(io.waitScope);
+  auto list = session.listAdaptersRequest().send().wait(io.waitScope);
+  ASSERT_EQ(list.getStatus().getCode(), 0);
+  EXPECT_EQ(list.getNames().size(), 0u) << "the silent tenant's adapter was freed";
+  auto still = busy->with_adapter("kept").forward_only(batch()).get();
+  EXPECT_TRUE(still) << "the heartbeating tenant's adapter stays: " << describe(still.error());
+  busy_rt->reset();
   (*server)->shutdown(std::chrono::seconds(5));
 }
 

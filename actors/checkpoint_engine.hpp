@@ -88,8 +88,9 @@ public:
 
   /// Errors: bad options (bucket_bytes < 1, merge without an adapter), an
   /// unknown adapter, a sampler that refuses the weights (names, shapes; it
-  /// names them), a rank that is gone; `unimplemented` for groups that are
-  /// not actor groups of this runtime (remote mode syncs on the server).
+  /// names them), a rank that is gone. Groups of a remote server: the server
+  /// syncs its own groups (default options only); other groups that are
+  /// not actor groups of this runtime are `unimplemented`.
   Result<SyncReport> sync_weights(const SyncOptions& options = {});
   /// The version the last successful sync gave the samplers (0: none yet).
   /// Versions grow by one per sync; a failed sync's number is skipped.

@@ -56,7 +56,8 @@ private:
 };
 
 /// The one way to get a DataLoaderGroup: places and spawns the loader
-/// (local, cluster); remote mode: `unimplemented` until rpc/ serves it.
+/// (local, cluster; in remote mode too, in the driver's own process: the
+/// data is the tenant's).
 Result<DataLoaderGroup> open_dataloader(Runtime& rt, const placement::DeviceGroup& group, DataLoaderSpec spec);
 
 /// A client over an existing CAF dataloader group.

@@ -14,10 +14,10 @@
 /// Transport boundary: a ModelGroup is a cheap, copyable handle on a
 /// ModelBackend. In local and cluster mode the backend is the CAF group of
 /// model actors (actors/model.hpp); in remote mode a backend over the
-/// server's RPC implements the same contract (below), so driver code does
-/// not change between modes. `open_model_group` is the one way to get a
-/// client: it spawns the group in local and cluster mode, and will attach
-/// to a server's shared base model in remote mode.
+/// server's RPC (rpc/client.hpp) implements the same contract (below), so
+/// driver code does not change between modes. `open_model_group` is the one
+/// way to get a client: it spawns the group in local and cluster mode, and
+/// attaches to a server's shared base model in remote mode.
 ///
 /// Every method returns at once with a Future; a call fails as a whole (an
 /// error that names the rank) when any rank it addressed fails, times out
@@ -159,8 +159,8 @@ private:
 /// The one way to get a ModelGroup. Local and cluster mode: places and
 /// spawns a model group of `group`'s ranks on `mesh` (data-parallel ranks
 /// average gradients over Gloo), each loading `spec`. Remote mode: attaches
-/// to the server's base model (rpc/, the remote-mode issue); until that
-/// exists, `unimplemented`.
+/// to the server's base model (docs/remote.md: `spec.model_dir` must name
+/// it, and `group` and `mesh` are the server's business).
 Result<ModelGroup> open_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                     const placement::DeviceMesh& mesh, ModelSpec spec);
 

@@ -127,8 +127,8 @@ private:
 };
 
 /// The one way to get a SamplerGroup: places and spawns a sampler group
-/// (local, cluster), or attaches to a server's samplers (remote, not yet:
-/// `unimplemented`).
+/// (local, cluster), or attaches to a server's samplers (remote mode;
+/// docs/remote.md).
 Result<SamplerGroup> open_sampler_group(Runtime& rt, const placement::DeviceGroup& group,
                                         const placement::DeviceMesh& mesh, SamplerSpec spec);
 

@@ -1,16 +1,16 @@
 #include "rpc/keys.hpp"
 
+#include "components/store/kv_store.hpp"
+
 #include <nlohmann/json.hpp>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <rocksdb/db.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sys/stat.h>
-#include <thread>
 
 namespace glint::rpc {
 
@@ -73,24 +73,16 @@ bool valid_tenant(const std::string& s) {
   });
 }
 
+using components::KvStore;
+
 // Opens the store; a writer waits up to 10 s for another writer's lock.
-Result<std::unique_ptr<rocksdb::DB>> open_db(const std::string& dir, bool read_only) {
+Result<std::unique_ptr<KvStore>> open_db(const std::string& dir, bool read_only) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(errc::unavailable, "cannot create the server's state directory " + dir + ": " + ec.message());
-  rocksdb::Options o;
-  o.create_if_missing = true;
-  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-  o.keep_log_file_num = 2;
-  rocksdb::Status s;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    rocksdb::DB* db = nullptr;
-    s = read_only ? rocksdb::DB::OpenForReadOnly(o, db_path(dir), &db) : rocksdb::DB::Open(o, db_path(dir), &db);
-    if (s.ok()) return std::unique_ptr<rocksdb::DB>(db);
-    if (read_only || !s.IsIOError()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // another writer holds the lock
-  }
-  return make_error(errc::unavailable, "cannot open the key store " + db_path(dir) + ": " + s.ToString());
+  auto db = KvStore::open(db_path(dir), {.read_only = read_only, .lock_wait = std::chrono::seconds(10)});
+  if (!db) return with_context(db.error(), "the key store");
+  return db;
 }
 
 // Tells readers the store changed: a new file in place of the old (a new
@@ -140,22 +132,21 @@ Result<std::string> KeyStore::create(const std::string& state_dir, const std::st
   if (!db) return db.error();
   KeyRecord r{.id = hex(*id), .tenant = tenant, .created_ms = now_ms()};
   auto key = "tml-" + r.id + hex(*secret);
-  rocksdb::WriteOptions w;
-  w.sync = true;
-  auto s = (*db)->Put(w, "key/" + r.id, json_of(r, *salt, sha256(*salt, key)).dump());
-  if (!s.ok()) return make_error(errc::unavailable, "cannot store the key: " + s.ToString());
+  if (auto ok = (*db)->put("key/" + r.id, json_of(r, *salt, sha256(*salt, key)).dump()); !ok)
+    return with_context(ok.error(), "storing the key");
   db->reset();
   if (auto ok = bump_generation(state_dir); !ok) return ok.error();
   return key;
 }
 
 namespace {
-Result<std::vector<std::pair<KeyRecord, std::pair<std::string, std::string>>>> read_all(rocksdb::DB& db) {
+Result<std::vector<std::pair<KeyRecord, std::pair<std::string, std::string>>>> read_all(KvStore& db) {
   std::vector<std::pair<KeyRecord, std::pair<std::string, std::string>>> out;
-  std::unique_ptr<rocksdb::Iterator> it{db.NewIterator(rocksdb::ReadOptions{})};
-  for (it->Seek("key/"); it->Valid() && it->key().starts_with("key/"); it->Next()) {
-    auto j = nlohmann::json::parse(it->value().ToString(), nullptr, false);
-    auto id = it->key().ToString().substr(4);
+  auto entries = db.scan("key/");
+  if (!entries) return with_context(entries.error(), "reading the key store");
+  for (const auto& [key, value] : *entries) {
+    auto j = nlohmann::json::parse(value, nullptr, false);
+    auto id = key.substr(4);
     if (!j.is_object() || !j["tenant"].is_string() || !j["salt"].is_string() || !j["hash"].is_string() ||
         !is_hex(j["salt"].get<std::string>()) || !is_hex(j["hash"].get<std::string>()))
       return make_error(errc::internal, "the key store holds a damaged record for key " + id);
@@ -163,7 +154,6 @@ Result<std::vector<std::pair<KeyRecord, std::pair<std::string, std::string>>>> r
                 .revoked = j.value("revoked", false)};
     out.push_back({r, {unhex(j["salt"]), unhex(j["hash"])}});
   }
-  if (!it->status().ok()) return make_error(errc::unavailable, "cannot read the key store: " + it->status().ToString());
   return out;
 }
 }  // namespace
@@ -193,10 +183,8 @@ Result<KeyRecord> KeyStore::revoke(const std::string& state_dir, const std::stri
   for (auto& [r, sh] : *all) {
     if (r.id != id) continue;
     r.revoked = true;
-    rocksdb::WriteOptions w;
-    w.sync = true;
-    auto s = (*db)->Put(w, "key/" + r.id, json_of(r, sh.first, sh.second).dump());
-    if (!s.ok()) return make_error(errc::unavailable, "cannot store the revocation: " + s.ToString());
+    if (auto ok = (*db)->put("key/" + r.id, json_of(r, sh.first, sh.second).dump()); !ok)
+      return with_context(ok.error(), "storing the revocation");
     db->reset();
     if (auto ok = bump_generation(state_dir); !ok) return ok.error();
     return r;

@@ -1,9 +1,9 @@
 #include "rpc/tenant_store.hpp"
 
 #include "components/checkpoint/atomic_dir.hpp"
+#include "components/store/kv_store.hpp"
 
 #include <nlohmann/json.hpp>
-#include <rocksdb/db.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,17 +16,13 @@ namespace fs = std::filesystem;
 
 struct TenantStore::Impl {
   std::string state_dir;
-  std::unique_ptr<rocksdb::DB> db;
+  std::unique_ptr<components::KvStore> db;
   mutable std::mutex mx;
 };
 
 namespace {
 
 std::string key_of(const std::string& tenant, const std::string& name) { return "ckpt/" + tenant + "/" + name; }
-
-caf::error from_status(const rocksdb::Status& s, const std::string& what) {
-  return make_error(s.IsCorruption() ? errc::internal : errc::unavailable, what + ": " + s.ToString());
-}
 
 std::string json_of(const CheckpointInfo& c) {
   return nlohmann::json{{"adapter", c.adapter}, {"created_ms", c.created_ms}, {"with_optimizer", c.with_optimizer}}
@@ -58,37 +54,29 @@ Result<std::unique_ptr<TenantStore>> TenantStore::open(const std::string& state_
   std::error_code ec;
   fs::create_directories(fs::path{state_dir} / "checkpoints", ec);
   if (ec) return make_error(errc::unavailable, "cannot create " + state_dir + "/checkpoints: " + ec.message());
-  rocksdb::Options o;
-  o.create_if_missing = true;
-  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-  o.keep_log_file_num = 2;
-  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
-  rocksdb::DB* db = nullptr;
   auto path = (fs::path{state_dir} / "tenants").string();
-  auto s = rocksdb::DB::Open(o, path, &db);
-  if (!s.ok())
-    return make_error(errc::unavailable, "cannot open the tenant index " + path + " (is another glint serve using " +
-                                             state_dir + "?): " + s.ToString());
-  store->impl_->db.reset(db);
+  auto db = components::KvStore::open(path, {});
+  if (!db)
+    return with_context(db.error(), "the tenant index (is another glint serve using " + state_dir + "?)");
+  store->impl_->db = std::move(*db);
+  auto& kv = *store->impl_->db;
 
   // Reconcile the index with the directories.
   std::vector<std::string> stale;
-  std::unique_ptr<rocksdb::Iterator> it{db->NewIterator(rocksdb::ReadOptions{})};
-  for (it->Seek("ckpt/"); it->Valid() && it->key().starts_with("ckpt/"); it->Next()) {
-    auto rest = it->key().ToString().substr(5);
+  auto entries = kv.scan("ckpt/");
+  if (!entries) return with_context(entries.error(), "reading the tenant index");
+  for (const auto& [key, _] : *entries) {
+    auto rest = key.substr(5);
     auto slash = rest.find('/');
     if (slash == std::string::npos) {
-      stale.push_back(it->key().ToString());
+      stale.push_back(key);
       continue;
     }
     auto dir = store->checkpoint_dir(rest.substr(0, slash), rest.substr(slash + 1));
-    if (!components::verify_dir(dir, components::Verify::sizes)) stale.push_back(it->key().ToString());
+    if (!components::verify_dir(dir, components::Verify::sizes)) stale.push_back(key);
   }
-  it.reset();
-  rocksdb::WriteOptions w;
-  w.sync = true;
   for (const auto& k : stale)
-    if (auto st = db->Delete(w, k); !st.ok()) return from_status(st, "reconciling the tenant index");
+    if (auto ok = kv.remove(k); !ok) return with_context(ok.error(), "reconciling the tenant index");
   for (const auto& tenant_dir : fs::directory_iterator(fs::path{state_dir} / "checkpoints", ec)) {
     if (!tenant_dir.is_directory()) continue;
     components::remove_temporaries(tenant_dir.path().string());
@@ -98,8 +86,9 @@ Result<std::unique_ptr<TenantStore>> TenantStore::open(const std::string& state_
         fs::remove_all(c.path(), ec);
         continue;
       }
-      std::string value;
-      if (db->Get(rocksdb::ReadOptions{}, key_of(tenant, name), &value).ok()) continue;
+      auto indexed = kv.get(key_of(tenant, name));
+      if (!indexed) return with_context(indexed.error(), "reconciling the tenant index");
+      if (*indexed) continue;
       if (!components::verify_dir(c.path().string(), components::Verify::sizes)) {
         fs::remove_all(c.path(), ec);  // neither committed nor indexed
         continue;
@@ -109,8 +98,8 @@ Result<std::unique_ptr<TenantStore>> TenantStore::open(const std::string& state_
                                             fs::last_write_time(c.path(), ec).time_since_epoch())
                                             .count(),
                           .with_optimizer = fs::exists(c.path() / "optimizer.safetensors")};
-      if (auto st = db->Put(w, key_of(tenant, name), json_of(info)); !st.ok())
-        return from_status(st, "reconciling the tenant index");
+      if (auto ok = kv.put(key_of(tenant, name), json_of(info)); !ok)
+        return with_context(ok.error(), "reconciling the tenant index");
     }
   }
   return store;
@@ -118,10 +107,8 @@ Result<std::unique_ptr<TenantStore>> TenantStore::open(const std::string& state_
 
 Result<void> TenantStore::add(const std::string& tenant, const CheckpointInfo& info) {
   std::lock_guard<std::mutex> guard{impl_->mx};
-  rocksdb::WriteOptions w;
-  w.sync = true;
-  if (auto s = impl_->db->Put(w, key_of(tenant, info.name), json_of(info)); !s.ok())
-    return from_status(s, "indexing checkpoint " + info.name);
+  if (auto ok = impl_->db->put(key_of(tenant, info.name), json_of(info)); !ok)
+    return with_context(ok.error(), "indexing checkpoint " + info.name);
   return {};
 }
 
@@ -129,28 +116,24 @@ Result<std::vector<CheckpointInfo>> TenantStore::list(const std::string& tenant)
   std::lock_guard<std::mutex> guard{impl_->mx};
   std::vector<CheckpointInfo> out;
   auto prefix = "ckpt/" + tenant + "/";
-  std::unique_ptr<rocksdb::Iterator> it{impl_->db->NewIterator(rocksdb::ReadOptions{})};
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
-    out.push_back(info_of(it->key().ToString().substr(prefix.size()), it->value().ToString()));
-  if (!it->status().ok()) return from_status(it->status(), "reading the tenant index");
+  auto entries = impl_->db->scan(prefix);
+  if (!entries) return with_context(entries.error(), "reading the tenant index");
+  for (const auto& [key, value] : *entries) out.push_back(info_of(key.substr(prefix.size()), value));
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.created_ms < b.created_ms; });
   return out;
 }
 
 Result<CheckpointInfo> TenantStore::find(const std::string& tenant, const std::string& name) const {
   std::lock_guard<std::mutex> guard{impl_->mx};
-  std::string value;
-  auto s = impl_->db->Get(rocksdb::ReadOptions{}, key_of(tenant, name), &value);
-  if (s.IsNotFound()) return make_error(errc::not_found, "you have no checkpoint '" + name + "'");
-  if (!s.ok()) return from_status(s, "reading the tenant index");
-  return info_of(name, value);
+  auto value = impl_->db->get(key_of(tenant, name));
+  if (!value) return with_context(value.error(), "reading the tenant index");
+  if (!*value) return make_error(errc::not_found, "you have no checkpoint '" + name + "'");
+  return info_of(name, **value);
 }
 
 Result<void> TenantStore::remove(const std::string& tenant, const std::string& name) {
   if (auto found = find(tenant, name); !found) return found.error();
   std::lock_guard<std::mutex> guard{impl_->mx};
-  rocksdb::WriteOptions w;
-  w.sync = true;
   // Out of its name first (a hidden name is never indexed again), then out
   // of the index, then off the disk; a server killed in between finishes
   // the removal at its next open.
@@ -160,7 +143,7 @@ Result<void> TenantStore::remove(const std::string& tenant, const std::string& n
   fs::remove_all(doomed, ec);
   fs::rename(dir, doomed, ec);
   if (ec) return make_error(errc::unavailable, "cannot delete checkpoint " + name + ": " + ec.message());
-  if (auto s = impl_->db->Delete(w, key_of(tenant, name)); !s.ok()) return from_status(s, "deleting " + name);
+  if (auto ok = impl_->db->remove(key_of(tenant, name)); !ok) return with_context(ok.error(), "deleting " + name);
   fs::remove_all(doomed, ec);
   return {};
 }

@@ -4,6 +4,7 @@
 #include "rpc/convert.hpp"
 #include "rpc/detail/kj_bridge.hpp"
 #include "rpc/fingerprint.hpp"
+#include "runtime/file.hpp"
 
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
@@ -12,11 +13,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <unistd.h>
 
@@ -63,13 +62,6 @@ Result<Endpoint> parse_endpoint(const std::string& url) {
     return make_error(errc::invalid_argument, "the server address '" + url + "' has no valid port");
   }
   return e;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in{path};
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 template <class Response>
@@ -165,7 +157,7 @@ public:
 
 private:
   Connection() = default;
-  Result<void> check_base(const std::string& model_dir, const std::string& config_json, const char* what) const;
+  Result<void> check_base(const std::string& model_dir, const std::string& config_json, const char* what);
   void run_io(const Options& opts, std::promise<Result<void>>& ready);
 
   Endpoint endpoint_;
@@ -176,6 +168,10 @@ private:
   std::mutex stop_mx_;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop_;
   // I/O thread only:
+  /// Fingerprints of local model directories already checked (a driver
+  /// opens the model and the sampler of one directory: hashed once).
+  std::mutex fingerprints_mx_;
+  std::map<std::string, std::string> fingerprints_;
   std::optional<wire::Session::Client> session_;
   kj::TaskSet* tasks_ = nullptr;
   uint64_t next_call_ = 0;
@@ -212,12 +208,12 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     if (endpoint_.tls) {
       kj::TlsContext::Options o;
       if (!opts.remote_ca_file.empty()) {
-        auto pem = read_text(opts.remote_ca_file);
-        if (pem.empty()) {
+        auto pem = read_text_file(opts.remote_ca_file);
+        if (!pem || pem->empty()) {
           report(make_error(errc::not_found, "cannot read the CA file " + opts.remote_ca_file + " (GLINT_REMOTE_CA)"));
           return;
         }
-        ca.emplace(pem);
+        ca.emplace(*pem);
         o.useSystemTrustStore = false;
         o.trustedCertificates = kj::arrayPtr(&*ca, 1);
       }
@@ -287,16 +283,22 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
 }
 
 Result<void> Connection::check_base(const std::string& model_dir, const std::string& config_json,
-                                    const char* what) const {
+                                    const char* what) {
   if (!config_json.empty())
     return make_error(errc::invalid_argument, std::string{what} +
                                                   ": a spec with config_json (random weights) cannot attach to a "
                                                   "server; remote mode trains on the server's base model");
   if (model_dir.empty() || model_dir == base_.name) return {};
   if (fs::is_directory(model_dir)) {
-    auto fp = model_fingerprint(model_dir);
-    if (!fp) return with_context(fp.error(), what);
-    if (*fp != base_.fingerprint)
+    const auto key = fs::weakly_canonical(model_dir).string();
+    std::lock_guard<std::mutex> guard{fingerprints_mx_};
+    auto known = fingerprints_.find(key);
+    if (known == fingerprints_.end()) {
+      auto fp = model_fingerprint(model_dir);
+      if (!fp) return with_context(fp.error(), what);
+      known = fingerprints_.emplace(key, *fp).first;
+    }
+    if (known->second != base_.fingerprint)
       return make_error(errc::failed_precondition,
                         std::string{what} + ": the model in " + model_dir + " is not the server's base model '" +
                             base_.name + "' (their fingerprints differ); point the driver at the server's model, or "

@@ -10,6 +10,7 @@
 #include "rpc/keys.hpp"
 #include "rpc/tenant_store.hpp"
 #include "components/checkpoint/atomic_dir.hpp"
+#include "runtime/file.hpp"
 #include "runtime/log.hpp"
 
 #include <capnp/rpc-twoparty.h>
@@ -40,11 +41,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A small file's text; empty when it cannot be read (callers refuse what
+// does not parse).
 std::string read_text(const std::string& path) {
-  std::ifstream in{path};
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto text = read_text_file(path);
+  return text ? std::move(*text) : std::string{};
 }
 
 /// A tenant's state on the server. Touched on the I/O thread only.

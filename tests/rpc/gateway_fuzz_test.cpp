@@ -8,11 +8,10 @@
 #include "rpc/glint.capnp.h"
 #include "rpc/keys.hpp"
 #include "rpc/server.hpp"
+#include "rpc/raw_session.hpp"
 #include "support/temp_dir.hpp"
 
-#include <capnp/rpc-twoparty.h>
 #include <gtest/gtest.h>
-#include <kj/async-io.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -355,39 +354,20 @@ TEST(GatewayFuzz, RandomAndMutatedMessagesNeverCrashTheServerOrDisturbAWellBehav
 
   // 2. 10,000 calls of an authenticated tenant, every field random or mutated.
   const auto rss_before = resident_bytes();
-  auto io = kj::setupAsyncIo();
-  auto address = io.provider->getNetwork().parseAddress("127.0.0.1", static_cast<unsigned>(port)).wait(io.waitScope);
-  auto stream = address->connect().wait(io.waitScope);
-  capnp::ReaderOptions big;
-  big.traversalLimitInWords = 64 << 20;
-  capnp::TwoPartyVatNetwork network(*stream, capnp::rpc::twoparty::Side::CLIENT, big);
-  auto rpc = capnp::makeRpcClient(network);
-  capnp::MallocMessageBuilder vat;
-  auto vat_id = vat.initRoot<capnp::rpc::twoparty::VatId>();
-  vat_id.setSide(capnp::rpc::twoparty::Side::SERVER);
-  auto gateway = rpc.bootstrap(vat_id).castAs<wire::Gateway>();
-  auto hello = gateway.connectRequest();
-  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-  hello.setApiKey(*fuzz_key);
-  auto connected = hello.send().wait(io.waitScope);
-  ASSERT_EQ(connected.getStatus().getCode(), 0) << connected.getStatus().getMessage().cStr();
-  auto session = connected.getSession();
+  testing::RawSession raw{port, *fuzz_key, 64 << 20};
+  ASSERT_EQ(raw.status(), 0) << raw.message();
+  auto& session = raw.session();
   // An adapter of the fuzzer's own, so that calls reach the actors (made
   // again whenever a random call removed it).
   auto ensure_adapter = [&] {
-    auto add = session.addAdapterRequest();
-    add.setName("f");
-    add.getLora().setR(2);
-    add.getLora().setAlpha(4);
-    add.getLora().initTargetModules(1).set(0, "q_proj");
-    auto code = add.send().wait(io.waitScope).getStatus().getCode();
+    auto code = raw.add_small_adapter("f");
     EXPECT_TRUE(code == 0 || code == static_cast<uint16_t>(errc::invalid_argument)) << "exists already, or made";
   };
   ensure_adapter();
   int answered = 0, accepted = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
   for (int i = 0; i < 10000 && std::chrono::steady_clock::now() < deadline; ++i) {
-    int code = random_call(session, chaos, io.waitScope);
+    int code = random_call(session, chaos, raw.wait_scope());
     answered += code >= 0;
     accepted += code == 0;
     if (i % 50 == 49) ensure_adapter();

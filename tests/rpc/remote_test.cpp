@@ -13,14 +13,12 @@
 #include "components/model/model.hpp"
 #include "placement/service.hpp"
 #include "rpc/client.hpp"
-#include "rpc/glint.capnp.h"
+#include "rpc/raw_session.hpp"
 #include "rpc/keys.hpp"
 #include "rpc/server.hpp"
 #include "support/temp_dir.hpp"
 
-#include <capnp/rpc-twoparty.h>
 #include <gtest/gtest.h>
-#include <kj/async-io.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -619,31 +617,12 @@ TEST(RemoteIdle, ASilentTenantsAdaptersAreFreedAndAHeartbeatingOnesStay) {
   ASSERT_TRUE(busy);
   ASSERT_TRUE(busy->add_adapter("kept", kLora).get());
   // The silent one: a bare Cap'n Proto client that never sends a heartbeat.
-  auto io = kj::setupAsyncIo();
-  auto address = io.provider->getNetwork()
-                     .parseAddress("127.0.0.1", static_cast<unsigned>((*server)->port()))
-                     .wait(io.waitScope);
-  auto stream = address->connect().wait(io.waitScope);
-  capnp::TwoPartyVatNetwork network(*stream, capnp::rpc::twoparty::Side::CLIENT);
-  auto rpc = capnp::makeRpcClient(network);
-  capnp::MallocMessageBuilder vat;
-  auto vat_id = vat.initRoot<capnp::rpc::twoparty::VatId>();
-  vat_id.setSide(capnp::rpc::twoparty::Side::SERVER);
-  auto hello = rpc.bootstrap(vat_id).castAs<wire::Gateway>().connectRequest();
-  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-  hello.setApiKey(*silent_key);
-  auto connected = hello.send().wait(io.waitScope);
-  ASSERT_EQ(connected.getStatus().getCode(), 0);
-  EXPECT_EQ(connected.getLimits().getIdleSeconds(), 1);
-  auto session = connected.getSession();
-  auto add = session.addAdapterRequest();
-  add.setName("gone");
-  add.getLora().setR(2);
-  add.getLora().setAlpha(4);
-  add.getLora().initTargetModules(1).set(0, "q_proj");
-  ASSERT_EQ(add.send().wait(io.waitScope).getStatus().getCode(), 0);
-  io.provider->getTimer().afterDelay(2500 * kj::MILLISECONDS).wait(io.waitScope);
-  auto list = session.listAdaptersRequest().send().wait(io.waitScope);
+  testing::RawSession silent{(*server)->port(), *silent_key};
+  ASSERT_EQ(silent.status(), 0) << silent.message();
+  EXPECT_EQ(silent.idle_seconds(), 1);
+  ASSERT_EQ(silent.add_small_adapter("gone"), 0);
+  silent.sleep_ms(2500);
+  auto list = silent.session().listAdaptersRequest().send().wait(silent.wait_scope());
   ASSERT_EQ(list.getStatus().getCode(), 0);
   EXPECT_EQ(list.getNames().size(), 0u) << "the silent tenant's adapter was freed";
   auto still = busy->with_adapter("kept").forward_only(batch()).get();

@@ -440,7 +440,8 @@ public:
     });
   }
   Future<std::string> save(const std::string& adapter, const actors::SaveRequest& request) override {
-    if (adapter.empty()) return refused<std::string>(errc::permission_denied, base_is_shared("save"));
+    // adapter empty: the full model, which a server in exclusive mode lets
+    // one tenant train (else it refuses, saying why).
     // The server answers the files; they are written here, where the driver asked.
     return c_->call<std::string>([adapter, request](wire::Session::Client& s) {
       auto req = s.saveAdapterRequest();
@@ -456,14 +457,9 @@ public:
     });
   }
   Future<void> load(const std::string& adapter, const actors::LoadRequest& request) override {
-    if (adapter.empty()) return refused<void>(errc::permission_denied, base_is_shared("load"));
     return upload(adapter, request.dir, request.with_optimizer, /*create=*/false);
   }
   Future<NamedTensors> export_weights(const std::string& adapter) override {
-    if (adapter.empty())
-      return refused<NamedTensors>(errc::permission_denied,
-                                   "export_weights of the base model: in remote mode the base stays on the server; "
-                                   "export an adapter (with_adapter(name))");
     return c_->call<NamedTensors>([adapter](wire::Session::Client& s) {
       auto req = s.exportWeightsRequest();
       req.setAdapter(adapter);
@@ -480,10 +476,6 @@ public:
   Connection& connection() const { return *c_; }
 
 private:
-  static std::string base_is_shared(const char* what) {
-    return std::string{what} + " of the full model: in remote mode the base model is the server's, shared by every "
-                               "tenant; save and load an adapter (with_adapter(name))";
-  }
   Future<void> upload(const std::string& name, const std::string& dir, bool with_optimizer, bool create) {
     auto files = read_dir_files(dir);
     if (!files) return Future<void>::ready_with(files.error());
@@ -595,9 +587,6 @@ Result<actors::SyncReport> RemoteModelBackend::sync_to(actors::SamplerBackend& s
   if (!remote || remote->connection() != c_.get())
     return make_error(errc::invalid_argument,
                       "sync_weights: the sampler group is not served by the same server as the model group");
-  if (adapter.empty())
-    return make_error(errc::permission_denied, "sync_weights of the full model: in remote mode the base model is "
-                                               "shared and never changes; sync an adapter");
   const actors::SyncOptions defaults;
   if (o.merge_and_sync || o.policy != defaults.policy ||
       (o.transport != actors::SyncTransport::automatic && o.transport != actors::SyncTransport::messages) ||

@@ -230,7 +230,18 @@ interface Gateway {
 interface Session {
   # One authenticated connection of a tenant. Adapter names are the tenant's
   # own: two tenants may both call theirs "default"; neither can name the
-  # other's. Calls of one session run in the order they were sent.
+  # other's. Calls of one session run in the order they were sent; the
+  # calls the model group serves take turns with other tenants' (round
+  # robin by call).
+  #
+  # An empty `adapter` names the base model. Reading it (forwardOnly,
+  # sample) is always allowed. Training, saving, loading, exporting or
+  # syncing it is refused (permission_denied) unless the server runs with
+  # full_training = "exclusive": then the first such call, made while no
+  # other tenant has adapters or calls, gives the server to this tenant
+  # alone until its last connection closes (or it goes idle); meanwhile
+  # other tenants' calls answer unavailable, and afterwards the base's
+  # weights and the samplers are restored before anyone is served.
 
   heartbeat @0 () -> (status :Status);
   # Keeps the session's adapters resident; the server frees the memory of a

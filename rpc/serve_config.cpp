@@ -55,7 +55,7 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (!parsed) return parsed.error();
   const toml::table& root = *parsed;
   ServeConfig c;
-  if (auto ok = only_keys(root, "", {"model", "state_dir", "sampling_seed", "listen", "tls", "groups", "limits", "metrics"}, source);
+  if (auto ok = only_keys(root, "", {"model", "state_dir", "sampling_seed", "full_training", "listen", "tls", "groups", "limits", "metrics"}, source);
       !ok)
     return ok.error();
   Result<void> ok;
@@ -64,6 +64,11 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   int64_t seed = 0;
   if (!(ok = read_int(root, "", "sampling_seed", 0, INT64_MAX, seed, source))) return ok.error();
   c.sampling_seed = static_cast<uint64_t>(seed);
+  std::string full = "refuse";
+  if (!(ok = read_string(root, "", "full_training", full, source))) return ok.error();
+  if (full != "refuse" && full != "exclusive")
+    return bad(source, "full_training must be \"refuse\" or \"exclusive\", not \"" + full + "\"");
+  c.exclusive_full_training = full == "exclusive";
   auto section = [&](const char* name) -> Result<const toml::table*> {
     auto* n = root.get(name);
     if (!n) return static_cast<const toml::table*>(nullptr);
@@ -112,7 +117,9 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (!limits) return limits.error();
   if (*limits) {
     if (!(ok = only_keys(**limits, "limits.",
-                         {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib", "idle_seconds"}, source)))
+                         {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib", "idle_seconds",
+                          "memory_mib"},
+                         source)))
       return ok.error();
     auto& l = c.limits;
     int64_t mib = c.max_message_bytes >> 20;
@@ -125,6 +132,9 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     if (!(ok = read_int(**limits, "limits.", "idle_seconds", 1, int64_t{1} << 31, l.idle_seconds, source)))
       return ok.error();
     if (!(ok = read_int(**limits, "limits.", "message_mib", 1, 4095, mib, source))) return ok.error();
+    int64_t memory_mib = l.memory_bytes >> 20;
+    if (!(ok = read_int(**limits, "limits.", "memory_mib", 1, int64_t{1} << 30, memory_mib, source))) return ok.error();
+    l.memory_bytes = memory_mib << 20;
     c.max_message_bytes = mib << 20;
   }
   return c;

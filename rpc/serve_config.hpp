@@ -3,6 +3,7 @@
 //
 //   model = "models/qwen-tiny"       # the base model every tenant trains adapters on
 //   state_dir = "serve-state"        # keys, tenants, checkpoints (RocksDB and files)
+//   full_training = "refuse"         # or "exclusive": one tenant at a time may train the whole model
 //   [listen]
 //   host = "127.0.0.1"               # anything but loopback needs [tls] or --insecure
 //   port = 7733
@@ -19,6 +20,7 @@
 //   tokens_per_call = 262144
 //   calls_in_flight = 16
 //   idle_seconds = 1800              # silent this long (no call, no heartbeat): its adapters are freed
+//   memory_mib = 8192                # the whole server: adapters' weights, gradients and AdamW state, all ranks
 //   message_mib = 256                # largest message a peer may send
 //   [metrics]                        # Prometheus text at http://host:port/metrics
 //   host = "127.0.0.1"
@@ -42,6 +44,10 @@ struct TenantLimits {
   /// A tenant silent this long (no call; drivers send a heartbeat at a third
   /// of it) has its adapters freed from the groups; its checkpoints stay.
   int64_t idle_seconds = 1800;
+  /// Not per tenant: what every tenant's adapters may hold in the server's
+  /// memory together (weights, gradients and AdamW moments on each model
+  /// rank, weights on each sampler rank), in bytes.
+  int64_t memory_bytes = int64_t{8} << 30;
 };
 
 struct ServeConfig {
@@ -55,6 +61,11 @@ struct ServeConfig {
   int sampler_ranks = 1;
   int64_t sampler_cache_bytes = int64_t{64} << 20;
   uint64_t sampling_seed = 0;
+  /// "exclusive": a tenant that trains the base model itself (no adapter)
+  /// holds the server alone until it disconnects or goes idle; the others'
+  /// calls answer unavailable meanwhile, and the base is restored after.
+  /// Otherwise full-parameter training is refused (the base is shared).
+  bool exclusive_full_training = false;
   TenantLimits limits;
   int64_t max_message_bytes = int64_t{256} << 20;
   std::string metrics_host = "127.0.0.1";

@@ -10,6 +10,7 @@
 #include "rpc/keys.hpp"
 #include "rpc/tenant_store.hpp"
 #include "components/checkpoint/atomic_dir.hpp"
+#include "components/model/config.hpp"
 #include "runtime/file.hpp"
 #include "runtime/log.hpp"
 
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -53,6 +55,9 @@ struct Tenant {
   std::string name;
   std::set<std::string> adapters;          ///< its model-group adapters (its own names)
   std::set<std::string> sampler_adapters;  ///< its sampler-group adapters
+  /// What each adapter holds in memory, all ranks (server-wide budget);
+  /// entries count only while their name is in the sets above.
+  std::map<std::string, int64_t> adapter_bytes, sampler_bytes;
   std::map<std::string, std::shared_ptr<actors::CheckpointEngine>> syncs;  ///< by adapter
   int64_t in_flight = 0;
   /// Calls wait for this before they start: a weight sync replaces it, so
@@ -63,6 +68,62 @@ struct Tenant {
   int64_t queue_wait_us = 0;  ///< summed time calls waited for the tenant's earlier calls
   int64_t sessions = 0;       ///< open connections
   Clock::time_point last_seen = Clock::now();  ///< its last call (a heartbeat counts)
+};
+
+/// The model group serves its calls one at a time, and tenants take turns
+/// at it: round robin by call, each tenant's calls in its own order. A
+/// tenant with many or big calls queued delays another's next call by at
+/// most the one of its own that is running. I/O thread only.
+class FairLane {
+public:
+  /// Resolves when `tenant`'s call may go to the model group; the caller
+  /// calls leave() when it is done (or dropped).
+  kj::Promise<void> enter(const std::string& tenant) {
+    if (!busy_ && turns_.empty()) {
+      busy_ = true;
+      last_ = tenant;
+      return kj::READY_NOW;
+    }
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    auto& queue = waiting_[tenant];
+    if (queue.empty()) turns_.push_back(tenant);
+    queue.push_back(kj::mv(paf.fulfiller));
+    return kj::mv(paf.promise);
+  }
+  void leave() {
+    busy_ = false;
+    while (!turns_.empty()) {
+      // The tenant whose call just ran goes after the others waiting (its
+      // next call queued while that one ran, before theirs).
+      if (turns_.size() > 1 && turns_.front() == last_) {
+        turns_.push_back(turns_.front());
+        turns_.pop_front();
+      }
+      auto who = turns_.front();
+      turns_.pop_front();
+      auto& queue = waiting_[who];
+      auto next = kj::mv(queue.front());
+      queue.pop_front();
+      if (queue.empty()) waiting_.erase(who);
+      else turns_.push_back(who);  // its next call waits for the others' turns
+      if (next->isWaiting()) {  // not a call whose connection went away
+        busy_ = true;
+        last_ = who;
+        next->fulfill();
+        return;
+      }
+    }
+  }
+  void clear() {
+    waiting_.clear();
+    turns_.clear();
+  }
+
+private:
+  bool busy_ = false;
+  std::map<std::string, std::deque<kj::Own<kj::PromiseFulfiller<void>>>> waiting_;
+  std::deque<std::string> turns_;  ///< tenants with calls waiting, whose turn is next first
+  std::string last_;               ///< whose call went last
 };
 
 }  // namespace
@@ -90,6 +151,60 @@ struct Server::Impl {
   bool stopped = false;
 
   std::map<std::string, std::unique_ptr<Tenant>> tenants;  ///< I/O thread only
+  FairLane lane;                                           ///< the model group's turns; I/O thread only
+  components::ModelConfig base_config;                     ///< the base's shape, for adapter sizes
+
+  /// Exclusive full-parameter training (ServeConfig::exclusive_full_training).
+  std::string full_holder;               ///< the tenant training the base; I/O thread only
+  std::atomic<bool> restoring{false};    ///< the base is being restored after it
+
+  /// Bytes an adapter of shape `l` holds: fp32 weights, gradients and two
+  /// AdamW moments on each model rank; fp32 weights on each sampler rank.
+  int64_t adapter_bytes(const LoraConfig& l, bool sampler) const {
+    const int64_t params = l.parameters(base_config);
+    return sampler ? params * 4 * config.sampler_ranks : params * 16 * config.model_ranks;
+  }
+  int64_t memory_used() const {
+    int64_t used = 0;
+    for (const auto& [_, t] : tenants) {
+      for (const auto& a : t->adapters)
+        if (auto it = t->adapter_bytes.find(a); it != t->adapter_bytes.end()) used += it->second;
+      for (const auto& a : t->sampler_adapters)
+        if (auto it = t->sampler_bytes.find(a); it != t->sampler_bytes.end()) used += it->second;
+    }
+    return used;
+  }
+
+  /// Ends a tenant's exclusive full-parameter training: every call is
+  /// refused (unavailable) while the base's weights are loaded again, its
+  /// loss, optimizer and schedule reset, and the samplers given the base's
+  /// weights. I/O thread.
+  void release_full() {
+    if (full_holder.empty()) return;
+    log::info("serve: tenant " + full_holder + "'s exclusive full-parameter training ended: restoring the base model");
+    if (auto it = tenants.find(full_holder); it != tenants.end()) it->second->syncs.erase("");
+    full_holder.clear();
+    restoring = true;
+    start_worker([this] {
+      auto base = model->base();
+      Result<void> ok = base.load({.dir = config.model_dir}).get();
+      if (ok) ok = base.set_loss({}).get();
+      if (ok) ok = base.set_optimizer({}).get();
+      if (ok) ok = base.set_lr_scheduler({}).get();
+      if (ok) {
+        auto synced = actors::CheckpointEngine{base, sampler->with_adapter("")}.sync_weights({});
+        if (!synced) ok = synced.error();
+      }
+      if (ok) {
+        log::info("serve: the base model is restored");
+        restoring = false;
+      } else {
+        // Never serve a base that may hold a tenant's weights: stay refused.
+        log::error("serve: restoring the base model failed, the server refuses every call until restarted: " +
+                   describe(ok.error()));
+      }
+    });
+  }
 
   /// Blocking work off the I/O thread (a weight sync), joined at shutdown:
   /// nothing it uses is destroyed under it.
@@ -143,6 +258,12 @@ struct Server::Impl {
       t->sampler_adapters.clear();
       t->syncs.clear();
     }
+    // A full-parameter tenant gone (no connection left) or silent: the base
+    // goes back to every tenant.
+    if (auto it = tenants.find(full_holder); it != tenants.end()) {
+      const auto& t = *it->second;
+      if (t.in_flight == 0 && (t.sessions == 0 || now - t.last_seen >= idle)) release_full();
+    }
   }
 };
 
@@ -159,7 +280,12 @@ public:
     ++t().sessions;
   }
   ~SessionImpl() {
-    if (auto it = s_.tenants.find(tenant_); it != s_.tenants.end()) --it->second->sessions;
+    auto it = s_.tenants.find(tenant_);
+    if (it == s_.tenants.end()) return;
+    auto& t = *it->second;
+    // The last connection of a tenant training the base exclusively: the
+    // base goes back to everyone (at the idle sweep if calls still run).
+    if (--t.sessions == 0 && s_.full_holder == tenant_ && t.in_flight == 0) s_.release_full();
   }
 
   kj::Promise<void> heartbeat(HeartbeatContext ctx) override {
@@ -175,7 +301,7 @@ public:
     if (auto ok = check_new_adapter(*name, *lora); !ok) return refuse(ctx, "add_adapter", ok.error());
     auto seed = p.getSeed();
     if (auto err = admission()) return refuse(ctx, "add_adapter", err);
-    t().adapters.insert(*name);  // reserved now, so a second add in flight is refused
+    if (auto ok = reserve(*name, *lora, false); !ok) return refuse(ctx, "add_adapter", ok.error());
     return run(
         ctx, "add_adapter", 0,
         [this, n = *name, l = *lora, seed] { return finish_add(n, s_.model->add_adapter(inner(n), l, seed)); },
@@ -198,42 +324,43 @@ public:
 
   kj::Promise<void> setLoss(SetLossContext ctx) override {
     auto p = ctx.getParams();
-    auto name = owned(p.getAdapter());
+    auto name = trained(p.getAdapter(), "set_loss");
     if (!name) return refuse(ctx, "set_loss", name.error());
     auto loss = read_loss(p.getLoss());
     if (!loss) return refuse(ctx, "set_loss", loss.error());
-    return run(ctx, "set_loss", 0, [this, n = *name, l = *loss] { return await_future(s_.model->backend().set_loss(inner(n), l)); });
+    return run(ctx, "set_loss", 0, [this, n = *name, l = *loss] { return await_future(s_.model->backend().set_loss(inner_or_base(n), l)); });
   }
 
   kj::Promise<void> setOptimizer(SetOptimizerContext ctx) override {
     auto p = ctx.getParams();
-    auto name = owned(p.getAdapter());
+    auto name = trained(p.getAdapter(), "set_optimizer");
     if (!name) return refuse(ctx, "set_optimizer", name.error());
     auto o = read_optimizer(p.getOptimizer());
     if (!o) return refuse(ctx, "set_optimizer", o.error());
     return run(ctx, "set_optimizer", 0,
-               [this, n = *name, o = *o] { return await_future(s_.model->backend().set_optimizer(inner(n), o)); });
+               [this, n = *name, o = *o] { return await_future(s_.model->backend().set_optimizer(inner_or_base(n), o)); });
   }
 
   kj::Promise<void> setLrScheduler(SetLrSchedulerContext ctx) override {
     auto p = ctx.getParams();
-    auto name = owned(p.getAdapter());
+    auto name = trained(p.getAdapter(), "set_lr_scheduler");
     if (!name) return refuse(ctx, "set_lr_scheduler", name.error());
     auto sc = read_scheduler(p.getScheduler());
     if (!sc) return refuse(ctx, "set_lr_scheduler", sc.error());
-    return run(ctx, "set_lr_scheduler", 0,
-               [this, n = *name, sc = *sc] { return await_future(s_.model->backend().set_lr_scheduler(inner(n), sc)); });
+    return run(ctx, "set_lr_scheduler", 0, [this, n = *name, sc = *sc] {
+      return await_future(s_.model->backend().set_lr_scheduler(inner_or_base(n), sc));
+    });
   }
 
   kj::Promise<void> forwardBackward(ForwardBackwardContext ctx) override {
     auto p = ctx.getParams();
-    auto name = owned(p.getAdapter(), "forward_backward");
+    auto name = trained(p.getAdapter(), "forward_backward");
     if (!name) return refuse(ctx, "forward_backward", name.error());
     auto batch = checked_batch(p.getBatch());
     if (!batch) return refuse(ctx, "forward_backward", batch.error());
     auto tokens = tokens_of(*batch);
     return run(ctx, "forward_backward", tokens, [this, ctx, n = *name, b = std::move(*batch)]() mutable {
-      return await_future(s_.model->backend().forward_backward(b, inner(n))).then([ctx](Result<Metrics> r) mutable {
+      return await_future(s_.model->backend().forward_backward(b, inner_or_base(n))).then([ctx](Result<Metrics> r) mutable {
         if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
         return drop(r);
       });
@@ -258,10 +385,10 @@ public:
   }
 
   kj::Promise<void> clipGradAndStep(ClipGradAndStepContext ctx) override {
-    auto name = owned(ctx.getParams().getAdapter(), "clip_grad_and_step");
+    auto name = trained(ctx.getParams().getAdapter(), "clip_grad_and_step");
     if (!name) return refuse(ctx, "clip_grad_and_step", name.error());
     return run(ctx, "clip_grad_and_step", 0, [this, ctx, n = *name]() mutable {
-      return await_future(s_.model->backend().clip_grad_and_step(inner(n))).then([ctx](Result<Metrics> r) mutable {
+      return await_future(s_.model->backend().clip_grad_and_step(inner_or_base(n))).then([ctx](Result<Metrics> r) mutable {
         if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
         return drop(r);
       });
@@ -269,10 +396,10 @@ public:
   }
 
   kj::Promise<void> calculateMetric(CalculateMetricContext ctx) override {
-    auto name = owned(ctx.getParams().getAdapter());
+    auto name = trained(ctx.getParams().getAdapter(), "calculate_metric");
     if (!name) return refuse(ctx, "calculate_metric", name.error());
     return run(ctx, "calculate_metric", 0, [this, ctx, n = *name]() mutable {
-      return await_future(s_.model->backend().calculate_metric(inner(n))).then([ctx](Result<Metrics> r) mutable {
+      return await_future(s_.model->backend().calculate_metric(inner_or_base(n))).then([ctx](Result<Metrics> r) mutable {
         if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
         return drop(r);
       });
@@ -280,10 +407,10 @@ public:
   }
 
   kj::Promise<void> trainConfigs(TrainConfigsContext ctx) override {
-    auto name = owned(ctx.getParams().getAdapter());
+    auto name = trained(ctx.getParams().getAdapter(), "train_configs");
     if (!name) return refuse(ctx, "train_configs", name.error());
     return run(ctx, "train_configs", 0, [this, ctx, n = *name]() mutable {
-      return await_future(s_.model->backend().train_configs(inner(n))).then([this, ctx](Result<std::string> r) mutable {
+      return await_future(s_.model->backend().train_configs(inner_or_base(n))).then([this, ctx](Result<std::string> r) mutable {
         if (r) ctx.getResults().setJson(clean(*r));
         return drop(r);
       });
@@ -291,10 +418,10 @@ public:
   }
 
   kj::Promise<void> exportWeights(ExportWeightsContext ctx) override {
-    auto name = owned(ctx.getParams().getAdapter());
+    auto name = trained(ctx.getParams().getAdapter(), "export_weights");
     if (!name) return refuse(ctx, "export_weights", name.error());
     return run(ctx, "export_weights", 0, [this, ctx, n = *name]() mutable {
-      return await_future(s_.model->backend().export_weights(inner(n))).then([ctx](Result<NamedTensors> r) mutable {
+      return await_future(s_.model->backend().export_weights(inner_or_base(n))).then([ctx](Result<NamedTensors> r) mutable {
         // Copied into the message now: the model's tensors change with its
         // next step, before the answer may be written.
         if (r) write_named(ctx.getResults().initTensors(static_cast<unsigned>(r->size())), *r, nullptr);
@@ -305,12 +432,12 @@ public:
 
   kj::Promise<void> saveAdapter(SaveAdapterContext ctx) override {
     auto p = ctx.getParams();
-    auto name = owned(p.getAdapter());
+    auto name = trained(p.getAdapter(), "save");
     if (!name) return refuse(ctx, "save_adapter", name.error());
     bool with_optimizer = p.getWithOptimizer();
     return run(ctx, "save_adapter", 0, [this, ctx, n = *name, with_optimizer]() mutable {
       auto dir = s_.upload_dir();
-      return await_future(s_.model->backend().save(inner(n), actors::SaveRequest{.dir = dir, .with_optimizer = with_optimizer}))
+      return await_future(s_.model->backend().save(inner_or_base(n), actors::SaveRequest{.dir = dir, .with_optimizer = with_optimizer}))
           .then([this, ctx, dir](Result<std::string> r) mutable -> Result<void> {
             auto cleanup = kj::defer([dir] {
               std::error_code ec;
@@ -328,18 +455,21 @@ public:
   kj::Promise<void> loadAdapter(LoadAdapterContext ctx) override {
     auto p = ctx.getParams();
     bool create = p.getCreate(), with_optimizer = p.getWithOptimizer();
-    auto name = create ? read_name(p.getAdapter(), "adapter name") : owned(p.getAdapter());
+    auto name = create ? read_name(p.getAdapter(), "adapter name") : trained(p.getAdapter(), "load");
     if (!name) return refuse(ctx, "load_adapter", name.error());
-    if (create && t().adapters.count(*name))
-      return refuse(ctx, "load_adapter", make_error(errc::invalid_argument, "adapter '" + *name + "' exists already"));
-    if (create && static_cast<int64_t>(t().adapters.size()) >= s_.config.limits.adapters)
-      return refuse(ctx, "load_adapter", adapters_limit());
+    if (create)
+      if (auto ok = check_new_name(*name, false); !ok) return refuse(ctx, "load_adapter", ok.error());
     auto files = read_files(p.getFiles());
     if (!files) return refuse(ctx, "load_adapter", files.error());
     if (auto err = admission()) return refuse(ctx, "load_adapter", err);
     auto dir = s_.upload_dir();
-    if (auto ok = upload(dir, *files); !ok) return refuse(ctx, "load_adapter", ok.error());
-    if (create) t().adapters.insert(*name);
+    auto uploaded = upload(dir, *files, [&]() -> Result<void> {
+      if (name->empty()) return check_uploaded_base(dir);
+      auto l = uploaded_lora(dir);
+      if (!l) return l.error();
+      return reserve(*name, *l, false);
+    });
+    if (!uploaded) return refuse(ctx, "load_adapter", uploaded.error());
     auto undo = [this, n = *name, dir, create] {
       std::error_code ec;
       fs::remove_all(dir, ec);
@@ -347,7 +477,7 @@ public:
     };
     return run(ctx, "load_adapter", 0, [this, n = *name, dir, create, with_optimizer] {
       auto f = create ? s_.model->load_adapter(inner(n), dir)
-                      : s_.model->with_adapter(inner(n)).load({.dir = dir, .with_optimizer = with_optimizer});
+                      : s_.model->with_adapter(inner_or_base(n)).load({.dir = dir, .with_optimizer = with_optimizer});
       return await_future(f).then([this, n, dir, create](Result<void> r) {
         std::error_code ec;
         fs::remove_all(dir, ec);
@@ -388,16 +518,16 @@ public:
   }
 
   kj::Promise<void> syncWeights(SyncWeightsContext ctx) override {
-    auto name = owned(ctx.getParams().getAdapter());
+    auto name = trained(ctx.getParams().getAdapter(), "sync_weights");
     if (!name) return refuse(ctx, "sync_weights", name.error());
-    if (!t().sampler_adapters.count(*name))
+    if (!name->empty() && !t().sampler_adapters.count(*name))
       return refuse(ctx, "sync_weights",
                     make_error(errc::failed_precondition, "the sampler has no adapter '" + *name +
                                                               "': add it to the sampler group first (add_adapter)"));
     auto& engine = t().syncs[*name];
     if (!engine)
-      engine = std::make_shared<actors::CheckpointEngine>(s_.model->with_adapter(inner(*name)),
-                                                          s_.sampler->with_adapter(inner(*name)));
+      engine = std::make_shared<actors::CheckpointEngine>(s_.model->with_adapter(inner_or_base(*name)),
+                                                          s_.sampler->with_adapter(inner_or_base(*name)));
     auto e = engine;  // the thread's own reference: it outlives a removal
     // The sync blocks (it waits on the model's push): a thread of its own,
     // and the tenant's next calls wait for it.
@@ -450,7 +580,7 @@ public:
     if (!lora) return refuse(ctx, "sampler_add_adapter", lora.error());
     if (auto ok = check_new_sampler_adapter(*name, *lora); !ok) return refuse(ctx, "sampler_add_adapter", ok.error());
     if (auto err = admission()) return refuse(ctx, "sampler_add_adapter", err);
-    t().sampler_adapters.insert(*name);
+    if (auto ok = reserve(*name, *lora, true); !ok) return refuse(ctx, "sampler_add_adapter", ok.error());
     return run(
         ctx, "sampler_add_adapter", 0,
         [this, n = *name, l = *lora] {
@@ -466,17 +596,17 @@ public:
     auto p = ctx.getParams();
     auto name = read_name(p.getName(), "adapter name");
     if (!name) return refuse(ctx, "sampler_load_adapter", name.error());
-    if (t().sampler_adapters.count(*name))
-      return refuse(ctx, "sampler_load_adapter",
-                    make_error(errc::invalid_argument, "the sampler has an adapter '" + *name + "' already"));
+    if (auto ok = check_new_name(*name, true); !ok) return refuse(ctx, "sampler_load_adapter", ok.error());
     auto files = read_files(p.getFiles());
     if (!files) return refuse(ctx, "sampler_load_adapter", files.error());
-    if (static_cast<int64_t>(t().sampler_adapters.size()) >= s_.config.limits.adapters)
-      return refuse(ctx, "sampler_load_adapter", adapters_limit());
     if (auto err = admission()) return refuse(ctx, "sampler_load_adapter", err);
     auto dir = s_.upload_dir();
-    if (auto ok = upload(dir, *files); !ok) return refuse(ctx, "sampler_load_adapter", ok.error());
-    t().sampler_adapters.insert(*name);
+    auto uploaded = upload(dir, *files, [&]() -> Result<void> {
+      auto l = uploaded_lora(dir);
+      if (!l) return l.error();
+      return reserve(*name, *l, true);
+    });
+    if (!uploaded) return refuse(ctx, "sampler_load_adapter", uploaded.error());
     auto undo = [this, n = *name, dir] {
       std::error_code ec;
       fs::remove_all(dir, ec);
@@ -570,14 +700,13 @@ public:
                                                                                    "' was saved without its optimizer state"));
     auto adapter = create ? read_name(p.getAdapter(), "adapter name") : owned(p.getAdapter());
     if (!adapter) return refuse(ctx, "load_checkpoint", adapter.error());
-    if (create && t().adapters.count(*adapter))
-      return refuse(ctx, "load_checkpoint", make_error(errc::invalid_argument, "adapter '" + *adapter + "' exists already"));
-    if (create && static_cast<int64_t>(t().adapters.size()) >= s_.config.limits.adapters)
-      return refuse(ctx, "load_checkpoint", adapters_limit());
+    if (create)
+      if (auto ok = check_new_name(*adapter, false); !ok) return refuse(ctx, "load_checkpoint", ok.error());
     auto dir = s_.store->checkpoint_dir(tenant_, *name);
-    if (auto ok = check_uploaded_rank(dir); !ok) return refuse(ctx, "load_checkpoint", ok.error());
+    auto lora = uploaded_lora(dir);
+    if (!lora) return refuse(ctx, "load_checkpoint", lora.error());
     if (auto err = admission()) return refuse(ctx, "load_checkpoint", err);
-    if (create) t().adapters.insert(*adapter);
+    if (auto ok = reserve(*adapter, *lora, false); !ok) return refuse(ctx, "load_checkpoint", ok.error());
     return run(
         ctx, "load_checkpoint", 0,
         [this, a = *adapter, dir, create, with_optimizer] {
@@ -620,11 +749,12 @@ private:
     return {};
   }
 
-  /// Writes uploaded files to `dir` and checks the adapter's rank there;
-  /// on any error nothing is left on disk.
-  Result<void> upload(const std::string& dir, const std::vector<FileBytes>& files) const {
+  /// Writes uploaded files to `dir` and runs `check` on them; on any error
+  /// nothing is left on disk.
+  template <class Check>
+  Result<void> upload(const std::string& dir, const std::vector<FileBytes>& files, Check check) const {
     auto ok = write_dir_files(dir, files);
-    if (ok) ok = check_uploaded_rank(dir);
+    if (ok) ok = check();
     if (!ok) {
       std::error_code ec;
       fs::remove_all(dir, ec);
@@ -666,15 +796,52 @@ private:
                                                     " are allowed; split it");
   }
 
-  /// One of the tenant's model-group adapters. `training`: a call that
-  /// changes weights names the method, and the base model (no adapter) is
-  /// refused.
-  Result<std::string> owned(capnp::Text::Reader r, const char* training = nullptr) {
-    if (training && r.size() == 0)
+  /// The adapter a training call names: one of the tenant's, or empty for
+  /// the base model itself, which only exclusive mode allows (claim_base).
+  Result<std::string> trained(capnp::Text::Reader r, const char* method) {
+    if (r.size() > 0) return owned(r);
+    if (auto ok = claim_base(method); !ok) return ok.error();
+    return std::string{};
+  }
+  /// The base model for this tenant's full-parameter training: refused on
+  /// a shared server; in exclusive mode, the server becomes the tenant's
+  /// alone when no other tenant uses it (no adapters, no calls).
+  Result<void> claim_base(const char* method) {
+    if (!s_.config.exclusive_full_training)
       return make_error(errc::permission_denied,
-                        std::string{training} +
+                        std::string{method} +
                             " with no adapter would train the shared base model, which every tenant of this server "
-                            "uses: train a LoRA adapter (add_adapter, then with_adapter(name))");
+                            "uses: train a LoRA adapter (add_adapter, then with_adapter(name)); the server's operator "
+                            "can offer full-parameter training one tenant at a time (full_training = \"exclusive\")");
+    if (s_.full_holder == tenant_) return {};
+    if (auto err = exclusive_gate()) return err;
+    if (!t().adapters.empty() || !t().sampler_adapters.empty())
+      return make_error(errc::failed_precondition,
+                        "training the full model needs the server to yourself: remove your adapters first (loading "
+                        "full weights would drop them)");
+    for (const auto& [name, other] : s_.tenants)
+      if (name != tenant_ && (other->in_flight > 0 || !other->adapters.empty() || !other->sampler_adapters.empty()))
+        return make_error(errc::unavailable,
+                          "training the full model needs the server to yourself, and other tenants are using it: "
+                          "retry later");
+    s_.full_holder = tenant_;
+    log::info("serve: tenant " + tenant_ + " trains the full model: the server is its alone until it disconnects");
+    return {};
+  }
+  /// Why no call of this tenant's may start while another trains the full
+  /// model, or while the base is being restored after that; or none.
+  caf::error exclusive_gate() const {
+    if (s_.restoring)
+      return make_error(errc::unavailable, "the server is restoring its base model after a tenant's full-parameter "
+                                           "training: retry in a few seconds");
+    if (!s_.full_holder.empty() && s_.full_holder != tenant_)
+      return make_error(errc::unavailable, "another tenant is training the full model on this server (exclusive "
+                                           "mode): calls are refused until it disconnects; retry later");
+    return caf::none;
+  }
+
+  /// One of the tenant's model-group adapters.
+  Result<std::string> owned(capnp::Text::Reader r) {
     auto name = read_name(r, "adapter name");
     if (!name) return name.error();
     if (!t().adapters.count(*name)) return unknown(*name);
@@ -698,27 +865,78 @@ private:
                                                       " this server allows");
     return {};
   }
+  /// A new adapter name of the tenant's, in the model group or the sampler
+  /// group, within its adapter limit.
+  Result<void> check_new_name(const std::string& name, bool sampler) {
+    const auto& names = sampler ? t().sampler_adapters : t().adapters;
+    if (names.count(name))
+      return make_error(errc::invalid_argument,
+                        std::string{sampler ? "the sampler has an adapter '" : "adapter '"} + name + "' already");
+    if (static_cast<int64_t>(names.size()) >= s_.config.limits.adapters) return adapters_limit();
+    if (s_.full_holder == tenant_)
+      return make_error(errc::failed_precondition,
+                        "you are training the full model (exclusive mode): adapters are refused until you "
+                        "disconnect, since loading full weights drops them");
+    return {};
+  }
   Result<void> check_new_adapter(const std::string& name, const LoraConfig& l) {
-    if (t().adapters.count(name)) return make_error(errc::invalid_argument, "adapter '" + name + "' exists already");
-    if (static_cast<int64_t>(t().adapters.size()) >= s_.config.limits.adapters) return adapters_limit();
+    if (auto ok = check_new_name(name, false); !ok) return ok;
     return check_rank(l);
   }
   Result<void> check_new_sampler_adapter(const std::string& name, const LoraConfig& l) {
-    if (t().sampler_adapters.count(name))
-      return make_error(errc::invalid_argument, "the sampler has an adapter '" + name + "' already");
-    if (static_cast<int64_t>(t().sampler_adapters.size()) >= s_.config.limits.adapters) return adapters_limit();
+    if (auto ok = check_new_name(name, true); !ok) return ok;
     return check_rank(l);
   }
-  /// An uploaded PEFT directory's rank, read before any actor loads it.
-  Result<void> check_uploaded_rank(const std::string& dir) const {
-    auto j = nlohmann::json::parse(read_text(dir + "/adapter_config.json"), nullptr, false);
-    if (!j.is_object()) return make_error(errc::invalid_argument, "the files hold no valid adapter_config.json");
-    LoraConfig l;
-    if (j.contains("r") && j["r"].is_number_integer()) l.r = j["r"].get<int64_t>();
-    if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
-      for (auto& [k, v] : j["rank_pattern"].items())
-        if (v.is_number_integer()) l.rank_pattern.emplace_back(k, v.get<int64_t>());
-    return check_rank(l);
+  /// An uploaded PEFT directory's adapter shape, within the rank limit,
+  /// read before any actor loads it.
+  Result<LoraConfig> uploaded_lora(const std::string& dir) const {
+    auto l = LoraConfig::load(dir + "/adapter_config.json");
+    if (!l) return make_error(errc::invalid_argument, "the files hold no valid adapter: " + describe(l.error()));
+    if (auto ok = check_rank(*l); !ok) return ok.error();
+    return l;
+  }
+  /// Uploaded full weights are a checkpoint of this server's base: the
+  /// same shape (so a tenant cannot make the server hold a bigger model).
+  Result<void> check_uploaded_base(const std::string& dir) const {
+    auto c = components::ModelConfig::load(dir + "/config.json");
+    if (!c) return make_error(errc::invalid_argument, "a full-model load needs a checkpoint of the server's base model "
+                                                      "(config.json and weights): " + describe(c.error()));
+    const auto& b = s_.base_config;
+    if (c->architecture != b.architecture || c->vocab_size != b.vocab_size || c->hidden_size != b.hidden_size ||
+        c->intermediate_size != b.intermediate_size || c->num_hidden_layers != b.num_hidden_layers ||
+        c->num_attention_heads != b.num_attention_heads || c->num_key_value_heads != b.num_key_value_heads ||
+        c->head_dim != b.head_dim)
+      return make_error(errc::invalid_argument,
+                        "the files are not a checkpoint of the server's base model: their config.json has another "
+                        "shape");
+    return {};
+  }
+  /// Checks the server's memory budget for a new adapter of shape `l` and
+  /// reserves its name (a second add of it in flight is refused).
+  Result<void> reserve(const std::string& name, const LoraConfig& l, bool sampler) {
+    auto& tn = t();
+    auto& names = sampler ? tn.sampler_adapters : tn.adapters;
+    auto& bytes = sampler ? tn.sampler_bytes : tn.adapter_bytes;
+    // A load into an existing adapter replaces what it held.
+    const int64_t held = names.count(name) && bytes.count(name) ? bytes[name] : 0;
+    const int64_t need = s_.adapter_bytes(l, sampler), used = s_.memory_used() - held,
+                  budget = s_.config.limits.memory_bytes;
+    if (need > budget - used) {
+      auto mib = [](int64_t b) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+        return std::string{text};
+      };
+      return make_error(errc::resource_exhausted,
+                        "limit memory_mib: this adapter needs " + mib(need) +
+                            (sampler ? " (its weights on each sampler rank)"
+                                     : " (weights, gradients and AdamW state on each model rank)") +
+                            ", and the server's adapters hold " + mib(used) + " of its " + mib(budget) +
+                            ": remove an adapter, or use a lower rank or fewer target modules");
+    }
+    names.insert(name);
+    bytes[name] = need;
+    return {};
   }
 
   /// Sampling parameters within what the server can answer: counts below
@@ -814,22 +1032,34 @@ private:
   /// Why this session may not start a call now (its key was revoked, its
   /// calls in flight are at the limit), or none. Methods that reserve a
   /// name or write an upload ask first, so a refusal leaves nothing behind.
-  caf::error admission() {
+  caf::error admission(bool heartbeat = false) {
     if (auto valid = s_.keys->check(key_id_); !valid) return valid.error();
+    if (!heartbeat)
+      if (auto err = exclusive_gate()) return err;
     if (t().in_flight >= s_.config.limits.calls_in_flight)
       return make_error(errc::resource_exhausted, "limit calls_in_flight: " + std::to_string(t().in_flight) +
                                                       " calls of yours are in flight; wait for one");
     return caf::none;
   }
 
+  /// The calls the model group serves: they take turns at it (FairLane).
+  static bool uses_model(std::string_view method) {
+    static const std::set<std::string_view> model_calls = {
+        "add_adapter",    "remove_adapter", "set_loss",       "set_optimizer",   "set_lr_scheduler",
+        "forward_backward", "forward_only", "clip_grad_and_step", "calculate_metric", "train_configs",
+        "export_weights", "save_adapter",   "load_adapter",   "save_checkpoint", "load_checkpoint"};
+    return model_calls.count(method) > 0;
+  }
+
   /// Runs `start` (which returns a promise of the call's outcome) after the
-  /// tenant's barrier, within its in-flight limit, and answers the status.
+  /// tenant's barrier and its turn at the model group (for calls it serves),
+  /// within its in-flight limit, and answers the status.
   /// `undo` runs if the call ends in an exception instead of an outcome (the
   /// outcome's own continuation undoes a failed call's reservations).
   template <class Context, class Start>
   kj::Promise<void> run(Context& ctx, const char* method, int64_t tokens, Start start,
                         std::function<void()> undo = nullptr) {
-    if (auto err = admission()) {
+    if (auto err = admission(std::string_view{method} == "heartbeat")) {
       if (undo) undo();
       return refuse(ctx, method, err);
     }
@@ -841,9 +1071,13 @@ private:
     auto t0 = Clock::now();
     auto ctx_copy = ctx;
     return tn.barrier.addBranch()
-        .then([this, t0, start = kj::mv(start)]() mutable {
+        .then([this, method]() { return uses_model(method) ? s_.lane.enter(tenant_) : kj::Promise<void>(kj::READY_NOW); })
+        .then([this, t0, method, start = kj::mv(start)]() mutable {
           t().queue_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
-          return start();
+          if (!uses_model(method)) return start();
+          // The model group's turn ends with the call, however it ends.
+          auto leave = kj::defer([this] { s_.lane.leave(); });
+          return start().attach(kj::mv(leave));
         })
         .then(
             [this, ctx_copy, method, tokens, t0](Result<void> r) mutable {
@@ -969,7 +1203,15 @@ std::string metrics_text(const ServerState& s) {
   for (const auto& [_, t] : s.tenants) adapters += static_cast<int64_t>(t->adapters.size() + t->sampler_adapters.size());
   out << "# HELP glint_serve_adapters_resident Adapters resident, all tenants.\n"
       << "# TYPE glint_serve_adapters_resident gauge\nglint_serve_adapters_resident " << adapters << "\n"
-      << "# HELP glint_serve_resident_memory_bytes The server process's resident memory.\n"
+      << "# HELP glint_serve_adapter_memory_bytes What the adapters hold (weights, gradients, optimizer state), all ranks.\n"
+      << "# TYPE glint_serve_adapter_memory_bytes gauge\nglint_serve_adapter_memory_bytes " << s.memory_used() << "\n"
+      << "# HELP glint_serve_adapter_memory_budget_bytes The server's budget for them ([limits] memory_mib).\n"
+      << "# TYPE glint_serve_adapter_memory_budget_bytes gauge\nglint_serve_adapter_memory_budget_bytes "
+      << s.config.limits.memory_bytes << "\n"
+      << "# HELP glint_serve_exclusive 1 while a tenant trains the full model (exclusive mode) or it is being restored.\n"
+      << "# TYPE glint_serve_exclusive gauge\nglint_serve_exclusive " << (!s.full_holder.empty() || s.restoring ? 1 : 0)
+      << "\n"
+      << "# HELP glint_serve_resident_memory_bytes The server's resident memory.\n"
       << "# TYPE glint_serve_resident_memory_bytes gauge\nglint_serve_resident_memory_bytes " << resident_bytes()
       << "\n";
   return out.str();
@@ -1004,7 +1246,10 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     auto io = kj::setupAsyncIo();
     // The tenants' KJ objects (their barriers) go on this thread, after the
     // connections (declared below) and before the loop.
-    auto clear_tenants = kj::defer([this] { tenants.clear(); });
+    auto clear_tenants = kj::defer([this] {
+      lane.clear();
+      tenants.clear();
+    });
     executor = &kj::getCurrentThreadExecutor();
     kj::Own<kj::TlsContext> tls;
     if (config.tls()) {
@@ -1131,6 +1376,9 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, ServeConfig config) {
   if (!cfg.is_object() || !cfg.contains("vocab_size") || !cfg["vocab_size"].is_number_integer())
     return make_error(errc::invalid_argument, config.model_dir + "/config.json has no integer vocab_size");
   impl->vocab_size = cfg["vocab_size"].get<int64_t>();
+  auto base_config = components::ModelConfig::load(config.model_dir + "/config.json");
+  if (!base_config) return with_context(base_config.error(), "reading the base model's config.json");
+  impl->base_config = *base_config;
   impl->max_positions = cfg.contains("max_position_embeddings") && cfg["max_position_embeddings"].is_number_integer()
                             ? cfg["max_position_embeddings"].get<int64_t>()
                             : int64_t{1} << 20;

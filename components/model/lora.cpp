@@ -23,9 +23,6 @@ using json = nlohmann::ordered_json;
 namespace {
 
 constexpr const char* peft_prefix = "base_model.model.";
-const std::vector<std::string> all_linear = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                             "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                             "mlp.down_proj"};
 
 }  // namespace
 
@@ -34,7 +31,7 @@ const std::vector<std::string> all_linear = {"self_attn.q_proj", "self_attn.k_pr
 std::vector<std::string> CausalLM::Impl::linear_modules() const {
   std::vector<std::string> out;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-    for (const auto& m : all_linear) out.push_back("model.layers." + std::to_string(l) + "." + m);
+    for (const auto& m : projection_names()) out.push_back("model.layers." + std::to_string(l) + "." + m);
   return out;
 }
 

@@ -148,6 +148,33 @@ bool LoraConfig::targets(const std::string& path) const {
   return std::find(layers_to_transform.begin(), layers_to_transform.end(), layer) != layers_to_transform.end();
 }
 
+const std::vector<std::string>& projection_names() {
+  static const std::vector<std::string> names = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                 "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                 "mlp.down_proj"};
+  return names;
+}
+
+int64_t LoraConfig::parameters(const ModelConfig& m) const {
+  const int64_t head_dim = m.head_dim > 0 ? m.head_dim : m.hidden_size / std::max<int64_t>(m.num_attention_heads, 1);
+  const int64_t q = m.num_attention_heads * head_dim, kv = m.num_key_value_heads * head_dim;
+  const std::map<std::string, std::pair<int64_t, int64_t>> in_out = {
+      {"self_attn.q_proj", {m.hidden_size, q}},  {"self_attn.k_proj", {m.hidden_size, kv}},
+      {"self_attn.v_proj", {m.hidden_size, kv}}, {"self_attn.o_proj", {q, m.hidden_size}},
+      {"mlp.gate_proj", {m.hidden_size, m.intermediate_size}},
+      {"mlp.up_proj", {m.hidden_size, m.intermediate_size}},
+      {"mlp.down_proj", {m.intermediate_size, m.hidden_size}}};
+  int64_t total = 0;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l)
+    for (const auto& name : projection_names()) {
+      auto path = "model.layers." + std::to_string(l) + "." + name;
+      if (!targets(path)) continue;
+      const auto& [in, out] = in_out.at(name);
+      total += rank_of(path) * (in + out);
+    }
+  return total;
+}
+
 Result<void> LoraConfig::validate() const {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "LoRA " + what); };
   if (r <= 0) return bad("r must be positive, not " + std::to_string(r));

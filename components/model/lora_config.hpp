@@ -6,6 +6,7 @@
 ///   auto cfg = LoraConfig::load("adapters/math/adapter_config.json");
 ///   if (cfg && cfg->targets("model.layers.0.self_attn.q_proj")) ...
 
+#include "components/model/config.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -21,6 +22,10 @@ namespace glint::components {
 /// projections of each layer can be adapted.
 ///
 /// Field order is a wire format (actors/model.hpp): append, never reorder.
+/// The projections of a decoder layer an adapter can target, by their path
+/// under "model.layers.<i>.".
+const std::vector<std::string>& projection_names();
+
 struct LoraConfig {
   int64_t r = 8;
   double alpha = 16;
@@ -68,6 +73,9 @@ struct LoraConfig {
   /// a regex that does not compile matches nothing).
   bool targets(const std::string& path) const;
   Result<void> validate() const;
+  /// How many parameters the adapter adds to a model of `model`'s shape:
+  /// r * (in + out) for each projection it targets, at that module's rank.
+  int64_t parameters(const ModelConfig& model) const;
 
   /// Reads a PEFT adapter_config.json. A field that would change what the
   /// adapter computes and that glint does not implement (DoRA, bias

@@ -491,5 +491,27 @@ TEST(Lora, SavedAdaptersNameTheirBaseModel) {
   EXPECT_EQ(read(out), "my/base");
 }
 
+// The server's memory budget sizes adapters from their config alone
+// (LoraConfig::parameters): it counts what the model really allocates.
+TEST(Lora, ParametersCountedFromTheConfigEqualTheAdaptersTensors) {
+  auto cfg = ModelConfig::make(Architecture::qwen3, 29, 16, 40, 3, 4, 2, 8);  // head_dim 8: q is 32 wide
+  auto lm = CausalLM::init_random(cfg, 1);
+  ASSERT_TRUE(lm);
+  std::vector<LoraConfig> shapes = {
+      {.r = 4, .alpha = 8, .target_modules = {"q_proj", "v_proj"}},
+      {.r = 2, .alpha = 4, .target_modules = {"all-linear"}, .rank_pattern = {{"down_proj", 6}}},
+      {.r = 3, .alpha = 3, .target_modules = {"o_proj", "up_proj"}, .layers_to_transform = {0, 2}},
+  };
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto name = "a" + std::to_string(i);
+    ASSERT_TRUE(lm->add_adapter(name, shapes[i]));
+    auto tensors = lm->adapter_parameters(name);
+    ASSERT_TRUE(tensors);
+    int64_t numel = 0;
+    for (const auto& [_, t] : *tensors) numel += t.numel();
+    EXPECT_EQ(shapes[i].parameters(cfg), numel) << "shape " << i;
+  }
+}
+
 }  // namespace
 }  // namespace glint::components

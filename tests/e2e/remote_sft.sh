@@ -6,25 +6,13 @@
 # cleanly.
 #   remote_sft.sh SFT_BINARY GLINT_BINARY
 set -euo pipefail
+source "$(dirname "$0")/serve_lib.sh"
 sft=$1 glint=$2
-root=$(mktemp -d /tmp/glint-remote-sft-XXXXXX)
-server=
-cleanup() { [[ -n $server ]] && kill -9 "$server" 2>/dev/null; rm -rf "$root"; }
-trap cleanup EXIT
+temp_root remote-sft
 args=(--steps 20 --eval-every 10)
 "$sft" --out "$root/local" "${args[@]}" > "$root/local.log" 2>&1 || { cat "$root/local.log"; exit 1; }
-cat > "$root/serve.toml" <<TOML
-model = "local/model"
-state_dir = "state"
-[listen]
-port = 0
-TOML
-key=$("$glint" serve keys create --tenant alice --config "$root/serve.toml" 2> /dev/null)
-"$glint" serve --config "$root/serve.toml" > "$root/serve.out" 2> "$root/serve.err" &
-server=$!
-for _ in $(seq 100); do grep -q "127.0.0.1:" "$root/serve.out" 2>/dev/null && break; sleep 0.1; done
-port=$(grep -o '127.0.0.1:[0-9]*' "$root/serve.out" | cut -d: -f2)
-[[ -n $port ]] || { echo "the server did not start"; cat "$root/serve.err"; exit 1; }
+start_server "$glint" "$root"
+key=$(new_key "$glint" "$root" alice)
 GLINT_REMOTE_URL=127.0.0.1:$port GLINT_API_KEY=$key "$sft" --out "$root/remote" "${args[@]}" > "$root/remote.log" 2>&1 \
   || { cat "$root/remote.log"; tail -20 "$root/serve.err"; exit 1; }
 grep -q "with the adapter: " "$root/remote.log" || { cat "$root/remote.log"; exit 1; }

@@ -157,6 +157,15 @@ TEST(ServeConfig, EveryKeyIsCheckedAndOnlyLoopbackMayGoWithoutTls) {
   auto typo = ServeConfig::parse("model = \"m\"\n[limits]\nmax_rnak = 32\n", "s.toml");
   ASSERT_FALSE(typo);
   EXPECT_TRUE(contains(describe(typo.error()), "limits.max_rnak")) << describe(typo.error());
+  EXPECT_FALSE(c->exclusive_full_training) << "full-parameter training is refused unless asked for";
+  EXPECT_EQ(c->limits.memory_bytes, int64_t{8} << 30);
+  auto exclusive = ServeConfig::parse("model = \"m\"\nfull_training = \"exclusive\"\n[limits]\nmemory_mib = 512\n", "s.toml");
+  ASSERT_TRUE(exclusive) << describe(exclusive.error());
+  EXPECT_TRUE(exclusive->exclusive_full_training);
+  EXPECT_EQ(exclusive->limits.memory_bytes, int64_t{512} << 20);
+  auto shared = ServeConfig::parse("full_training = \"shared\"\n", "s.toml");
+  ASSERT_FALSE(shared);
+  EXPECT_TRUE(contains(describe(shared.error()), "full_training must be")) << describe(shared.error());
   auto wrong_type = ServeConfig::parse("[listen]\nport = \"80\"\n", "s.toml");
   ASSERT_FALSE(wrong_type);
   EXPECT_TRUE(contains(describe(wrong_type.error()), "listen.port")) << describe(wrong_type.error());

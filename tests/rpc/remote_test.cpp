@@ -25,9 +25,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <thread>
 
 namespace glint::rpc {
 namespace {
@@ -643,6 +647,239 @@ TEST(RemoteConnect, NoServerIsUnavailableAndABadAddressIsInvalid) {
   auto bad = initialize(o);
   ASSERT_FALSE(bad);
   EXPECT_EQ(code_of(bad.error()), errc::invalid_argument);
+}
+
+// -- standalone servers -----------------------------------------------------------
+
+/// A server of its own (a fresh base of the given shape, a tweaked
+/// config) in this process, with keys for `tenants`.
+struct OwnServer {
+  std::string dir;
+  std::unique_ptr<Runtime> rt;
+  std::unique_ptr<Server> server;
+  std::map<std::string, std::string> keys;
+
+  OwnServer(const std::string& name, const components::ModelConfig& cfg, const std::function<void(ServeConfig&)>& tweak,
+            std::vector<std::string> tenants = {"alice", "bob"}) {
+    dir = glint::testing::fresh_dir(name);
+    auto lm = components::CausalLM::init_random(cfg, 3);
+    EXPECT_TRUE(lm && lm->save(dir + "/base"));
+    auto r = initialize(Options{});
+    EXPECT_TRUE(r);
+    rt = std::move(*r);
+    ServeConfig config{.model_dir = dir + "/base", .state_dir = dir + "/state", .port = 0};
+    tweak(config);
+    for (const auto& t : tenants) keys[t] = *KeyStore::create(config.state_dir, t);
+    auto s = Server::start(*rt, config);
+    EXPECT_TRUE(s) << describe(s.error());
+    if (s) server = std::move(*s);
+  }
+  ~OwnServer() {
+    if (server) server->shutdown(std::chrono::seconds(5));
+    server.reset();
+    if (rt) rt->shutdown();
+    std::filesystem::remove_all(dir);
+  }
+  std::unique_ptr<Runtime> attach(const std::string& tenant) const {
+    Options o;
+    o.mode = Mode::remote;
+    o.remote_endpoint = "127.0.0.1:" + std::to_string(server->port());
+    o.remote_api_key = keys.at(tenant);
+    auto r = initialize(o);
+    EXPECT_TRUE(r) << describe(r.error());
+    return r ? std::move(*r) : nullptr;
+  }
+  static ModelGroup model(Runtime& rt) {
+    return *actors::open_model_group(rt, DeviceGroup::of("m", 1), *DeviceMesh::from_sizes({.dp = 1}), {});
+  }
+  static SamplerGroup sampler(Runtime& rt) {
+    return *actors::open_sampler_group(rt, DeviceGroup::of("s", 1), *DeviceMesh::from_sizes({.dp = 1}), {});
+  }
+};
+
+Batch rows_of(int64_t rows, int64_t len, int64_t offset = 0) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < rows * len; ++i) ids.push_back((i * 13 + offset) % 290 + 3);
+  Batch b;
+  b.tensors["input_ids"] = *Tensor::from_values(ids, {rows, len});
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+// Issue 13's fairness goal: with tenant A sending batches 8x larger than
+// tenant B's (and keeping several calls in flight), B's median call latency
+// stays within 2x its latency alone plus one of A's steps. Without the
+// model group's turns, B's call would wait behind all of A's queued ones
+// (four here).
+TEST(RemoteFair, ABigTenantDelaysASmallOnesCallsByAtMostOneOfItsOwn) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 64, 128, 2, 4, 2);
+  cfg.max_position_embeddings = 256;
+  OwnServer s{"remote-fair", cfg, [](ServeConfig&) {}};
+  ASSERT_TRUE(s.server);
+  auto a_rt = s.attach("alice"), b_rt = s.attach("bob");
+  ASSERT_TRUE(a_rt && b_rt);
+  auto a = OwnServer::model(*a_rt), b = OwnServer::model(*b_rt);
+  ASSERT_TRUE(a.add_adapter("big", kLora, 1).get());
+  ASSERT_TRUE(b.add_adapter("small", kLora, 2).get());
+  auto big = a.with_adapter("big"), small = b.with_adapter("small");
+  const auto small_batch = rows_of(2, 64), big_batch = rows_of(16, 64, 5);  // 8x the tokens
+  using ms = std::chrono::duration<double, std::milli>;
+  auto timed = [](const ModelGroup& m, const Batch& batch) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = m.forward_backward(batch).get();
+    EXPECT_TRUE(r) << describe(r.error());
+    return ms(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < 3; ++i) (void)timed(small, small_batch), (void)timed(big, big_batch);  // warm-up
+  std::vector<double> alone, a_steps, with_a;
+  for (int i = 0; i < 15; ++i) alone.push_back(timed(small, small_batch));
+  for (int i = 0; i < 7; ++i) a_steps.push_back(timed(big, big_batch));
+  // A: four big calls in flight at a time, then a step, until B is done.
+  std::atomic<bool> stop{false};
+  std::atomic<int> a_calls{0};
+  std::thread busy([&] {
+    while (!stop) {
+      std::vector<Future<Metrics>> calls;
+      for (int k = 0; k < 4; ++k) calls.push_back(big.forward_backward(big_batch));
+      for (auto& c : calls) EXPECT_TRUE(c.get());
+      a_calls += 4;
+      EXPECT_TRUE(big.clip_grad_and_step().get());
+    }
+  });
+  while (a_calls < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // B prepares its next batch between calls (a think time spread over one
+  // of A's steps), so its calls arrive at any point of A's: calls sent
+  // back to back would all land just as A's next starts.
+  std::mt19937 rng{7};
+  std::uniform_real_distribution<double> think(0, median(a_steps));
+  for (int i = 0; i < 21; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(think(rng) * 1000)));
+    with_a.push_back(timed(small, small_batch));
+  }
+  stop = true;
+  busy.join();
+  const double b_alone = median(alone), a_step = median(a_steps), b_with = median(with_a);
+  std::printf("B alone %.2f ms, A's step %.2f ms, B beside A %.2f ms (bound %.2f ms)\n", b_alone, a_step, b_with,
+              2 * b_alone + a_step);
+  EXPECT_GT(a_step, 2 * b_alone) << "A's batches must cost more than B's for the test to mean something";
+  EXPECT_LE(b_with, 2 * b_alone + a_step);
+}
+
+// Issue 13: a server-wide memory budget for adapters and their optimizer
+// state; an adapter that would go over it is refused naming the limit, and
+// removing one makes room.
+TEST(RemoteMemory, AnAdapterOverTheServersBudgetIsRefusedNamingTheLimit) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 32, 64, 2, 4, 2);
+  // kLora on this base: 2 layers x (4 x (32 + 32) + 4 x (32 + 16)) = 896
+  // parameters, 16 bytes each in the model group (weights, gradients, two
+  // AdamW moments): 14336 bytes; its sampler copy 3584.
+  OwnServer s{"remote-memory", cfg, [](ServeConfig& c) { c.limits.memory_bytes = 40000; }};
+  ASSERT_TRUE(s.server);
+  auto a_rt = s.attach("alice"), b_rt = s.attach("bob");
+  auto a = OwnServer::model(*a_rt), b = OwnServer::model(*b_rt);
+  auto bs = OwnServer::sampler(*b_rt);
+  ASSERT_TRUE(a.add_adapter("one", kLora).get());
+  ASSERT_TRUE(b.add_adapter("two", kLora).get());
+  ASSERT_TRUE(bs.add_adapter("two", kLora).get());  // 14336 * 2 + 3584 = 32256 of 40000
+  auto over = a.add_adapter("three", kLora).get();
+  ASSERT_FALSE(over);
+  EXPECT_EQ(code_of(over.error()), errc::resource_exhausted);
+  EXPECT_TRUE(contains(describe(over.error()), "limit memory_mib")) << describe(over.error());
+  auto big = a.add_adapter("big", {.r = 16, .alpha = 16, .target_modules = {"all-linear"}}).get();
+  ASSERT_FALSE(big);
+  EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
+  ASSERT_TRUE(b.remove_adapter("two").get());
+  EXPECT_TRUE(a.add_adapter("three", kLora).get()) << "removing an adapter makes room";
+}
+
+// Issue 13: full-parameter training as an exclusive mode. A tenant trains
+// the base itself only while no other tenant uses the server; meanwhile the
+// others are refused (unavailable) and never see its weights; when it
+// disconnects the base is restored, bit for bit, in the model and sampler
+// groups.
+TEST(RemoteExclusive, OneTenantTrainsTheFullModelAloneAndTheBaseIsRestoredAfter) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 32, 64, 2, 4, 2);
+  OwnServer s{"remote-exclusive", cfg, [](ServeConfig& c) { c.exclusive_full_training = true; }};
+  ASSERT_TRUE(s.server);
+  auto b_rt = s.attach("bob");
+  auto b = OwnServer::model(*b_rt);
+  auto bs = OwnServer::sampler(*b_rt);
+  const components::SamplingParams greedy{.max_tokens = 6, .temperature = 0, .ignore_eos = true};
+  auto base_logps = values_of(*b.forward_only(batch()).get());
+  auto base_tokens = (*bs.sample({{5, 6, 7, 8}}, greedy).get())[0].tokens;
+  ASSERT_FALSE(base_logps.empty());
+
+  auto a_rt = s.attach("alice");
+  auto a = OwnServer::model(*a_rt);
+  auto as = OwnServer::sampler(*a_rt);
+  // Not while Bob has an adapter.
+  ASSERT_TRUE(b.add_adapter("mine", kLora).get());
+  auto busy = a.set_optimizer({.lr = 1e-2}).get();
+  ASSERT_FALSE(busy);
+  EXPECT_EQ(code_of(busy.error()), errc::unavailable) << describe(busy.error());
+  ASSERT_TRUE(b.remove_adapter("mine").get());
+
+  // Alice trains the whole model, syncs it to the sampler, saves and loads it.
+  ASSERT_TRUE(a.set_optimizer({.lr = 1e-2}).get());
+  for (int i = 0; i < 3; ++i) {
+    auto fb = a.forward_backward(batch(i)).get();
+    ASSERT_TRUE(fb) << describe(fb.error());
+    ASSERT_TRUE(a.clip_grad_and_step().get());
+  }
+  auto trained = values_of(*a.forward_only(batch()).get());
+  EXPECT_NE(trained, base_logps);
+  auto report = actors::CheckpointEngine{a, as}.sync_weights();
+  ASSERT_TRUE(report) << describe(report.error());
+  auto saved_dir = s.dir + "/alice-full";
+  auto saved = a.save({.dir = saved_dir, .with_optimizer = true}).get();
+  ASSERT_TRUE(saved) << describe(saved.error());
+  EXPECT_TRUE(std::filesystem::exists(saved_dir + "/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(saved_dir + "/optimizer.safetensors"));
+  ASSERT_TRUE(a.load({.dir = saved_dir, .with_optimizer = true}).get());
+  EXPECT_EQ(values_of(*a.forward_only(batch()).get()), trained);
+  EXPECT_FALSE(a.add_adapter("lora", kLora).get()) << "adapters wait until the full training ends";
+
+  // Bob is refused meanwhile, and says so.
+  auto refused = b.forward_only(batch()).get();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(code_of(refused.error()), errc::unavailable);
+  EXPECT_TRUE(contains(describe(refused.error()), "another tenant is training the full model")) << describe(refused.error());
+  EXPECT_EQ(code_of(bs.sample({{5, 6, 7, 8}}, greedy).get().error()), errc::unavailable);
+
+  // Alice leaves (her groups hold her connection): the base comes back,
+  // bit for bit, in both groups.
+  a = ModelGroup{nullptr};
+  as = SamplerGroup{nullptr};
+  a_rt.reset();
+  Result<Tensor> after = make_error(errc::unavailable, "not yet");
+  for (int i = 0; i < 200 && !after; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = b.forward_only(batch()).get();
+  }
+  ASSERT_TRUE(after) << describe(after.error());
+  EXPECT_EQ(values_of(*after), base_logps);
+  auto sampled = bs.sample({{5, 6, 7, 8}}, greedy).get();
+  ASSERT_TRUE(sampled) << describe(sampled.error());
+  EXPECT_EQ((*sampled)[0].tokens, base_tokens);
+  // And Bob may now train the full model himself.
+  EXPECT_TRUE(b.set_optimizer({.lr = 1e-3}).get());
+}
+
+// Without exclusive mode the base is never trained, and the refusal says
+// how an operator can allow it.
+TEST_F(RemoteTest, FullParameterTrainingOnASharedServerIsRefusedSayingWhy) {
+  auto rt = attached("alice");
+  ASSERT_TRUE(rt);
+  auto m = model_of(*rt);
+  for (auto r : {m.set_optimizer({.lr = 1e-2}).get(), m.load({.dir = model_dir()}).get()}) {
+    ASSERT_FALSE(r);
+    EXPECT_EQ(code_of(r.error()), errc::permission_denied);
+    EXPECT_TRUE(contains(describe(r.error()), "full_training = \"exclusive\"")) << describe(r.error());
+  }
 }
 
 }  // namespace

@@ -1,0 +1,24 @@
+# Shared by the remote-mode scripts: `glint serve` on a free loopback port.
+#   temp_root NAME
+# sets $root to a fresh directory, removed at exit with the server killed.
+temp_root() {
+  root=$(mktemp -d "/tmp/glint-$1-XXXXXX")
+  server=
+  trap '[[ -n $server ]] && kill -9 "$server" 2>/dev/null; rm -rf "$root"' EXIT
+}
+#   start_server GLINT ROOT [EXTRA_TOML]
+# writes ROOT/serve.toml (the base in ROOT/local/model, state in
+# ROOT/state, EXTRA_TOML's top-level keys added), starts the server with its
+# output in ROOT/serve.out and ROOT/serve.err, and sets $server (its pid)
+# and $port.
+start_server() {
+  local glint=$1 dir=$2 extra=${3:-}
+  printf 'model = "local/model"\nstate_dir = "state"\n%s\n[listen]\nport = 0\n' "$extra" > "$dir/serve.toml"
+  "$glint" serve --config "$dir/serve.toml" > "$dir/serve.out" 2> "$dir/serve.err" &
+  server=$!
+  for _ in $(seq 100); do grep -q "127.0.0.1:" "$dir/serve.out" 2>/dev/null && break; sleep 0.1; done
+  port=$(grep -o '127.0.0.1:[0-9]*' "$dir/serve.out" | cut -d: -f2)
+  [[ -n $port ]] || { echo "the server did not start"; cat "$dir/serve.err"; exit 1; }
+}
+# new_key GLINT ROOT TENANT: prints a key for TENANT (the config must exist).
+new_key() { "$1" serve keys create --tenant "$3" --config "$2/serve.toml" 2> /dev/null; }

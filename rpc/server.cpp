@@ -175,6 +175,66 @@ struct Server::Impl {
     return used;
   }
 
+  /// Makes the adapter saved in `saved` (then removed) the tenant's
+  /// checkpoint `info.name`: written whole or not at all, then indexed.
+  Result<CheckpointInfo> commit_checkpoint(const std::string& tenant, CheckpointInfo info, const std::string& saved) {
+    auto cleanup = kj::defer([saved] {
+      std::error_code ec;
+      fs::remove_all(saved, ec);
+    });
+    auto files = read_dir_files(saved);
+    if (!files) return files.error();
+    auto final_dir = store->checkpoint_dir(tenant, info.name);
+    std::error_code ec;
+    fs::create_directories(fs::path{final_dir}.parent_path(), ec);
+    auto dir = components::AtomicDir::begin(final_dir);
+    if (!dir) return dir.error();
+    for (const auto& f : *files)
+      if (auto ok = dir->write_file(f.name, f.data); !ok) return ok.error();
+    if (auto ok = dir->commit(); !ok) return ok.error();
+    info.created_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    if (auto ok = store->add(tenant, info); !ok) return ok.error();
+    return info;
+  }
+
+  /// At shutdown, after the calls in flight: every adapter still in the
+  /// model group is saved, with its optimizer state, as its tenant's
+  /// checkpoint "autosave-<adapter>" (replacing an earlier one of that
+  /// name), so a restarted server gives it back (load_checkpoint). The
+  /// full model of an exclusive tenant is not: its driver's checkpoints
+  /// hold it.
+  void autosave() {
+    for (const auto& [tenant, t] : tenants)
+      for (const auto& adapter : t->adapters) {
+        auto name = autosave_name(adapter);
+        auto tmp = upload_dir();
+        Result<std::string> saved =
+            model->backend().save(tenant + ":" + adapter, {.dir = tmp, .with_optimizer = true}).get();
+        caf::error err;
+        if (!saved) err = saved.error();
+        else {
+          if (store->find(tenant, name)) (void)store->remove(tenant, name);
+          auto info = commit_checkpoint(tenant, {.name = name, .adapter = adapter, .with_optimizer = true}, tmp);
+          if (!info) err = info.error();
+        }
+        if (!err)
+          log::info("serve: saved tenant " + tenant + "'s adapter " + adapter + " as its checkpoint " + name);
+        else
+          log::warn("serve: could not save tenant " + tenant + "'s adapter " + adapter + " at shutdown: " +
+                    describe(err));
+      }
+  }
+  /// "autosave-<adapter>", within the 64 bytes a checkpoint name may have.
+  static std::string autosave_name(const std::string& adapter) {
+    std::string name = "autosave-" + adapter;
+    if (name.size() <= 64) return name;
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(std::hash<std::string>{}(adapter)));
+    return name.substr(0, 64 - 17) + "-" + hash;
+  }
+
   /// Ends a tenant's exclusive full-parameter training: every call is
   /// refused (unavailable) while the base's weights are loaded again, its
   /// loss, optimizer and schedule reset, and the samplers given the base's
@@ -651,28 +711,14 @@ public:
       auto tmp = s_.upload_dir();
       return await_future(s_.model->backend().save(inner(a), actors::SaveRequest{.dir = tmp, .with_optimizer = with_optimizer}))
           .then([this, ctx, a, n, with_optimizer, tmp](Result<std::string> r) mutable -> Result<void> {
-            auto cleanup = kj::defer([tmp] {
+            if (!r) {
               std::error_code ec;
               fs::remove_all(tmp, ec);
-            });
-            if (!r) return r.error();
-            auto files = read_dir_files(tmp);
-            if (!files) return files.error();
-            auto final_dir = s_.store->checkpoint_dir(tenant_, n);
-            std::error_code ec;
-            fs::create_directories(fs::path{final_dir}.parent_path(), ec);
-            auto dir = components::AtomicDir::begin(final_dir);
-            if (!dir) return dir.error();
-            for (const auto& f : *files)
-              if (auto ok = dir->write_file(f.name, f.data); !ok) return ok.error();
-            if (auto ok = dir->commit(); !ok) return ok.error();
-            CheckpointInfo info{.name = n, .adapter = a,
-                                .created_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                  std::chrono::system_clock::now().time_since_epoch())
-                                                  .count(),
-                                .with_optimizer = with_optimizer};
-            if (auto ok = s_.store->add(tenant_, info); !ok) return ok.error();
-            write_checkpoint(ctx.getResults().initCheckpoint(), info);
+              return r.error();
+            }
+            auto info = s_.commit_checkpoint(tenant_, {.name = n, .adapter = a, .with_optimizer = with_optimizer}, tmp);
+            if (!info) return info.error();
+            write_checkpoint(ctx.getResults().initCheckpoint(), *info);
             return {};
           });
     });
@@ -1329,6 +1375,7 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     };
     auto deadline = Clock::now() + grace;
     while (!all_idle() && Clock::now() < deadline) io.provider->getTimer().afterDelay(20 * kj::MILLISECONDS).wait(io.waitScope);
+    autosave();
     {
       std::lock_guard<std::mutex> guard{stop_mx};
       executor = nullptr;

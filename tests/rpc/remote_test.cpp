@@ -578,9 +578,11 @@ TEST(RemoteCheckpoints, ATenantsCheckpointsAreItsOwnAndOutliveTheServer) {
   ASSERT_TRUE(ckpts);
   auto listed = ckpts->list();
   ASSERT_TRUE(listed) << describe(listed.error());
-  ASSERT_EQ(listed->size(), 1u);
+  // Hers, and the adapter the first server held at shutdown, which it saved.
+  ASSERT_EQ(listed->size(), 2u);
   EXPECT_EQ((*listed)[0].name, "step-1");
   EXPECT_TRUE((*listed)[0].with_optimizer);
+  EXPECT_EQ((*listed)[1].name, "autosave-policy");
   auto m = actors::open_model_group(**alice, DeviceGroup::of("m", 1), mesh, {});
   ASSERT_TRUE(m);
   auto loaded = ckpts->load("step-1", m->with_adapter("back"), /*create=*/true);
@@ -588,6 +590,7 @@ TEST(RemoteCheckpoints, ATenantsCheckpointsAreItsOwnAndOutliveTheServer) {
   EXPECT_EQ(values_of(*m->with_adapter("back").forward_only(batch()).get()), trained);
   ASSERT_TRUE(ckpts->load("step-1", m->with_adapter("back"), /*create=*/false, /*with_optimizer=*/true));
   ASSERT_TRUE(ckpts->remove("step-1"));
+  ASSERT_TRUE(ckpts->remove("autosave-policy"));
   EXPECT_TRUE(ckpts->list()->empty());
   EXPECT_FALSE(std::filesystem::exists(config.state_dir + "/checkpoints/alice/step-1"));
   alice->reset();

@@ -1,6 +1,7 @@
 // `glint serve` as its own process: a tenant's server-side checkpoints
 // survive the server being killed with SIGKILL (saved ones list and load
-// exactly, a deleted one stays deleted), and SIGTERM ends it cleanly.
+// exactly, a deleted one stays deleted), and SIGTERM ends it cleanly,
+// saving the adapters it holds as their tenants' checkpoints.
 #include "actors/model_group.hpp"
 #include "components/model/model.hpp"
 #include "rpc/client.hpp"
@@ -90,27 +91,59 @@ TEST(ServeProcess, CheckpointsSurviveSigkillAndSigtermStopsCleanly) {
   }
   auto server = ChildProcess::start(serve);
   ASSERT_TRUE(server) << describe(server.error());
-  auto rt = attach(*port, *key);
-  ASSERT_TRUE(rt);
-  auto ckpts = ServerCheckpoints::of(*rt);
-  ASSERT_TRUE(ckpts);
-  auto listed = ckpts->list();
-  ASSERT_TRUE(listed) << describe(listed.error());
-  ASSERT_EQ(listed->size(), 1u);
-  EXPECT_EQ((*listed)[0].name, "kept");
-  auto m = actors::open_model_group(*rt, DeviceGroup::of("m", 1), mesh, {});
-  ASSERT_TRUE(m);
-  ASSERT_TRUE(ckpts->load("kept", m->with_adapter("back"), /*create=*/true, /*with_optimizer=*/true));
-  auto back = m->with_adapter("back").forward_only(batch()).get();
-  ASSERT_TRUE(back);
-  auto values = back->values<float>();
-  ASSERT_TRUE(values);
-  EXPECT_EQ(std::vector<float>(values->begin(), values->end()), trained);
-  rt.reset();
-  server->signal(SIGTERM);
-  auto code = server->wait_for(std::chrono::seconds(60));
-  ASSERT_TRUE(code) << "glint serve did not stop within 60 s of SIGTERM";
-  EXPECT_EQ(*code, 0);
+  auto stop = [&] {
+    server->signal(SIGTERM);
+    auto code = server->wait_for(std::chrono::seconds(60));
+    ASSERT_TRUE(code) << "glint serve did not stop within 60 s of SIGTERM";
+    EXPECT_EQ(*code, 0);
+  };
+  auto values_of = [](const Result<Tensor>& t) {
+    if (!t) return std::vector<float>{};
+    auto v = t->values<float>();
+    return v ? std::vector<float>(v->begin(), v->end()) : std::vector<float>{};
+  };
+  std::vector<float> last;
+  {
+    auto rt = attach(*port, *key);
+    ASSERT_TRUE(rt);
+    auto ckpts = ServerCheckpoints::of(*rt);
+    ASSERT_TRUE(ckpts);
+    auto listed = ckpts->list();
+    ASSERT_TRUE(listed) << describe(listed.error());
+    ASSERT_EQ(listed->size(), 1u);
+    EXPECT_EQ((*listed)[0].name, "kept");
+    auto m = actors::open_model_group(*rt, DeviceGroup::of("m", 1), mesh, {});
+    ASSERT_TRUE(m);
+    ASSERT_TRUE(ckpts->load("kept", m->with_adapter("back"), /*create=*/true, /*with_optimizer=*/true));
+    auto b = m->with_adapter("back");
+    EXPECT_EQ(values_of(b.forward_only(batch()).get()), trained);
+    // One more step: the adapter now differs from every checkpoint.
+    ASSERT_TRUE(b.forward_backward(batch()).get());
+    ASSERT_TRUE(b.clip_grad_and_step().get());
+    last = values_of(b.forward_only(batch()).get());
+    ASSERT_FALSE(last.empty());
+    ASSERT_NE(last, trained);
+  }
+  stop();
+  // SIGTERM saved the adapter as it was, with its optimizer state.
+  server = ChildProcess::start(serve);
+  ASSERT_TRUE(server) << describe(server.error());
+  {
+    auto rt = attach(*port, *key);
+    ASSERT_TRUE(rt);
+    auto ckpts = ServerCheckpoints::of(*rt);
+    ASSERT_TRUE(ckpts);
+    auto listed = ckpts->list();
+    ASSERT_TRUE(listed) << describe(listed.error());
+    ASSERT_EQ(listed->size(), 2u);
+    EXPECT_EQ((*listed)[1].name, "autosave-back");
+    EXPECT_TRUE((*listed)[1].with_optimizer);
+    auto m = actors::open_model_group(*rt, DeviceGroup::of("m", 1), mesh, {});
+    ASSERT_TRUE(m);
+    ASSERT_TRUE(ckpts->load("autosave-back", m->with_adapter("again"), /*create=*/true, /*with_optimizer=*/true));
+    EXPECT_EQ(values_of(m->with_adapter("again").forward_only(batch()).get()), last);
+  }
+  stop();
 }
 
 }  // namespace

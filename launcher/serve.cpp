@@ -58,6 +58,15 @@ int serve(const ServeArgs& a) {
     std::printf("glint serve: %s on %s:%d (%s), state in %s\n", config->model_dir.c_str(), config->host.c_str(),
                 (*server)->port(), config->tls() ? "TLS" : "plain TCP", config->state_dir.c_str());
     std::printf("glint serve: base fingerprint %s\n", (*server)->fingerprint().c_str());
+    // Where the groups run (under `glint run --nproc N`, across processes).
+    auto nodes = [](const GroupInfo& g) {
+      std::string out;
+      for (const auto& r : g.ranks) out += (out.empty() ? "" : ",") + std::to_string(r.node);
+      return out;
+    };
+    std::printf("glint serve: model group of %d ranks on nodes %s, sampler group of %d ranks on nodes %s\n",
+                (*server)->model_group().info().size(), nodes((*server)->model_group().info()).c_str(),
+                (*server)->sampler_group().info().size(), nodes((*server)->sampler_group().info()).c_str());
     std::fflush(stdout);
     int sig = 0;
     sigwait(&stop_signals, &sig);

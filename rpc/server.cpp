@@ -1395,6 +1395,7 @@ Server::~Server() { shutdown(); }
 int Server::port() const { return impl_->port.load(); }
 int Server::metrics_port() const { return impl_->metrics_port.load(); }
 const actors::ModelGroup& Server::model_group() const { return *impl_->model; }
+const actors::SamplerGroup& Server::sampler_group() const { return *impl_->sampler; }
 const std::string& Server::fingerprint() const { return impl_->fingerprint; }
 
 void Server::shutdown(std::chrono::milliseconds grace) {

@@ -20,6 +20,7 @@
 /// (training with no adapter) is refused with permission_denied.
 
 #include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
 #include "rpc/serve_config.hpp"
 #include "runtime/runtime.hpp"
 
@@ -45,6 +46,7 @@ public:
   /// benchmarks and tests compare remote calls with (the same actors on
   /// the same cores). Adapter names without a ':' are nobody's tenant's.
   const actors::ModelGroup& model_group() const;
+  const actors::SamplerGroup& sampler_group() const;
   /// The base model's fingerprint (rpc/fingerprint.hpp).
   const std::string& fingerprint() const;
   /// Stops accepting, lets calls in flight finish (up to `grace`; the rest

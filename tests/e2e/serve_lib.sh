@@ -6,17 +6,22 @@ temp_root() {
   server=
   trap '[[ -n $server ]] && kill -9 "$server" 2>/dev/null; rm -rf "$root"' EXIT
 }
-#   start_server GLINT ROOT [EXTRA_TOML]
+#   start_server GLINT ROOT [EXTRA_TOML [LAUNCHER_ARGS...]]
 # writes ROOT/serve.toml (the base in ROOT/local/model, state in
-# ROOT/state, EXTRA_TOML's top-level keys added), starts the server with its
-# output in ROOT/serve.out and ROOT/serve.err, and sets $server (its pid)
-# and $port.
+# ROOT/state, EXTRA_TOML added after the top-level keys), starts the server
+# (as `GLINT LAUNCHER_ARGS... GLINT serve ...` when LAUNCHER_ARGS are given,
+# e.g. run --nproc 2 --) with its output in ROOT/serve.out and
+# ROOT/serve.err, waits until it says where the groups run, and sets
+# $server (its pid) and $port.
 start_server() {
   local glint=$1 dir=$2 extra=${3:-}
+  shift 3 || shift $#
   printf 'model = "local/model"\nstate_dir = "state"\n%s\n[listen]\nport = 0\n' "$extra" > "$dir/serve.toml"
-  "$glint" serve --config "$dir/serve.toml" > "$dir/serve.out" 2> "$dir/serve.err" &
+  local prefix=()
+  (($# > 0)) && prefix=("$glint" "$@")
+  "${prefix[@]}" "$glint" serve --config "$dir/serve.toml" > "$dir/serve.out" 2> "$dir/serve.err" &
   server=$!
-  for _ in $(seq 100); do grep -q "127.0.0.1:" "$dir/serve.out" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 300); do grep -q "sampler group of" "$dir/serve.out" 2>/dev/null && break; sleep 0.1; done
   port=$(grep -o '127.0.0.1:[0-9]*' "$dir/serve.out" | cut -d: -f2)
   [[ -n $port ]] || { echo "the server did not start"; cat "$dir/serve.err"; exit 1; }
 }

@@ -856,9 +856,10 @@ private:
     if (!s_.config.exclusive_full_training)
       return make_error(errc::permission_denied,
                         std::string{method} +
-                            " with no adapter would train the shared base model, which every tenant of this server "
-                            "uses: train a LoRA adapter (add_adapter, then with_adapter(name)); the server's operator "
-                            "can offer full-parameter training one tenant at a time (full_training = \"exclusive\")");
+                            " with no adapter works on the shared base model itself, which every tenant of this server "
+                            "reads and nobody trains: train a LoRA adapter (add_adapter, then with_adapter(name)); "
+                            "the server's operator can offer full-parameter training one tenant at a time "
+                            "(full_training = \"exclusive\")");
     if (s_.full_holder == tenant_) return {};
     if (auto err = exclusive_gate()) return err;
     if (!t().adapters.empty() || !t().sampler_adapters.empty())

@@ -79,6 +79,9 @@ public:
     std::string name, fingerprint, tenant;
     int model_ranks = 1, sampler_ranks = 1;
     int64_t vocab_size = 0;
+    /// The largest message the server reads ([limits] message_mib): a
+    /// bigger one would end the connection, so the client refuses it.
+    uint64_t max_message_bytes = uint64_t{256} << 20;
   };
 
   ~Connection() noexcept override {
@@ -245,6 +248,8 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     base_.sampler_ranks = std::max(1, answer.getBase().getSamplerRanks());
     base_.vocab_size = answer.getBase().getVocabSize();
     base_.tenant = answer.getTenant().cStr();
+    if (answer.getLimits().getMaxMessageBytes() > 0)
+      base_.max_message_bytes = static_cast<uint64_t>(answer.getLimits().getMaxMessageBytes());
     // A heartbeat at a third of the server's idle limit (at most every 10 s)
     // keeps the tenant's adapters resident while the driver is busy elsewhere.
     const int64_t beat_ms = std::clamp<int64_t>(answer.getLimits().getIdleSeconds() * 1000 / 3, 100, 10000);
@@ -325,6 +330,30 @@ Future<T> refused(errc code, std::string what) {
   return Future<T>::ready_with(make_error(code, std::move(what)));
 }
 
+/// Why `req` may not be sent: it is larger than the server reads (which
+/// would end the whole connection); or none.
+template <class Request>
+caf::error too_big(Request& req, uint64_t limit, const char* what) {
+  const uint64_t bytes = req.totalSize().wordCount * 8;
+  if (bytes <= limit) return caf::none;
+  auto mib = [](uint64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20); };
+  return make_error(errc::invalid_argument, std::string{what} + ": the call's message is " + mib(bytes) +
+                                                " MiB, above the " + mib(limit) +
+                                                " MiB the server reads (its [limits] message_mib): split it into "
+                                                "smaller calls");
+}
+
+/// Sends `req` unless it is too big for the server, answering the call's
+/// outcome as `read` makes it of the answer.
+template <class T, class Request, class Read>
+kj::Promise<Result<T>> send_checked(Request& req, uint64_t limit, const char* what, Read read) {
+  if (auto err = too_big(req, limit, what)) return Result<T>{err};
+  return req.send().then([read = kj::mv(read)](auto&& r) mutable -> Result<T> {
+    if (auto err = status_of(r)) return err;
+    return read(r);
+  });
+}
+
 template <class Request>
 kj::Promise<Result<void>> send_status(Request&& req) {
   return req.send().then([](auto&& r) -> Result<void> {
@@ -343,25 +372,22 @@ public:
   const GroupInfo& info() const override { return info_; }
 
   Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) override {
-    return c_->call<Metrics>([batch, adapter](wire::Session::Client& s) {
+    return c_->call<Metrics>([batch, adapter, limit = limit()](wire::Session::Client& s) {
       auto req = s.forwardBackwardRequest();
       req.setAdapter(adapter);
       auto keep = std::make_shared<KeepAlive>();
       write_batch(req.initBatch(), batch, keep.get());
-      return req.send().then([keep](auto&& r) -> Result<Metrics> {
-        if (auto err = status_of(r)) return err;
-        return read_metrics(r.getMetrics());
-      });
+      return send_checked<Metrics>(req, limit, "forward_backward",
+                                   [keep](auto& r) -> Result<Metrics> { return read_metrics(r.getMetrics()); });
     });
   }
   Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) override {
-    return c_->call<Tensor>([batch, adapter](wire::Session::Client& s) {
+    return c_->call<Tensor>([batch, adapter, limit = limit()](wire::Session::Client& s) {
       auto req = s.forwardOnlyRequest();
       req.setAdapter(adapter);
       auto keep = std::make_shared<KeepAlive>();
       write_batch(req.initBatch(), batch, keep.get());
-      return req.send().then([keep](auto&& r) -> Result<Tensor> {
-        if (auto err = status_of(r)) return err;
+      return send_checked<Tensor>(req, limit, "forward_only", [keep](auto& r) -> Result<Tensor> {
         return read_tensor(r.getLogps(), "forward_only's answer");
       });
     });
@@ -479,15 +505,18 @@ private:
   Future<void> upload(const std::string& name, const std::string& dir, bool with_optimizer, bool create) {
     auto files = read_dir_files(dir);
     if (!files) return Future<void>::ready_with(files.error());
-    return c_->call<void>([name, files = std::move(*files), with_optimizer, create](wire::Session::Client& s) {
+    return c_->call<void>([name, files = std::move(*files), with_optimizer, create,
+                           limit = limit()](wire::Session::Client& s) {
       auto req = s.loadAdapterRequest();
       req.setAdapter(name);
       write_files(req.initFiles(static_cast<unsigned>(files.size())), files);
       req.setWithOptimizer(with_optimizer);
       req.setCreate(create);
-      return send_status(req);
+      return send_checked<void>(req, limit, "load", [](auto&) -> Result<void> { return {}; });
     });
   }
+
+  uint64_t limit() const { return c_->base().max_message_bytes; }
 
   std::shared_ptr<Connection> c_;
   GroupInfo info_;
@@ -504,15 +533,14 @@ public:
 
   Future<std::vector<SampledSequence>> sample(const std::vector<SampleRequest>& requests, const SamplingParams& params,
                                               const std::string& adapter) override {
-    return c_->call<std::vector<SampledSequence>>([requests, params, adapter](wire::Session::Client& s) {
+    return c_->call<std::vector<SampledSequence>>([requests, params, adapter,
+                                                   limit = c_->base().max_message_bytes](wire::Session::Client& s) {
       auto req = s.sampleRequest();
       req.setAdapter(adapter);
       write_requests(req.initRequests(static_cast<unsigned>(requests.size())), requests);
       write_sampling(req.initParams(), params);
-      return req.send().then([](auto&& r) -> Result<std::vector<SampledSequence>> {
-        if (auto err = status_of(r)) return err;
-        return read_sequences(r.getSequences());
-      });
+      return send_checked<std::vector<SampledSequence>>(
+          req, limit, "sample", [](auto& r) -> Result<std::vector<SampledSequence>> { return read_sequences(r.getSequences()); });
     });
   }
   Result<std::vector<SampledSequence>> sample_streaming(const std::vector<SampleRequest>&, const SamplingParams&,
@@ -537,11 +565,11 @@ public:
   Future<void> load_adapter(const std::string& name, const std::string& dir) override {
     auto files = read_dir_files(dir);
     if (!files) return Future<void>::ready_with(files.error());
-    return c_->call<void>([name, files = std::move(*files)](wire::Session::Client& s) {
+    return c_->call<void>([name, files = std::move(*files), limit = c_->base().max_message_bytes](wire::Session::Client& s) {
       auto req = s.samplerLoadAdapterRequest();
       req.setName(name);
       write_files(req.initFiles(static_cast<unsigned>(files.size())), files);
-      return send_status(req);
+      return send_checked<void>(req, limit, "load_adapter", [](auto&) -> Result<void> { return {}; });
     });
   }
   Future<void> remove_adapter(const std::string& name) override {

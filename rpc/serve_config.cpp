@@ -118,7 +118,7 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (*limits) {
     if (!(ok = only_keys(**limits, "limits.",
                          {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib", "idle_seconds",
-                          "memory_mib"},
+                          "memory_mib", "connections", "auth_seconds"},
                          source)))
       return ok.error();
     auto& l = c.limits;
@@ -135,6 +135,8 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     int64_t memory_mib = l.memory_bytes >> 20;
     if (!(ok = read_int(**limits, "limits.", "memory_mib", 1, int64_t{1} << 30, memory_mib, source))) return ok.error();
     l.memory_bytes = memory_mib << 20;
+    if (!(ok = read_int(**limits, "limits.", "connections", 1, 1 << 20, l.connections, source))) return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "auth_seconds", 1, 3600, l.auth_seconds, source))) return ok.error();
     c.max_message_bytes = mib << 20;
   }
   return c;

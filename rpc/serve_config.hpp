@@ -21,6 +21,8 @@
 //   calls_in_flight = 16
 //   idle_seconds = 1800              # silent this long (no call, no heartbeat): its adapters are freed
 //   memory_mib = 8192                # the whole server: adapters' weights, gradients and AdamW state, all ranks
+//   connections = 1024               # the whole server: open connections at most
+//   auth_seconds = 10                # a connection without a valid key by then is closed
 //   message_mib = 256                # largest message a peer may send
 //   [metrics]                        # Prometheus text at http://host:port/metrics
 //   host = "127.0.0.1"
@@ -48,6 +50,10 @@ struct TenantLimits {
   /// memory together (weights, gradients and AdamW moments on each model
   /// rank, weights on each sampler rank), in bytes.
   int64_t memory_bytes = int64_t{8} << 30;
+  /// Not per tenant: open connections at most (authenticated or not), and
+  /// the seconds a new one has to present a valid key before it is closed.
+  int64_t connections = 1024;
+  int64_t auth_seconds = 10;
 };
 
 struct ServeConfig {

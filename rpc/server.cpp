@@ -1164,7 +1164,8 @@ private:
 
 class GatewayImpl final : public wire::Gateway::Server {
 public:
-  explicit GatewayImpl(ServerState& s) : s_(s) {}
+  /// `authenticated` is set when a key is accepted on this connection.
+  GatewayImpl(ServerState& s, std::shared_ptr<bool> authenticated) : s_(s), authenticated_(std::move(authenticated)) {}
 
   kj::Promise<void> connect(ConnectContext ctx) override {
     auto p = ctx.getParams();
@@ -1186,6 +1187,7 @@ public:
       return kj::READY_NOW;
     }
     s_.tenant(*tenant);
+    *authenticated_ = true;
     res.setSession(kj::heap<SessionImpl>(s_, *tenant, KeyStore::id_of(key)));
     res.setTenant(*tenant);
     auto base = res.initBase();
@@ -1208,6 +1210,7 @@ public:
 
 private:
   ServerState& s_;
+  std::shared_ptr<bool> authenticated_;
 };
 
 // One accepted connection: its stream, its vat network and its RPC system.
@@ -1312,7 +1315,6 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     kj::Own<kj::ConnectionReceiver> listener = addr->listen();
     port = static_cast<int>(listener->getPort());
     if (tls) listener = tls->wrapPort(kj::mv(listener));
-    capnp::Capability::Client gateway = kj::heap<GatewayImpl>(*this);
 
     // The Prometheus endpoint, on the same loop.
     kj::HttpHeaderTable header_table;
@@ -1338,16 +1340,35 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     struct ErrorLog final : kj::TaskSet::ErrorHandler {
       void taskFailed(kj::Exception&& e) override { log::info(std::string{"serve: a connection ended: "} + e.getDescription().cStr()); }
     } errors;
+    int64_t open_connections = 0;  // before the connections, whose ends count it down
     kj::TaskSet connections{errors};
     // The accept loop: a failed accept (a bad TLS handshake) is logged and
-    // the loop goes on.
+    // the loop goes on. Past [limits] connections a new one is closed at
+    // once; one that has not authenticated within auth_seconds is closed.
     std::function<kj::Promise<void>()> accept_loop = [&]() -> kj::Promise<void> {
       return listener->accept()
           .then(
               [&](kj::Own<kj::AsyncIoStream> stream) {
-                auto c = kj::heap<Connection>(kj::mv(stream), gateway, static_cast<uint64_t>(config.max_message_bytes));
+                if (open_connections >= config.limits.connections) {
+                  log::warn("serve: refused a connection: " + std::to_string(open_connections) +
+                            " are open, the most [limits] connections allows");
+                  return;
+                }
+                auto authenticated = std::make_shared<bool>(false);
+                auto c = kj::heap<Connection>(kj::mv(stream), kj::heap<GatewayImpl>(*this, authenticated),
+                                              static_cast<uint64_t>(config.max_message_bytes));
                 auto done = c->network.onDisconnect();
-                connections.add(done.attach(kj::mv(c)));
+                auto unauthenticated =
+                    io.provider->getTimer()
+                        .afterDelay(static_cast<uint64_t>(config.limits.auth_seconds) * kj::SECONDS)
+                        .then([authenticated]() -> kj::Promise<void> {
+                          if (*authenticated) return kj::NEVER_DONE;
+                          log::info("serve: closed a connection that did not authenticate in time");
+                          return kj::READY_NOW;
+                        });
+                ++open_connections;
+                auto count = kj::defer([&open_connections] { --open_connections; });
+                connections.add(done.exclusiveJoin(kj::mv(unauthenticated)).attach(kj::mv(c), kj::mv(count)));
               },
               [](kj::Exception&& e) { log::info(std::string{"serve: accept failed: "} + e.getDescription().cStr()); })
           .then([&]() { return accept_loop(); });

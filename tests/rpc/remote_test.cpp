@@ -22,6 +22,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -418,7 +419,8 @@ TEST_F(RemoteTest, AttachingChecksTheBaseModel) {
 }
 
 // GET `path` from 127.0.0.1:port; the whole response.
-std::string http_get(int port, const std::string& path) {
+/// A plain TCP connection to 127.0.0.1:port; -1 if refused.
+int tcp_connect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -426,8 +428,14 @@ std::string http_get(int port, const std::string& path) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
-    return {};
+    return -1;
   }
+  return fd;
+}
+
+std::string http_get(int port, const std::string& path) {
+  int fd = tcp_connect(port);
+  if (fd < 0) return {};
   auto req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
   (void)!::write(fd, req.data(), req.size());
   // Read the headers, then Content-Length bytes (the server keeps the
@@ -797,6 +805,61 @@ TEST(RemoteMemory, AnAdapterOverTheServersBudgetIsRefusedNamingTheLimit) {
   EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
   ASSERT_TRUE(b.remove_adapter("two").get());
   EXPECT_TRUE(a.add_adapter("three", kLora).get()) << "removing an adapter makes room";
+}
+
+// A message larger than the server reads would end the whole connection
+// (Cap'n Proto's traversal limit): the client refuses it before sending,
+// naming the limit, and the session goes on.
+TEST(RemoteMessages, ACallOverTheServersMessageLimitIsRefusedAndTheSessionLives) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  cfg.max_position_embeddings = 4096;
+  OwnServer s{"remote-messages", cfg, [](ServeConfig& c) { c.max_message_bytes = 1 << 20; }};
+  ASSERT_TRUE(s.server);
+  auto rt = s.attach("alice");
+  auto m = OwnServer::model(*rt);
+  ASSERT_TRUE(m.add_adapter("a", kLora).get());
+  auto big = m.with_adapter("a").forward_backward(rows_of(64, 4096)).get();  // 2 MiB of token ids
+  ASSERT_FALSE(big);
+  EXPECT_EQ(code_of(big.error()), errc::invalid_argument);
+  EXPECT_TRUE(contains(describe(big.error()), "message_mib")) << describe(big.error());
+  auto next = m.with_adapter("a").forward_only(batch()).get();
+  EXPECT_TRUE(next) << "the connection lives on: " << describe(next.error());
+}
+
+/// Whether the peer closes `fd` within `ms` (it sends nothing first).
+bool closed_within(int fd, int ms) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  if (::poll(&p, 1, ms) <= 0) return false;
+  char byte;
+  return ::recv(fd, &byte, 1, 0) <= 0;
+}
+
+// Unauthenticated peers cannot hold the server: past [limits] connections
+// a new connection is closed at once, and one that presents no valid key
+// within auth_seconds is closed then; an authenticated one stays.
+TEST(RemoteConnections, ThereAreAtMostLimitConnectionsAndSilentOnesAreClosed) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  OwnServer s{"remote-connections", cfg, [](ServeConfig& c) {
+                c.limits.connections = 2;
+                c.limits.auth_seconds = 1;
+              }};
+  ASSERT_TRUE(s.server);
+  const int port = s.server->port();
+  int silent = tcp_connect(port);
+  ASSERT_GE(silent, 0);
+  EXPECT_FALSE(closed_within(silent, 300)) << "a new connection has auth_seconds to authenticate";
+  testing::RawSession alice{port, s.keys.at("alice")};
+  ASSERT_EQ(alice.status(), 0) << alice.message();
+  int third = tcp_connect(port);
+  ASSERT_GE(third, 0);
+  EXPECT_TRUE(closed_within(third, 500)) << "a third connection is closed at once";
+  ::close(third);
+  EXPECT_TRUE(closed_within(silent, 3000)) << "a connection without a key is closed after auth_seconds";
+  ::close(silent);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past auth_seconds for Alice too
+  auto beat = alice.session().heartbeatRequest().send().wait(alice.wait_scope());
+  EXPECT_EQ(beat.getStatus().getCode(), 0) << "the authenticated session stays";
+  EXPECT_TRUE(s.attach("bob")) << "the closed ones made room";
 }
 
 // Issue 13: full-parameter training as an exclusive mode. A tenant trains

@@ -157,6 +157,8 @@ struct Server::Impl {
   /// Exclusive full-parameter training (ServeConfig::exclusive_full_training).
   std::string full_holder;               ///< the tenant training the base; I/O thread only
   std::atomic<bool> restoring{false};    ///< the base is being restored after it
+  std::atomic<bool> restore_failed{false};  ///< it could not be: nothing is served until a restart
+  bool shutting_down = false;            ///< the accept loop ended; I/O thread only
 
   /// Bytes an adapter of shape `l` holds: fp32 weights, gradients and two
   /// AdamW moments on each model rank; fp32 weights on each sampler rank.
@@ -241,6 +243,10 @@ struct Server::Impl {
   /// weights. I/O thread.
   void release_full() {
     if (full_holder.empty()) return;
+    if (shutting_down) {  // the process ends: nothing to restore the base for
+      full_holder.clear();
+      return;
+    }
     log::info("serve: tenant " + full_holder + "'s exclusive full-parameter training ended: restoring the base model");
     if (auto it = tenants.find(full_holder); it != tenants.end()) it->second->syncs.erase("");
     full_holder.clear();
@@ -260,6 +266,7 @@ struct Server::Impl {
         restoring = false;
       } else {
         // Never serve a base that may hold a tenant's weights: stay refused.
+        restore_failed = true;
         log::error("serve: restoring the base model failed, the server refuses every call until restarted: " +
                    describe(ok.error()));
       }
@@ -371,15 +378,21 @@ public:
   kj::Promise<void> removeAdapter(RemoveAdapterContext ctx) override {
     auto name = owned(ctx.getParams().getName());
     if (!name) return refuse(ctx, "remove_adapter", name.error());
-    return run(ctx, "remove_adapter", 0, [this, n = *name] {
-      return await_future(s_.model->remove_adapter(inner(n))).then([this, n](Result<void> r) {
-        if (r) {
-          t().adapters.erase(n);
-          t().syncs.erase(n);
-        }
-        return r;
-      });
-    });
+    if (auto err = admission()) return refuse(ctx, "remove_adapter", err);
+    // The name is gone at once: a later call naming it (a load that would
+    // bring it back behind the tenant's books) is refused as unknown. A
+    // removal that fails puts it back.
+    t().adapters.erase(*name);
+    t().syncs.erase(*name);
+    return run(
+        ctx, "remove_adapter", 0,
+        [this, n = *name] {
+          return await_future(s_.model->remove_adapter(inner(n))).then([this, n](Result<void> r) {
+            if (!r) t().adapters.insert(n);
+            return r;
+          });
+        },
+        [this, n = *name] { t().adapters.insert(n); });
   }
 
   kj::Promise<void> setLoss(SetLossContext ctx) override {
@@ -861,7 +874,7 @@ private:
                             "the server's operator can offer full-parameter training one tenant at a time "
                             "(full_training = \"exclusive\")");
     if (s_.full_holder == tenant_) return {};
-    if (auto err = exclusive_gate()) return err;
+    if (auto err = admission()) return err;  // a revoked key, or calls at the limit, claims nothing
     if (!t().adapters.empty() || !t().sampler_adapters.empty())
       return make_error(errc::failed_precondition,
                         "training the full model needs the server to yourself: remove your adapters first (loading "
@@ -878,6 +891,9 @@ private:
   /// Why no call of this tenant's may start while another trains the full
   /// model, or while the base is being restored after that; or none.
   caf::error exclusive_gate() const {
+    if (s_.restore_failed)
+      return make_error(errc::unavailable, "the server could not restore its base model after a tenant's "
+                                           "full-parameter training and serves nothing until its operator restarts it");
     if (s_.restoring)
       return make_error(errc::unavailable, "the server is restoring its base model after a tenant's full-parameter "
                                            "training: retry in a few seconds");
@@ -964,7 +980,6 @@ private:
     auto& tn = t();
     auto& names = sampler ? tn.sampler_adapters : tn.adapters;
     auto& bytes = sampler ? tn.sampler_bytes : tn.adapter_bytes;
-    // A load into an existing adapter replaces what it held.
     const int64_t held = names.count(name) && bytes.count(name) ? bytes[name] : 0;
     const int64_t need = s_.adapter_bytes(l, sampler), used = s_.memory_used() - held,
                   budget = s_.config.limits.memory_bytes;
@@ -981,8 +996,10 @@ private:
                             ", and the server's adapters hold " + mib(used) + " of its " + mib(budget) +
                             ": remove an adapter, or use a lower rank or fewer target modules");
     }
+    // A load into an existing adapter may still fail and leave the old
+    // one: it is charged the larger of the two (never less than it holds).
+    bytes[name] = names.count(name) ? std::max(held, need) : need;
     names.insert(name);
-    bytes[name] = need;
     return {};
   }
 
@@ -1094,7 +1111,12 @@ private:
     static const std::set<std::string_view> model_calls = {
         "add_adapter",    "remove_adapter", "set_loss",       "set_optimizer",   "set_lr_scheduler",
         "forward_backward", "forward_only", "clip_grad_and_step", "calculate_metric", "train_configs",
-        "export_weights", "save_adapter",   "load_adapter",   "save_checkpoint", "load_checkpoint"};
+        "export_weights", "save_adapter",   "load_adapter",   "save_checkpoint", "load_checkpoint",
+        // Not served by the model group, but they must follow the tenant's
+        // earlier model calls: a sync pushes the model's weights as they are
+        // when it starts, a deletion must not overtake a load of the same
+        // checkpoint.
+        "sync_weights", "delete_checkpoint"};
     return model_calls.count(method) > 0;
   }
 
@@ -1243,7 +1265,7 @@ std::string metrics_text(const ServerState& s) {
   family("glint_serve_tokens_total", "counter", "Tokens trained on and sampled (prompt + new).",
          [](const Tenant& t) { return t.tokens; });
   family("glint_serve_queue_wait_seconds_total", "counter",
-         "Time calls waited for the tenant's earlier calls before they started.",
+         "Time calls waited before they started: for the tenant's earlier calls, and for their turn at the model group.",
          [](const Tenant& t) { return static_cast<double>(t.queue_wait_us) / 1e6; });
   family("glint_serve_calls_in_flight", "gauge", "Calls the server holds now.", [](const Tenant& t) { return t.in_flight; });
   family("glint_serve_sessions", "gauge", "Open connections.", [](const Tenant& t) { return t.sessions; });
@@ -1390,6 +1412,7 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     // Serve until shutdown; then stop accepting, and give the calls in
     // flight the grace period before the connections close.
     paf.promise.exclusiveJoin(accept_loop()).wait(io.waitScope);
+    shutting_down = true;
     auto all_idle = [&] {
       for (auto& [_, t] : tenants)
         if (t->in_flight > 0) return false;

@@ -39,6 +39,7 @@ print(f"remote GRPO reward: {first:.3f} over the first 10 steps, {last:.3f} over
 assert last > first, "the reward did not rise"
 PY
 # The driver gone, the base is restored and Bob is served.
+for _ in $(seq 300); do grep -q "the base model is restored" "$root/serve.err" && break; sleep 0.1; done
 GLINT_REMOTE_URL=127.0.0.1:$port GLINT_API_KEY=$other "$grpo" --out "$root/b/bob" --sft-steps 2 --steps 1 --prompts 2 \
   --generations 2 --save-every 0 > "$root/bob.log" 2>&1 || { cat "$root/bob.log"; tail "$root/serve.err"; exit 1; }
 grep -q "the base model is restored" "$root/serve.err" || { tail "$root/serve.err"; exit 1; }

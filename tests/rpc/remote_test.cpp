@@ -796,6 +796,13 @@ TEST(RemoteMemory, AnAdapterOverTheServersBudgetIsRefusedNamingTheLimit) {
   ASSERT_TRUE(a.add_adapter("one", kLora).get());
   ASSERT_TRUE(b.add_adapter("two", kLora).get());
   ASSERT_TRUE(bs.add_adapter("two", kLora).get());  // 14336 * 2 + 3584 = 32256 of 40000
+  // A load into "one" of a rank-1 adapter that fails (no weights) leaves
+  // "one" as it was, and charged as it was: had the charge shrunk to the
+  // rank-1 size, "three" below would fit.
+  auto tiny = s.dir + "/tiny";
+  std::filesystem::create_directories(tiny);
+  std::ofstream{tiny + "/adapter_config.json"} << R"({"r": 1, "lora_alpha": 1, "target_modules": ["q_proj"]})";
+  EXPECT_FALSE(a.with_adapter("one").load({.dir = tiny}).get());
   auto over = a.add_adapter("three", kLora).get();
   ASSERT_FALSE(over);
   EXPECT_EQ(code_of(over.error()), errc::resource_exhausted);
@@ -805,6 +812,50 @@ TEST(RemoteMemory, AnAdapterOverTheServersBudgetIsRefusedNamingTheLimit) {
   EXPECT_EQ(code_of(big.error()), errc::resource_exhausted);
   ASSERT_TRUE(b.remove_adapter("two").get());
   EXPECT_TRUE(a.add_adapter("three", kLora).get()) << "removing an adapter makes room";
+  // A load sent right after a removal of the same adapter cannot bring it
+  // back behind the server's books: the name is gone when the removal is.
+  auto saved = s.dir + "/three";
+  ASSERT_TRUE(a.with_adapter("three").save({.dir = saved}).get());
+  auto removed = a.remove_adapter("three");
+  auto revived = a.with_adapter("three").load({.dir = saved});
+  EXPECT_TRUE(removed.get());
+  auto r = revived.get();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::not_found);
+}
+
+// A weight sync sent right behind a step that still waits for its turn at
+// the model group syncs the weights after that step, as it would locally:
+// a tenant's calls keep their order.
+TEST(RemoteOrder, ASyncSentBehindAStepSyncsTheSteppedWeights) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 32, 64, 2, 4, 2);
+  OwnServer s{"remote-order", cfg, [](ServeConfig&) {}};
+  ASSERT_TRUE(s.server);
+  auto rt = s.attach("alice");
+  auto m = OwnServer::model(*rt);
+  auto sm = OwnServer::sampler(*rt);
+  ASSERT_TRUE(m.add_adapter("rl", kLora, 3).get());
+  ASSERT_TRUE(sm.add_adapter("rl", kLora).get());
+  auto a = m.with_adapter("rl");
+  auto as = sm.with_adapter("rl");
+  ASSERT_TRUE(a.set_optimizer({.lr = 0.5}).get());
+  const components::SamplingParams greedy{.max_tokens = 6, .temperature = 0, .ignore_eos = true, .logprobs = 1};
+  auto chosen = [&] {
+    auto seqs = as.sample({{5, 6, 7, 8}}, greedy).get();
+    EXPECT_TRUE(seqs) << describe(seqs.error());
+    return seqs ? (*seqs)[0].logprobs.chosen : std::vector<float>{};
+  };
+  // Not waiting: the step queues behind the forward_backward, the sync
+  // behind the step.
+  auto fb = a.forward_backward(rows_of(8, 32));
+  auto step = a.clip_grad_and_step();
+  auto synced = actors::CheckpointEngine{a, as}.sync_weights();
+  ASSERT_TRUE(synced) << describe(synced.error());
+  ASSERT_TRUE(fb.get());
+  ASSERT_TRUE(step.get());
+  auto first = chosen();
+  ASSERT_TRUE((actors::CheckpointEngine{a, as}.sync_weights()));  // nothing queued now
+  EXPECT_EQ(first, chosen()) << "the first sync sent the weights from before the step";
 }
 
 // A message larger than the server reads would end the whole connection

@@ -118,7 +118,7 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (*limits) {
     if (!(ok = only_keys(**limits, "limits.",
                          {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib", "idle_seconds",
-                          "memory_mib", "connections", "auth_seconds"},
+                          "memory_mib", "connections", "auth_seconds", "connections_per_tenant"},
                          source)))
       return ok.error();
     auto& l = c.limits;
@@ -137,6 +137,8 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     l.memory_bytes = memory_mib << 20;
     if (!(ok = read_int(**limits, "limits.", "connections", 1, 1 << 20, l.connections, source))) return ok.error();
     if (!(ok = read_int(**limits, "limits.", "auth_seconds", 1, 3600, l.auth_seconds, source))) return ok.error();
+    if (!(ok = read_int(**limits, "limits.", "connections_per_tenant", 1, 1 << 20, l.connections_per_tenant, source)))
+      return ok.error();
     c.max_message_bytes = mib << 20;
   }
   return c;

@@ -23,6 +23,7 @@
 //   memory_mib = 8192                # the whole server: adapters' weights, gradients and AdamW state, all ranks
 //   connections = 1024               # the whole server: open connections at most
 //   auth_seconds = 10                # a connection without a valid key by then is closed
+//   connections_per_tenant = 64      # a tenant's authenticated connections at most
 //   message_mib = 256                # largest message a peer may send
 //   [metrics]                        # Prometheus text at http://host:port/metrics
 //   host = "127.0.0.1"
@@ -54,6 +55,9 @@ struct TenantLimits {
   /// the seconds a new one has to present a valid key before it is closed.
   int64_t connections = 1024;
   int64_t auth_seconds = 10;
+  /// Per tenant: its authenticated connections at most, so that one tenant
+  /// cannot take every connection.
+  int64_t connections_per_tenant = 64;
 };
 
 struct ServeConfig {

@@ -76,20 +76,41 @@ struct Tenant {
 /// most the one of its own that is running. I/O thread only.
 class FairLane {
 public:
-  /// Resolves when `tenant`'s call may go to the model group; the caller
-  /// calls leave() when it is done (or dropped).
-  kj::Promise<void> enter(const std::string& tenant) {
+  /// A call's turn: the next call's starts when it is destroyed, however
+  /// the call ends (an answer, an exception, a promise dropped). A Turn of
+  /// no lane is held by calls that need none (never a null Own: KJ takes a
+  /// null Own in a promise for no value at all).
+  class Turn {
+  public:
+    explicit Turn(FairLane* lane) : lane_(lane) {}
+    ~Turn() {
+      if (lane_) lane_->leave();
+    }
+    KJ_DISALLOW_COPY(Turn);
+
+  private:
+    FairLane* lane_;
+  };
+
+  /// Resolves to `tenant`'s turn at the model group.
+  kj::Promise<kj::Own<Turn>> enter(const std::string& tenant) {
     if (!busy_ && turns_.empty()) {
       busy_ = true;
       last_ = tenant;
-      return kj::READY_NOW;
+      return kj::heap<Turn>(this);
     }
-    auto paf = kj::newPromiseAndFulfiller<void>();
+    auto paf = kj::newPromiseAndFulfiller<kj::Own<Turn>>();
     auto& queue = waiting_[tenant];
     if (queue.empty()) turns_.push_back(tenant);
     queue.push_back(kj::mv(paf.fulfiller));
     return kj::mv(paf.promise);
   }
+  void clear() {
+    waiting_.clear();
+    turns_.clear();
+  }
+
+private:
   void leave() {
     busy_ = false;
     while (!turns_.empty()) {
@@ -109,19 +130,14 @@ public:
       if (next->isWaiting()) {  // not a call whose connection went away
         busy_ = true;
         last_ = who;
-        next->fulfill();
+        next->fulfill(kj::heap<Turn>(this));
         return;
       }
     }
   }
-  void clear() {
-    waiting_.clear();
-    turns_.clear();
-  }
 
-private:
   bool busy_ = false;
-  std::map<std::string, std::deque<kj::Own<kj::PromiseFulfiller<void>>>> waiting_;
+  std::map<std::string, std::deque<kj::Own<kj::PromiseFulfiller<kj::Own<Turn>>>>> waiting_;
   std::deque<std::string> turns_;  ///< tenants with calls waiting, whose turn is next first
   std::string last_;               ///< whose call went last
 };
@@ -968,7 +984,7 @@ private:
     if (c->architecture != b.architecture || c->vocab_size != b.vocab_size || c->hidden_size != b.hidden_size ||
         c->intermediate_size != b.intermediate_size || c->num_hidden_layers != b.num_hidden_layers ||
         c->num_attention_heads != b.num_attention_heads || c->num_key_value_heads != b.num_key_value_heads ||
-        c->head_dim != b.head_dim)
+        c->head_dim != b.head_dim || c->num_parameters() != b.num_parameters())
       return make_error(errc::invalid_argument,
                         "the files are not a checkpoint of the server's base model: their config.json has another "
                         "shape");
@@ -1140,13 +1156,13 @@ private:
     auto t0 = Clock::now();
     auto ctx_copy = ctx;
     return tn.barrier.addBranch()
-        .then([this, method]() { return uses_model(method) ? s_.lane.enter(tenant_) : kj::Promise<void>(kj::READY_NOW); })
-        .then([this, t0, method, start = kj::mv(start)]() mutable {
+        .then([this, method]() -> kj::Promise<kj::Own<FairLane::Turn>> {
+          if (!uses_model(method)) return kj::heap<FairLane::Turn>(nullptr);  // no turn needed
+          return s_.lane.enter(tenant_);
+        })
+        .then([this, t0, start = kj::mv(start)](kj::Own<FairLane::Turn> turn) mutable {
           t().queue_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
-          if (!uses_model(method)) return start();
-          // The model group's turn ends with the call, however it ends.
-          auto leave = kj::defer([this] { s_.lane.leave(); });
-          return start().attach(kj::mv(leave));
+          return start().attach(kj::mv(turn));  // the turn ends with the call
         })
         .then(
             [this, ctx_copy, method, tokens, t0](Result<void> r) mutable {
@@ -1208,7 +1224,14 @@ public:
       write_status(res.initStatus(), tenant.error());
       return kj::READY_NOW;
     }
-    s_.tenant(*tenant);
+    if (auto& tn = s_.tenant(*tenant); tn.sessions >= s_.config.limits.connections_per_tenant) {
+      write_status(res.initStatus(),
+                   make_error(errc::resource_exhausted,
+                              "limit connections_per_tenant: " + std::to_string(tn.sessions) +
+                                  " connections of yours are open, at most " +
+                                  std::to_string(s_.config.limits.connections_per_tenant) + " are allowed; close one"));
+      return kj::READY_NOW;
+    }
     *authenticated_ = true;
     res.setSession(kj::heap<SessionImpl>(s_, *tenant, KeyStore::id_of(key)));
     res.setTenant(*tenant);

@@ -835,7 +835,8 @@ TEST(RemoteOrder, ASyncSentBehindAStepSyncsTheSteppedWeights) {
   auto m = OwnServer::model(*rt);
   auto sm = OwnServer::sampler(*rt);
   ASSERT_TRUE(m.add_adapter("rl", kLora, 3).get());
-  ASSERT_TRUE(sm.add_adapter("rl", kLora).get());
+  auto added = sm.add_adapter("rl", kLora).get();
+  ASSERT_TRUE(added) << describe(added.error());
   auto a = m.with_adapter("rl");
   auto as = sm.with_adapter("rl");
   ASSERT_TRUE(a.set_optimizer({.lr = 0.5}).get());
@@ -911,6 +912,25 @@ TEST(RemoteConnections, ThereAreAtMostLimitConnectionsAndSilentOnesAreClosed) {
   auto beat = alice.session().heartbeatRequest().send().wait(alice.wait_scope());
   EXPECT_EQ(beat.getStatus().getCode(), 0) << "the authenticated session stays";
   EXPECT_TRUE(s.attach("bob")) << "the closed ones made room";
+}
+
+// One tenant cannot take every connection: past connections_per_tenant its
+// next is refused naming the limit, and other tenants still connect.
+TEST(RemoteConnections, ATenantHasAtMostItsShareOfConnections) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  OwnServer s{"remote-tenant-connections", cfg, [](ServeConfig& c) { c.limits.connections_per_tenant = 1; }};
+  ASSERT_TRUE(s.server);
+  auto first = s.attach("alice");
+  ASSERT_TRUE(first);
+  Options o;
+  o.mode = Mode::remote;
+  o.remote_endpoint = "127.0.0.1:" + std::to_string(s.server->port());
+  o.remote_api_key = s.keys.at("alice");
+  auto second = initialize(o);
+  ASSERT_FALSE(second);
+  EXPECT_EQ(code_of(second.error()), errc::resource_exhausted);
+  EXPECT_TRUE(contains(describe(second.error()), "connections_per_tenant")) << describe(second.error());
+  EXPECT_TRUE(s.attach("bob"));
 }
 
 // Issue 13: full-parameter training as an exclusive mode. A tenant trains

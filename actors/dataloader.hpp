@@ -154,6 +154,16 @@ Result<DataBatch> slice_for_rank(const DataBatch& batch, int32_t dp_rank, int32_
 /// and loss_mask, for the model's forward_backward.
 Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id);
 
+/// The same rows packed without padding between them (padding-free
+/// batches): each row of the batch holds whole rows end to end, told apart
+/// by segment_ids (1, 2, ... within a row), at most `row_tokens` tokens
+/// unless one row alone is longer, and there are at least `min_rows` rows
+/// (a data-parallel group's size; fewer when there are fewer rows). The
+/// longest rows start those; each later one goes to the fullest row it
+/// fits in (best-fit decreasing). The loss, summed over tokens, equals the padded batch's (up to
+/// float rounding): no token attends across rows it was not in.
+Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows = 1);
+
 GLINT_REGISTER_MESSAGE_TYPE(dataloader_spec, DataLoaderSpec, "glint.dataloader_spec");
 GLINT_REGISTER_MESSAGE_TYPE(loader_state, LoaderState, "glint.loader_state");
 GLINT_REGISTER_MESSAGE_TYPE(data_batch, DataBatch, "glint.data_batch");

@@ -5,6 +5,7 @@
 #include "bench/train_bench.hpp"
 #include "launcher/commands.hpp"
 #include "launcher/launch.hpp"
+#include "launcher/recipes.hpp"
 #include "runtime/options.hpp"
 #include "runtime/runtime.hpp"
 
@@ -237,6 +238,9 @@ int main(int argc, char** argv) {
     if (k->get_name() == "revoke") k->add_option("key", keys_args.key, "The key, or its id (keys list shows ids)")->required();
   }
 
+  glint::launcher::SftArgs sft_args;
+  auto* sft_cmd = glint::launcher::add_sft(app, sft_args);
+
   CLI11_PARSE(app, argc, argv);
 
   if (*run) {
@@ -255,6 +259,7 @@ int main(int argc, char** argv) {
     }
     return glint::launcher::serve(serve_args);
   }
+  if (*sft_cmd) return glint::launcher::sft(sft_args, *sft_cmd);
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +43,8 @@ Result<Row> row_of(const nlohmann::json& j, std::string origin) {
       }
     } else if (v.is_primitive() && !v.is_null()) {
       row.fields[key] = scalar_text(v);
+    } else if (v.is_structured()) {
+      row.nested.push_back(key);
     }
   }
   return row;
@@ -285,6 +288,63 @@ Preprocessor gsm8k(std::string system_prompt) {
             r.messages = {{"system", system}, {"user", q->second}, {"assistant", a->second}};
             return r;
           }};
+}
+
+const std::vector<std::string>& layout_names() {
+  static const std::vector<std::string> names = {"auto", "messages", "query_response", "alpaca"};
+  return names;
+}
+
+Result<Preprocessor> layout(const std::string& name, std::string system) {
+  enum class L { automatic, messages, query_response, alpaca };
+  L which;
+  if (name == "auto") which = L::automatic;
+  else if (name == "messages") which = L::messages;
+  else if (name == "query_response") which = L::query_response;
+  else if (name == "alpaca") which = L::alpaca;
+  else
+    return make_error(errc::invalid_argument,
+                      "unknown dataset layout '" + name + "'; use auto, messages, query_response or alpaca");
+  return Preprocessor{
+      "layout:" + name, [which, system = std::move(system)](Row r) -> Result<Row> {
+        auto has = [&](const char* k) { return r.fields.count(k) > 0; };
+        auto nested = [&](const char* k) { return std::find(r.nested.begin(), r.nested.end(), k) != r.nested.end(); };
+        L kind = which;
+        if (kind == L::automatic) {
+          if (!r.messages.empty()) kind = L::messages;
+          else if (has("query") && has("response")) kind = L::query_response;
+          else if (has("instruction") && has("output")) kind = L::alpaca;
+          else return make_error(errc::invalid_argument, "in no known layout (messages, query/response, instruction/output)");
+        }
+        std::vector<Message> turns;
+        switch (kind) {
+          case L::messages:
+            if (r.messages.empty()) return make_error(errc::invalid_argument, "not in the messages layout");
+            turns = std::move(r.messages);
+            break;
+          case L::query_response:
+            if (!has("query") || !has("response")) return make_error(errc::invalid_argument, "not in the query_response layout");
+            if (nested("history"))
+              return make_error(errc::invalid_argument, "a query/response row with \"history\" (write it as messages)");
+            turns = {{"user", r.fields["query"]}, {"assistant", r.fields["response"]}};
+            break;
+          case L::alpaca: {
+            if (!has("instruction") || !has("output")) return make_error(errc::invalid_argument, "not in the alpaca layout");
+            auto prompt = r.fields["instruction"];
+            if (auto in = r.fields.find("input"); in != r.fields.end() && !in->second.empty()) prompt += "\n" + in->second;
+            turns = {{"user", prompt}, {"assistant", r.fields["output"]}};
+            break;
+          }
+          case L::automatic: break;
+        }
+        if (turns.empty() || turns.front().role != "system") {
+          std::string sys = system;
+          if (auto s = r.fields.find("system"); kind != L::messages && s != r.fields.end()) sys = s->second;
+          if (!sys.empty()) turns.insert(turns.begin(), Message{"system", sys});
+        }
+        r.messages = std::move(turns);
+        return r;
+      }};
 }
 
 }  // namespace preprocess

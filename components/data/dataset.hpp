@@ -42,6 +42,9 @@ struct Row {
   std::vector<Message> messages;
   std::map<std::string, std::string> fields;  ///< the row's other string and number fields
   std::string origin;                         ///< "file:line" (JSONL) or "file[index]" (JSON)
+  /// Keys whose values were arrays or objects (other than "messages"):
+  /// not kept, named so that a layout that would need them refuses the row.
+  std::vector<std::string> nested{};
   friend bool operator==(const Row&, const Row&) = default;
 };
 
@@ -134,6 +137,20 @@ Preprocessor self_cognition(std::string model_name, std::string model_author);
 /// keeps n for the rewards. The default system prompt asks for the final
 /// answer after "####".
 Preprocessor gsm8k(std::string system_prompt = "");
+
+/// The conversation layouts SFT data comes in (ms-swift's and Twinkle's):
+/// - messages: "messages": [{"role", "content"}, ...] (as read);
+/// - query_response: "query" and "response" (and optionally "system"):
+///   one user turn and its answer; a "history" array is refused;
+/// - alpaca: "instruction", optional "input" (joined to it by a newline),
+///   "output" (and optionally "system");
+/// - auto: each row as the first of these its keys fit.
+/// A row that does not fit is skipped as "not in the <layout> layout" (or
+/// "in no known layout"); `system` becomes a leading system message of rows
+/// that have none. Names: layout_names().
+Result<Preprocessor> layout(const std::string& name, std::string system = "");
+/// "auto", "messages", "query_response", "alpaca".
+const std::vector<std::string>& layout_names();
 }  // namespace preprocess
 
 /// The final answer of a GSM8K-style solution: the text after the last

@@ -202,7 +202,11 @@ at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x
   if (pass.lora && !pass.lora->merged) {
     if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
       const auto& [a, b] = it->second;
-      auto in = pass.train && pass.lora->cfg.dropout > 0 ? at::dropout(x, pass.lora->cfg.dropout, true) : x;
+      const double p = pass.lora->cfg.dropout;
+      at::Tensor in = x;
+      if (pass.train && p > 0)
+        in = pass.dropout_rng ? x * at::empty_like(x).bernoulli_(1.0 - p, *pass.dropout_rng) / (1.0 - p)
+                              : at::dropout(x, p, true);
       y = y + fast_linear(fast_linear(in, a), b) * pass.lora->scaling.at(prefix);
     }
   }

@@ -1,6 +1,7 @@
 #include "components/model/trainer.hpp"
 
 #include "components/comm/process_group_impl.hpp"
+#include "components/data/detail/splitmix.hpp"
 #include "components/model/optim_impl.hpp"
 #include "components/model/transformer.hpp"
 #include "components/rl/losses.hpp"
@@ -9,6 +10,7 @@
 #include "runtime/memory.hpp"
 #include "runtime/stop.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -61,6 +63,17 @@ Result<void> LossSpec::validate() const {
 }
 
 namespace {
+
+/// One seed from several numbers (splitmix64 over each in turn).
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c) {
+  detail::SplitMix64 g{0x6c696e74ULL};
+  uint64_t s = 0;
+  for (uint64_t v : {a, b, c}) {
+    g.state ^= v;
+    s = g.next();
+  }
+  return s;
+}
 
 // The rows [begin, begin + n) of a checked batch, as the model and the loss read them.
 struct Slice {
@@ -301,6 +314,13 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
 
   auto pass = impl_->pass();
   if (!pass) return pass.error();
+  // LoRA dropout's masks come from a generator seeded by the step, the
+  // micro-batch and the data-parallel rank: a run and its resume from a
+  // checkpoint draw the same masks (given the same slicing of the batch).
+  const uint64_t dp_rank = impl_->cfg.dp_group ? static_cast<uint64_t>(impl_->cfg.dp_group->rank()) : 0;
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(
+      mix_seed(static_cast<uint64_t>(impl_->opt->steps()), static_cast<uint64_t>(impl_->micro_batches), dp_rank));
+  pass->dropout_rng = &rng;
   const auto tokens = mask.sum().item<double>();
   const auto sequences = mask.any(1).sum().item<double>();
   const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv};

@@ -62,6 +62,9 @@ struct RowAdapter {
 struct PassOptions {
   const LoraAdapter* lora = nullptr;
   bool train = false;  ///< LoRA dropout is active
+  /// Draws LoRA dropout's masks (null: LibTorch's default generator, shared
+  /// by the process and so not reproducible).
+  at::Generator* dropout_rng = nullptr;
   std::vector<RowAdapter> row_adapters{};  ///< per-row adapters (inference only), besides `lora`
   /// Projection weights by name, packed by pack_linear_weight, used instead
   /// of the parameters (inference only).

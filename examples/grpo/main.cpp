@@ -17,7 +17,7 @@
 #include "actors/dataloader_group.hpp"
 #include "actors/model_group.hpp"
 #include "actors/sampler_group.hpp"
-#include "common/report.hpp"
+#include "runtime/report.hpp"
 #include "common/tiny_model.hpp"
 #include "components/data/dataset.hpp"
 #include "components/data/synthetic.hpp"
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
       }
     }
     const int start = resumed ? static_cast<int>(resumed->step) : 0;
-    examples::Report report{out, "grpo", resumed ? start : -1};
+    RunReport report{out, "grpo", resumed ? start : -1};
     if (!report.ok()) return fail("writing " + out + "/metrics.jsonl", make_error(errc::unavailable, "cannot open it"));
 
     // 1. SFT warm-up: the answer format, and some arithmetic.

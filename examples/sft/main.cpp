@@ -16,7 +16,7 @@
 #include "actors/dataloader_group.hpp"
 #include "actors/model_group.hpp"
 #include "actors/sampler_group.hpp"
-#include "common/report.hpp"
+#include "runtime/report.hpp"
 #include "common/tiny_model.hpp"
 #include "components/data/dataset.hpp"
 #include "placement/service.hpp"
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
                    context_of(ok.error()).c_str());
       return 2;
     }
-    examples::Report report{out};
+    RunReport report{out};
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());
     auto mesh = placement::DeviceMesh::from_sizes({.dp = 1});

@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 namespace glint::actors {
 namespace {
 
@@ -114,6 +117,46 @@ TEST_P(DataloaderTest, SlicesForDpRanksPartitionTheBatch) {
   auto batch = train_batch_of(b.rows, 0);
   ASSERT_TRUE(batch);
   EXPECT_EQ(batch->tensors.at("input_ids").shape()[0], 6);
+}
+
+TEST(PackedBatch, RowsArePackedWholeIntoBalancedRowsToldApartBySegmentIds) {
+  std::vector<DataRow> rows;
+  for (int64_t n : {5, 3, 4, 2, 6}) {
+    DataRow r;
+    for (int64_t i = 0; i < n; ++i) r.input_ids.push_back(10 * n + i);
+    r.loss_mask.assign(static_cast<size_t>(n), 1.f);
+    r.loss_mask.front() = 0.f;
+    rows.push_back(r);
+  }
+  auto b = packed_batch_of(rows, 0, 10, 1);
+  ASSERT_TRUE(b);
+  const auto& ids = b->tensors.at("input_ids");
+  ASSERT_EQ(ids.shape(), (std::vector<int64_t>{2, 10})) << "20 tokens in rows of at most 10";
+  auto id = *ids.values<int64_t>();
+  auto seg = *b->tensors.at("segment_ids").values<int64_t>();
+  auto mask = *b->tensors.at("loss_mask").values<float>();
+  auto attn = *b->tensors.at("attention_mask").values<int64_t>();
+  // Every row appears once, whole and in order, its tokens sharing one segment id.
+  std::map<int64_t, std::vector<int64_t>> found;  // first id -> the ids of its segment
+  float kept = 0;
+  for (size_t r = 0; r < 2; ++r)
+    for (size_t t = 0; t < 10; ++t) {
+      const size_t i = r * 10 + t;
+      if (!attn[i]) continue;
+      kept += mask[i];
+      auto& run = found[static_cast<int64_t>(r) * 100 + seg[i]];
+      run.push_back(id[i]);
+    }
+  ASSERT_EQ(found.size(), rows.size());
+  std::set<std::vector<int64_t>> want, got;
+  for (const auto& r : rows) want.insert(r.input_ids);
+  for (const auto& [_, v] : found) got.insert(v);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(kept, 20.f - 5.f) << "the loss mask travels with its tokens";
+  auto spread = packed_batch_of(rows, 0, 100, 3);
+  ASSERT_TRUE(spread);
+  EXPECT_EQ(spread->tensors.at("input_ids").shape()[0], 3) << "at least min_rows rows, for data-parallel ranks";
+  EXPECT_FALSE(packed_batch_of({}, 0, 10));
 }
 
 TEST_P(DataloaderTest, BadSpecsFailEveryCallWithTheReason) {

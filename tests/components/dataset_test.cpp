@@ -233,5 +233,36 @@ TEST(Gsm8k, FinalAnswerIsTheTextAfterTheLastMarks) {
   EXPECT_EQ(gsm8k_final_answer("####   "), std::nullopt);
 }
 
+TEST(DatasetLayouts, EachLayoutBecomesMessagesAndRowsThatFitNoneAreSkippedWithTheReason) {
+  auto path = write("layouts.jsonl",
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n"
+                    "{\"query\": \"q\", \"response\": \"r\", \"system\": \"be brief\"}\n"
+                    "{\"instruction\": \"add\", \"input\": \"1 and 2\", \"output\": \"3\"}\n"
+                    "{\"instruction\": \"greet\", \"input\": \"\", \"output\": \"hello\"}\n"
+                    "{\"query\": \"q\", \"response\": \"r\", \"history\": [[\"a\", \"b\"]]}\n"
+                    "{\"foo\": \"bar\"}\n");
+  auto ds = Dataset::load(meta(path));
+  ASSERT_TRUE(ds);
+  auto layout = preprocess::layout("auto", "default system");
+  ASSERT_TRUE(layout);
+  ds->map(*layout);
+  ASSERT_EQ(ds->size(), 4u);
+  using M = std::vector<Message>;
+  EXPECT_EQ(ds->row(0).messages, (M{{"system", "default system"}, {"user", "hi"}, {"assistant", "yo"}}));
+  EXPECT_EQ(ds->row(1).messages, (M{{"system", "be brief"}, {"user", "q"}, {"assistant", "r"}}))
+      << "a row's own system field wins over the default";
+  EXPECT_EQ(ds->row(2).messages, (M{{"system", "default system"}, {"user", "add\n1 and 2"}, {"assistant", "3"}}));
+  EXPECT_EQ(ds->row(3).messages, (M{{"system", "default system"}, {"user", "greet"}, {"assistant", "hello"}}));
+  EXPECT_EQ(ds->skipped().total(), 2) << ds->skipped().summary();
+  EXPECT_NE(ds->skipped().summary().find("history"), std::string::npos) << "history is refused, not dropped";
+  EXPECT_NE(ds->skipped().summary().find("no known layout"), std::string::npos);
+
+  auto only = Dataset::load(meta(path));
+  ASSERT_TRUE(only);
+  only->map(*preprocess::layout("alpaca"));
+  EXPECT_EQ(only->size(), 2u) << "a named layout takes only its own rows";
+  EXPECT_FALSE(preprocess::layout("sharegpt")) << "an unknown layout name is an error";
+}
+
 }  // namespace
 }  // namespace glint::components

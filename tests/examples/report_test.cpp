@@ -1,7 +1,7 @@
 // The examples' metrics.jsonl keeps every line across kills: what a resumed
 // (or restarted) run will write again is moved aside, never truncated away,
 // and the rest is on disk before the first new step.
-#include "common/report.hpp"
+#include "runtime/report.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@ std::string read(const std::string& path) {
 }
 
 void write_steps(const std::string& dir, int from, int to) {
-  Report r{dir, "grpo", from - 1};
+  RunReport r{dir, "grpo", from - 1};
   for (int s = from; s <= to; ++s) r.add(s, "grpo", {{"reward", s * 0.5}});
 }
 
@@ -31,7 +31,7 @@ TEST(Report, AResumeKeepsTheEarlierLinesOnDiskBeforeItsFirstStep) {
   auto dir = glint::testing::fresh_dir("report");
   write_steps(dir, 1, 5);
   {
-    Report resumed{dir, "grpo", 3};
+    RunReport resumed{dir, "grpo", 3};
     ASSERT_TRUE(resumed.ok());
     // Killed here: nothing added, nothing flushed by the object.
     const auto now = read(dir + "/metrics.jsonl");
@@ -50,7 +50,7 @@ TEST(Report, AResumeKeepsTheEarlierLinesOnDiskBeforeItsFirstStep) {
 TEST(Report, AFreshStartMovesTheOldRunsLinesAside) {
   auto dir = glint::testing::fresh_dir("report-fresh");
   write_steps(dir, 1, 2);
-  Report fresh{dir};
+  RunReport fresh{dir};
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(read(dir + "/metrics.jsonl"), "");
   const auto aside = read(dir + "/metrics.abandoned.jsonl");

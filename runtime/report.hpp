@@ -1,5 +1,5 @@
 #pragma once
-// What the examples write about a run: metrics.jsonl (one JSON object per
+// What the examples and recipes write about a run: metrics.jsonl (one JSON object per
 // step, as it happens, so a crash keeps what was done) and report.html, a
 // page of SVG charts of chosen metrics per step that any browser opens
 // without a network.
@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-namespace glint::examples {
+namespace glint {
 
-class Report {
+class RunReport {
 public:
   /// metrics.jsonl, continued: starting afresh (resumed_step < 0), or
   /// resuming a run at step `resumed_step` of `phase`, the lines the run
@@ -27,7 +27,7 @@ public:
   /// moved to metrics.abandoned.jsonl, and the rest is kept. Nothing is ever
   /// lost to a kill: the kept lines replace the file in one rename, after
   /// the moved ones are on disk, and each new line is flushed as it is added.
-  explicit Report(std::string dir, const std::string& phase = "", int resumed_step = -1) : dir_(std::move(dir)) {
+  explicit RunReport(std::string dir, const std::string& phase = "", int resumed_step = -1) : dir_(std::move(dir)) {
     const auto path = dir_ + "/metrics.jsonl";
     std::vector<std::string> kept, replaced;
     {
@@ -174,4 +174,4 @@ private:
   std::vector<Row> rows_;
 };
 
-}  // namespace glint::examples
+}  // namespace glint

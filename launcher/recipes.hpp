@@ -1,0 +1,68 @@
+#pragma once
+/// The training recipes of the `glint` binary (`glint sft`, ...): drivers on
+/// the public API (actors/), like the examples, that train a user's own
+/// Hugging Face model directory on the user's own data. docs/recipes.md
+/// documents every flag.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace glint::launcher {
+
+struct SftArgs {
+  // The model and what is trained.
+  std::string model;                  ///< an HF directory with config.json, weights, tokenizer.json
+  std::string train_type = "lora";    ///< lora or full
+  int64_t lora_rank = 8;
+  double lora_alpha = 32;
+  double lora_dropout = 0.0;  ///< > 0 is not reproducible across processes yet (docs/recipes.md)
+  std::string target_modules = "all-linear";  ///< or a comma-separated list
+  std::string adapter_from{};         ///< start from this PEFT adapter directory instead of a fresh one
+  bool eval_only = false;             ///< only the validation loss of the model (and --adapter-from)
+  // The data.
+  std::vector<std::string> dataset;   ///< FILE or FILE:RATIO
+  std::vector<std::string> val_dataset;
+  double val_split = 0.0;             ///< share of the training rows held out when no val_dataset
+  std::string layout = "auto";        ///< components::preprocess::layout_names()
+  std::string system{};               ///< a system message for rows without one
+  std::string chat_template = "auto";
+  int64_t max_length = 0;             ///< 0: the model's context
+  std::string truncation = "refuse";  ///< refuse (skip the row), left or right
+  bool packing = false;
+  // The optimisation.
+  int64_t batch_size = 8;
+  int64_t grad_accum = 1;
+  int64_t max_steps = 0;              ///< 0: epochs over the training rows
+  double epochs = 1;
+  std::string optimizer = "adamw";
+  double lr = 1e-4;
+  double weight_decay = 0.01;
+  double max_grad_norm = 1.0;
+  std::string lr_scheduler = "cosine";
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;
+  // Evaluation, checkpoints, output.
+  int64_t eval_every = 50;            ///< steps; 0: at the end only
+  int64_t save_every = 0;             ///< steps between checkpoints; 0: at each evaluation (or eval_every)
+  std::string output = "runs/sft";
+  bool resume = false;
+  bool overwrite = false;
+  int64_t max_shard_mib = 5000;       ///< a full model's weights go in shards of at most this
+  // Placement.
+  int dp = 1;
+  uint64_t seed = 42;
+  std::string config{};               ///< the TOML the flags came from, if any
+};
+
+/// Adds `glint sft` to `app`, its flags bound to `args`.
+CLI::App* add_sft(CLI::App& app, SftArgs& args);
+/// Runs it; `cmd` is the subcommand add_sft made: --config's keys fill the
+/// flags not given, and the resolved flags are written to the run
+/// directory. Returns the exit code.
+int sft(const SftArgs& args, CLI::App& cmd);
+
+}  // namespace glint::launcher

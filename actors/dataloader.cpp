@@ -70,13 +70,14 @@ Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, 
   for (size_t i : order) {
     const auto n = static_cast<int64_t>(rows[i].input_ids.size());
     // The longest rows start the rows wanted; each later one goes to the
-    // fullest row it fits in (best fit), or starts a new one.
+    // emptiest row it fits in (so the rows, and the ranks they feed, get
+    // even shares), or starts a new one.
     size_t at = bins.size();
     if (placed < bins.size()) {
       at = placed;
     } else {
       for (size_t b = 0; b < bins.size(); ++b)
-        if (fill[b] + n <= row_tokens && (at == bins.size() || fill[b] > fill[at])) at = b;
+        if (fill[b] + n <= row_tokens && (at == bins.size() || fill[b] < fill[at])) at = b;
       if (at == bins.size()) {
         bins.emplace_back();
         fill.push_back(0);

@@ -159,9 +159,13 @@ Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id);
 /// by segment_ids (1, 2, ... within a row), at most `row_tokens` tokens
 /// unless one row alone is longer, and there are at least `min_rows` rows
 /// (a data-parallel group's size; fewer when there are fewer rows). The
-/// longest rows start those; each later one goes to the fullest row it
-/// fits in (best-fit decreasing). The loss, summed over tokens, equals the padded batch's (up to
-/// float rounding): no token attends across rows it was not in.
+/// longest rows start those; each later one goes to the emptiest row it
+/// fits in. With row_tokens the longest row's length, the packed batch
+/// never costs more than the padded one (attention is quadratic in a row's
+/// length). For token-mean losses (cross-entropy) the loss, summed over
+/// tokens, equals the padded batch's up to float rounding: no token attends
+/// across rows it was not in. Per-sequence losses (GRPO's) count a packed
+/// row as one sequence: do not pack for them.
 Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows = 1);
 
 GLINT_REGISTER_MESSAGE_TYPE(dataloader_spec, DataLoaderSpec, "glint.dataloader_spec");

@@ -19,7 +19,12 @@ public:
   const Group<model_actor>* actor_group() const override { return &g_; }
 
   Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) override {
-    return g_.call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, adapter);
+    const auto ranks = static_cast<double>(info_.dp_size());
+    return g_.call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, adapter)
+        .then([ranks](const Result<Metrics>& r) -> Result<Metrics> {
+          if (!r) return r.error();
+          return detail::whole_batch_metrics(*r, ranks);
+        });
   }
   Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) override {
     return g_.call<Collect::flatten>(Dispatch::slice_dp, forward_only_atom_v, batch, adapter);

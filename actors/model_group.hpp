@@ -8,7 +8,7 @@
 ///   model->add_adapter("default", {.r = 8}, /*seed=*/1).get();
 ///   auto policy = model->with_adapter("default");       // the calls below train the adapter
 ///   policy.set_optimizer({.lr = 1e-4}).get();
-///   auto m = policy.forward_backward(batch).take();     // sliced by dp rank, metrics averaged
+///   auto m = policy.forward_backward(batch).take();     // sliced by dp rank; the whole batch's metrics
 ///   auto s = policy.clip_grad_and_step().take();         // every rank steps; grad_norm, lr, step
 ///
 /// Transport boundary: a ModelGroup is a cheap, copyable handle on a
@@ -92,8 +92,9 @@ public:
   /// Adds the gradients of `batch` (named tensors: input_ids, and any of
   /// attention_mask, position_ids, target_ids, loss_mask, old_logps,
   /// ref_logps, advantages; components/model/trainer.hpp). Sliced by
-  /// data-parallel rank, rows in order; answers the ranks' mean metrics
-  /// (loss, tokens, and the loss's own).
+  /// data-parallel rank, rows in order; answers the whole batch's metrics:
+  /// loss (each rank's mean weighed by its loss_count), tokens, sequences
+  /// and loss_count (summed), and the loss's own (the ranks' means).
   Future<Metrics> forward_backward(const Batch& batch) const { return backend_->forward_backward(batch, adapter_); }
   /// Log-probabilities of the batch's targets, f32 [B, T], no gradients.
   /// Sliced by data-parallel rank; the rows come back in order.

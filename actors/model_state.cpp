@@ -131,10 +131,14 @@ Result<Metrics> ModelState::forward_backward(const Batch& batch, const std::stri
   auto m = (*tr)->forward_backward(*tb, ten.loss);
   if (!m) return m.error();
   for (const auto& [k, v] : *m) {
+    if (k == "loss_count") continue;
     auto& [sum, n] = ten.metric_sums[k];
     sum += v;
     ++n;
   }
+  // With the count, the group weighs each rank's mean loss by what it is
+  // a mean over (ModelGroup::forward_backward).
+  if (m->count("loss") && m->count("loss_count")) (*m)["loss_weighted"] = m->at("loss") * m->at("loss_count");
   return m;
 }
 

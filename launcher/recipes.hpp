@@ -18,7 +18,7 @@ struct SftArgs {
   std::string train_type = "lora";    ///< lora or full
   int64_t lora_rank = 8;
   double lora_alpha = 32;
-  double lora_dropout = 0.0;  ///< > 0 is not reproducible across processes yet (docs/recipes.md)
+  double lora_dropout = 0.0;  ///< masks seeded by step, micro-batch and rank (docs/recipes.md)
   std::string target_modules = "all-linear";  ///< or a comma-separated list
   std::string adapter_from{};         ///< start from this PEFT adapter directory instead of a fresh one
   bool eval_only = false;             ///< only the validation loss of the model (and --adapter-from)

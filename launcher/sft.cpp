@@ -99,8 +99,11 @@ Result<std::vector<Row>> read_rows(const DatasetArg& d, const SftArgs& a, uint64
   std::vector<Row> all;
   for (size_t i = 0; i < ds->size(); ++i) all.push_back(ds->row(i));
   const auto want = static_cast<size_t>(std::llround(d.ratio * static_cast<double>(all.size())));
+  if (want == 0)
+    return make_error(errc::invalid_argument, d.path + ":" + std::to_string(d.ratio) + " keeps no row of its " +
+                                                  std::to_string(all.size()) + "; use a larger ratio");
   std::vector<Row> out;
-  for (size_t i = 0; i < std::max<size_t>(want, 1); ++i) out.push_back(all[i % all.size()]);
+  for (size_t i = 0; i < want; ++i) out.push_back(all[i % all.size()]);
   return out;
 }
 
@@ -174,7 +177,10 @@ Result<void> publish_model(const std::string& from, const std::string& to, const
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return make_error(errc::unavailable, "cannot create " + tmp + ": " + ec.message());
-  for (const auto& e : fs::directory_iterator(from)) {
+  fs::directory_iterator it{from, ec}, end;
+  if (ec) return make_error(errc::not_found, "cannot read " + from + ": " + ec.message());
+  for (; it != end; it.increment(ec)) {
+    const auto& e = *it;
     if (!e.is_regular_file() || e.path().filename() == "optimizer.safetensors") continue;
     fs::copy_file(e.path(), fs::path{tmp} / e.path().filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) return make_error(errc::unavailable, "cannot copy " + e.path().string() + ": " + ec.message());
@@ -235,8 +241,14 @@ Result<double> validation_loss(const actors::ModelGroup& model, const actors::Da
   for (int64_t i = 0; i < batches; ++i) {
     auto b = val.next_batch().take();
     if (!b) return b.error();
-    if (b->rows.size() < static_cast<size_t>(dp)) continue;  // a short last batch: fewer rows than ranks
-    auto batch = actors::train_batch_of(b->rows, pad);
+    // A short last batch with fewer rows than ranks gets copies of its first
+    // row that count nothing (loss mask 0), so every row is measured.
+    auto rows = b->rows;
+    while (!rows.empty() && rows.size() < static_cast<size_t>(dp)) {
+      rows.push_back(rows.front());
+      std::fill(rows.back().loss_mask.begin(), rows.back().loss_mask.end(), 0.f);
+    }
+    auto batch = actors::train_batch_of(rows, pad);
     if (!batch) return batch.error();
     auto lp = model.forward_only(*batch).take();
     if (!lp) return lp.error();
@@ -250,7 +262,8 @@ Result<double> validation_loss(const actors::ModelGroup& model, const actors::Da
         n += 1;
       }
   }
-  return n > 0 ? nll / n : NAN;
+  if (n == 0) return make_error(errc::invalid_argument, "the validation rows have no trained token");
+  return nll / n;
 }
 
 /// --eval-only: the validation loss of the model (with --adapter-from),
@@ -383,6 +396,16 @@ static bool any(const std::vector<std::string>& v) {
   return std::any_of(v.begin(), v.end(), [](const std::string& s) { return !s.empty(); });
 }
 
+/// The learning-rate schedule of a run of `steps` steps.
+static components::SchedulerConfig schedule_of(const SftArgs& a, int64_t steps) {
+  components::SchedulerConfig sched{
+      .warmup_steps = a.warmup_steps > 0 ? a.warmup_steps : static_cast<int64_t>(a.warmup_ratio * static_cast<double>(steps)),
+      .total_steps = steps,
+      .min_lr_ratio = a.min_lr_ratio};
+  if (auto k = components::SchedulerConfig::parse_kind(a.lr_scheduler); k) sched.kind = *k;
+  return sched;
+}
+
 /// Applies the TOML file `path` to the flags of `cmd` not given on the
 /// command line. Every key must be a flag; a wrong value is an error naming it.
 static Result<void> apply_config(CLI::App& cmd, const std::string& path) {
@@ -419,6 +442,15 @@ int sft(const SftArgs& args, CLI::App& cmd) {
     }
   const SftArgs& a = args;
   if (a.model.empty()) return refuse("--model is required (a Hugging Face model directory)");
+  // Flags that would be read and then ignored are refused.
+  auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  if (a.resume && a.overwrite) return refuse("--resume continues a run and --overwrite starts it over: pick one");
+  if (any(a.val_dataset) && a.val_split > 0) return refuse("--val-split holds out training rows; with --val-dataset it is not used");
+  if (a.eval_only && any(a.dataset)) return refuse("--eval-only reads --val-dataset only; leave out --dataset");
+  if (!a.adapter_from.empty())
+    for (const char* f : {"--lora-rank", "--lora-alpha", "--lora-dropout", "--target-modules"})
+      if (given(f)) return refuse(std::string{f} + " does not apply with --adapter-from (the adapter's own config does)");
+  if (a.max_steps == 0 && !(a.epochs > 0)) return refuse("--epochs must be > 0 (or give --max-steps)");
   // 1. Checks that write nothing.
   const auto model_dir = fs::absolute(a.model).lexically_normal().string();
   if (!fs::is_directory(model_dir)) return refuse("--model " + a.model + " is not a directory");
@@ -431,6 +463,9 @@ int sft(const SftArgs& args, CLI::App& cmd) {
   if (!tok) return fail("reading the tokenizer", tok.error());
   auto truncation = components::parse_truncation(a.truncation);
   if (!truncation) return fail("--truncation", truncation.error());
+  if (a.max_length > mcfg->max_position_embeddings)
+    return refuse("--max-length " + std::to_string(a.max_length) + " is beyond the model's max_position_embeddings " +
+                  std::to_string(mcfg->max_position_embeddings) + " (config.json)");
   const int64_t max_length = a.max_length > 0 ? a.max_length : mcfg->max_position_embeddings;
   auto chat = components::Template::make(std::make_shared<const components::Tokenizer>(std::move(*tok)),
                                          {.name = a.chat_template, .max_length = max_length, .truncation = *truncation});
@@ -440,19 +475,46 @@ int sft(const SftArgs& args, CLI::App& cmd) {
     return refuse("--batch-size " + std::to_string(a.batch_size) + " is smaller than --dp " + std::to_string(a.dp) +
                   ": every data-parallel rank needs a row");
   components::LoraConfig lora{.r = a.lora_rank, .alpha = a.lora_alpha, .dropout = a.lora_dropout};
+  lora.target_modules.clear();
   {
     std::stringstream list{a.target_modules};
-    for (std::string m; std::getline(list, m, ',');)
-      if (!m.empty()) lora.target_modules.push_back(m);
+    const auto& known = components::projection_names();
+    for (std::string m; std::getline(list, m, ',');) {
+      m.erase(0, m.find_first_not_of(" \t"));
+      m.erase(m.find_last_not_of(" \t") + 1);
+      if (m.empty()) continue;
+      auto names_it = [&](const std::string& k) { return k == m || k.substr(k.rfind('.') + 1) == m; };
+      if (m != "all-linear" && std::none_of(known.begin(), known.end(), names_it)) {
+        std::string names = "all-linear";
+        for (const auto& k : known) names += ", " + k.substr(k.rfind('.') + 1);
+        return refuse("--target-modules: '" + m + "' is not a module glint adapts (" + names + ")");
+      }
+      lora.target_modules.push_back(m);
+    }
     if (lora.target_modules.empty()) return refuse("--target-modules is empty");
+    if (lora.target_modules.size() > 1 &&
+        std::find(lora.target_modules.begin(), lora.target_modules.end(), "all-linear") != lora.target_modules.end())
+      return refuse("--target-modules: all-linear takes every projection already; give it alone");
   }
   components::OptimizerConfig opt{.lr = a.lr, .weight_decay = a.weight_decay, .max_grad_norm = a.max_grad_norm};
   if (auto k = components::OptimizerConfig::parse_kind(a.optimizer); k) opt.kind = *k;
   if (auto ok = opt.validate(); !ok) return fail("the optimizer flags", ok.error());
 
-  const auto out = fs::absolute(a.output).lexically_normal().string();
+  auto out_path = fs::absolute(a.output).lexically_normal();
+  if (out_path.filename().empty()) out_path = out_path.parent_path();  // "runs/chat/"
+  const auto out = out_path.string();
   const auto data_dir = out + "/data";
-  const auto resolved = cmd.config_to_str(true, false);
+  // The flags as config.toml records them: what the run computes, not how
+  // this invocation was asked to treat the directory.
+  std::string resolved;
+  {
+    std::istringstream in{cmd.config_to_str(true, false)};
+    for (std::string line; std::getline(in, line);) {
+      const auto key = line.substr(0, line.find('='));
+      if (key == "resume" || key == "overwrite" || key == "eval-only" || key == "config") continue;
+      resolved += line + "\n";
+    }
+  }
   const bool resuming = a.resume && fs::exists(out + "/config.toml");
   std::vector<Row> train_rows, val_rows;
   if (resuming) {
@@ -486,7 +548,11 @@ int sft(const SftArgs& args, CLI::App& cmd) {
         return refuse("--val-split " + std::to_string(a.val_split) + " of " + std::to_string(train_rows.size()) +
                       " rows leaves no " + (held == 0 ? "validation" : "training") + " row");
       val_rows.assign(train_rows.begin(), train_rows.begin() + static_cast<std::ptrdiff_t>(held));
-      train_rows.erase(train_rows.begin(), train_rows.begin() + static_cast<std::ptrdiff_t>(held));
+      // A row a ratio above 1 repeated is held out with all its copies.
+      std::set<std::string> held_out;
+      for (const auto& r : val_rows) held_out.insert(r.origin);
+      std::erase_if(train_rows, [&](const Row& r) { return held_out.count(r.origin) > 0; });
+      if (train_rows.empty()) return refuse("--val-split leaves no training row");
     }
     std::string skipped;
     auto usable = usable_rows(train_rows, *chat, skipped);
@@ -498,6 +564,16 @@ int sft(const SftArgs& args, CLI::App& cmd) {
       auto v = usable_rows(val_rows, *chat, skipped);
       if (!v) return fail("encoding the validation data", v.error());
       if (*v == 0) return refuse("the validation data has no usable row (" + skipped + ")");
+    }
+    if (!a.eval_only) {
+      // The schedule the run will set, checked now: batches of batch_size
+      // (a last one of at least dp rows) per epoch.
+      const int64_t per_epoch = *usable / a.batch_size + (*usable % a.batch_size >= a.dp ? 1 : 0);
+      const int64_t steps = a.max_steps > 0 ? a.max_steps
+                                            : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
+                                                                       a.epochs * static_cast<double>(per_epoch) /
+                                                                       static_cast<double>(a.grad_accum))));
+      if (auto ok = schedule_of(a, steps).validate(); !ok) return fail("the schedule flags", ok.error());
     }
   }
 
@@ -513,6 +589,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
                                              "another --output");
     }
     std::error_code ec;
+    for (const char* old : {"last", "best", ".last.save", "last.tmp", "best.tmp"}) fs::remove_all(out + "/" + old, ec);
     fs::create_directories(data_dir, ec);
     if (ec) return refuse("cannot create " + data_dir + ": " + ec.message());
     if (auto ok = components::save_jsonl(train_rows, data_dir + "/train.jsonl"); !ok) return fail("writing data", ok.error());
@@ -555,11 +632,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
         a.max_steps > 0 ? a.max_steps
                         : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.epochs * static_cast<double>(info->batches_per_epoch) /
                                                                               static_cast<double>(a.grad_accum))));
-    components::SchedulerConfig sched{.warmup_steps = a.warmup_steps > 0 ? a.warmup_steps
-                                                                          : static_cast<int64_t>(a.warmup_ratio * static_cast<double>(steps)),
-                                      .total_steps = steps, .min_lr_ratio = a.min_lr_ratio};
-    if (auto k = components::SchedulerConfig::parse_kind(a.lr_scheduler); k) sched.kind = *k;
-    if (auto ok = model.set_lr_scheduler(sched).get(); !ok) return fail("setting the schedule", ok.error());
+    if (auto ok = model.set_lr_scheduler(schedule_of(a, steps)).get(); !ok) return fail("setting the schedule", ok.error());
     std::printf("glint sft: %s training of %s on %lld rows (%s), %lld steps of %lld x %lld rows%s\n",
                 a.train_type.c_str(), model_dir.c_str(), static_cast<long long>(info->rows), info->skipped.c_str(),
                 static_cast<long long>(steps), static_cast<long long>(a.grad_accum), static_cast<long long>(a.batch_size),
@@ -584,7 +657,11 @@ int sft(const SftArgs& args, CLI::App& cmd) {
     const int64_t pad = pad_id(chat->tokenizer());
 
     auto batch_of = [&](const std::vector<actors::DataRow>& rows, bool pack) {
-      return pack ? actors::packed_batch_of(rows, pad, max_length, a.dp) : actors::train_batch_of(rows, pad);
+      // Packed rows as long as the longest row: never more attention than padding.
+      size_t longest = 0;
+      for (const auto& r : rows) longest = std::max(longest, r.input_ids.size());
+      return pack ? actors::packed_batch_of(rows, pad, static_cast<int64_t>(longest), a.dp)
+                  : actors::train_batch_of(rows, pad);
     };
     auto evaluate = [&]() { return validation_loss(model, *val, val_batches, pad, a.dp); };
     const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
@@ -600,9 +677,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
         if (!batch) return fail("making a batch", batch.error());
         auto m = model.forward_backward(*batch).take();
         if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
-        // The group answers each metric's mean over its ranks: tokens times
-        // the ranks is their sum.
-        const double t = m->count("tokens") ? m->at("tokens") * a.dp : 1.0;
+        const double t = m->count("tokens") ? m->at("tokens") : 1.0;
         loss_sum += m->at("loss") * t;
         tokens += t;
       }

@@ -18,6 +18,21 @@ Future<void> done_of(const Future<T>& f) {
   });
 }
 
+/// The metrics of a batch sliced over `ranks` data-parallel ranks, from the
+/// mean of theirs (Collect::mean): the loss weighed by what each rank's
+/// mean is over (the mean of loss_weighted over the mean of loss_count),
+/// tokens, sequences and loss_count summed; the other metrics stay the
+/// means of the ranks'.
+inline Metrics whole_batch_metrics(Metrics m, double ranks) {
+  auto w = m.find("loss_weighted");
+  auto c = m.find("loss_count");
+  if (w != m.end() && c != m.end() && c->second > 0) m["loss"] = w->second / c->second;
+  if (w != m.end()) m.erase(w);
+  for (const char* k : {"tokens", "sequences", "loss_count"})
+    if (auto it = m.find(k); it != m.end()) it->second *= ranks;
+  return m;
+}
+
 /// A future that fails at once: what a client answers for bad input it can
 /// see before anything is sent, or a mode it does not serve.
 template <class T>

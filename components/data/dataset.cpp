@@ -43,7 +43,7 @@ Result<Row> row_of(const nlohmann::json& j, std::string origin) {
       }
     } else if (v.is_primitive() && !v.is_null()) {
       row.fields[key] = scalar_text(v);
-    } else if (v.is_structured()) {
+    } else if (v.is_structured() && !v.empty()) {
       row.nested.push_back(key);
     }
   }
@@ -330,6 +330,8 @@ Result<Preprocessor> layout(const std::string& name, std::string system) {
             break;
           case L::alpaca: {
             if (!has("instruction") || !has("output")) return make_error(errc::invalid_argument, "not in the alpaca layout");
+            if (nested("history"))
+              return make_error(errc::invalid_argument, "an alpaca row with \"history\" (write it as messages)");
             auto prompt = r.fields["instruction"];
             if (auto in = r.fields.find("input"); in != r.fields.end() && !in->second.empty()) prompt += "\n" + in->second;
             turns = {{"user", prompt}, {"assistant", r.fields["output"]}};

@@ -42,8 +42,9 @@ struct Row {
   std::vector<Message> messages;
   std::map<std::string, std::string> fields;  ///< the row's other string and number fields
   std::string origin;                         ///< "file:line" (JSONL) or "file[index]" (JSON)
-  /// Keys whose values were arrays or objects (other than "messages"):
-  /// not kept, named so that a layout that would need them refuses the row.
+  /// Keys whose values were non-empty arrays or objects (other than
+  /// "messages"): not kept, named so that a layout that would need them
+  /// refuses the row.
   std::vector<std::string> nested{};
   friend bool operator==(const Row&, const Row&) = default;
 };
@@ -141,9 +142,9 @@ Preprocessor gsm8k(std::string system_prompt = "");
 /// The conversation layouts SFT data comes in (ms-swift's and Twinkle's):
 /// - messages: "messages": [{"role", "content"}, ...] (as read);
 /// - query_response: "query" and "response" (and optionally "system"):
-///   one user turn and its answer; a "history" array is refused;
+///   one user turn and its answer; a non-empty "history" is refused;
 /// - alpaca: "instruction", optional "input" (joined to it by a newline),
-///   "output" (and optionally "system");
+///   "output" (and optionally "system"); a non-empty "history" is refused;
 /// - auto: each row as the first of these its keys fit.
 /// A row that does not fit is skipped as "not in the <layout> layout" (or
 /// "in no known layout"); `system` becomes a leading system message of rows

@@ -338,6 +338,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
     Metrics metrics = std::move(one->first.metrics);
     metrics["tokens"] = tokens;
     metrics["sequences"] = sequences;
+    metrics["loss_count"] = one->second;
     return metrics;
   }
 
@@ -405,6 +406,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   Metrics metrics = rl::combine_metrics(parts);
   metrics["tokens"] = tokens;
   metrics["sequences"] = sequences;
+  metrics["loss_count"] = count;
   return metrics;
 } catch (const std::exception& e) {
   return error_of_exception(e, "forward_backward");

@@ -89,8 +89,9 @@ public:
   static Result<Trainer> create(CausalLM model, TrainConfig cfg);
 
   /// Adds the gradients of one batch (in slices when it does not fit at
-  /// once: see above). Metrics: loss (the batch's mean loss), tokens,
-  /// sequences, and the loss's own (clip_fraction, kl, ...).
+  /// once: see above). Metrics: loss (the batch's mean loss), loss_count
+  /// (what that mean is over: tokens, or sequences for sequence-mean
+  /// losses), tokens, sequences, and the loss's own (clip_fraction, kl, ...).
   Result<Metrics> forward_backward(const TrainBatch& batch, const LossSpec& loss);
   /// Clips the accumulated gradients by global norm, steps the optimizer at
   /// the scheduled rate and clears the gradients. With a dp_group, call it

@@ -96,6 +96,24 @@ TEST_P(GroupClientsTest, ModelGroupSlicesByDataParallelRankAndKeepsRowOrder) {
   EXPECT_NE(x[0], a[0]) << "the step changed the model";
 }
 
+TEST_P(GroupClientsTest, ModelGroupMetricsAreTheWholeBatchsWhenTheRanksHalvesDiffer) {
+  auto two = model(2);
+  auto one = model(1);
+  // Rank 0 gets two rows of 5 real tokens, rank 1 two rows of 2: the batch's
+  // mean loss is over 4 + 4 + 1 + 1 = 10 targets, not the mean of two means.
+  auto b = four_rows();
+  b.tensors["attention_mask"] = glint::testing::ids_of({{1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}, {1, 1, 0, 0, 0}, {1, 1, 0, 0, 0}});
+  auto m2 = two.forward_backward(b).take();
+  auto m1 = one.forward_backward(b).take();
+  ASSERT_TRUE(m2) << describe(m2.error());
+  ASSERT_TRUE(m1) << describe(m1.error());
+  EXPECT_NEAR(m2->at("loss"), m1->at("loss"), 1e-5);
+  EXPECT_EQ(m2->at("tokens"), m1->at("tokens"));
+  EXPECT_EQ(m2->at("tokens"), 10);
+  EXPECT_EQ(m2->at("sequences"), 4);
+  EXPECT_EQ(m2->count("loss_weighted"), 0u) << "the group's own bookkeeping stays inside";
+}
+
 TEST_P(GroupClientsTest, AnAdapterHandleTrainsTheAdapterOnlyAndRefusalsNameWhatWentWrong) {
   auto base = model(1);
   auto before = base.forward_only(four_rows()).take();

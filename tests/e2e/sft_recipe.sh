@@ -69,6 +69,11 @@ code=0; "$glint" sft "${args[@]}" --output runs/cut > again.log 2>&1 || code=$?
 a=$(mean runs/whole/metrics.jsonl 1 1) b=$(mean runs/packed/metrics.jsonl 1 1)
 awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(d < 1e-4 && d > -1e-4)}' || fail "packed loss $b != padded $a"
 
+# 4b. A 2-process job, one model rank in each, packed batches split over the ranks.
+"$glint" run --nproc 2 -- "$glint" sft --model model --dataset qr.jsonl --val-split 0.1 --lr 3e-3 --max-steps 6 \
+  --eval-every 3 --dp 2 --packing --output runs/cluster > cluster.log 2>&1 || { cat cluster.log; fail "a 2-process run"; }
+[[ -f runs/cluster/best/adapter_model.safetensors ]] || fail "the 2-process run wrote no best/"
+
 # 5. Full training: a Hugging Face model directory with its tokenizer.
 "$glint" sft --model model --dataset qr.jsonl --train-type full --lr 1e-3 --max-steps 5 --output runs/full > full.log 2>&1 \
   || { cat full.log; fail "full training"; }
@@ -98,4 +103,8 @@ expect_refusal no-layout "first row has keys: foo" --model model --dataset nolay
 expect_refusal wrong-layout "no usable row in the alpaca layout" --model model --dataset qr.jsonl --layout alpaca
 expect_refusal architecture "GPT2LMHeadModel" --model gpt2 --dataset qr.jsonl
 expect_refusal missing-data "is not a file" --model model --dataset nothere.jsonl
+expect_refusal typo-module "'v_projj' is not a module" --model model --dataset qr.jsonl --target-modules q_proj,v_projj
+expect_refusal warmup "warmup" --model model --dataset qr.jsonl --max-steps 5 --warmup-steps 9
+expect_refusal too-long "beyond the model's max_position_embeddings" --model model --dataset qr.jsonl --max-length 100000
+expect_refusal both "pick one" --model model --dataset qr.jsonl --resume --overwrite
 echo "sft recipe: ok (loss $first -> $last)"

@@ -6,6 +6,7 @@
 ///   auto model = actors::spawn_model_group(rt, DeviceGroup::of("model", 2), mesh,
 ///                                          {.model_dir = "models/tiny"});
 ///   model->call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, std::string{""});
+///   // (the ranks' mean metrics, loss_weighted and loss_count included: ModelGroup makes them the batch's)
 ///   model->call<Collect::first>(Dispatch::all, clip_grad_and_step_atom_v, std::string{""});
 ///
 /// Batches are glint::Batch with named tensors: input_ids (required),

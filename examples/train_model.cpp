@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     batch.tensors["input_ids"] = std::move(*input_ids);
     double first = 0, last = 0;
     for (int step = 1; step <= 30; ++step) {
-      // Each rank gets its half of the rows; the ranks' metrics are averaged.
+      // Each rank gets its half of the rows; the answer is the whole batch's loss.
       auto loss = model->forward_backward(batch).take();
       if (!loss) {
         std::fprintf(stderr, "%s\n", describe(loss.error()).c_str());

@@ -185,6 +185,7 @@ Result<void> publish_model(const std::string& from, const std::string& to, const
     fs::copy_file(e.path(), fs::path{tmp} / e.path().filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) return make_error(errc::unavailable, "cannot copy " + e.path().string() + ": " + ec.message());
   }
+  if (ec) return make_error(errc::unavailable, "cannot read " + from + ": " + ec.message());
   // A full model directory is only usable with its tokenizer beside it.
   if (!tokenizer_dir.empty())
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
@@ -512,11 +513,18 @@ int sft(const SftArgs& args, CLI::App& cmd) {
     for (std::string line; std::getline(in, line);) {
       const auto key = line.substr(0, line.find('='));
       if (key == "resume" || key == "overwrite" || key == "eval-only" || key == "config") continue;
+      // With --adapter-from the adapter's own config holds these (and a
+      // replay of this file must not give them).
+      if (!a.adapter_from.empty() &&
+          (key == "lora-rank" || key == "lora-alpha" || key == "lora-dropout" || key == "target-modules"))
+        continue;
       resolved += line + "\n";
     }
   }
   const bool resuming = a.resume && fs::exists(out + "/config.toml");
   std::vector<Row> train_rows, val_rows;
+  if (resuming && a.max_steps > 0)
+    if (auto ok = schedule_of(a, a.max_steps).validate(); !ok) return refuse("the schedule flags: " + context_of(ok.error()));
   if (resuming) {
     // The run's own rows and flags: a resume computes what the run would have.
     std::ifstream in{out + "/config.toml"};
@@ -551,6 +559,8 @@ int sft(const SftArgs& args, CLI::App& cmd) {
       // A row a ratio above 1 repeated is held out with all its copies.
       std::set<std::string> held_out;
       for (const auto& r : val_rows) held_out.insert(r.origin);
+      std::set<std::string> seen;  // each held-out row once in validation
+      std::erase_if(val_rows, [&](const Row& r) { return !seen.insert(r.origin).second; });
       std::erase_if(train_rows, [&](const Row& r) { return held_out.count(r.origin) > 0; });
       if (train_rows.empty()) return refuse("--val-split leaves no training row");
     }
@@ -573,7 +583,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
                                             : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
                                                                        a.epochs * static_cast<double>(per_epoch) /
                                                                        static_cast<double>(a.grad_accum))));
-      if (auto ok = schedule_of(a, steps).validate(); !ok) return fail("the schedule flags", ok.error());
+      if (auto ok = schedule_of(a, steps).validate(); !ok) return refuse("the schedule flags: " + context_of(ok.error()));
     }
   }
 
@@ -589,7 +599,8 @@ int sft(const SftArgs& args, CLI::App& cmd) {
                                              "another --output");
     }
     std::error_code ec;
-    for (const char* old : {"last", "best", ".last.save", "last.tmp", "best.tmp"}) fs::remove_all(out + "/" + old, ec);
+    if (a.overwrite)
+      for (const char* old : {"last", "best", ".last.save", "last.tmp", "best.tmp"}) fs::remove_all(out + "/" + old, ec);
     fs::create_directories(data_dir, ec);
     if (ec) return refuse("cannot create " + data_dir + ": " + ec.message());
     if (auto ok = components::save_jsonl(train_rows, data_dir + "/train.jsonl"); !ok) return fail("writing data", ok.error());

@@ -4,6 +4,7 @@
 #include "runtime/future.hpp"
 #include "runtime/runtime.hpp"
 
+#include <cmath>
 #include <string>
 
 namespace glint::actors::detail {
@@ -28,8 +29,9 @@ inline Metrics whole_batch_metrics(Metrics m, double ranks) {
   auto c = m.find("loss_count");
   if (w != m.end() && c != m.end() && c->second > 0) m["loss"] = w->second / c->second;
   if (w != m.end()) m.erase(w);
+  // Counts: the mean times the ranks is their sum, up to rounding (whole).
   for (const char* k : {"tokens", "sequences", "loss_count"})
-    if (auto it = m.find(k); it != m.end()) it->second *= ranks;
+    if (auto it = m.find(k); it != m.end()) it->second = std::round(it->second * ranks);
   return m;
 }
 

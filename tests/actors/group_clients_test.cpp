@@ -76,7 +76,7 @@ TEST_P(GroupClientsTest, ModelGroupSlicesByDataParallelRankAndKeepsRowOrder) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "element " << i;
 
-  // forward_backward averages the ranks' metrics; clip_grad_and_step steps every rank alike.
+  // forward_backward answers the whole batch's loss; clip_grad_and_step steps every rank alike.
   ASSERT_TRUE(two.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}).get());
   ASSERT_TRUE(one.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}).get());
   auto m2 = two.forward_backward(four_rows()).take();

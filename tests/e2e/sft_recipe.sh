@@ -47,6 +47,10 @@ awk -v a="$best" -v b="$again" 'BEGIN {d = a - b; exit !(d < 1e-5 && d > -1e-5)}
 "$glint" sft --config runs/lora/config.toml --output runs/again --max-steps 10 > again.log 2>&1 || { cat again.log; fail "--config"; }
 diff <(grep -vE '^(output|max-steps|config)=' runs/lora/config.toml) \
      <(grep -vE '^(output|max-steps|config)=' runs/again/config.toml) || fail "the config file did not give the same flags"
+# A run from a saved adapter, replayed from its config.toml.
+"$glint" sft --model model --adapter-from runs/lora/best --dataset qr.jsonl --max-steps 2 --output runs/from > from.log 2>&1 \
+  || { cat from.log; fail "--adapter-from"; }
+"$glint" sft --config runs/from/config.toml --output runs/from2 > from2.log 2>&1 || { cat from2.log; fail "replaying an --adapter-from run"; }
 echo 'not-a-flag = 1' > bad.toml
 code=0; "$glint" sft --config bad.toml --model model --dataset qr.jsonl --output runs/bad > bad.log 2>&1 || code=$?
 [[ $code != 0 ]] && grep -q "unknown key 'not-a-flag'" bad.log || fail "an unknown config key was not refused"

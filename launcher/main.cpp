@@ -240,6 +240,8 @@ int main(int argc, char** argv) {
 
   glint::launcher::SftArgs sft_args;
   auto* sft_cmd = glint::launcher::add_sft(app, sft_args);
+  glint::launcher::GrpoArgs grpo_args;
+  auto* grpo_cmd = glint::launcher::add_grpo(app, grpo_args);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -260,6 +262,7 @@ int main(int argc, char** argv) {
     return glint::launcher::serve(serve_args);
   }
   if (*sft_cmd) return glint::launcher::sft(sft_args, *sft_cmd);
+  if (*grpo_cmd) return glint::launcher::grpo(grpo_args, *grpo_cmd);
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);

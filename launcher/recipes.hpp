@@ -1,8 +1,8 @@
 #pragma once
-/// The training recipes of the `glint` binary (`glint sft`, ...): drivers on
-/// the public API (actors/), like the examples, that train a user's own
-/// Hugging Face model directory on the user's own data. docs/recipes.md
-/// documents every flag.
+/// The training recipes of the `glint` binary (`glint sft`, `glint grpo`):
+/// drivers on the public API (actors/), like the examples, that train a
+/// user's own Hugging Face model directory on the user's own data.
+/// docs/recipes.md documents every flag.
 
 #include <CLI/CLI.hpp>
 
@@ -12,7 +12,9 @@
 
 namespace glint::launcher {
 
-struct SftArgs {
+/// The flags every recipe has: the model and what is trained, the data
+/// files, the optimisation, the run directory (recipe_common.hpp adds them).
+struct RecipeArgs {
   // The model and what is trained.
   std::string model;                  ///< an HF directory with config.json, weights, tokenizer.json
   std::string train_type = "lora";    ///< lora or full
@@ -21,20 +23,13 @@ struct SftArgs {
   double lora_dropout = 0.0;  ///< masks seeded by step, micro-batch and rank (docs/recipes.md)
   std::string target_modules = "all-linear";  ///< or a comma-separated list
   std::string adapter_from{};         ///< start from this PEFT adapter directory instead of a fresh one
-  bool eval_only = false;             ///< only the validation loss of the model (and --adapter-from)
   // The data.
   std::vector<std::string> dataset;   ///< FILE or FILE:RATIO
   std::vector<std::string> val_dataset;
   double val_split = 0.0;             ///< share of the training rows held out when no val_dataset
-  std::string layout = "auto";        ///< components::preprocess::layout_names()
   std::string system{};               ///< a system message for rows without one
   std::string chat_template = "auto";
-  int64_t max_length = 0;             ///< 0: the model's context
-  std::string truncation = "refuse";  ///< refuse (skip the row), left or right
-  bool packing = false;
   // The optimisation.
-  int64_t batch_size = 8;
-  int64_t grad_accum = 1;
   int64_t max_steps = 0;              ///< 0: epochs over the training rows
   double epochs = 1;
   std::string optimizer = "adamw";
@@ -48,14 +43,56 @@ struct SftArgs {
   // Evaluation, checkpoints, output.
   int64_t eval_every = 50;            ///< steps; 0: at the end only
   int64_t save_every = 0;             ///< steps between checkpoints; 0: at each evaluation (or eval_every)
-  std::string output = "runs/sft";
+  std::string output;
   bool resume = false;
   bool overwrite = false;
   int64_t max_shard_mib = 5000;       ///< a full model's weights go in shards of at most this
-  // Placement.
-  int dp = 1;
+  int dp = 1;                         ///< data-parallel model ranks
   uint64_t seed = 42;
   std::string config{};               ///< the TOML the flags came from, if any
+};
+
+struct SftArgs : RecipeArgs {
+  SftArgs() { output = "runs/sft"; }
+  bool eval_only = false;             ///< only the validation loss of the model (and --adapter-from)
+  std::string layout = "auto";        ///< components::preprocess::layout_names()
+  int64_t max_length = 0;             ///< 0: the model's context
+  std::string truncation = "refuse";  ///< refuse (skip the row), left or right
+  bool packing = false;
+  int64_t batch_size = 8;
+  int64_t grad_accum = 1;
+};
+
+struct GrpoArgs : RecipeArgs {
+  GrpoArgs() {
+    output = "runs/grpo";
+    lr = 1e-5;
+    lr_scheduler = "constant";
+    eval_every = 0;
+  }
+  std::string layout = "auto";        ///< components::preprocess::prompt_layout_names()
+  int64_t max_prompt_length = 512;
+  std::string truncation = "refuse";  ///< refuse (skip the prompt) or left
+  // What is sampled.
+  int64_t prompts_per_step = 8;
+  int64_t num_generations = 8;        ///< completions per prompt: the group
+  int64_t max_tokens = 256;           ///< new tokens per completion
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::vector<std::string> stop{};
+  // How it is scored and trained.
+  std::vector<std::string> reward{};  ///< accuracy, format (empty: accuracy and format, or none with a command)
+  std::string reward_command{};       ///< a shell command: JSON lines in, one score per line out
+  std::vector<double> reward_weights{};
+  double reward_timeout = 600;        ///< seconds the command may take per step
+  std::string loss = "grpo";          ///< grpo, gspo, dr_grpo or cispo
+  std::string advantage_scale = "auto";
+  double epsilon = 0.2;
+  double epsilon_high = 0.0;          ///< 0: epsilon
+  int64_t sync_every = 1;             ///< steps between weight syncs to the sampler
+  int sampler_dp = 1;
+  int64_t sampler_cache_mib = 256;
 };
 
 /// Adds `glint sft` to `app`, its flags bound to `args`.
@@ -64,5 +101,9 @@ CLI::App* add_sft(CLI::App& app, SftArgs& args);
 /// flags not given, and the resolved flags are written to the run
 /// directory. Returns the exit code.
 int sft(const SftArgs& args, CLI::App& cmd);
+
+/// `glint grpo`, as `glint sft`.
+CLI::App* add_grpo(CLI::App& app, GrpoArgs& args);
+int grpo(const GrpoArgs& args, CLI::App& cmd);
 
 }  // namespace glint::launcher

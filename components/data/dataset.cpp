@@ -291,20 +291,21 @@ Preprocessor gsm8k(std::string system_prompt) {
 }
 
 const std::vector<std::string>& layout_names() {
-  static const std::vector<std::string> names = {"auto", "messages", "query_response", "alpaca"};
+  static const std::vector<std::string> names = {"auto", "messages", "query_response", "alpaca", "gsm8k"};
   return names;
 }
 
 Result<Preprocessor> layout(const std::string& name, std::string system) {
-  enum class L { automatic, messages, query_response, alpaca };
+  enum class L { automatic, messages, query_response, alpaca, gsm8k };
   L which;
   if (name == "auto") which = L::automatic;
   else if (name == "messages") which = L::messages;
   else if (name == "query_response") which = L::query_response;
   else if (name == "alpaca") which = L::alpaca;
+  else if (name == "gsm8k") which = L::gsm8k;
   else
     return make_error(errc::invalid_argument,
-                      "unknown dataset layout '" + name + "'; use auto, messages, query_response or alpaca");
+                      "unknown dataset layout '" + name + "'; use auto, messages, query_response, alpaca or gsm8k");
   return Preprocessor{
       "layout:" + name, [which, system = std::move(system)](Row r) -> Result<Row> {
         auto has = [&](const char* k) { return r.fields.count(k) > 0; };
@@ -314,7 +315,10 @@ Result<Preprocessor> layout(const std::string& name, std::string system) {
           if (!r.messages.empty()) kind = L::messages;
           else if (has("query") && has("response")) kind = L::query_response;
           else if (has("instruction") && has("output")) kind = L::alpaca;
-          else return make_error(errc::invalid_argument, "in no known layout (messages, query/response, instruction/output)");
+          else if (has("question") && has("answer")) kind = L::gsm8k;
+          else
+            return make_error(errc::invalid_argument,
+                              "in no known layout (messages, query/response, instruction/output, question/answer)");
         }
         std::vector<Message> turns;
         switch (kind) {
@@ -337,9 +341,93 @@ Result<Preprocessor> layout(const std::string& name, std::string system) {
             turns = {{"user", prompt}, {"assistant", r.fields["output"]}};
             break;
           }
+          case L::gsm8k:
+            if (!has("question") || !has("answer")) return make_error(errc::invalid_argument, "not in the gsm8k layout");
+            turns = {{"user", r.fields["question"]}, {"assistant", r.fields["answer"]}};
+            break;
           case L::automatic: break;
         }
         if (turns.empty() || turns.front().role != "system") {
+          std::string sys = system;
+          if (auto s = r.fields.find("system"); kind != L::messages && s != r.fields.end()) sys = s->second;
+          if (!sys.empty()) turns.insert(turns.begin(), Message{"system", sys});
+        }
+        r.messages = std::move(turns);
+        return r;
+      }};
+}
+
+const std::vector<std::string>& prompt_layout_names() {
+  static const std::vector<std::string> names = {"auto", "gsm8k", "prompt", "messages", "query_response"};
+  return names;
+}
+
+Result<Preprocessor> prompt_layout(const std::string& name, std::string system) {
+  enum class L { automatic, gsm8k, prompt, messages, query_response };
+  L which;
+  if (name == "auto") which = L::automatic;
+  else if (name == "gsm8k") which = L::gsm8k;
+  else if (name == "prompt") which = L::prompt;
+  else if (name == "messages") which = L::messages;
+  else if (name == "query_response") which = L::query_response;
+  else
+    return make_error(errc::invalid_argument,
+                      "unknown prompt layout '" + name + "'; use auto, gsm8k, prompt, messages or query_response");
+  return Preprocessor{
+      "prompt_layout:" + name, [which, system = std::move(system)](Row r) -> Result<Row> {
+        auto has = [&](const char* k) { return r.fields.count(k) > 0; };
+        auto nested = [&](const char* k) { return std::find(r.nested.begin(), r.nested.end(), k) != r.nested.end(); };
+        // A reference answer: its "#### n" final answer when it has one.
+        auto solution_of = [](const std::string& text) {
+          if (auto final = gsm8k_final_answer(text)) return *final;
+          return std::string{trim(text)};
+        };
+        L kind = which;
+        if (kind == L::automatic) {
+          if (!r.messages.empty()) kind = L::messages;
+          else if (has("question") && has("answer")) kind = L::gsm8k;
+          else if (has("prompt") || nested("prompt")) kind = L::prompt;
+          else if (has("query")) kind = L::query_response;
+          else return make_error(errc::invalid_argument, "in no known prompt layout (messages, question/answer, prompt, query)");
+        }
+        std::vector<Message> turns;
+        switch (kind) {
+          case L::gsm8k: {
+            if (!has("question") || !has("answer")) return make_error(errc::invalid_argument, "not in the gsm8k layout");
+            auto final = gsm8k_final_answer(r.fields["answer"]);
+            if (!final) return make_error(errc::invalid_argument, "the answer has no '#### n' final answer");
+            r.fields["solution"] = *final;
+            turns = {{"user", r.fields["question"]}};
+            break;
+          }
+          case L::prompt:
+            if (nested("prompt"))
+              return make_error(errc::invalid_argument, "a \"prompt\" that is not a string (write turns as messages)");
+            if (!has("prompt")) return make_error(errc::invalid_argument, "not in the prompt layout");
+            if (!has("solution") && has("answer")) r.fields["solution"] = solution_of(r.fields["answer"]);
+            turns = {{"user", r.fields["prompt"]}};
+            break;
+          case L::messages:
+            if (r.messages.empty()) return make_error(errc::invalid_argument, "not in the messages layout");
+            turns = std::move(r.messages);
+            if (turns.back().role == "assistant") {
+              if (!has("solution"))
+                if (auto final = gsm8k_final_answer(turns.back().content)) r.fields["solution"] = *final;
+              turns.pop_back();
+            }
+            if (turns.empty() || turns.back().role != "user")
+              return make_error(errc::invalid_argument, "messages that do not end with a user turn");
+            break;
+          case L::query_response:
+            if (!has("query")) return make_error(errc::invalid_argument, "not in the query_response layout");
+            if (nested("history"))
+              return make_error(errc::invalid_argument, "a query/response row with \"history\" (write it as messages)");
+            if (!has("solution") && has("response")) r.fields["solution"] = solution_of(r.fields["response"]);
+            turns = {{"user", r.fields["query"]}};
+            break;
+          case L::automatic: break;
+        }
+        if (turns.front().role != "system") {
           std::string sys = system;
           if (auto s = r.fields.find("system"); kind != L::messages && s != r.fields.end()) sys = s->second;
           if (!sys.empty()) turns.insert(turns.begin(), Message{"system", sys});

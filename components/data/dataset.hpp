@@ -145,13 +145,30 @@ Preprocessor gsm8k(std::string system_prompt = "");
 ///   one user turn and its answer; a non-empty "history" is refused;
 /// - alpaca: "instruction", optional "input" (joined to it by a newline),
 ///   "output" (and optionally "system"); a non-empty "history" is refused;
+/// - gsm8k: "question" and "answer" (its worked answer, "#### n" included);
 /// - auto: each row as the first of these its keys fit.
 /// A row that does not fit is skipped as "not in the <layout> layout" (or
 /// "in no known layout"); `system` becomes a leading system message of rows
 /// that have none. Names: layout_names().
 Result<Preprocessor> layout(const std::string& name, std::string system = "");
-/// "auto", "messages", "query_response", "alpaca".
+/// "auto", "messages", "query_response", "alpaca", "gsm8k".
 const std::vector<std::string>& layout_names();
+
+/// Rows of prompts to sample from (RL), as glint grpo reads them: each
+/// becomes messages that end with a user turn, and the reference answer,
+/// when the row has one, the field "solution" (a "#### n" final answer is
+/// cut to n). Its other fields stay (a reward command reads them).
+/// - gsm8k: "question" and "answer" (with its "#### n");
+/// - prompt: "prompt" (a string) and optionally "solution" or "answer";
+/// - messages: "messages"; a last assistant turn is dropped and, when it
+///   has a "#### n" and there is no "solution" field, gives the solution;
+/// - query_response: "query", and "response" as the solution;
+/// - auto: each row as the first of these its keys fit.
+/// `system` becomes a leading system message of rows that have none.
+/// Names: prompt_layout_names().
+Result<Preprocessor> prompt_layout(const std::string& name, std::string system = "");
+/// "auto", "gsm8k", "prompt", "messages", "query_response".
+const std::vector<std::string>& prompt_layout_names();
 }  // namespace preprocess
 
 /// The final answer of a GSM8K-style solution: the text after the last

@@ -262,6 +262,58 @@ TEST(DatasetLayouts, EachLayoutBecomesMessagesAndRowsThatFitNoneAreSkippedWithTh
   only->map(*preprocess::layout("alpaca"));
   EXPECT_EQ(only->size(), 2u) << "a named layout takes only its own rows";
   EXPECT_FALSE(preprocess::layout("sharegpt")) << "an unknown layout name is an error";
+
+  auto qa = write("qa.jsonl", "{\"question\": \"1+1?\", \"answer\": \"1+1=2\\n#### 2\"}\n");
+  auto g = Dataset::load(meta(qa));
+  ASSERT_TRUE(g);
+  g->map(*preprocess::layout("auto"));
+  ASSERT_EQ(g->size(), 1u) << g->skipped().summary();
+  EXPECT_EQ(g->row(0).messages, (M{{"user", "1+1?"}, {"assistant", "1+1=2\n#### 2"}}))
+      << "question/answer rows train on the whole worked answer";
+}
+
+TEST(PromptLayouts, EachLayoutEndsWithAUserTurnAndKeepsItsSolution) {
+  auto path = write("prompts.jsonl",
+                    "{\"question\": \"What is 2+3?\", \"answer\": \"2+3=5\\n#### 5\", \"level\": \"1\"}\n"
+                    "{\"prompt\": \"Name a prime.\", \"solution\": \"7\"}\n"
+                    "{\"prompt\": \"Half of 8?\", \"answer\": \"It is 4.\\n#### 4\"}\n"
+                    "{\"prompt\": \"Say hi.\"}\n"
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"3*3?\"}, {\"role\": \"assistant\", \"content\": \"#### 9\"}]}\n"
+                    "{\"query\": \"10-4?\", \"response\": \"6\"}\n"
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}, "
+                    "{\"role\": \"assistant\", \"content\": \"c\"}]}\n"
+                    "{\"prompt\": [{\"role\": \"user\", \"content\": \"x\"}]}\n"
+                    "{\"question\": \"no final answer\", \"answer\": \"none\"}\n"
+                    "{\"foo\": \"bar\"}\n");
+  auto ds = Dataset::load(meta(path));
+  ASSERT_TRUE(ds);
+  auto layout = preprocess::prompt_layout("auto", "sys");
+  ASSERT_TRUE(layout);
+  ds->map(*layout);
+  ASSERT_EQ(ds->size(), 6u) << ds->skipped().summary();
+  using M = std::vector<Message>;
+  EXPECT_EQ(ds->row(0).messages, (M{{"system", "sys"}, {"user", "What is 2+3?"}}));
+  EXPECT_EQ(ds->row(0).fields.at("solution"), "5");
+  EXPECT_EQ(ds->row(0).fields.at("level"), "1") << "other fields stay for a reward command";
+  EXPECT_EQ(ds->row(1).fields.at("solution"), "7");
+  EXPECT_EQ(ds->row(2).fields.at("solution"), "4") << "an answer's '#### n' is cut to n";
+  EXPECT_EQ(ds->row(3).messages, (M{{"system", "sys"}, {"user", "Say hi."}}));
+  EXPECT_EQ(ds->row(3).fields.count("solution"), 0u) << "a prompt without an answer has no solution";
+  EXPECT_EQ(ds->row(4).messages, (M{{"system", "sys"}, {"user", "3*3?"}})) << "the last assistant turn is dropped";
+  EXPECT_EQ(ds->row(4).fields.at("solution"), "9");
+  EXPECT_EQ(ds->row(5).fields.at("solution"), "6");
+  const auto why = ds->skipped().summary();
+  EXPECT_EQ(ds->skipped().total(), 4) << why;
+  EXPECT_NE(why.find("do not end with a user turn"), std::string::npos) << why;
+  EXPECT_NE(why.find("not a string"), std::string::npos) << why;
+  EXPECT_NE(why.find("no '#### n'"), std::string::npos) << why;
+  EXPECT_NE(why.find("no known prompt layout"), std::string::npos) << why;
+
+  auto only = Dataset::load(meta(path));
+  ASSERT_TRUE(only);
+  only->map(*preprocess::prompt_layout("gsm8k"));
+  EXPECT_EQ(only->size(), 1u) << "a named layout takes only its own rows";
+  EXPECT_FALSE(preprocess::prompt_layout("alpaca")) << "an unknown prompt layout is an error";
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 // tolerance, the format reward, GRPO scales and RLOO against hand-worked
 // numbers, and the metric's aggregates.
 #include "components/rl/metrics.hpp"
+#include "components/rl/reward_command.hpp"
 #include "components/rl/rewards.hpp"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 
 namespace glint::components::rl {
@@ -127,6 +129,44 @@ TEST(CompletionRewardMetric, TokensPerSecondCountsFromTheLastReset) {
   EXPECT_DOUBLE_EQ(m.calculate().at("tokens_per_second"), 20.0);
   clock.set_unix_ms(0);  // the wall clock stepping back changes nothing
   EXPECT_DOUBLE_EQ(m.calculate().at("tokens_per_second"), 20.0);
+}
+
+TEST(RewardCommand, ReadsJsonLinesInOrderAndAnswersOneScorePerLine) {
+  // Scores: the completion's length plus the row's "bonus" field, read back
+  // from the JSON the command gets (with the prompt and index).
+  const RewardCommand cmd{.command = "python3 -c 'import json,sys\n"
+                                     "for l in sys.stdin:\n"
+                                     " r=json.loads(l); print(len(r[\"completion\"]) + float(r[\"bonus\"]) + 100*r[\"index\"]"
+                                     " + (1000 if r[\"prompt\"]==\"p\" else 0))'"};
+  std::vector<RewardInput> in = {{.prompt = "p", .completion = "abc", .fields = {{"bonus", "0.5"}}},
+                                 {.prompt = "q", .completion = "\"quoted\"\n", .fields = {{"bonus", "-1"}}}};
+  auto scores = run_reward_command(cmd, in);
+  ASSERT_TRUE(scores) << describe(scores.error());
+  EXPECT_EQ(*scores, (std::vector<double>{1003.5, 108.0}));
+  auto none = run_reward_command(cmd, {});
+  ASSERT_TRUE(none) << describe(none.error());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(RewardCommand, EveryWayItCanGoWrongIsAnErrorThatSaysWhich) {
+  std::vector<RewardInput> two = {{.completion = "a"}, {.completion = "b"}};
+  auto message = [&](const std::string& command, double timeout = 30) {
+    auto r = run_reward_command({.command = command, .timeout_seconds = timeout}, two);
+    EXPECT_FALSE(r) << command;
+    return r ? std::string{} : describe(r.error());
+  };
+  EXPECT_NE(message("cat > /dev/null; exit 3").find("exited with status 3"), std::string::npos);
+  EXPECT_NE(message("cat > /dev/null; echo 1").find("wrote 1 scores for 2"), std::string::npos);
+  EXPECT_NE(message("cat > /dev/null; printf '1\\n2\\n3\\n'").find("wrote 3 scores for 2"), std::string::npos);
+  EXPECT_NE(message("cat > /dev/null; printf '1\\nabc\\n'").find("'abc' on output line 2"), std::string::npos);
+  EXPECT_NE(message("cat > /dev/null; printf '1\\nnan\\n'").find("finite"), std::string::npos);
+  EXPECT_NE(message("").find("empty"), std::string::npos);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(message("sleep 30 & wait", 0.3).find("timeout"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "a timeout kills the command's group";
+  auto ok = run_reward_command({.command = "cat > /dev/null; printf '1\\n2.5\\n'"}, two);
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(*ok, (std::vector<double>{1, 2.5}));
 }
 
 }  // namespace

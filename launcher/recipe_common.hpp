@@ -1,0 +1,155 @@
+#pragma once
+/// What the recipes (`glint sft`, `glint grpo`) share: their common flags,
+/// the config file, reading and mixing datasets, the checks made before
+/// anything is written, the run directory and its final outputs. Each
+/// function that refuses bad input answers an error whose context is the
+/// one line to print.
+
+#include "actors/checkpointer.hpp"
+#include "actors/dataloader_group.hpp"
+#include "actors/model_group.hpp"
+#include "components/data/dataset.hpp"
+#include "components/data/template.hpp"
+#include "components/data/tokenizer.hpp"
+#include "components/model/config.hpp"
+#include "launcher/recipes.hpp"
+#include "runtime/runtime.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace glint::launcher::recipe {
+
+/// The adapter's name in the model (and sampler) group.
+inline constexpr const char* kAdapter = "default";
+
+/// "glint NAME: why" on stderr; exit code 2 (bad input: nothing was done).
+int refuse(const std::string& name, const std::string& why);
+/// "glint NAME: what: the error" on stderr; exit code 1.
+int fail(const std::string& name, const std::string& what, const caf::error& e);
+
+/// --model, --train-type, --lora-*, --target-modules, --adapter-from.
+void add_model_flags(CLI::App* c, RecipeArgs& a);
+/// --dataset, --val-dataset, --val-split, --system, --template; `rows`
+/// says what a row is ("conversations", "prompts").
+void add_data_flags(CLI::App* c, RecipeArgs& a, const std::string& rows);
+/// --max-steps, --epochs, the optimizer and the schedule.
+void add_optim_flags(CLI::App* c, RecipeArgs& a);
+/// --eval-every, --save-every, --output, --resume, --overwrite,
+/// --max-shard-mib, --dp, --seed, --config.
+void add_run_flags(CLI::App* c, RecipeArgs& a);
+
+/// Applies the TOML file `path` (read with toml++: strings with TOML's
+/// escapes, numbers, booleans, arrays for repeated flags) to the flags of
+/// `cmd` not given on the command line. Every key must be a flag; a wrong
+/// value is an error naming it.
+Result<void> apply_config(CLI::App& cmd, const std::string& path);
+/// The flags as config.toml records them, one `key = value` line each in
+/// TOML (what the run computes; not
+/// --resume, --overwrite, --config, nor `skip`, nor with --adapter-from the
+/// lora flags its adapter holds).
+std::string resolved_config(CLI::App& cmd, const RecipeArgs& a, const std::set<std::string>& skip = {});
+/// The flags of `resolved` that differ from the run's config.toml in `out`,
+/// other than those a resume may change (the common ones and `resumable`);
+/// comma-separated, empty when none.
+std::string changed_since(const std::string& out, const std::string& resolved, const std::set<std::string>& resumable);
+
+/// Applies --config (apply_config), then check_flags: the refusal, or empty.
+std::string prepare_flags(CLI::App& cmd, const RecipeArgs& a);
+/// Refusals of flag combinations every recipe shares (--resume with
+/// --overwrite, --val-split with --val-dataset, lora flags with
+/// --adapter-from, a zero --epochs). Empty: none.
+std::string check_flags(const RecipeArgs& a, CLI::App& cmd);
+
+/// The model directory, checked: a directory with a config.json glint
+/// reads and a tokenizer.json.
+struct ModelFiles {
+  std::string dir;  ///< absolute
+  components::ModelConfig config;
+  std::shared_ptr<const components::Tokenizer> tokenizer;
+};
+Result<ModelFiles> read_model(const RecipeArgs& a, const std::string& name);
+
+/// The LoRA config of the flags (target modules checked against what glint
+/// adapts), the optimizer's, and the schedule of a run of `steps` steps.
+Result<components::LoraConfig> lora_of(const RecipeArgs& a);
+Result<components::OptimizerConfig> optimizer_of(const RecipeArgs& a);
+components::SchedulerConfig schedule_of(const RecipeArgs& a, int64_t steps);
+
+/// The rows of the dataset arguments (FILE or FILE:RATIO), each file through
+/// `layout`, mixed in one seeded order. `hint` ends the refusal of a file
+/// with no usable row (which layouts the recipe reads).
+Result<std::vector<components::Row>> read_mix(const std::vector<std::string>& args, const components::Preprocessor& layout,
+                                              const std::string& layout_name, const std::string& hint,
+                                              const std::string& name, uint64_t seed);
+/// Moves a share `split` of `train` (the first rows) to `val`; a row a
+/// ratio above 1 repeated goes with all its copies and is validated once.
+Result<void> split_validation(std::vector<components::Row>& train, std::vector<components::Row>& val, double split);
+/// The training and validation rows of the flags (read_mix, split_validation).
+Result<void> read_data(const RecipeArgs& a, const components::Preprocessor& layout, const std::string& layout_name,
+                       const std::string& hint, const std::string& name, std::vector<components::Row>& train,
+                       std::vector<components::Row>& val);
+
+/// The run directory `out` (config.toml, data/, checkpoints, metrics,
+/// last/, best/), its index opened. A new run (not `resuming`) starts it
+/// over: refused (failed_precondition) when it has checkpoints and not
+/// --overwrite; its rows and config are written.
+Result<actors::Checkpointer> open_run(const RecipeArgs& a, const std::string& out, bool resuming,
+                                      const std::vector<components::Row>& train, const std::vector<components::Row>& val,
+                                      const std::string& resolved);
+/// --output as an absolute path without a trailing slash.
+std::string output_dir(const RecipeArgs& a);
+
+/// The model group of a.dp ranks on `model_dir`, placed; with `lora`, the
+/// handle of its adapter kAdapter (read from --adapter-from, or fresh).
+Result<actors::ModelGroup> open_model(Runtime& rt, const RecipeArgs& a, const std::string& model_dir,
+                                      const components::LoraConfig* lora);
+
+/// The training dataloader of `spec` and, when `val_path` is not empty, a
+/// validation one over that file (in order, short batches kept, batches of
+/// `val_batch_size` rows, or spec's when 0).
+struct Loaders {
+  actors::DataLoaderGroup train;
+  actors::LoaderInfo info;                   ///< of train
+  std::optional<actors::DataLoaderGroup> val;
+  int64_t val_batches = 0;                   ///< per validation epoch
+};
+Result<Loaders> open_loaders(Runtime& rt, const actors::DataLoaderSpec& spec, const std::string& val_path,
+                             int64_t val_batch_size = 0);
+
+/// Where a run continues: the step after `start`, and the best evaluation
+/// so far (its metric `best_key` and step, as save_metrics recorded them).
+struct RunPosition {
+  int64_t start = 0;
+  double best;
+  int64_t best_step = 0;
+  bool improves(double value, bool higher_is_better) const {
+    return best_step == 0 || (higher_is_better ? value > best : value < best);
+  }
+};
+/// Loads the run's latest checkpoint into `model` and `train` when
+/// `resuming` (and it has one), printing where it resumed.
+Result<RunPosition> resume_run(actors::Checkpointer& checkpoints, bool resuming, const actors::ModelGroup& model,
+                            const actors::DataLoaderGroup& train, const std::string& name, const std::string& best_key);
+/// The metrics a checkpoint records so that a resume knows the best so far.
+void record_best(std::map<std::string, double>& metrics, const RunPosition& p, const std::string& best_key);
+
+/// Writes last/ (the model's weights now: a PEFT adapter directory, or a
+/// Hugging Face model directory with the tokenizer) and, when best_step >
+/// 0, best/ (that checkpoint's weights).
+Result<void> publish_outputs(const actors::ModelGroup& model, const actors::Checkpointer& checkpoints,
+                             const RecipeArgs& a, const std::string& out, const std::string& model_dir,
+                             int64_t best_step);
+
+/// The id padding gets (masked out; it only has to be in the vocabulary).
+int64_t pad_id(const components::Tokenizer& tok);
+/// Writes `text` to `path` through a temporary file and a rename.
+Result<void> write_text(const std::string& path, const std::string& text);
+/// True when some entry is not empty (a config.toml writes "" for none).
+bool any(const std::vector<std::string>& v);
+
+}  // namespace glint::launcher::recipe

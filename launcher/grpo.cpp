@@ -149,7 +149,7 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
   c->add_option("--reward-weights", a.reward_weights,
                 "Weights of the rewards in order (the --reward names, then the command); default: all 1")
       ->delimiter(',');
-  c->add_option("--reward-timeout", a.reward_timeout, "Seconds the reward command may take per step")
+  c->add_option("--reward-timeout", a.reward_timeout, "Seconds the reward command may take per call")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1e6));
   c->add_option("--loss", a.loss, "grpo, gspo (sequence-level ratio), dr_grpo (constant normaliser) or cispo")
@@ -193,8 +193,7 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
 
   // 1. Checks that write nothing.
   auto files = recipe::read_model(a, kName);
-  if (!files) return code_of(files.error()) == errc::invalid_argument ? refuse(context_of(files.error()))
-                                                                       : fail("the model", files.error());
+  if (!files) return refuse(context_of(files.error()));  // nothing is written yet
   const auto& model_dir = files->dir;
   const auto& mcfg = files->config;
   if (a.max_prompt_length + a.max_tokens > mcfg.max_position_embeddings)
@@ -205,11 +204,19 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
   if (!truncation) return fail("--truncation", truncation.error());
   auto chat = components::Template::make(files->tokenizer, {.name = a.chat_template, .max_length = a.max_prompt_length,
                                                             .truncation = *truncation});
-  if (!chat) return fail("the chat template", chat.error());
+  if (!chat) return refuse("the chat template: " + context_of(chat.error()));
   auto lora = recipe::lora_of(a);
   if (!lora) return refuse(context_of(lora.error()));
   auto opt = recipe::optimizer_of(a);
-  if (!opt) return fail("the optimizer flags", opt.error());
+  if (!opt) return refuse(context_of(opt.error()));
+  if (a.prompts_per_step < a.sampler_dp)
+    return refuse("--prompts-per-step " + std::to_string(a.prompts_per_step) + " is smaller than --sampler-dp " +
+                  std::to_string(a.sampler_dp) + ": every sampler rank needs a prompt");
+  if (a.lora_dropout > 0)
+    return refuse("--lora-dropout does not apply to glint grpo: the sampler generates without dropout, so the ratio to "
+                  "its log-probabilities would measure the dropout noise, not the policy's change");
+  if (a.loss == "cispo" && cmd.get_option("--epsilon")->count() > 0)
+    return refuse("--epsilon does not apply to --loss cispo (its weight has only the upper bound --epsilon-high)");
   if (a.prompts_per_step * a.num_generations < a.dp)
     return refuse("--prompts-per-step x --num-generations is " + std::to_string(a.prompts_per_step * a.num_generations) +
                   " completions, fewer than --dp " + std::to_string(a.dp) + ": every data-parallel rank needs one");
@@ -285,8 +292,7 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
                                     "glint grpo reads gsm8k (question/answer), prompt, messages and query/response rows",
                                     kName, train_rows, val_rows);
         !ok)
-      return code_of(ok.error()) == errc::invalid_argument ? refuse(context_of(ok.error()))
-                                                           : fail("reading the data", ok.error());
+      return recipe::bad_input(ok.error()) ? refuse(context_of(ok.error())) : fail("reading the data", ok.error());
     // What the dataloader will keep: prompts that encode within the limit.
     auto usable = [&](const std::vector<Row>& rows, const char* what) -> Result<int64_t> {
       auto ds = components::Dataset::from_rows(rows, what);
@@ -378,9 +384,10 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
                 a.train_type.c_str(), model_dir.c_str(), static_cast<long long>(info.rows), info.skipped.c_str(),
                 static_cast<long long>(steps), static_cast<long long>(a.prompts_per_step),
                 static_cast<long long>(a.num_generations), a.loss.c_str());
-    for (size_t k = 0; k < rewards.names.size(); ++k)
-      std::printf(" %s%s", rewards.names[k].c_str(),
-                  rewards.weights[k] == 1.0 ? "" : (" x" + std::to_string(rewards.weights[k])).c_str());
+    for (size_t k = 0; k < rewards.names.size(); ++k) {
+      std::printf(" %s", rewards.names[k].c_str());
+      if (rewards.weights[k] != 1.0) std::printf(" x %g", rewards.weights[k]);
+    }
     std::printf("\n");
 
     auto position = recipe::resume_run(*checkpoints, resuming, model, train, kName, "best_eval_reward");
@@ -409,8 +416,14 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
         auto greedy = sampling;
         greedy.num_samples = 1;
         greedy.temperature = 0;
-        auto seqs = sampler.sample(prompt_ids(b->rows), greedy).take();
+        // A short last batch gets copies of its first prompt (their answers
+        // dropped), so every sampler rank has one.
+        auto prompts = prompt_ids(b->rows);
+        const size_t asked = prompts.size();
+        while (prompts.size() < static_cast<size_t>(a.sampler_dp)) prompts.push_back(prompts.front());
+        auto seqs = sampler.sample(prompts, greedy).take();
         if (!seqs) return seqs.error();
+        seqs->resize(asked);
         if (auto ok = check_sampled(*seqs); !ok) return ok.error();
         auto scores = rewards.score(b->rows, 1, *seqs);
         if (!scores) return scores.error();

@@ -152,12 +152,20 @@ Result<FlagValues> read_flags(std::string_view text, std::string_view source) {
   return out;
 }
 
-/// A flag's value as TOML: true/false for a flag, a number as written when
-/// it is one, else a string with TOML's escapes.
-std::string toml_value(const std::string& text, bool is_flag) {
-  if (is_flag) return text == "true" || text == "1" ? "true" : "false";
+enum class FlagKind { flag, text, number };
+
+/// A flag's value as TOML: true/false for a flag, a number option's value
+/// as a number (when it is one), else a string with TOML's escapes.
+std::string toml_value(const std::string& text, FlagKind kind) {
+  if (kind == FlagKind::flag) {
+    try {  // as CLI11 reads a flag's value (yes, on, 2, ...)
+      return CLI::detail::to_flag_value(text) > 0 ? "true" : "false";
+    } catch (const std::exception&) {
+      return "false";
+    }
+  }
   static const std::regex number{R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)"};
-  if (std::regex_match(text, number)) {
+  if (kind == FlagKind::number && std::regex_match(text, number)) {
     // A fraction in its shortest form (3e-3 and 0.003 are written alike);
     // an integer beyond int64 (a seed) is not a TOML integer: text.
     if (text.find_first_of(".eE") != std::string::npos) {
@@ -231,16 +239,18 @@ std::string resolved_config(CLI::App& cmd, const RecipeArgs& a, const std::set<s
       continue;
     const bool is_flag = opt->get_expected_min() == 0;
     const bool is_list = opt->get_items_expected_max() > 1;
+    const auto type = opt->get_type_name();  // TEXT, INT, UINT, FLOAT, with checks after a ':'
+    const FlagKind kind = is_flag ? FlagKind::flag : type.rfind("TEXT", 0) == 0 ? FlagKind::text : FlagKind::number;
     std::vector<std::string> values = opt->count() > 0 ? opt->reduced_results() : std::vector<std::string>{};
     if (values.empty() && !opt->get_default_str().empty()) values = {opt->get_default_str()};
     if (values.empty() && is_flag) values = {"false"};
     std::string line = key + " = ";
     if (is_list) {
       line += "[";
-      for (size_t i = 0; i < values.size(); ++i) line += (i ? ", " : "") + toml_value(values[i], false);
+      for (size_t i = 0; i < values.size(); ++i) line += (i ? ", " : "") + toml_value(values[i], kind);
       line += "]";
     } else {
-      line += toml_value(values.empty() ? std::string{} : values.front(), is_flag);
+      line += toml_value(values.empty() ? std::string{} : values.front(), kind);
     }
     out += line + "\n";
   }
@@ -258,10 +268,17 @@ std::string changed_since(const std::string& out, const std::string& resolved, c
   auto before = read_flags(text.str(), out + "/config.toml"), now = read_flags(resolved, "the flags");
   if (!before) return "(its config.toml does not read: " + context_of(before.error()) + ")";
   if (!now) return "(" + context_of(now.error()) + ")";
-  std::map<std::string, std::vector<std::string>> was(before->begin(), before->end());
+  // An empty list and one empty entry are the same "none" (an older
+  // config.toml wrote `key=""` for an empty list).
+  auto norm = [](std::vector<std::string> v) {
+    std::erase(v, std::string{});
+    return v;
+  };
+  std::map<std::string, std::vector<std::string>> was;
+  for (const auto& [k, v] : *before) was[k] = norm(v);
   std::string changed;
   for (const auto& [k, v] : *now)
-    if (!common.count(k) && !resumable.count(k) && (!was.count(k) || was.at(k) != v))
+    if (!common.count(k) && !resumable.count(k) && (!was.count(k) || was.at(k) != norm(v)))
       changed += (changed.empty() ? "" : ", ") + k;
   return changed;
 }

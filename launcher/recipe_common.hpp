@@ -27,6 +27,11 @@ namespace glint::launcher::recipe {
 /// The adapter's name in the model (and sampler) group.
 inline constexpr const char* kAdapter = "default";
 
+/// True for an error of the user's input (invalid_argument, not_found):
+/// refused with exit code 2 rather than failed with 1.
+inline bool bad_input(const caf::error& e) {
+  return code_of(e) == errc::invalid_argument || code_of(e) == errc::not_found;
+}
 /// "glint NAME: why" on stderr; exit code 2 (bad input: nothing was done).
 int refuse(const std::string& name, const std::string& why);
 /// "glint NAME: what: the error" on stderr; exit code 1.

@@ -169,8 +169,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
   if (a.eval_only && recipe::any(a.dataset)) return refuse("--eval-only reads --val-dataset only; leave out --dataset");
   // 1. Checks that write nothing.
   auto files = recipe::read_model(a, kName);
-  if (!files) return code_of(files.error()) == errc::invalid_argument ? refuse(context_of(files.error()))
-                                                                       : fail("the model", files.error());
+  if (!files) return refuse(context_of(files.error()));  // nothing is written yet
   const auto& model_dir = files->dir;
   const auto& mcfg = files->config;
   auto truncation = components::parse_truncation(a.truncation);
@@ -181,14 +180,14 @@ int sft(const SftArgs& args, CLI::App& cmd) {
   const int64_t max_length = a.max_length > 0 ? a.max_length : mcfg.max_position_embeddings;
   auto chat = components::Template::make(files->tokenizer, {.name = a.chat_template, .max_length = max_length,
                                                             .truncation = *truncation});
-  if (!chat) return fail("the chat template", chat.error());
+  if (!chat) return refuse("the chat template: " + context_of(chat.error()));
   if (a.batch_size < a.dp)
     return refuse("--batch-size " + std::to_string(a.batch_size) + " is smaller than --dp " + std::to_string(a.dp) +
                   ": every data-parallel rank needs a row");
   auto lora = recipe::lora_of(a);
   if (!lora) return refuse(context_of(lora.error()));
   auto opt = recipe::optimizer_of(a);
-  if (!opt) return fail("the optimizer flags", opt.error());
+  if (!opt) return refuse(context_of(opt.error()));
 
   const auto out = recipe::output_dir(a);
   const auto data_dir = out + "/data";
@@ -214,8 +213,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
                                     "glint sft reads messages, query/response, alpaca (instruction/input/output) and gsm8k (question/answer) rows",
                                     kName, train_rows, val_rows);
         !ok)
-      return code_of(ok.error()) == errc::invalid_argument ? refuse(context_of(ok.error()))
-                                                           : fail("reading the data", ok.error());
+      return recipe::bad_input(ok.error()) ? refuse(context_of(ok.error())) : fail("reading the data", ok.error());
     std::string skipped;
     auto usable = usable_rows(train_rows, *chat, skipped);
     if (!usable) return fail("encoding the training data", usable.error());

@@ -68,6 +68,7 @@ Result<std::vector<double>> run_reward_command(const RewardCommand& command, std
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_addopen(&files, 0, in_path.c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&files, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addclosefrom_np(&files, 3);  // none of glint's sockets and files
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);  // its own group, so a timeout kills what it started too
   const char* argv[] = {"sh", "-c", command.command.c_str(), nullptr};
@@ -81,12 +82,14 @@ Result<std::vector<double>> run_reward_command(const RewardCommand& command, std
   int status = 0;
   for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
     const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    const int why = errno;
     if (done == pid) break;
-    if (done < 0 && errno != EINTR) return make_error(errc::unavailable, "waiting for the " + what + ": " + std::strerror(errno));
-    if (std::chrono::steady_clock::now() > deadline) {
+    const bool lost = done < 0 && why != EINTR;
+    if (lost || std::chrono::steady_clock::now() > deadline) {
       ::kill(-pid, SIGKILL);
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
+      if (lost) return make_error(errc::unavailable, "waiting for the " + what + ": " + std::strerror(why));
       char limit[32];
       std::snprintf(limit, sizeof limit, "%g", command.timeout_seconds);
       return make_error(errc::deadline_exceeded, what + " ran past its timeout of " + limit + " s and was killed");

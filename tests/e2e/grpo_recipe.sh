@@ -108,16 +108,19 @@ EOF
 # 5. The recorded config replays the run, strings with newlines, quotes and
 #    '#' included.
 "$glint" grpo --model runs/sft/last "${common[@]}" --prompts-per-step 2 --num-generations 2 --max-steps 1 \
-  --stop $'\n\n' --stop '#### 1 "x"' --reward accuracy,format --reward-weights 1,0.5 --output runs/tricky > tricky.log 2>&1 \
+  --stop $'\n\n' --stop '#### 1 "x"' --stop 2.50 --reward accuracy,format --reward-weights 1,0.5 --output runs/tricky > tricky.log 2>&1 \
   || { cat tricky.log; fail "the run with stop strings"; }
-grep -qF 'stop = ["\n\n", "#### 1 \"x\""]' runs/tricky/config.toml || { cat runs/tricky/config.toml; fail "stop strings recorded wrong"; }
+grep -qF 'stop = ["\n\n", "#### 1 \"x\"", "2.50"]' runs/tricky/config.toml || { cat runs/tricky/config.toml; fail "stop strings recorded wrong"; }
 "$glint" grpo --config runs/tricky/config.toml --output runs/again > again.log 2>&1 || { cat again.log; fail "--config"; }
 diff <(grep -v '^output =' runs/tricky/config.toml) <(grep -v '^output =' runs/again/config.toml) \
   || fail "the config file did not give the same flags"
 
 # 6. Two processes: the model and sampler groups spread over them, synced every 2 steps.
+#    65 validation prompts: a last batch of one, fewer than the sampler ranks.
+head -65 arith.jsonl > val65.jsonl
 "$glint" run --nproc 2 -- "$glint" grpo --model runs/sft/last "${common[@]}" --prompts-per-step 8 --num-generations 4 \
-  --max-steps 4 --dp 2 --sampler-dp 2 --sync-every 2 --output runs/cluster > cluster.log 2>&1 \
+  --max-steps 4 --dp 2 --sampler-dp 2 --sync-every 2 --val-dataset val65.jsonl --eval-every 2 \
+  --output runs/cluster > cluster.log 2>&1 \
   || { cat cluster.log; fail "a 2-process run"; }
 grep -q "on node 0,1" cluster.log || { cat cluster.log; fail "the groups did not span the two processes"; }
 [[ -f runs/cluster/last/adapter_model.safetensors ]] || fail "the 2-process run wrote no last/"
@@ -134,7 +137,7 @@ expect_refusal() {  # NAME PATTERN ARGS...
   local name=$1 pattern=$2; shift 2
   local code=0
   "$glint" grpo "$@" --output "runs/$name" > "$name.out" 2> "$name.err" || code=$?
-  [[ $code != 0 ]] || fail "$name: exit 0"
+  [[ $code == 2 ]] || { cat "$name.err"; fail "$name: exit $code, not 2"; }
   [[ $(wc -l < "$name.err") == 1 ]] || { cat "$name.err"; fail "$name: not one error line"; }
   grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: the error does not say '$pattern'"; }
   [[ ! -e runs/$name ]] || fail "$name: runs/$name was written"
@@ -148,5 +151,11 @@ expect_refusal too-long "beyond the model's max_position_embeddings" --model mod
 expect_refusal greedy "no spread to learn from" --model model "${small[@]}" --dataset arith.jsonl --temperature 0
 expect_refusal few "fewer than --prompts-per-step" --model model "${small[@]}" --dataset nosolution.jsonl --reward format --prompts-per-step 2
 expect_refusal no-layout "no usable row in the gsm8k layout" --model model "${small[@]}" --dataset nosolution.jsonl --layout gsm8k
+expect_refusal sampler-ranks "every sampler rank needs a prompt" --model model "${small[@]}" --dataset arith.jsonl \
+  --prompts-per-step 1 --sampler-dp 2
+expect_refusal dropout "lora-dropout does not apply" --model model "${small[@]}" --dataset arith.jsonl --lora-dropout 0.1
+expect_refusal cispo "does not apply to --loss cispo" --model model "${small[@]}" --dataset arith.jsonl --loss cispo \
+  --epsilon 0.2
+expect_refusal missing "is not a file" --model model "${small[@]}" --dataset nothere.jsonl
 expect_refusal both "pick one" --model model "${small[@]}" --dataset arith.jsonl --resume --overwrite
 echo "grpo recipe: ok (command reward $first -> $last)"

@@ -107,7 +107,7 @@ expect_refusal() {  # NAME PATTERN ARGS...
   local name=$1 pattern=$2; shift 2
   local code=0
   "$glint" sft "$@" --output "runs/$name" > "$name.out" 2> "$name.err" || code=$?
-  [[ $code != 0 ]] || fail "$name: exit 0"
+  [[ $code == 2 ]] || { cat "$name.err"; fail "$name: exit $code, not 2"; }
   [[ $(wc -l < "$name.err") == 1 ]] || { cat "$name.err"; fail "$name: not one error line"; }
   grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: the error does not say '$pattern'"; }
   [[ ! -e runs/$name ]] || fail "$name: runs/$name was written"

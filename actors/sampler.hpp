@@ -9,6 +9,12 @@
 ///                                               actors::requests_of(prompts), params, std::string{}).get();
 ///   auto batch = actors::training_batch(prompts, *seqs, {.advantages = adv});  // input_ids, masks, old_logps, advantages
 ///
+/// A seeded call (SamplingParams::seed >= 0) draws request i > 0 from a seed
+/// mixed from the call's and i (SampleRequest::index), and request 0 from the
+/// call's seed itself: the prompts of a call do not share random numbers, and
+/// a request's completions depend on (seed, index) only, not on the rest of
+/// the call or the rank that serves it.
+///
 /// A call answers num_samples sequences per request, request by request in
 /// the order given; Collect::flatten joins the dp ranks' contiguous slices
 /// in rank order, so the whole answer keeps the order of the whole call. The

@@ -9,6 +9,22 @@
 
 namespace glint::actors {
 
+namespace {
+
+/// The seed of request `index` of a call seeded with `seed`: request 0
+/// keeps it (a one-prompt call samples as the engine does), request i > 0
+/// draws from (seed, i), so the prompts of one call do not share their
+/// random numbers, whatever rank serves them.
+int64_t request_seed(int64_t seed, int64_t index) {
+  if (seed < 0 || index == 0) return seed;
+  uint64_t z = static_cast<uint64_t>(seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<int64_t>((z ^ (z >> 31)) & 0x7fffffffffffffffull);
+}
+
+}  // namespace
+
 using namespace glint::components;
 
 struct SamplerState::Sync {
@@ -81,7 +97,9 @@ void SamplerState::sample(const std::vector<SampleRequest>& requests, const Samp
         s.index = requests[r].index;
         s.sample = static_cast<int64_t>(k);
       }
-      auto rid = (*e)->add_request(requests[r].prompt, engine_params, adapter);
+      auto request_params = engine_params;
+      request_params.seed = request_seed(params.seed, requests[r].index);
+      auto rid = (*e)->add_request(requests[r].prompt, request_params, adapter);
       if (!rid) {
         refuse(call, r, describe(rid.error()));
         continue;

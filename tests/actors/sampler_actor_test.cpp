@@ -13,6 +13,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 
 namespace glint {
 namespace {
@@ -201,6 +202,26 @@ TEST_P(SamplerActorTest, BadRequestCarriesItsErrorWhileTheOthersComplete) {
   auto good = sample(group, {{1, 2}, {3, 4}}, greedy);
   ASSERT_TRUE(good) << describe(good.error());
   EXPECT_EQ((*good)[1].tokens.size(), 6u);
+}
+
+TEST_P(SamplerActorTest, SeededPromptsOfOneCallDrawTheirOwnNumbersWhicheverRankServesThem) {
+  auto group = spawn(random_spec(2));
+  const Prompts prompts = {{1, 2, 3}, {1, 2, 3}, {1, 2, 3}, {1, 2, 3}};
+  SamplingParams p{.max_tokens = 12, .temperature = 1.0, .seed = 11, .ignore_eos = true};
+  auto seqs = sample(group, prompts, p);
+  ASSERT_TRUE(seqs) << describe(seqs.error());
+  ASSERT_EQ(seqs->size(), 4u);
+  std::set<std::vector<int64_t>> distinct;
+  for (const auto& s : *seqs) distinct.insert(s.tokens);
+  EXPECT_EQ(distinct.size(), 4u) << "the same prompt four times in a seeded call drew the same numbers";
+  // Request 2 alone (its index kept) samples what it did in the call.
+  auto alone = group.call<Collect::flatten>(Dispatch::all, actors::sample_atom_v,
+                                            std::vector<actors::SampleRequest>{{.index = 2, .prompt = {1, 2, 3}}}, p,
+                                            std::string{})
+                   .get();
+  ASSERT_TRUE(alone) << describe(alone.error());
+  ASSERT_FALSE(alone->empty());
+  for (const auto& s : *alone) EXPECT_EQ(s.tokens, (*seqs)[2].tokens) << "every rank samples request 2 alike";
 }
 
 TEST_P(SamplerActorTest, SamplerWithoutAModelAnswersWhyOnEveryCall) {

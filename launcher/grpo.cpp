@@ -295,9 +295,9 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
       return recipe::bad_input(ok.error()) ? refuse(context_of(ok.error())) : fail("reading the data", ok.error());
     // What the dataloader will keep: prompts that encode within the limit.
     auto usable = [&](const std::vector<Row>& rows, const char* what) -> Result<int64_t> {
-      auto ds = components::Dataset::from_rows(rows, what);
-      ds.set_template(*chat);
-      if (auto ok = ds.encode({.add_generation_prompt = true}); !ok) return ok.error();
+      auto encoded = recipe::encoded(rows, *chat, true);
+      if (!encoded) return encoded.error();
+      const auto& ds = *encoded;
       if (ds.size() == 0)
         return make_error(errc::invalid_argument, std::string{"the "} + what + " prompts have no usable row within "
                                                       "--max-prompt-length " + std::to_string(a.max_prompt_length) +

@@ -448,6 +448,13 @@ Result<std::vector<Row>> read_mix(const std::vector<std::string>& args, const co
   return out;
 }
 
+Result<components::Dataset> encoded(const std::vector<Row>& rows, const components::Template& chat, bool prompts) {
+  auto ds = components::Dataset::from_rows(rows, "check");
+  ds.set_template(chat);
+  if (auto ok = ds.encode({.add_generation_prompt = prompts}); !ok) return ok.error();
+  return ds;
+}
+
 Result<void> split_validation(std::vector<Row>& train, std::vector<Row>& val, double split) {
   const auto held = static_cast<size_t>(std::llround(split * static_cast<double>(train.size())));
   if (held == 0 || held >= train.size())
@@ -545,7 +552,7 @@ Result<Loaders> open_loaders(Runtime& rt, const actors::DataLoaderSpec& spec, co
   if (!train) return with_context(train.error(), "opening the training data");
   auto info = train->loader_info().take();
   if (!info) return with_context(info.error(), "reading the training data");
-  Loaders l{.train = std::move(*train), .info = std::move(*info)};
+  Loaders l{.train = std::move(*train), .info = std::move(*info), .val = std::nullopt, .val_batches = 0};
   if (val_path.empty()) return l;
   auto vspec = spec;
   vspec.dataset = val_path;

@@ -91,6 +91,10 @@ components::SchedulerConfig schedule_of(const RecipeArgs& a, int64_t steps);
 Result<std::vector<components::Row>> read_mix(const std::vector<std::string>& args, const components::Preprocessor& layout,
                                               const std::string& layout_name, const std::string& hint,
                                               const std::string& name, uint64_t seed);
+/// `rows` encoded with `chat` as the dataloader will encode them (prompts
+/// to sample from with `prompts`): what it keeps, and its skip report.
+Result<components::Dataset> encoded(const std::vector<components::Row>& rows, const components::Template& chat,
+                                    bool prompts);
 /// Moves a share `split` of `train` (the first rows) to `val`; a row a
 /// ratio above 1 repeated goes with all its copies and is validated once.
 Result<void> split_validation(std::vector<components::Row>& train, std::vector<components::Row>& val, double split);

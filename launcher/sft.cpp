@@ -51,11 +51,10 @@ int fail(const std::string& what, const caf::error& e) { return recipe::fail(kNa
 
 /// How many rows encode within the limits (what the dataloader will keep).
 Result<int64_t> usable_rows(const std::vector<Row>& rows, const components::Template& chat, std::string& skipped) {
-  auto ds = components::Dataset::from_rows(rows, "check");
-  ds.set_template(chat);
-  if (auto ok = ds.encode(); !ok) return ok.error();
-  skipped = ds.skipped().summary();
-  return static_cast<int64_t>(ds.size());
+  auto ds = recipe::encoded(rows, chat, false);
+  if (!ds) return ds.error();
+  skipped = ds->skipped().summary();
+  return static_cast<int64_t>(ds->size());
 }
 
 /// The validation loss: the mean negative log-likelihood of the trained

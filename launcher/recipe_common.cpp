@@ -3,6 +3,7 @@
 #include "components/model/lora_config.hpp"
 #include "placement/service.hpp"
 #include "placement/toml.hpp"
+#include "runtime/file.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -200,10 +201,9 @@ std::string toml_value(const std::string& text, FlagKind kind) {
 
 Result<void> apply_config(CLI::App& cmd, const std::string& path) {
   if (!fs::is_regular_file(path)) return make_error(errc::not_found, "--config " + path + " is not a file");
-  std::ifstream in{path};
-  std::stringstream text;
-  text << in.rdbuf();
-  auto items = read_flags(text.str(), path);
+  auto text = read_text_file(path);
+  if (!text) return with_context(text.error(), "--config");
+  auto items = read_flags(*text, path);
   if (!items) return items.error();
   for (const auto& [key, values] : *items) {
     if (key == "config") continue;  // a recorded config.toml names its own source
@@ -261,11 +261,10 @@ std::string changed_since(const std::string& out, const std::string& resolved, c
   // Flags a resumed run may change: they do not change what was computed so far.
   static const std::set<std::string> common = {"resume", "overwrite", "max-steps", "epochs", "eval-every",
                                                "save-every", "config", "max-shard-mib", "dp"};
-  std::ifstream in{out + "/config.toml"};
-  std::stringstream text;
-  text << in.rdbuf();
+  auto text = read_text_file(out + "/config.toml");
+  if (!text) return "(its config.toml does not read: " + context_of(text.error()) + ")";
   // Both read the same way, so 3e-3 and 0.003 are one value.
-  auto before = read_flags(text.str(), out + "/config.toml"), now = read_flags(resolved, "the flags");
+  auto before = read_flags(*text, out + "/config.toml"), now = read_flags(resolved, "the flags");
   if (!before) return "(its config.toml does not read: " + context_of(before.error()) + ")";
   if (!now) return "(" + context_of(now.error()) + ")";
   // An empty list and one empty entry are the same "none" (an older

@@ -33,7 +33,7 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
   const auto* model = model_.backend().actor_group();
   const auto* sampler = sampler_.backend().actor_group();
   if (auto* remote = dynamic_cast<RemoteWeightSync*>(&model_.backend()); remote && !model && !sampler) {
-    auto r = remote->sync_to(sampler_.backend(), model_.adapter(), o);
+    auto r = remote->sync_to(sampler_.backend(), model_.adapter(), target(), o);
     if (r) version_ = r->version;
     return r;
   }
@@ -69,7 +69,7 @@ Result<SyncReport> CheckpointEngine::by_messages(const Group<model_actor>& model
   // passes through the driver.
   WeightPush push{.adapter = model_.adapter(),
                   .merged = o.merge_and_sync,
-                  .update = {o.merge_and_sync ? std::string{} : model_.adapter(), r.version, o.policy},
+                  .update = {o.merge_and_sync ? std::string{} : target(), r.version, o.policy},
                   .bucket_bytes = o.bucket_bytes,
                   .timeout_ms = sampler.timeout().count()};
   for (int s = 0; s < sampler.size(); ++s) {
@@ -108,7 +108,7 @@ Result<SyncReport> CheckpointEngine::by_collective(const Group<model_actor>& mod
     for (auto d : t.shape) n *= d;
     r.bytes += n * static_cast<int64_t>(element_size(t.dtype));
   }
-  const std::string target = o.merge_and_sync ? std::string{} : adapter;
+  const std::string target = o.merge_and_sync ? std::string{} : this->target();
   const int32_t world = 1 + sampler.size();
   // Every member blocks in the collective until all have joined: send to all, then wait.
   SyncGroupAddress at{o.store_host, store_port_, 0, world, o.bucket_bytes};
@@ -147,7 +147,7 @@ Result<SyncReport> CheckpointEngine::by_stream(const Group<model_actor>& model, 
   const auto timeout = sampler.timeout().count();
   auto sent = model.with_timeout(sampler.timeout() * 2)
                   .call_rank(0, stream_send_atom::value, adapter, o.merge_and_sync, static_cast<int64_t>(timeout));
-  const WeightUpdate update{o.merge_and_sync ? std::string{} : adapter, r.version, o.policy};
+  const WeightUpdate update{o.merge_and_sync ? std::string{} : target(), r.version, o.policy};
   const StreamAddress at{host, *port, timeout};
   std::vector<Future<bool>> received;
   for (int s = 0; s < sampler.size(); ++s)

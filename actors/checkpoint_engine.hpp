@@ -83,7 +83,9 @@ struct SyncReport {
 
 class CheckpointEngine {
 public:
-  /// Syncs what `model` trains (its adapter, or the full model) to `sampler`.
+  /// Syncs what `model` trains (its adapter, or the full model) to `sampler`:
+  /// an adapter goes into the sampler's adapter of the same name, or into
+  /// the one `sampler` names (with_adapter), of the same shape.
   CheckpointEngine(ModelGroup model, SamplerGroup sampler) : model_(std::move(model)), sampler_(std::move(sampler)) {}
 
   /// Errors: bad options (bucket_bytes < 1, merge without an adapter), an
@@ -103,6 +105,9 @@ private:
                                    const SyncOptions& options, SyncReport r);
   Result<SyncReport> by_stream(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
                                const SyncOptions& options, SyncReport r);
+
+  /// The sampler adapter an adapter's weights go into.
+  std::string target() const { return sampler_.adapter().empty() ? model_.adapter() : sampler_.adapter(); }
 
   ModelGroup model_;
   SamplerGroup sampler_;

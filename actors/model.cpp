@@ -30,6 +30,15 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
       [st, answer](forward_backward_atom, const Batch& b, const std::string& adapter) -> caf::result<Metrics> {
         return answer([&] { return st->forward_backward(b, adapter); });
       },
+      [st, answer](forward_backward_logps_atom, const Batch& b, const std::string& adapter) -> caf::result<TrainOutput> {
+        return answer([&]() -> Result<TrainOutput> {
+          TrainOutput out;
+          auto m = st->forward_backward(b, adapter, &out.logps);
+          if (!m) return m.error();
+          out.metrics = std::move(*m);
+          return out;
+        });
+      },
       [st, answer](forward_only_atom, const Batch& b, const std::string& adapter) -> caf::result<Tensor> {
         return answer([&] { return st->forward_only(b, adapter); });
       },

@@ -54,7 +54,7 @@ namespace glint::components {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LossSpec& x) {
   return f(caf::meta::type_name("glint.loss_spec"), x.kind, x.epsilon, x.epsilon_high, x.beta, x.entropy_coef,
-           x.max_tokens, x.label_smoothing);
+           x.max_tokens, x.label_smoothing, x.reduction);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, OptimizerConfig& x) {
@@ -182,7 +182,19 @@ typename Inspector::result_type inspect(Inspector& f, ModelSpec& x) {
   return f(caf::meta::type_name("glint.model_spec"), x.model_dir, x.config_json, x.seed, x.store_host, x.store_port);
 }
 
+/// forward_backward's answer with the batch's target log-probs (f32 [B, T],
+/// under the weights before the call's update): what Tinker's API answers.
+struct TrainOutput {
+  Metrics metrics;
+  Tensor logps;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TrainOutput& x) {
+  return f(caf::meta::type_name("glint.train_output"), x.metrics, x.logps);
+}
+
 using forward_backward_atom = caf::atom_constant<caf::atom("fwd_bwd")>;
+using forward_backward_logps_atom = caf::atom_constant<caf::atom("fwd_bwd_lp")>;
 using forward_only_atom = caf::atom_constant<caf::atom("fwd_only")>;
 using clip_grad_and_step_atom = caf::atom_constant<caf::atom("step")>;
 using set_loss_atom = caf::atom_constant<caf::atom("set_loss")>;
@@ -204,19 +216,22 @@ using stream_listen_atom = caf::atom_constant<caf::atom("ws_listen")>;
 using stream_send_atom = caf::atom_constant<caf::atom("ws_send")>;
 
 inline constexpr forward_backward_atom forward_backward_atom_v{};
+inline constexpr forward_backward_logps_atom forward_backward_logps_atom_v{};
 inline constexpr forward_only_atom forward_only_atom_v{};
 inline constexpr clip_grad_and_step_atom clip_grad_and_step_atom_v{};
 
 using model_actor = caf::typed_actor<
     /// Adds the gradients of a batch for `adapter`; answers its metrics (loss, tokens, ...).
     caf::replies_to<forward_backward_atom, Batch, std::string>::with<Metrics>,
+    /// The same, answering the batch's target log-probs besides.
+    caf::replies_to<forward_backward_logps_atom, Batch, std::string>::with<TrainOutput>,
     /// Log-probabilities of the batch's targets (f32 [B, T]), no gradients.
     caf::replies_to<forward_only_atom, Batch, std::string>::with<Tensor>,
     /// Clips, steps the optimizer of `adapter`, clears its gradients; answers grad_norm, lr, step.
     caf::replies_to<clip_grad_and_step_atom, std::string>::with<Metrics>,
     /// The loss `adapter` trains with from now on.
     caf::replies_to<set_loss_atom, std::string, LossSpec>::with<bool>,
-    /// A new optimizer for `adapter` (its state starts afresh).
+    /// `adapter`'s optimizer config (of the same kind, its state stays).
     caf::replies_to<set_optimizer_atom, std::string, OptimizerConfig>::with<bool>,
     caf::replies_to<set_lr_scheduler_atom, std::string, SchedulerConfig>::with<bool>,
     /// A LoRA adapter `name`; A drawn from `seed` (the same on every rank), B zero.
@@ -286,6 +301,7 @@ Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::Devic
 
 GLINT_REGISTER_MESSAGE_TYPE(model_spec, ModelSpec, "glint.model_spec");
 GLINT_REGISTER_MESSAGE_TYPE(loss_spec, LossSpec, "glint.loss_spec");
+GLINT_REGISTER_MESSAGE_TYPE(train_output, TrainOutput, "glint.train_output");
 GLINT_REGISTER_MESSAGE_TYPE(optimizer_config, OptimizerConfig, "glint.optimizer_config");
 GLINT_REGISTER_MESSAGE_TYPE(scheduler_config, SchedulerConfig, "glint.scheduler_config");
 GLINT_REGISTER_MESSAGE_TYPE(lora_config, LoraConfig, "glint.lora_config");

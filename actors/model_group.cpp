@@ -31,6 +31,26 @@ public:
           return detail::whole_batch_metrics(*r, ranks);
         });
   }
+  Future<TrainOutput> forward_backward_with_logps(const Batch& batch, const std::string& adapter) override {
+    const auto ranks = static_cast<double>(info_.dp_size());
+    const auto& g = pairwise(adapter) ? paired_ : g_;
+    return g.call<Collect::flatten>(Dispatch::slice_dp, forward_backward_logps_atom_v, batch, adapter)
+        .then([ranks](const Result<std::vector<TrainOutput>>& r) -> Result<TrainOutput> {
+          if (!r) return r.error();
+          // As forward_backward's Collect::mean, then the whole batch's.
+          std::vector<Metrics> metrics;
+          std::vector<Tensor> logps;
+          for (const auto& part : *r) {
+            metrics.push_back(part.metrics);
+            logps.push_back(part.logps);
+          }
+          auto mean = ::glint::detail::collect<Collect::mean>(std::move(metrics));
+          if (!mean) return mean.error();
+          auto rows = Tensor::concat(logps);
+          if (!rows) return rows.error();
+          return TrainOutput{detail::whole_batch_metrics(std::move(*mean), ranks), std::move(*rows)};
+        });
+  }
   Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) override {
     return g_.call<Collect::flatten>(Dispatch::slice_dp, forward_only_atom_v, batch, adapter);
   }

@@ -57,6 +57,7 @@ public:
   virtual ~ModelBackend() = default;
   virtual const GroupInfo& info() const = 0;
   virtual Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) = 0;
+  virtual Future<TrainOutput> forward_backward_with_logps(const Batch& batch, const std::string& adapter) = 0;
   virtual Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) = 0;
   virtual Future<Metrics> clip_grad_and_step(const std::string& adapter) = 0;
   virtual Future<void> set_loss(const std::string& adapter, const LossSpec& loss) = 0;
@@ -97,6 +98,12 @@ public:
   /// and loss_count (summed), and the loss's own (the ranks' means; a
   /// pairwise loss's reward_* weighed by its pairs, as the loss).
   Future<Metrics> forward_backward(const Batch& batch) const { return backend_->forward_backward(batch, adapter_); }
+  /// forward_backward, answering also the batch's target log-probs (f32
+  /// [B, T], rows in order, 0 where a position has no target) under the
+  /// weights before this call: Tinker's forward_backward in one pass.
+  Future<TrainOutput> forward_backward_with_logps(const Batch& batch) const {
+    return backend_->forward_backward_with_logps(batch, adapter_);
+  }
   /// Log-probabilities of the batch's targets, f32 [B, T], no gradients.
   /// Sliced by data-parallel rank; the rows come back in order.
   Future<Tensor> forward_only(const Batch& batch) const { return backend_->forward_only(batch, adapter_); }
@@ -106,7 +113,9 @@ public:
   Future<Metrics> clip_grad_and_step() const { return backend_->clip_grad_and_step(adapter_); }
   /// On every rank: the loss this handle's adapter trains with from now on.
   Future<void> set_loss(const LossSpec& loss) const { return backend_->set_loss(adapter_, loss); }
-  /// On every rank: a new optimizer (its state starts afresh).
+  /// On every rank: the optimizer config. Of the same kind as before, the
+  /// moments and step count stay (only the hyperparameters change, as a
+  /// PyTorch param_group's); another kind starts afresh.
   Future<void> set_optimizer(const OptimizerConfig& optimizer) const {
     return backend_->set_optimizer(adapter_, optimizer);
   }

@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 using namespace glint::components;
 
 const std::set<std::string> batch_keys = {"input_ids",   "attention_mask", "segment_ids", "position_ids", "target_ids",
-                                          "loss_mask",   "old_logps",      "ref_logps",   "advantages"};
+                                          "loss_mask",   "old_logps",      "ref_logps",   "advantages",
+                                          "loss_weights"};
 
 Result<TrainBatch> to_train_batch(const Batch& b) {
   std::vector<std::string> unknown;
@@ -43,6 +44,7 @@ Result<TrainBatch> to_train_batch(const Batch& b) {
   out.old_logps = get("old_logps");
   out.ref_logps = get("ref_logps");
   out.advantages = get("advantages");
+  out.loss_weights = get("loss_weights");
   return out;
 }
 
@@ -122,13 +124,13 @@ Result<Trainer*> ModelState::trainer(const std::string& adapter) {
   return &*ten.trainer;
 }
 
-Result<Metrics> ModelState::forward_backward(const Batch& batch, const std::string& adapter) {
+Result<Metrics> ModelState::forward_backward(const Batch& batch, const std::string& adapter, Tensor* logps) {
   auto tb = to_train_batch(batch);
   if (!tb) return tb.error();
   auto tr = trainer(adapter);
   if (!tr) return tr.error();
   auto& ten = tenants_[adapter];
-  auto m = (*tr)->forward_backward(*tb, ten.loss);
+  auto m = (*tr)->forward_backward(*tb, ten.loss, logps);
   if (!m) return m.error();
   for (const auto& [k, v] : *m) {
     if (k == "loss_count") continue;

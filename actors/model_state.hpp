@@ -41,7 +41,8 @@ public:
   /// The model; the load error when there is none.
   Result<components::CausalLM*> ready();
 
-  Result<Metrics> forward_backward(const Batch& batch, const std::string& adapter);
+  /// `logps`: when not null, set to the batch's target log-probs.
+  Result<Metrics> forward_backward(const Batch& batch, const std::string& adapter, Tensor* logps = nullptr);
   /// Log-probabilities of the batch's targets, no gradients.
   Result<Tensor> forward_only(const Batch& batch, const std::string& adapter);
   Result<Metrics> clip_grad_and_step(const std::string& adapter);

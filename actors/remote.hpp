@@ -29,7 +29,9 @@ public:
 class RemoteWeightSync {
 public:
   virtual ~RemoteWeightSync() = default;
-  virtual Result<SyncReport> sync_to(SamplerBackend& sampler, const std::string& adapter, const SyncOptions& o) = 0;
+  /// `target`: the sampler adapter that receives `adapter`'s weights.
+  virtual Result<SyncReport> sync_to(SamplerBackend& sampler, const std::string& adapter, const std::string& target,
+                                     const SyncOptions& o) = 0;
 };
 
 /// The runtime's connection as RemoteGroups, or an error saying why not.

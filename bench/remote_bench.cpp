@@ -13,6 +13,11 @@
 #include "rpc/server.hpp"
 #include "runtime/runtime.hpp"
 
+#include "tinker_public.pb.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <optional>
 #include <cstdio>
@@ -79,6 +84,104 @@ Result<Unit> work(const ModelGroup& model, const SamplerGroup& sampler, int64_t 
   return u;
 }
 
+// A client of the server's Tinker API that does what SDK 0.25 does for a
+// training step: forward_backward as protobuf, optim_step as JSON, both
+// futures polled (retrieve_future) to their results.
+class TinkerStep {
+public:
+  TinkerStep(int port, std::string key) : http_("127.0.0.1", port), key_(std::move(key)) {
+    http_.set_read_timeout(120, 0);
+  }
+
+  Result<void> open(const std::string& base_model) {
+    auto session = post("/api/v1/create_session", R"({"tags": [], "sdk_version": "0.25.0"})");
+    if (!session) return session.error();
+    nlohmann::json create{{"session_id", (*session)["session_id"]},
+                          {"model_seq_id", 0},
+                          {"base_model", base_model},
+                          {"lora_config", {{"rank", 8}, {"train_unembed", false}}}};
+    auto f = post("/api/v1/create_model", create.dump());
+    if (!f) return f.error();
+    auto done = wait((*f)["request_id"], false);
+    if (!done) return done.error();
+    model_ = nlohmann::json::parse(*done)["model_id"];
+    return {};
+  }
+
+  // One step on `batch`'s rows: each row's tokens predict the next ones.
+  Result<void> step(const Batch& batch) {
+    tinker_public::ForwardBackwardRequest req;
+    req.set_model_id(model_);
+    req.set_seq_id(seq_++);
+    req.set_loss_fn("cross_entropy");
+    const auto& ids = batch.tensors.at("input_ids");
+    auto v = ids.values<int64_t>();
+    if (!v) return v.error();
+    const int64_t rows = ids.size(0), n = ids.size(1) - 1;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto* d = req.add_data();
+      std::vector<int32_t> input(v->begin() + r * (n + 1), v->begin() + r * (n + 1) + n);
+      std::vector<int64_t> targets(v->begin() + r * (n + 1) + 1, v->begin() + (r + 1) * (n + 1));
+      std::vector<float> weights(static_cast<size_t>(n), 1.0f / static_cast<float>(n * rows));
+      d->add_model_input()->mutable_encoded_text()->set_tokens(
+          std::string(reinterpret_cast<const char*>(input.data()), input.size() * 4));
+      auto& t = (*d->mutable_loss_fn_inputs())["target_tokens"];
+      t.set_dtype(tinker_public::DTYPE_INT64);
+      t.add_shape(n);
+      t.set_dense(std::string(reinterpret_cast<const char*>(targets.data()), targets.size() * 8));
+      auto& w = (*d->mutable_loss_fn_inputs())["weights"];
+      w.set_dtype(tinker_public::DTYPE_FLOAT32);
+      w.add_shape(n);
+      w.set_dense(std::string(reinterpret_cast<const char*>(weights.data()), weights.size() * 4));
+    }
+    auto fb = post("/api/v1/forward_backward", req.SerializeAsString(), "application/x-protobuf");
+    if (!fb) return fb.error();
+    nlohmann::json opt{{"model_id", model_}, {"seq_id", seq_++}, {"adam_params", {{"learning_rate", 1e-3}}}};
+    auto st = post("/api/v1/optim_step", opt.dump());
+    if (!st) return st.error();
+    auto out = wait((*fb)["request_id"], true);
+    if (!out) return out.error();
+    tinker_public::ForwardBackwardOutput parsed;
+    if (!parsed.ParseFromString(*out) || !parsed.metrics().count("loss:sum"))
+      return make_error(errc::internal, "the forward_backward result is not a ForwardBackwardOutput");
+    auto stepped = wait((*st)["request_id"], false);
+    if (!stepped) return stepped.error();
+    return {};
+  }
+
+private:
+  Result<nlohmann::json> post(const std::string& path, const std::string& body,
+                              const std::string& type = "application/json", const std::string& accept = "") {
+    httplib::Headers h{{"X-API-Key", key_}};
+    if (!accept.empty()) h.emplace("Accept", accept);
+    auto r = http_.Post(path.c_str(), h, body, type.c_str());
+    if (!r) return make_error(errc::unavailable, "POST " + path + " failed: " + httplib::to_string(r.error()));
+    if (r->status != 200)
+      return make_error(errc::internal, "POST " + path + ": HTTP " + std::to_string(r->status) + " " + r->body);
+    if (accept == "application/x-protobuf" && r->get_header_value("Content-Type").find("protobuf") != std::string::npos)
+      return nlohmann::json{{"proto", r->body}};
+    auto j = nlohmann::json::parse(r->body, nullptr, false);
+    if (j.is_discarded()) return make_error(errc::internal, "POST " + path + " answered no JSON");
+    return j;
+  }
+  Result<std::string> wait(const std::string& id, bool proto) {
+    nlohmann::json body{{"request_id", id}, {"allow_metadata_only", true}};
+    for (;;) {
+      auto r = post("/api/v1/retrieve_future", body.dump(), "application/json",
+                    proto ? "application/x-protobuf" : "application/json");
+      if (!r) return r.error();
+      if (r->contains("proto")) return (*r)["proto"].get<std::string>();
+      if (r->value("type", "") == "try_again") continue;
+      if (r->contains("error")) return make_error(errc::internal, "a Tinker call failed: " + r->dump());
+      return r->dump();
+    }
+  }
+
+  httplib::Client http_;
+  std::string key_, model_;
+  int seq_ = 1;
+};
+
 }  // namespace
 
 int remote(const RemoteBenchArgs& a) {
@@ -111,6 +214,8 @@ int remote(const RemoteBenchArgs& a) {
   if (!rt) return fail("starting the runtime", rt.error());
   rpc::ServeConfig config{.model_dir = model_dir, .state_dir = (root / "state").string(), .port = 0};
   config.sampler_cache_bytes = int64_t{64} << 20;
+  config.tinker_port = 0;  // and the Tinker API, for tinker_step_ms
+  config.tinker_base_model = "bench/base";
   auto server = rpc::Server::start(**rt, config);
   if (!server) return fail("starting the server", server.error());
   std::vector<std::string> keys;
@@ -146,7 +251,13 @@ int remote(const RemoteBenchArgs& a) {
     adapters.push_back(g->with_adapter(name));
     if (auto ok = adapters.back().set_optimizer({.lr = 1e-3}).get(); !ok) return fail("setting the optimizer", ok.error());
   }
-  std::vector<double> noops[2], steps[2];
+  // The same step through the Tinker API (HTTP, protobuf bodies), with a
+  // tenant of its own.
+  auto tinker_key = rpc::KeyStore::create(config.state_dir, "tinker");
+  if (!tinker_key) return fail("making a key", tinker_key.error());
+  TinkerStep tinker((*server)->tinker_port(), *tinker_key);
+  if (auto ok = tinker.open("bench/base"); !ok) return fail("opening a Tinker model", ok.error());
+  std::vector<double> noops[2], steps[2], tinker_steps;
   for (int i = 0; i < a.repeats; ++i)
     for (int m = 0; m < 2; ++m) {
       caf::error err;
@@ -166,6 +277,13 @@ int remote(const RemoteBenchArgs& a) {
       });
       if (err) return fail("a training step", err);
       if (i >= 2) steps[m].push_back(s);  // the first two warm up
+      if (m == 1) {
+        double t = seconds_of([&] {
+          if (auto ok = tinker.step(batch); !ok) err = ok.error();
+        });
+        if (err) return fail("a Tinker training step", err);
+        if (i >= 2) tinker_steps.push_back(t);
+      }
     }
   // What one model step over 4 tenants' rows could save at most: a step of
   // 32 rows against 4 steps of 8 (the same adapter, local).
@@ -193,6 +311,11 @@ int remote(const RemoteBenchArgs& a) {
   print_metric("local_forward_backward_s", step_s[0], 4);
   print_metric("remote_forward_backward_s", step_s[1], 4);
   print_metric("remote_forward_backward_vs_local", step_s[1] / step_s[0], 3);
+  // The same step (forward_backward + the optimizer step, 8 rows of 64
+  // tokens) through the Tinker API against glint's own Cap'n Proto API.
+  print_metric("native_step_ms", step_s[1] * 1e3, 2);
+  print_metric("tinker_step_ms", median(tinker_steps) * 1e3, 2);
+  print_metric("tinker_vs_native_step", median(tinker_steps) / step_s[1], 3);
   print_metric("train_rows32_vs_4x_rows8", median(rows32) / (4 * median(rows8)), 3);
   (void)local->remove_adapter("bench-local").get();
   (void)remote->remove_adapter("bench").get();

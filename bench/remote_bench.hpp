@@ -9,6 +9,12 @@
 ///   actors on the same cores); the two alternate call by call;
 /// - remote_forward_backward_vs_local: the median time of forward_backward +
 ///   clip_grad_and_step on the tiny model, remote over local (goal <= 1.2);
+/// - tinker_step_ms against native_step_ms: the same training step
+///   (forward_backward + the optimizer step, 8 rows of 64 tokens) through
+///   the Tinker-compatible HTTP API as SDK 0.25 sends it (a protobuf
+///   forward_backward and a JSON optim_step, both futures polled to their
+///   results) and through glint's own Cap'n Proto API; medians of steps
+///   taken in turn; tinker_vs_native_step is their ratio;
 /// - train_rows32_vs_4x_rows8: one training step over 32 rows against four
 ///   steps over 8 (local, one adapter): what a model step shared by four
 ///   tenants could save (nothing while it is >= 1, as on a CPU, where the

@@ -58,6 +58,9 @@ int serve(const ServeArgs& a) {
     std::printf("glint serve: %s on %s:%d (%s), state in %s\n", config->model_dir.c_str(), config->host.c_str(),
                 (*server)->port(), config->tls() ? "TLS" : "plain TCP", config->state_dir.c_str());
     std::printf("glint serve: base fingerprint %s\n", (*server)->fingerprint().c_str());
+    if ((*server)->tinker_port() >= 0)
+      std::printf("glint serve: Tinker-compatible API on %s://%s:%d (TINKER_BASE_URL)\n", config->tls() ? "https" : "http",
+                  config->tinker_host.c_str(), (*server)->tinker_port());
     // Where the groups run (under `glint run --nproc N`, across processes).
     auto nodes = [](const GroupInfo& g) {
       std::string out;

@@ -381,6 +381,23 @@ public:
                                    [keep](auto& r) -> Result<Metrics> { return read_metrics(r.getMetrics()); });
     });
   }
+  Future<actors::TrainOutput> forward_backward_with_logps(const Batch& batch, const std::string& adapter) override {
+    return c_->call<actors::TrainOutput>([batch, adapter, limit = limit()](wire::Session::Client& s) {
+      auto req = s.forwardBackwardRequest();
+      req.setAdapter(adapter);
+      req.setWithLogps(true);
+      auto keep = std::make_shared<KeepAlive>();
+      write_batch(req.initBatch(), batch, keep.get());
+      return send_checked<actors::TrainOutput>(
+          req, limit, "forward_backward", [keep](auto& r) -> Result<actors::TrainOutput> {
+            auto m = read_metrics(r.getMetrics());
+            if (!m) return m.error();
+            auto lp = read_tensor(r.getLogps(), "forward_backward's log-probs");
+            if (!lp) return lp.error();
+            return actors::TrainOutput{std::move(*m), std::move(*lp)};
+          });
+    });
+  }
   Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) override {
     return c_->call<Tensor>([batch, adapter, limit = limit()](wire::Session::Client& s) {
       auto req = s.forwardOnlyRequest();
@@ -497,7 +514,7 @@ public:
   }
 
   Result<actors::SyncReport> sync_to(actors::SamplerBackend& sampler, const std::string& adapter,
-                                     const actors::SyncOptions& o) override;
+                                     const std::string& target, const actors::SyncOptions& o) override;
 
   Connection& connection() const { return *c_; }
 
@@ -610,7 +627,7 @@ private:
 };
 
 Result<actors::SyncReport> RemoteModelBackend::sync_to(actors::SamplerBackend& sampler, const std::string& adapter,
-                                                        const actors::SyncOptions& o) {
+                                                        const std::string& target, const actors::SyncOptions& o) {
   auto* remote = dynamic_cast<RemoteSamplerBackend*>(&sampler);
   if (!remote || remote->connection() != c_.get())
     return make_error(errc::invalid_argument,
@@ -623,9 +640,10 @@ Result<actors::SyncReport> RemoteModelBackend::sync_to(actors::SamplerBackend& s
                       "sync_weights in remote mode syncs the adapter inside the server with the default options "
                       "(no merge, finish_old, its own transport and buckets); leave SyncOptions at their defaults");
   auto start = std::chrono::steady_clock::now();
-  auto version = c_->call<int64_t>([adapter](wire::Session::Client& s) {
+  auto version = c_->call<int64_t>([adapter, target](wire::Session::Client& s) {
                       auto req = s.syncWeightsRequest();
                       req.setAdapter(adapter);
+                      if (target != adapter) req.setSamplerAdapter(target);
                       return req.send().then([](auto&& r) -> Result<int64_t> {
                         if (auto err = status_of(r)) return err;
                         return r.getVersion();

@@ -313,12 +313,14 @@ void write_loss(wire::LossSpec::Builder b, const LossSpec& c) {
   b.setEntropyCoef(c.entropy_coef);
   b.setMaxTokens(c.max_tokens);
   b.setLabelSmoothing(c.label_smoothing);
+  b.setReduction(static_cast<uint8_t>(c.reduction));
 }
 
 Result<LossSpec> read_loss(wire::LossSpec::Reader r) {
   LossSpec c{.kind = static_cast<LossKind>(r.getKind()), .epsilon = r.getEpsilon(),
              .epsilon_high = r.getEpsilonHigh(), .beta = r.getBeta(), .entropy_coef = r.getEntropyCoef(),
              .max_tokens = r.getMaxTokens(), .label_smoothing = r.getLabelSmoothing()};
+  c.reduction = static_cast<components::LossReduction>(r.getReduction());
   if (auto ok = c.validate(); !ok) return with_context(ok.error(), "loss");
   return c;
 }

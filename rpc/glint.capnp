@@ -128,7 +128,8 @@ struct SchedulerConfig {
 
 struct LossSpec {
   kind @0 :UInt8;
-  # 0 cross_entropy, 1 grpo, 2 gspo, 3 dr_grpo, 4 cispo, 5 dpo, 6 ipo.
+  # 0 cross_entropy, 1 grpo, 2 gspo, 3 dr_grpo, 4 cispo, 5 dpo, 6 ipo,
+  # 7 importance_sampling, 8 ppo, 9 dro.
   epsilon @1 :Float64;
   epsilonHigh @2 :Float64;
   beta @3 :Float64;
@@ -136,6 +137,9 @@ struct LossSpec {
   maxTokens @5 :Int64;
   labelSmoothing @6 :Float64;
   # dpo only; an older client leaves it 0.
+  reduction @7 :UInt8;
+  # 0 mean (glint's normalisation; what an older client means), 1 sum (the
+  # token-level losses as Tinker defines them: components/model/trainer.hpp).
 }
 
 struct SamplingParams {
@@ -256,8 +260,11 @@ interface Session {
   setLoss @3 (adapter :Text, loss :LossSpec) -> (status :Status);
   setOptimizer @4 (adapter :Text, optimizer :OptimizerConfig) -> (status :Status);
   setLrScheduler @5 (adapter :Text, scheduler :SchedulerConfig) -> (status :Status);
-  forwardBackward @6 (adapter :Text, batch :Batch) -> (status :Status, metrics :List(Metric));
-  # Accumulates the adapter's gradients of the batch; answers the loss's metrics.
+  forwardBackward @6 (adapter :Text, batch :Batch, withLogps :Bool)
+      -> (status :Status, metrics :List(Metric), logps :Tensor);
+  # Accumulates the adapter's gradients of the batch; answers the loss's
+  # metrics, and with withLogps the f32 [B, T] log-probs of the batch's
+  # targets under the weights before the call (0 where no target).
   forwardOnly @7 (adapter :Text, batch :Batch) -> (status :Status, logps :Tensor);
   # f32 [B, T] log-probabilities of the batch's targets, no gradients.
   clipGradAndStep @8 (adapter :Text) -> (status :Status, metrics :List(Metric));
@@ -277,9 +284,11 @@ interface Session {
   sample @14 (adapter :Text, requests :List(SampleRequest), params :SamplingParams)
       -> (status :Status, sequences :List(SampledSequence));
   # adapter empty: the base model. Sequences request by request, num_samples each.
-  syncWeights @15 (adapter :Text) -> (status :Status, version :Int64);
+  syncWeights @15 (adapter :Text, samplerAdapter :Text) -> (status :Status, version :Int64);
   # Copies the adapter's trained weights from the model group to the sampler
   # group on the server; answers the version sequences sampled with them report.
+  # samplerAdapter: the sampler adapter that receives them (of the same
+  # shape, made with samplerAddAdapter); empty: the one named `adapter`.
   samplerStats @16 () -> (status :Status, ranks :List(RankMetrics));
   struct RankMetrics { metrics @0 :List(Metric); }
   listAdapters @17 () -> (status :Status, names :List(Text));
@@ -290,15 +299,20 @@ interface Session {
   samplerLoadAdapter @19 (name :Text, files :List(File)) -> (status :Status);
   samplerRemoveAdapter @20 (name :Text) -> (status :Status);
 
-  saveCheckpoint @21 (adapter :Text, name :Text, withOptimizer :Bool)
+  saveCheckpoint @21 (adapter :Text, name :Text, withOptimizer :Bool, ttlSeconds :Int64)
       -> (status :Status, checkpoint :CheckpointInfo);
   # Saves the adapter on the server, durably (it survives a restart, a
   # crash too), as the tenant's checkpoint `name` (a new name).
+  # ttlSeconds > 0: the server deletes it that long after it was saved;
+  # 0: never.
   listCheckpoints @22 () -> (status :Status, checkpoints :List(CheckpointInfo));
   # The tenant's checkpoints, oldest first.
   loadCheckpoint @23 (name :Text, adapter :Text, create :Bool, withOptimizer :Bool) -> (status :Status);
   # Into a new adapter (create) or an existing one of the tenant's.
   deleteCheckpoint @24 (name :Text) -> (status :Status);
+  samplerLoadCheckpoint @25 (name :Text, adapter :Text) -> (status :Status);
+  # A new sampler adapter `adapter` holding the weights of the tenant's
+  # checkpoint `name` (no upload: the checkpoint is on the server).
 }
 
 struct CheckpointInfo {
@@ -308,4 +322,6 @@ struct CheckpointInfo {
   # The adapter it was saved from.
   createdMs @2 :Int64;
   withOptimizer @3 :Bool;
+  expiresMs @4 :Int64;
+  # When the server deletes it (milliseconds since the epoch); 0: never.
 }

@@ -48,14 +48,16 @@ Result<void> only_keys(const toml::table& t, const std::string& section, std::se
 
 }  // namespace
 
-bool ServeConfig::loopback() const { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+static bool is_loopback(const std::string& h) { return h == "127.0.0.1" || h == "localhost" || h == "::1"; }
+bool ServeConfig::loopback() const { return is_loopback(host); }
+bool ServeConfig::tinker_loopback() const { return is_loopback(tinker_host); }
 
 Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::string& source) {
   auto parsed = placement::parse_toml(text, source);
   if (!parsed) return parsed.error();
   const toml::table& root = *parsed;
   ServeConfig c;
-  if (auto ok = only_keys(root, "", {"model", "state_dir", "sampling_seed", "full_training", "listen", "tls", "groups", "limits", "metrics"}, source);
+  if (auto ok = only_keys(root, "", {"model", "state_dir", "sampling_seed", "full_training", "listen", "tls", "groups", "limits", "metrics", "tinker"}, source);
       !ok)
     return ok.error();
   Result<void> ok;
@@ -92,6 +94,21 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     int64_t port = 9464;
     if (!(ok = read_int(**metrics, "metrics.", "port", 0, 65535, port, source))) return ok.error();
     c.metrics_port = static_cast<int>(port);
+  }
+  auto tinker = section("tinker");
+  if (!tinker) return tinker.error();
+  if (*tinker) {
+    if (!(ok = only_keys(**tinker, "tinker.", {"host", "port", "base_model", "tokenizer_id", "max_samples_in_flight"},
+                         source)))
+      return ok.error();
+    if (!(ok = read_string(**tinker, "tinker.", "host", c.tinker_host, source))) return ok.error();
+    int64_t port = 7734;
+    if (!(ok = read_int(**tinker, "tinker.", "port", 0, 65535, port, source))) return ok.error();
+    c.tinker_port = static_cast<int>(port);
+    if (!(ok = read_string(**tinker, "tinker.", "base_model", c.tinker_base_model, source))) return ok.error();
+    if (!(ok = read_string(**tinker, "tinker.", "tokenizer_id", c.tinker_tokenizer_id, source))) return ok.error();
+    if (!(ok = read_int(**tinker, "tinker.", "max_samples_in_flight", 1, 1 << 20, c.tinker_samples_in_flight, source)))
+      return ok.error();
   }
   auto tls = section("tls");
   if (!tls) return tls.error();
@@ -167,6 +184,10 @@ Result<void> ServeConfig::validate() const {
   if (!loopback() && !tls() && !insecure)
     return make_error(errc::permission_denied,
                       "listening on " + host + " (not loopback) sends API keys and tenants' data in clear text: "
+                      "configure [tls] cert and key, or pass --insecure on a network you trust");
+  if (tinker_port >= 0 && !tinker_loopback() && !tls() && !insecure)
+    return make_error(errc::permission_denied,
+                      "[tinker] listens on " + tinker_host + " (not loopback) and would carry API keys in clear text: "
                       "configure [tls] cert and key, or pass --insecure on a network you trust");
   if (state_dir.empty()) return make_error(errc::invalid_argument, "state_dir must not be empty");
   return {};

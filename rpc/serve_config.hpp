@@ -28,6 +28,12 @@
 //   [metrics]                        # Prometheus text at http://host:port/metrics
 //   host = "127.0.0.1"
 //   port = 9464                      # absent: no metrics endpoint
+//   [tinker]                         # the Tinker-compatible HTTP API (docs/tinker.md); absent: off
+//   host = "127.0.0.1"               # anything but loopback needs [tls] (the same cert) or --insecure
+//   port = 7734
+//   base_model = "Qwen/Qwen3-0.6B"   # the name clients pass as base_model (default: the model directory's name)
+//   tokenizer_id = "Qwen/Qwen3-0.6B" # what get_info answers, for the SDK's get_tokenizer (default: base_model)
+//   max_samples_in_flight = 64       # per tenant; over it asample answers 429
 //
 // Every key is checked: an unknown key or a value of the wrong type is an
 // error naming it (a typo never silently keeps a default).
@@ -80,11 +86,18 @@ struct ServeConfig {
   int64_t max_message_bytes = int64_t{256} << 20;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;  ///< -1: no metrics endpoint; 0: any free port
+  /// The Tinker-compatible HTTP API ([tinker]); -1: off; 0: any free port.
+  std::string tinker_host = "127.0.0.1";
+  int tinker_port = -1;
+  std::string tinker_base_model;    ///< empty: the model directory's name
+  std::string tinker_tokenizer_id;  ///< empty: tinker_base_model
+  int64_t tinker_samples_in_flight = 64;
 
   static Result<ServeConfig> parse(const std::string& toml_text, const std::string& source);
   static Result<ServeConfig> load(const std::string& path);
   bool tls() const { return !tls_cert.empty(); }
   bool loopback() const;
+  bool tinker_loopback() const;
   /// A model directory, TLS files that go together, a non-loopback bind
   /// only with TLS or insecure, positive sizes.
   Result<void> validate() const;

@@ -9,6 +9,7 @@
 #include "rpc/fingerprint.hpp"
 #include "rpc/keys.hpp"
 #include "rpc/tenant_store.hpp"
+#include "rpc/tinker/gateway.hpp"
 #include "components/checkpoint/atomic_dir.hpp"
 #include "components/model/config.hpp"
 #include "runtime/file.hpp"
@@ -157,6 +158,8 @@ struct Server::Impl {
   int64_t max_positions = 0;  ///< the base's context (config.json max_position_embeddings)
   std::atomic<int> port{0};
   std::atomic<int> metrics_port{-1};
+  std::atomic<int> tinker_port{-1};
+  std::string model_type;  ///< config.json's model_type
   std::atomic<uint64_t> upload_counter{0};
 
   std::thread io;
@@ -195,7 +198,8 @@ struct Server::Impl {
 
   /// Makes the adapter saved in `saved` (then removed) the tenant's
   /// checkpoint `info.name`: written whole or not at all, then indexed.
-  Result<CheckpointInfo> commit_checkpoint(const std::string& tenant, CheckpointInfo info, const std::string& saved) {
+  Result<CheckpointInfo> commit_checkpoint(const std::string& tenant, CheckpointInfo info, const std::string& saved,
+                                           int64_t ttl_seconds = 0) {
     auto cleanup = kj::defer([saved] {
       std::error_code ec;
       fs::remove_all(saved, ec);
@@ -213,6 +217,7 @@ struct Server::Impl {
     info.created_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count();
+    info.expires_ms = ttl_seconds > 0 ? info.created_ms + ttl_seconds * 1000 : 0;
     if (auto ok = store->add(tenant, info); !ok) return ok.error();
     return info;
   }
@@ -322,6 +327,19 @@ struct Server::Impl {
   }
   void run_io(std::promise<Result<void>>& ready);
 
+  /// Deletes the checkpoints whose time to live is over. I/O thread.
+  void remove_expired() {
+    const auto now =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    auto removed = store->remove_expired(now);
+    if (!removed) {
+      log::warn("serve: could not delete expired checkpoints: " + describe(removed.error()));
+      return;
+    }
+    for (const auto& [tenant, name] : *removed)
+      log::info("serve: deleted tenant " + tenant + "'s checkpoint " + name + ": its time to live is over");
+  }
+
   /// Frees the adapters of tenants silent for longer than idle_seconds
   /// (none of their calls in flight); their checkpoints stay. I/O thread.
   void reclaim_idle() {
@@ -399,7 +417,7 @@ public:
     // bring it back behind the tenant's books) is refused as unknown. A
     // removal that fails puts it back.
     t().adapters.erase(*name);
-    t().syncs.erase(*name);
+    forget_syncs(*name);
     return run(
         ctx, "remove_adapter", 0,
         [this, n = *name] {
@@ -448,6 +466,18 @@ public:
     auto batch = checked_batch(p.getBatch());
     if (!batch) return refuse(ctx, "forward_backward", batch.error());
     auto tokens = tokens_of(*batch);
+    if (p.getWithLogps())
+      return run(ctx, "forward_backward", tokens, [this, ctx, n = *name, b = std::move(*batch)]() mutable {
+        return await_future(s_.model->backend().forward_backward_with_logps(b, inner_or_base(n)))
+            .then([ctx](Result<actors::TrainOutput> r) mutable {
+              if (r) {
+                auto res = ctx.getResults();
+                write_metrics(res.initMetrics(static_cast<unsigned>(r->metrics.size())), r->metrics);
+                write_tensor(res.initLogps(), r->logps, nullptr);
+              }
+              return drop(r);
+            });
+      });
     return run(ctx, "forward_backward", tokens, [this, ctx, n = *name, b = std::move(*batch)]() mutable {
       return await_future(s_.model->backend().forward_backward(b, inner_or_base(n))).then([ctx](Result<Metrics> r) mutable {
         if (r) write_metrics(ctx.getResults().initMetrics(static_cast<unsigned>(r->size())), *r);
@@ -609,14 +639,25 @@ public:
   kj::Promise<void> syncWeights(SyncWeightsContext ctx) override {
     auto name = trained(ctx.getParams().getAdapter(), "sync_weights");
     if (!name) return refuse(ctx, "sync_weights", name.error());
-    if (!name->empty() && !t().sampler_adapters.count(*name))
+    std::string target = *name;
+    if (ctx.getParams().getSamplerAdapter().size() > 0) {
+      if (name->empty())
+        return refuse(ctx, "sync_weights",
+                      make_error(errc::invalid_argument, "the full model syncs into the sampler's base model only: "
+                                                         "leave samplerAdapter empty"));
+      auto t2 = read_name(ctx.getParams().getSamplerAdapter(), "sampler adapter name");
+      if (!t2) return refuse(ctx, "sync_weights", t2.error());
+      target = *t2;
+    }
+    if (!target.empty() && !t().sampler_adapters.count(target))
       return refuse(ctx, "sync_weights",
-                    make_error(errc::failed_precondition, "the sampler has no adapter '" + *name +
+                    make_error(errc::failed_precondition, "the sampler has no adapter '" + target +
                                                               "': add it to the sampler group first (add_adapter)"));
-    auto& engine = t().syncs[*name];
+    // One engine per (adapter, sampler adapter) pair.
+    auto& engine = t().syncs[target == *name ? *name : *name + ">" + target];
     if (!engine)
       engine = std::make_shared<actors::CheckpointEngine>(s_.model->with_adapter(inner_or_base(*name)),
-                                                          s_.sampler->with_adapter(inner_or_base(*name)));
+                                                          s_.sampler->with_adapter(inner_or_base(target)));
     auto e = engine;  // the thread's own reference: it outlives a removal
     // The sync blocks (it waits on the model's push): a thread of its own,
     // and the tenant's next calls wait for it.
@@ -711,6 +752,31 @@ public:
     }, undo);
   }
 
+  kj::Promise<void> samplerLoadCheckpoint(SamplerLoadCheckpointContext ctx) override {
+    auto p = ctx.getParams();
+    auto name = read_name(p.getName(), "checkpoint name");
+    if (!name) return refuse(ctx, "sampler_load_checkpoint", name.error());
+    auto found = s_.store->find(tenant_, *name);
+    if (!found) return refuse(ctx, "sampler_load_checkpoint", found.error());
+    auto adapter = read_name(p.getAdapter(), "adapter name");
+    if (!adapter) return refuse(ctx, "sampler_load_checkpoint", adapter.error());
+    if (auto ok = check_new_name(*adapter, true); !ok) return refuse(ctx, "sampler_load_checkpoint", ok.error());
+    auto dir = s_.store->checkpoint_dir(tenant_, *name);
+    auto lora = uploaded_lora(dir);
+    if (!lora) return refuse(ctx, "sampler_load_checkpoint", lora.error());
+    if (auto err = admission()) return refuse(ctx, "sampler_load_checkpoint", err);
+    if (auto ok = reserve(*adapter, *lora, true); !ok) return refuse(ctx, "sampler_load_checkpoint", ok.error());
+    return run(
+        ctx, "sampler_load_checkpoint", 0,
+        [this, a = *adapter, dir] {
+          return await_future(s_.sampler->load_adapter(inner(a), dir)).then([this, a](Result<void> r) {
+            if (!r) t().sampler_adapters.erase(a);
+            return r;
+          });
+        },
+        [this, a = *adapter] { t().sampler_adapters.erase(a); });
+  }
+
   kj::Promise<void> samplerRemoveAdapter(SamplerRemoveAdapterContext ctx) override {
     auto name = read_name(ctx.getParams().getName(), "adapter name");
     if (!name) return refuse(ctx, "sampler_remove_adapter", name.error());
@@ -719,7 +785,7 @@ public:
       return await_future(s_.sampler->remove_adapter(inner(n))).then([this, n](Result<void> r) {
         if (r) {
           t().sampler_adapters.erase(n);
-          t().syncs.erase(n);
+          forget_syncs(n);
         }
         return r;
       });
@@ -736,16 +802,22 @@ public:
       return refuse(ctx, "save_checkpoint",
                     make_error(errc::invalid_argument, "checkpoint '" + *name + "' exists already; pick a new name"));
     bool with_optimizer = p.getWithOptimizer();
-    return run(ctx, "save_checkpoint", 0, [this, ctx, a = *adapter, n = *name, with_optimizer]() mutable {
+    const int64_t ttl = p.getTtlSeconds();
+    if (ttl < 0 || ttl > int64_t{100} * 365 * 86400)
+      return refuse(ctx, "save_checkpoint",
+                    make_error(errc::invalid_argument, "ttl_seconds must be 0 (never expires) up to 100 years, not " +
+                                                           std::to_string(ttl)));
+    return run(ctx, "save_checkpoint", 0, [this, ctx, a = *adapter, n = *name, with_optimizer, ttl]() mutable {
       auto tmp = s_.upload_dir();
       return await_future(s_.model->backend().save(inner(a), actors::SaveRequest{.dir = tmp, .with_optimizer = with_optimizer}))
-          .then([this, ctx, a, n, with_optimizer, tmp](Result<std::string> r) mutable -> Result<void> {
+          .then([this, ctx, a, n, with_optimizer, ttl, tmp](Result<std::string> r) mutable -> Result<void> {
             if (!r) {
               std::error_code ec;
               fs::remove_all(tmp, ec);
               return r.error();
             }
-            auto info = s_.commit_checkpoint(tenant_, {.name = n, .adapter = a, .with_optimizer = with_optimizer}, tmp);
+            auto info = s_.commit_checkpoint(tenant_, {.name = n, .adapter = a, .with_optimizer = with_optimizer}, tmp,
+                                             ttl);
             if (!info) return info.error();
             write_checkpoint(ctx.getResults().initCheckpoint(), *info);
             return {};
@@ -811,9 +883,21 @@ private:
     b.setAdapter(c.adapter);
     b.setCreatedMs(c.created_ms);
     b.setWithOptimizer(c.with_optimizer);
+    b.setExpiresMs(c.expires_ms);
   }
 
   Tenant& t() { return s_.tenant(tenant_); }
+  /// Drops the weight-sync engines that read or write adapter `name`.
+  void forget_syncs(const std::string& name) {
+    auto& syncs = t().syncs;
+    for (auto it = syncs.begin(); it != syncs.end();) {
+      const auto& k = it->first;
+      const bool pair = k.rfind(name + ">", 0) == 0 ||
+                        (k.size() > name.size() && k.compare(k.size() - name.size() - 1, std::string::npos, ">" + name) == 0);
+      if (k == name || pair) it = syncs.erase(it);
+      else ++it;
+    }
+  }
   std::string inner(const std::string& name) const { return tenant_ + ":" + name; }
   std::string inner_or_base(const std::string& name) const { return name.empty() ? std::string{} : inner(name); }
 
@@ -1054,7 +1138,7 @@ private:
     // Every tensor is one the trainer reads, of its shape: nothing the
     // trainer would ignore, nothing it would size from a wrong dimension.
     static const std::set<std::string> per_token = {"attention_mask", "position_ids", "segment_ids", "target_ids",
-                                                    "loss_mask",      "old_logps",    "ref_logps"};
+                                                    "loss_mask",      "old_logps",    "ref_logps",   "loss_weights"};
     for (const auto& [name, t] : b->tensors) {
       if (name == "input_ids") continue;
       const bool known = per_token.count(name) || name == "advantages";
@@ -1067,7 +1151,7 @@ private:
         return make_error(errc::invalid_argument,
                           "batch: unknown tensor '" + name.substr(0, 64) +
                               "' (the trainer reads input_ids, attention_mask, position_ids, segment_ids, target_ids, "
-                              "loss_mask, old_logps, ref_logps, advantages)");
+                              "loss_mask, old_logps, ref_logps, advantages, loss_weights)");
       return make_error(errc::invalid_argument, "batch: '" + name + "' must be [B, T] = [" + std::to_string(rows) +
                                                     ", " + std::to_string(len) + "]" +
                                                     (name == "advantages" ? " or [B]" : "") + ", not " + t.describe());
@@ -1133,7 +1217,7 @@ private:
         // earlier model calls: a sync pushes the model's weights as they are
         // when it starts, a deletion must not overtake a load of the same
         // checkpoint.
-        "sync_weights", "delete_checkpoint"};
+        "sync_weights", "delete_checkpoint", "sampler_load_checkpoint"};
     return model_calls.count(method) > 0;
   }
 
@@ -1197,6 +1281,25 @@ private:
   ServerState& s_;
   std::string tenant_;
   std::string key_id_;
+};
+
+// -- the Tinker-compatible HTTP API's way in -------------------------------------
+
+class TinkerHost final : public tinker::Host {
+public:
+  explicit TinkerHost(ServerState& s) : s_(s) {}
+  Result<std::pair<std::string, std::string>> authenticate(const std::string& key) override {
+    auto tenant = s_.keys->authenticate(key);
+    if (!tenant) return tenant.error();
+    return std::pair{*tenant, KeyStore::id_of(key)};
+  }
+  wire::Session::Client session(const std::string& tenant, const std::string& key_id) override {
+    return kj::heap<SessionImpl>(s_, tenant, key_id);
+  }
+  const TenantStore& store() const override { return *s_.store; }
+
+private:
+  ServerState& s_;
 };
 
 // -- the gateway --------------------------------------------------------------
@@ -1378,6 +1481,36 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
         log::warn(std::string{"serve: the metrics endpoint stopped: "} + e.getDescription().cStr());
       });
     }
+    // The Tinker-compatible HTTP API, on the same loop (and the same TLS).
+    TinkerHost tinker_host(*this);
+    kj::Own<tinker::Gateway> gateway;
+    kj::Own<kj::HttpServer> tinker_http;
+    kj::Own<kj::ConnectionReceiver> tinker_listener;
+    kj::Promise<void> tinker_loop = kj::READY_NOW;
+    if (config.tinker_port >= 0) {
+      tinker::BaseModel base;
+      base.name = config.tinker_base_model.empty() ? base_name : config.tinker_base_model;
+      base.tokenizer_id = config.tinker_tokenizer_id.empty() ? base.name : config.tinker_tokenizer_id;
+      base.arch = model_type;
+      base.vocab_size = vocab_size;
+      base.max_context = max_positions;
+      tinker::GatewayOptions options;
+      options.max_body_bytes = config.max_message_bytes;
+      options.max_samples_in_flight = config.tinker_samples_in_flight;
+      gateway = kj::heap<tinker::Gateway>(tinker_host, base, options, io.provider->getTimer());
+      tinker_http = kj::heap<kj::HttpServer>(io.provider->getTimer(), gateway->headers(), *gateway);
+      auto taddr = io.provider->getNetwork()
+                       .parseAddress(config.tinker_host, static_cast<unsigned>(config.tinker_port))
+                       .wait(io.waitScope);
+      tinker_listener = taddr->listen();
+      tinker_port = static_cast<int>(tinker_listener->getPort());
+      if (tls) tinker_listener = tls->wrapPort(kj::mv(tinker_listener));
+      tinker_loop = tinker_http->listenHttp(*tinker_listener).eagerlyEvaluate([](kj::Exception&& e) {
+        log::warn(std::string{"serve: the Tinker API stopped: "} + e.getDescription().cStr());
+      });
+      log::info("serve: the Tinker-compatible API listens on " + config.tinker_host + ":" +
+                std::to_string(tinker_port.load()) + " (base_model \"" + base.name + "\")");
+    }
     auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
     {
       std::lock_guard<std::mutex> guard{stop_mx};
@@ -1425,6 +1558,8 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     std::function<kj::Promise<void>()> sweep = [&]() -> kj::Promise<void> {
       return io.provider->getTimer().afterDelay(static_cast<uint64_t>(sweep_ms) * kj::MILLISECONDS).then([&]() {
         reclaim_idle();
+        remove_expired();
+        if (gateway) gateway->sweep();
         return sweep();
       });
     };
@@ -1463,6 +1598,7 @@ Server::~Server() { shutdown(); }
 
 int Server::port() const { return impl_->port.load(); }
 int Server::metrics_port() const { return impl_->metrics_port.load(); }
+int Server::tinker_port() const { return impl_->tinker_port.load(); }
 const actors::ModelGroup& Server::model_group() const { return *impl_->model; }
 const actors::SamplerGroup& Server::sampler_group() const { return *impl_->sampler; }
 const std::string& Server::fingerprint() const { return impl_->fingerprint; }
@@ -1493,6 +1629,7 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, ServeConfig config) {
   if (!cfg.is_object() || !cfg.contains("vocab_size") || !cfg["vocab_size"].is_number_integer())
     return make_error(errc::invalid_argument, config.model_dir + "/config.json has no integer vocab_size");
   impl->vocab_size = cfg["vocab_size"].get<int64_t>();
+  if (cfg.contains("model_type") && cfg["model_type"].is_string()) impl->model_type = cfg["model_type"].get<std::string>();
   auto base_config = components::ModelConfig::load(config.model_dir + "/config.json");
   if (!base_config) return with_context(base_config.error(), "reading the base model's config.json");
   impl->base_config = *base_config;

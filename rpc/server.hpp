@@ -42,6 +42,8 @@ public:
   int port() const;
   /// The port of the Prometheus endpoint, or -1 without one.
   int metrics_port() const;
+  /// The port of the Tinker-compatible HTTP API, or -1 without one.
+  int tinker_port() const;
   /// The shared model group itself, called without the gateway: what
   /// benchmarks and tests compare remote calls with (the same actors on
   /// the same cores). Adapter names without a ':' are nobody's tenant's.

@@ -25,7 +25,10 @@ namespace {
 std::string key_of(const std::string& tenant, const std::string& name) { return "ckpt/" + tenant + "/" + name; }
 
 std::string json_of(const CheckpointInfo& c) {
-  return nlohmann::json{{"adapter", c.adapter}, {"created_ms", c.created_ms}, {"with_optimizer", c.with_optimizer}}
+  return nlohmann::json{{"adapter", c.adapter},
+                        {"created_ms", c.created_ms},
+                        {"with_optimizer", c.with_optimizer},
+                        {"expires_ms", c.expires_ms}}
       .dump();
 }
 
@@ -36,6 +39,7 @@ CheckpointInfo info_of(const std::string& name, const std::string& value) {
   if (j["adapter"].is_string()) c.adapter = j["adapter"];
   if (j["created_ms"].is_number_integer()) c.created_ms = j["created_ms"];
   if (j["with_optimizer"].is_boolean()) c.with_optimizer = j["with_optimizer"];
+  if (j["expires_ms"].is_number_integer()) c.expires_ms = j["expires_ms"];
   return c;
 }
 
@@ -129,6 +133,26 @@ Result<CheckpointInfo> TenantStore::find(const std::string& tenant, const std::s
   if (!value) return with_context(value.error(), "reading the tenant index");
   if (!*value) return make_error(errc::not_found, "you have no checkpoint '" + name + "'");
   return info_of(name, **value);
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> TenantStore::remove_expired(int64_t now_ms) {
+  std::vector<std::pair<std::string, std::string>> doomed;
+  {
+    std::lock_guard<std::mutex> guard{impl_->mx};
+    auto entries = impl_->db->scan("ckpt/");
+    if (!entries) return with_context(entries.error(), "reading the tenant index");
+    for (const auto& [key, value] : *entries) {
+      auto rest = key.substr(5);
+      auto slash = rest.find('/');
+      if (slash == std::string::npos) continue;
+      auto info = info_of(rest.substr(slash + 1), value);
+      if (info.expires_ms > 0 && info.expires_ms <= now_ms) doomed.emplace_back(rest.substr(0, slash), info.name);
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> removed;
+  for (const auto& [tenant, name] : doomed)
+    if (remove(tenant, name)) removed.emplace_back(tenant, name);
+  return removed;
 }
 
 Result<void> TenantStore::remove(const std::string& tenant, const std::string& name) {

@@ -24,6 +24,7 @@ struct CheckpointInfo {
   std::string adapter;  ///< the adapter it was saved from
   int64_t created_ms = 0;
   bool with_optimizer = false;
+  int64_t expires_ms = 0;  ///< when it is deleted (ms since the epoch); 0: never
 };
 
 class TenantStore {
@@ -41,6 +42,9 @@ public:
   Result<CheckpointInfo> find(const std::string& tenant, const std::string& name) const;
   /// Forgets and deletes it; not_found for a name the tenant does not have.
   Result<void> remove(const std::string& tenant, const std::string& name);
+  /// Deletes every checkpoint whose expires_ms is at or before `now_ms`;
+  /// answers how many (tenant, name) it deleted.
+  Result<std::vector<std::pair<std::string, std::string>>> remove_expired(int64_t now_ms);
 
 private:
   TenantStore() = default;

@@ -19,6 +19,8 @@ packages=(
   librocksdb-dev                  # durable metadata
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libspdlog-dev
   libpcre2-dev libcpp-httplib-dev
+  libprotobuf-dev protobuf-compiler libzstd-dev   # the Tinker-compatible HTTP API's protobuf bodies (rpc/tinker)
+  python3-protobuf python3-zstandard python3-requests  # its conformance client (tests/tinker)
   libicu-dev                      # Unicode normalisation for tokenizer normalizers
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev           # libFuzzer and sanitizers for the parser fuzzers (fuzz/)

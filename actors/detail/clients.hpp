@@ -24,8 +24,19 @@ Future<void> done_of(const Future<T>& f) {
 /// mean of theirs (Collect::mean): the loss (and a pairwise loss's reward
 /// metrics) weighed by what each rank's mean is over (the mean of
 /// X_weighted over the mean of loss_count), tokens, sequences and
-/// loss_count summed; the other metrics stay the means of the ranks'.
+/// loss_count summed; X_sum (a loss with reduction sum) becomes X, the sum
+/// over ranks; the other metrics stay the means of the ranks'.
 inline Metrics whole_batch_metrics(Metrics m, double ranks) {
+  for (auto it = m.begin(); it != m.end();) {
+    const auto& k = it->first;
+    constexpr std::string_view suffix = "_sum";
+    if (k.size() > suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      m[k.substr(0, k.size() - suffix.size())] = it->second * ranks;
+      it = m.erase(it);
+    } else {
+      ++it;
+    }
+  }
   const auto c = m.find("loss_count");
   for (auto it = m.begin(); it != m.end();) {
     const auto& k = it->first;

@@ -37,12 +37,11 @@ std::vector<std::string> CausalLM::Impl::linear_modules() const {
 
 namespace {
 
-// The modules of a Hugging Face Llama / Qwen model besides the projections:
-// a config that targets one wants something glint cannot adapt (PEFT would
-// adapt lm_head or embed_tokens, and fails on the others).
+// The modules of a Hugging Face Llama / Qwen model besides the projections
+// and the LM head: a config that targets one wants something glint cannot
+// adapt (PEFT would adapt embed_tokens, and fails on the others).
 std::vector<std::string> other_modules(const ModelConfig& c) {
-  std::vector<std::string> out = {"model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb",
-                                  "lm_head"};
+  std::vector<std::string> out = {"model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb"};
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto p = "model.layers." + std::to_string(l);
     for (const char* m : {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm", ".post_attention_layernorm"})
@@ -69,17 +68,18 @@ Result<std::vector<std::string>> targeted_modules(const CausalLM::Impl& impl, co
   if (!unsupported.empty())
     return make_error(errc::unimplemented, origin + targets_text() + " select " + join(unsupported) +
                                                ": glint adapts only the projections (q_proj, k_proj, v_proj, o_proj, "
-                                               "gate_proj, up_proj, down_proj)");
+                                               "gate_proj, up_proj, down_proj) and the LM head (lm_head)");
   std::vector<std::string> out;
   for (const auto& m : impl.linear_modules())
     if (cfg.targets(m)) out.push_back(m);
+  if (cfg.targets("lm_head")) out.push_back("lm_head");
   if (out.empty())
     return make_error(errc::invalid_argument,
                       origin + targets_text() +
                           (cfg.layers_to_transform.empty() ? std::string{}
                                                            : " (layers " + join(cfg.layers_to_transform) + ")") +
                           " match no projection of this model; use q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                          "up_proj, down_proj or all-linear");
+                          "up_proj, down_proj, lm_head or all-linear");
   return out;
 }
 
@@ -104,7 +104,7 @@ Result<void> CausalLM::add_adapter(const std::string& name, const LoraConfig& cf
   a.cfg = cfg;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (const auto& m : *modules) {
-    const auto& w = impl_->param(m + ".weight");
+    const auto& w = impl_->module_weight(m);
     const int64_t out = w.size(0), in = w.size(1), r = cfg.rank_of(m);
     // PEFT: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0.
     double bound = 1.0 / std::sqrt(static_cast<double>(in));
@@ -211,7 +211,7 @@ Result<void> CausalLM::load_adapter(const std::string& name, const std::string& 
   std::set<std::string> expected;
   std::vector<std::string> problems;
   for (const auto& m : *modules) {
-    const auto& w = impl_->param(m + ".weight");
+    const auto& w = impl_->module_weight(m);
     auto key_a = peft_prefix + m + ".lora_A.weight", key_b = peft_prefix + m + ".lora_B.weight";
     expected.insert(key_a);
     expected.insert(key_b);
@@ -265,6 +265,10 @@ Result<void> fold(CausalLM::Impl& impl, const std::string& name, bool merge) {
   if (a.merged == merge)
     return make_error(errc::failed_precondition,
                       "adapter '" + name + "' is " + (merge ? "merged already" : "not merged"));
+  if (impl.cfg.tie_word_embeddings && a.weights.count("lm_head"))
+    return make_error(errc::failed_precondition,
+                      "adapter '" + name + "' adapts the LM head, whose weight is tied to the embeddings: folding it "
+                      "in would change the embeddings too; use it unmerged");
   if (merge)
     for (const auto& [other, o] : impl.adapters)
       if (o.merged)
@@ -285,6 +289,10 @@ Result<NamedTensors> CausalLM::merged_parameters(const std::string& name) const 
   auto it = impl_->adapters.find(name);
   if (it == impl_->adapters.end()) return impl_->adapter(name).error();
   const auto& a = it->second;
+  if (impl_->cfg.tie_word_embeddings && a.weights.count("lm_head"))
+    return make_error(errc::failed_precondition,
+                      "adapter '" + name + "' adapts the LM head, whose weight is tied to the embeddings: it has no "
+                      "merged form in this model's parameters; sync or save it as an adapter");
   c10::NoGradGuard no_grad;
   NamedTensors out;
   for (const auto& n : impl_->names) {

@@ -36,9 +36,23 @@ constexpr size_t kMaxPatternBytes = 1024;
 // default backtracking takes exponential time on nested quantifiers such as
 // ".*+" or "(a|a)*", so one adapter_config.json could hang a loader (found
 // by fuzzing). The mode refuses back-references, which no module path needs.
+// Repetition counts ("{n}", "{n,m}") above 1000 are refused too: libstdc++
+// parses them with an int that overflows (undefined behaviour, found by
+// fuzzing), and a big count builds an automaton as big.
+bool huge_repetition(const std::string& pattern) {
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '{' && pattern[i] != ',') continue;
+    size_t j = i + 1;
+    while (j < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[j]))) ++j;
+    if (j - i - 1 > 4 || (j - i - 1 == 4 && std::stoi(pattern.substr(i + 1, 4)) > 1000)) return true;
+  }
+  return false;
+}
+
 std::regex user_regex(const std::string& pattern) {
   if (pattern.size() > 2 * kMaxPatternBytes)  // validated ones, wrapped by layer_index
     throw std::regex_error(std::regex_constants::error_complexity);
+  if (huge_repetition(pattern)) throw std::regex_error(std::regex_constants::error_badbrace);
   return std::regex(pattern, std::regex::ECMAScript | std::regex_constants::__polynomial);
 }
 
@@ -172,6 +186,7 @@ int64_t LoraConfig::parameters(const ModelConfig& m) const {
       const auto& [in, out] = in_out.at(name);
       total += rank_of(path) * (in + out);
     }
+  if (targets("lm_head")) total += rank_of("lm_head") * (m.hidden_size + m.vocab_size);
   return total;
 }
 

@@ -199,6 +199,11 @@ at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x
   if (pass.packed)
     if (auto it = pass.packed->find(prefix + ".weight"); it != pass.packed->end()) w = &it->second;
   auto y = bias ? fast_linear(x, *w, param(prefix + ".bias")) : fast_linear(x, *w);
+  return add_lora(prefix, x, std::move(y), pass);
+}
+
+at::Tensor CausalLM::Impl::add_lora(const std::string& prefix, const at::Tensor& x, at::Tensor y,
+                                    const PassOptions& pass) const {
   if (pass.lora && !pass.lora->merged) {
     if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
       const auto& [a, b] = it->second;
@@ -345,14 +350,18 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
   return decode_stack(p.ids, p.positions, attend, pass);
 }
 
-at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden) const {
-  const auto& w = cfg.tie_word_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
-  return fast_linear(hidden, w);
+const at::Tensor& CausalLM::Impl::module_weight(const std::string& module) const {
+  if (module == "lm_head" && cfg.tie_word_embeddings) return param("model.embed_tokens.weight");
+  return param(module + ".weight");
+}
+
+at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden, const PassOptions& pass) const {
+  return add_lora("lm_head", hidden, fast_linear(hidden, module_weight("lm_head")), pass);
 }
 
 CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,
                                             const PassOptions& pass) const {
-  auto lg = logits(hidden(p, pass));
+  auto lg = logits(hidden(p, pass), pass);
   // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
   // log-softmax is materialised (or kept for backward) besides the logits.
   auto lse = at::logsumexp(lg, -1);

@@ -23,6 +23,9 @@ public:
   void step(const ParamList& params, double lr);
   int64_t steps() const { return steps_; }
   const OptimizerConfig& config() const { return cfg_; }
+  /// New hyperparameters of the same kind; the moments and the step count
+  /// stay (as changing a PyTorch param_group's lr does).
+  void reconfigure(const OptimizerConfig& cfg) { cfg_ = cfg; }
 
   /// The state as named tensors ("exp_avg.NAME", "exp_avg_sq.NAME",
   /// "momentum.NAME", "step"), and back. Loading checks names and shapes

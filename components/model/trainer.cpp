@@ -20,10 +20,18 @@ namespace glint::components {
 
 Result<LossKind> parse_loss_kind(std::string_view name) {
   for (auto k : {LossKind::cross_entropy, LossKind::grpo, LossKind::gspo, LossKind::dr_grpo, LossKind::cispo,
-                 LossKind::dpo, LossKind::ipo})
+                 LossKind::dpo, LossKind::ipo, LossKind::importance_sampling, LossKind::ppo, LossKind::dro})
     if (to_string(k) == name) return k;
   return make_error(errc::invalid_argument, "loss '" + std::string{name} +
-                                                "' is unknown; use cross_entropy, grpo, gspo, dr_grpo, cispo, dpo or ipo");
+                                                "' is unknown; use cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, "
+                                                "importance_sampling, ppo or dro");
+}
+
+// The kinds reduction sum applies to: the token-level losses as Tinker
+// defines them.
+static bool sums(LossKind k) {
+  return k == LossKind::cross_entropy || k == LossKind::importance_sampling || k == LossKind::ppo ||
+         k == LossKind::cispo || k == LossKind::dro;
 }
 
 bool is_pairwise(LossKind k) { return k == LossKind::dpo || k == LossKind::ipo; }
@@ -37,6 +45,9 @@ std::string_view to_string(LossKind k) {
     case LossKind::cispo: return "cispo";
     case LossKind::dpo: return "dpo";
     case LossKind::ipo: return "ipo";
+    case LossKind::importance_sampling: return "importance_sampling";
+    case LossKind::ppo: return "ppo";
+    case LossKind::dro: return "dro";
   }
   return "?";
 }
@@ -45,7 +56,13 @@ Result<void> LossSpec::validate() const {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "loss: " + what); };
   if (to_string(kind) == "?")
     return bad("kind " + std::to_string(static_cast<int>(kind)) +
-               " is not cross_entropy, grpo, gspo, dr_grpo, cispo, dpo or ipo");
+               " is not cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, importance_sampling, ppo or dro");
+  if (reduction != LossReduction::mean && reduction != LossReduction::sum)
+    return bad("reduction " + std::to_string(static_cast<int>(reduction)) + " is not mean or sum");
+  if (reduction == LossReduction::sum && !sums(kind))
+    return bad(std::string{to_string(kind)} +
+               " has its own normalisation: reduction sum applies to cross_entropy, importance_sampling, ppo, "
+               "cispo and dro");
   if (!(epsilon >= 0) || !(epsilon_high >= 0)) return bad("epsilon and epsilon_high must be >= 0");
   if (!std::isfinite(beta) || !std::isfinite(entropy_coef)) return bad("beta and entropy_coef must be finite");
   if (max_tokens < 0) return bad("max_tokens must be >= 0");
@@ -63,7 +80,21 @@ Result<void> LossSpec::validate() const {
     if (beta != 0) return unread("beta", beta);
     if (entropy_coef != 0) return unread("entropy_coef", entropy_coef);
   }
-  if (kind == LossKind::cispo && epsilon != defaults.epsilon) return unread("epsilon", epsilon);
+  const bool token_sum = reduction == LossReduction::sum;
+  if (kind == LossKind::cispo && !token_sum && epsilon != defaults.epsilon) return unread("epsilon", epsilon);
+  if (kind == LossKind::importance_sampling || kind == LossKind::dro) {
+    if (epsilon != defaults.epsilon) return unread("epsilon", epsilon);
+    if (epsilon_high != defaults.epsilon_high) return unread("epsilon_high", epsilon_high);
+  }
+  if (kind == LossKind::importance_sampling || kind == LossKind::ppo || (kind == LossKind::cispo && token_sum)) {
+    if (beta != 0) return unread("beta", beta);
+  }
+  if (kind == LossKind::dro && !(beta >= 0)) return bad("dro needs beta >= 0, got " + std::to_string(beta));
+  if ((token_sum || kind == LossKind::importance_sampling || kind == LossKind::ppo || kind == LossKind::dro) &&
+      entropy_coef != 0)
+    return unread("entropy_coef", entropy_coef);
+  if ((kind == LossKind::ppo || kind == LossKind::cispo) && token_sum && !(epsilon <= 1))
+    return bad("epsilon must be <= 1 (the ratio's lower bound 1 - epsilon is >= 0), got " + std::to_string(epsilon));
   if (kind != LossKind::dr_grpo && max_tokens != 0) return unread("max_tokens", static_cast<double>(max_tokens));
   if (is_pairwise(kind)) {
     if (!(beta > 0))
@@ -95,14 +126,14 @@ uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c) {
 // The rows [begin, begin + n) of a checked batch, as the model and the loss read them.
 struct Slice {
   model_detail::Prepared prepared;
-  at::Tensor mask, old_logps, ref_logps, advantages;  // undefined when not given
+  at::Tensor mask, old_logps, ref_logps, advantages, weights;  // undefined when not given
 };
 
 Slice rows_of(const Slice& all, int64_t begin, int64_t n) {
   auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, n) : t; };
   const auto& p = all.prepared;
   return {{rows(p.ids), rows(p.positions), rows(p.allowed), rows(p.targets), rows(p.target_mask)},
-          rows(all.mask), rows(all.old_logps), rows(all.ref_logps), rows(all.advantages)};
+          rows(all.mask), rows(all.old_logps), rows(all.ref_logps), rows(all.advantages), rows(all.weights)};
 }
 
 }  // namespace
@@ -113,6 +144,7 @@ struct Trainer::Impl {
   std::unique_ptr<Optimizer> opt;
   double accumulated = 0;  ///< what the accumulated gradients are a sum over
   int64_t micro_batches = 0;
+  int64_t summed = 0;      ///< of those, the passes of a loss with reduction sum (never divided)
 
   ParamList params() const {
     ParamList out;
@@ -131,9 +163,12 @@ struct Trainer::Impl {
     return out;
   }
 
-  Result<std::pair<rl::LossOutput, double>> pass_once(const Slice& s, const LossSpec& spec, const PassOptions& pass);
+  /// `logps`: when not null, set to the slice's target log-probs (detached).
+  Result<std::pair<rl::LossOutput, double>> pass_once(const Slice& s, const LossSpec& spec, const PassOptions& pass,
+                                                      at::Tensor* logps = nullptr);
   Result<std::pair<rl::LossOutput, double>> pairwise_loss(const Slice& s, const LossSpec& spec, const at::Tensor& logps);
-  Result<std::pair<rl::LossOutput, double>> accumulate(rl::LossOutput loss, double count);
+  /// `sum`: the loss is a plain sum, added as it is (its count is 0).
+  Result<std::pair<rl::LossOutput, double>> accumulate(rl::LossOutput loss, double count, bool sum = false);
   /// How many rows of a [B, T] batch one pass may take: all B when they fit
   /// the budget, an error when not even one does. `keep_gradients`: a copy
   /// of the accumulated gradients is kept besides.
@@ -202,10 +237,38 @@ Result<at::Tensor> float_input(const Tensor& t, const char* name, int64_t B, int
 // `s`. Returns the loss's output (its metrics, with "loss" weighted by what
 // it is a mean over) and that count. Adds nothing when it fails.
 Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& s, const LossSpec& spec,
-                                                                  const PassOptions& pass) {
+                                                                  const PassOptions& pass, at::Tensor* logps) {
   const auto& m = model.impl();
   auto out = m.run(s.prepared, spec.entropy_coef != 0, false, pass);
+  if (logps) *logps = out.logprobs.detach();
   if (is_pairwise(spec.kind)) return pairwise_loss(s, spec, out.logprobs);
+  const bool token_sum = spec.reduction == LossReduction::sum;
+  if (token_sum || spec.kind == LossKind::importance_sampling || spec.kind == LossKind::ppo ||
+      spec.kind == LossKind::dro) {
+    rl::LossInputs in;
+    in.logps = out.logprobs;
+    in.mask = s.mask;
+    in.old_logps = s.old_logps;
+    in.advantages = s.advantages;
+    in.weights = s.weights;
+    rl::TokenLossOptions o;
+    o.clip_low = 1 - spec.epsilon;
+    o.clip_high = 1 + spec.epsilon_high;
+    o.beta = spec.beta;
+    o.sum = token_sum;
+    rl::TokenLoss kind = rl::TokenLoss::cross_entropy;
+    switch (spec.kind) {
+      case LossKind::importance_sampling: kind = rl::TokenLoss::importance_sampling; break;
+      case LossKind::ppo: kind = rl::TokenLoss::ppo; break;
+      case LossKind::cispo: kind = rl::TokenLoss::cispo; break;
+      case LossKind::dro: kind = rl::TokenLoss::dro; break;
+      default: break;
+    }
+    auto loss = rl::token_loss(kind, in, o);
+    if (!loss) return loss.error();
+    if (token_sum) return accumulate(std::move(*loss), 0, true);
+    return accumulate(std::move(*loss), s.mask.sum().item<double>());
+  }
   rl::LossInputs in;
   in.logps = out.logprobs;
   in.mask = s.mask;
@@ -244,7 +307,10 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& 
       count = s.mask.sum().item<double>();
       break;
     case LossKind::dpo:
-    case LossKind::ipo: break;  // pairwise_loss, above
+    case LossKind::ipo:
+    case LossKind::importance_sampling:
+    case LossKind::ppo:
+    case LossKind::dro: break;  // above
   }
   if (!loss) return loss.error();
   return accumulate(std::move(*loss), count);
@@ -281,12 +347,12 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pairwise_loss(const Sli
 
 // Adds the gradient of `loss` times `count` (the loss's sum) to the
 // trained parameters; nothing when the loss is not finite.
-Result<std::pair<rl::LossOutput, double>> Trainer::Impl::accumulate(rl::LossOutput loss, double count) {
+Result<std::pair<rl::LossOutput, double>> Trainer::Impl::accumulate(rl::LossOutput loss, double count, bool sum) {
   auto value = loss.loss.item<double>();
   if (!std::isfinite(value))
     return make_error(errc::invalid_argument, "the loss is not finite (" + std::to_string(value) +
                                                   "); nothing was accumulated");
-  auto objective = loss.loss * count;
+  auto objective = sum ? loss.loss : loss.loss * count;
   if (cfg.adapter.empty()) {
     objective.backward();
   } else {
@@ -306,7 +372,12 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::accumulate(rl::LossOutp
     }
   }
   loss.metrics["loss"] = value;
-  loss.weights["loss"] = count;
+  if (sum) {
+    // Summed over slices (no weight), and over data-parallel ranks (loss_sum).
+    loss.metrics["loss_sum"] = value;
+  } else {
+    loss.weights["loss"] = count;
+  }
   return std::pair{std::move(loss), count};
 }
 
@@ -340,7 +411,7 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
   return rows;
 }
 
-Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec) try {
+Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec, Tensor* logps_out) try {
   if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
@@ -357,8 +428,21 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   auto old_lp = float_input(b.old_logps, "old_logps", B, T, false, dtype);
   auto ref_lp = float_input(b.ref_logps, "ref_logps", B, T, false, dtype);
   auto adv = float_input(b.advantages, "advantages", B, T, true, dtype);
-  for (auto* r : {&old_lp, &ref_lp, &adv})
+  auto weights = float_input(b.loss_weights, "loss_weights", B, T, false, dtype);
+  for (auto* r : {&old_lp, &ref_lp, &adv, &weights})
     if (!*r) return r->error();
+  const bool token_sum = spec.reduction == LossReduction::sum;
+  if (weights->defined() && !(spec.kind == LossKind::cross_entropy && token_sum))
+    return make_error(errc::invalid_argument,
+                      "the batch has loss_weights, which only cross_entropy with reduction sum reads (a 0/1 mask is "
+                      "loss_mask); leave it out or set that loss");
+  // A step's gradients are all sums or all normalised: mixing them would
+  // divide the sums by the others' count.
+  if (impl_->micro_batches > 0 && (impl_->summed > 0) != token_sum)
+    return make_error(errc::failed_precondition,
+                      std::string{"this step accumulated gradients of a loss with reduction "} +
+                          (token_sum ? "mean" : "sum") + " and this one has reduction " + (token_sum ? "sum" : "mean") +
+                          ": step (clip_grad_and_step) or zero_grad first");
   const bool pairwise = is_pairwise(spec.kind);
   bool policy = spec.kind != LossKind::cross_entropy && !pairwise;
   if (pairwise) {
@@ -384,7 +468,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   }
   if (policy && !adv->defined())
     return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} + " needs advantages");
-  if (spec.beta > 0 && !ref_lp->defined())
+  if (spec.beta > 0 && !ref_lp->defined() && spec.kind != LossKind::dro && !pairwise)
     return make_error(errc::invalid_argument, "beta > 0 (a KL penalty) needs ref_logps");
   // Columns the loss would not read are refused: a batch built for another
   // loss (advantages sent while the loss is still cross_entropy) must not
@@ -407,7 +491,16 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   pass->dropout_rng = &rng;
   const auto tokens = mask.sum().item<double>();
   const auto sequences = mask.any(1).sum().item<double>();
-  const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv};
+  const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv, *weights};
+  // The target log-probs, when asked: f32 [B, T], 0 where no target.
+  auto answer_logps = [&](std::vector<at::Tensor> parts) -> Result<void> {
+    if (!logps_out) return {};
+    auto lp = (parts.size() == 1 ? parts[0] : at::cat(parts, 0)).to(at::kFloat);
+    auto t = from_torch(at::where(all.prepared.target_mask, lp, at::zeros({}, lp.options())).contiguous());
+    if (!t) return t.error();
+    *logps_out = std::move(*t);
+    return {};
+  };
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   const bool entropies = spec.entropy_coef != 0;
   auto rows = impl_->rows_per_pass(B, T, elem, entropies, false, pairwise);
@@ -415,10 +508,13 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   c10::AutoGradMode grad(true);
 
   if (*rows >= B || tokens == 0) {  // one pass (a batch without a counted token: the loss says so)
-    auto one = impl_->pass_once(all, spec, *pass);
+    at::Tensor lp;
+    auto one = impl_->pass_once(all, spec, *pass, logps_out ? &lp : nullptr);
     if (!one) return one.error();
     impl_->accumulated += one->second;
     ++impl_->micro_batches;
+    if (token_sum) ++impl_->summed;
+    if (auto ok = answer_logps({lp}); !ok) return ok.error();
     Metrics metrics = std::move(one->first.metrics);
     metrics["tokens"] = tokens;
     metrics["sequences"] = sequences;
@@ -450,6 +546,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   log::debug("forward_backward: " + std::to_string(B) + " rows of " + std::to_string(T) + " tokens in " +
              std::to_string(slices) + " micro-batches of " + std::to_string(*rows) + " rows");
   std::vector<rl::LossOutput> parts;
+  std::vector<at::Tensor> lps;
   double count = 0;
   try {
     for (int64_t begin = 0; begin < B; begin += *rows) {
@@ -460,6 +557,12 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
       const int64_t n = std::min(*rows, B - begin);
       auto slice = rows_of(all, begin, n);
       if (!slice.mask.any().item<bool>()) {
+        if (logps_out) {  // answered too: a forward pass without gradients
+          c10::NoGradGuard no_grad;
+          auto plain = *pass;
+          plain.train = false;
+          lps.push_back(impl_->model.impl().run(slice.prepared, false, false, plain).logprobs);
+        }
         // No counted token: no gradient, but DR-GRPO's normaliser (and so
         // its mean loss) counts rows.
         if (spec.kind == LossKind::dr_grpo) {
@@ -471,7 +574,9 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
         }
         continue;
       }
-      auto one = impl_->pass_once(slice, spec, *pass);
+      at::Tensor lp;
+      auto one = impl_->pass_once(slice, spec, *pass, logps_out ? &lp : nullptr);
+      if (lp.defined()) lps.push_back(lp);
       if (!one) {
         restore();
         return with_context(one.error(), "rows " + std::to_string(begin) + " to " + std::to_string(begin + n - 1) +
@@ -487,6 +592,8 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   }
   impl_->accumulated += count;
   ++impl_->micro_batches;
+  if (token_sum) ++impl_->summed;
+  if (auto ok = answer_logps(std::move(lps)); !ok) return ok.error();
   Metrics metrics = rl::combine_metrics(parts);
   metrics["tokens"] = tokens;
   metrics["sequences"] = sequences;
@@ -506,6 +613,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   auto params = impl_->params();
   if (params.empty()) return make_error(errc::failed_precondition, "adapter '" + impl_->cfg.adapter + "' was removed");
   double total = impl_->accumulated;
+  double summed = static_cast<double>(impl_->summed);
   if (distributed) {
     // Every rank must send the same tensors: a gradient a rank did not
     // produce (a module its batch skipped) counts as zero.
@@ -514,13 +622,14 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
       parts.push_back(p.grad());
     }
-    parts.push_back(at::full({1}, total, at::kDouble));
+    parts.push_back(at::tensor({total, summed}, at::kDouble));
     if (auto ok = all_reduce_sum(*dp, parts); !ok) {
       zero_grad();
       return ok.error();
     }
-    total = parts.back().item<double>();
-    if (total == 0) {
+    total = parts.back()[0].item<double>();
+    summed = parts.back()[1].item<double>();
+    if (total == 0 && summed == 0) {
       zero_grad();
       return make_error(errc::failed_precondition,
                         "clip_grad_and_step without forward_backward on any data-parallel rank since the last step");
@@ -528,7 +637,8 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   }
   {
     c10::NoGradGuard no_grad;
-    double scale = total > 0 ? 1.0 / total : 0.0;
+    // Sums (reduction sum) are the gradient as they are.
+    double scale = summed > 0 ? 1.0 : total > 0 ? 1.0 / total : 0.0;
     for (auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
@@ -550,12 +660,15 @@ void Trainer::zero_grad() {
     if (p.grad().defined()) p.mutable_grad().zero_();
   impl_->accumulated = 0;
   impl_->micro_batches = 0;
+  impl_->summed = 0;
 }
 
 Result<void> Trainer::set_optimizer(const OptimizerConfig& cfg) {
   if (auto ok = cfg.validate(); !ok) return ok.error();
+  const bool same_kind = impl_->cfg.optimizer.kind == cfg.kind;
   impl_->cfg.optimizer = cfg;
-  impl_->opt = std::make_unique<Optimizer>(cfg);
+  if (same_kind) impl_->opt->reconfigure(cfg);
+  else impl_->opt = std::make_unique<Optimizer>(cfg);
   return {};
 }
 

@@ -40,19 +40,32 @@
 namespace glint::components {
 
 /// dpo and ipo are pairwise (preference) losses: see TrainBatch.
-enum class LossKind : uint8_t { cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo };
+/// importance_sampling, ppo and dro (and cross_entropy and cispo with
+/// reduction sum) are the token-level losses as Tinker defines them
+/// (components/rl/losses.hpp, token_loss).
+enum class LossKind : uint8_t { cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, importance_sampling, ppo, dro };
 Result<LossKind> parse_loss_kind(std::string_view name);
 std::string_view to_string(LossKind k);
 /// True for the losses over pairs of rows (dpo, ipo): a batch of them has
 /// an even number of rows, and slicing it keeps each pair whole.
 bool is_pairwise(LossKind k);
 
+/// How a loss reduces its per-token terms. mean: glint's normalisation
+/// (per token, per sequence or per pair, by kind; clip_grad_and_step
+/// divides by the count of the whole step). sum: Tinker's, the plain sum
+/// over every counted token of the step, never divided (cross_entropy,
+/// importance_sampling, ppo, cispo, dro only). One step accumulates one or
+/// the other, never both.
+enum class LossReduction : uint8_t { mean, sum };
+
 struct LossSpec {
   LossKind kind = LossKind::cross_entropy;
-  double epsilon = 0.2;       ///< lower clip (ratio >= 1 - epsilon)
+  LossReduction reduction = LossReduction::mean;
+  double epsilon = 0.2;       ///< lower clip (ratio >= 1 - epsilon); cispo reads it with reduction sum only
   double epsilon_high = 0.2;  ///< upper clip (ratio <= 1 + epsilon_high)
   /// Policy losses: the KL-to-reference coefficient (k3 estimator), needs
-  /// ref_logps. dpo and ipo: their beta (> 0 required; 0.1 is usual).
+  /// ref_logps. dpo and ipo: their beta (> 0 required; 0.1 is usual). dro:
+  /// its quadratic penalty's coefficient (>= 0).
   double beta = 0.0;
   double entropy_coef = 0.0;  ///< entropy bonus
   int64_t max_tokens = 0;     ///< DR-GRPO's constant normaliser (0: the batch's sequence length)
@@ -79,6 +92,10 @@ struct TrainBatch {
   Tensor old_logps{};   ///< [B, T] f32, for policy losses (default: the current ones, ratio 1)
   Tensor ref_logps{};   ///< [B, T] f32, when beta > 0
   Tensor advantages{};  ///< [B] or [B, T] f32, for policy losses
+  /// [B, T] f32 per-token weights of cross_entropy with reduction sum (any
+  /// sign: Tinker's forward_backward_custom sends -dC/dlogp); the positions
+  /// loss_mask and the targets leave out count nothing.
+  Tensor loss_weights{};
 };
 
 struct TrainConfig {
@@ -107,8 +124,12 @@ public:
   /// Adds the gradients of one batch (in slices when it does not fit at
   /// once: see above). Metrics: loss (the batch's mean loss), loss_count
   /// (what that mean is over: tokens, or sequences for sequence-mean
-  /// losses), tokens, sequences, and the loss's own (clip_fraction, kl, ...).
-  Result<Metrics> forward_backward(const TrainBatch& batch, const LossSpec& loss);
+  /// losses; 0 for reduction sum), tokens, sequences, and the loss's own
+  /// (clip_fraction, kl, ...); with reduction sum also loss_sum (= loss,
+  /// which data-parallel ranks add up). `logps`: when not null, set to the
+  /// f32 [B, T] log-probs of the batch's targets under the weights before
+  /// this call's update (0 where a position has no target).
+  Result<Metrics> forward_backward(const TrainBatch& batch, const LossSpec& loss, Tensor* logps = nullptr);
   /// Clips the accumulated gradients by global norm, steps the optimizer at
   /// the scheduled rate and clears the gradients. With a dp_group, call it
   /// on every rank (a rank without gradients adds zeros). Metrics: grad_norm (before
@@ -118,6 +139,9 @@ public:
   /// Drops accumulated gradients without stepping.
   void zero_grad();
 
+  /// Another optimizer config. Of the same kind, its moments and step count
+  /// stay and only the hyperparameters change (as a PyTorch param_group's);
+  /// another kind starts afresh.
   Result<void> set_optimizer(const OptimizerConfig& cfg);
   Result<void> set_lr_scheduler(const SchedulerConfig& cfg);
   const TrainConfig& config() const;

@@ -85,6 +85,12 @@ struct CausalLM::Impl {
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
   /// Every projection's module path, in model order.
   std::vector<std::string> linear_modules() const;
+  /// The weight of a module a LoRA adapter may target: a projection's, or
+  /// the LM head's ("lm_head": the embeddings when they are tied).
+  const at::Tensor& module_weight(const std::string& module) const;
+  /// y plus, for each adapter of `pass` that targets `prefix`, its scaling *
+  /// dropout(x) A^T B^T (the adapter's rows only, for row adapters).
+  at::Tensor add_lora(const std::string& prefix, const at::Tensor& x, at::Tensor y, const PassOptions& pass) const;
   /// x @ W^T (+ b) for the projection `prefix` ("model.layers.0.mlp.up_proj"),
   /// plus the adapter's scaling * dropout(x) A^T B^T when it targets it.
   at::Tensor linear(const std::string& prefix, const at::Tensor& x, bool bias, const PassOptions& pass) const;
@@ -104,8 +110,9 @@ struct CausalLM::Impl {
                           const PassOptions& pass = {}) const;
   /// Final hidden states [B, T, hidden] (after the last norm).
   at::Tensor hidden(const model_detail::Prepared& p, const PassOptions& pass = {}) const;
-  /// Logits [B, T, vocab] from hidden states.
-  at::Tensor logits(const at::Tensor& hidden) const;
+  /// Logits [B, T, vocab] from hidden states (with an adapter's LM-head
+  /// LoRA, "lm_head", when it has one).
+  at::Tensor logits(const at::Tensor& hidden, const PassOptions& pass = {}) const;
 
   struct Outputs {
     at::Tensor logprobs;   ///< [B, T], 0 where there is no target

@@ -301,6 +301,68 @@ Result<LossOutput> cispo(const LossInputs& in, const PolicyOptions& o) try {
   return torch_failed("cispo", e);
 }
 
+Result<LossOutput> token_loss(TokenLoss kind, const LossInputs& in, const TokenLossOptions& o) try {
+  constexpr const char* names[] = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"};
+  const auto index = static_cast<size_t>(kind);
+  if (index >= std::size(names)) return bad("token_loss", "unknown kind " + std::to_string(index));
+  const std::string_view fn = names[index];
+  const bool ce = kind == TokenLoss::cross_entropy;
+  if (!ce && in.weights.defined()) return bad(fn, "weights apply to cross_entropy only");
+  if (in.ref_logps.defined() || in.entropies.defined())
+    return bad(fn, "reads neither ref_logps nor entropies (no KL or entropy term)");
+  if (!ce && !in.old_logps.defined()) return bad(fn, "old_logps (the sampler's log-probs) are missing");
+  if (kind == TokenLoss::ppo || kind == TokenLoss::cispo) {
+    if (!(std::isfinite(o.clip_low) && std::isfinite(o.clip_high) && o.clip_low >= 0 && o.clip_low <= o.clip_high))
+      return bad(fn, "the ratio bounds must be finite with 0 <= clip_low <= clip_high, got [" + number(o.clip_low) +
+                         ", " + number(o.clip_high) + "]");
+  }
+  if (kind == TokenLoss::dro && !(std::isfinite(o.beta) && o.beta >= 0))
+    return bad(fn, "beta must be finite and >= 0, got " + number(o.beta));
+  auto p = prepare(fn, in, !ce);
+  if (!p) return p.error();
+  LossOutput out;
+  at::Tensor per_token, ratio;
+  if (ce) {
+    at::Tensor w = p->maskf;
+    if (in.weights.defined()) {
+      if (auto err = check_like(fn, "weights", in.weights, in.logps)) return err;
+      c10::NoGradGuard no_grad;
+      auto full = in.weights.detach().to(p->maskf.scalar_type());
+      if ((p->mask & at::isfinite(full).logical_not()).any().item<bool>())
+        return bad(fn, "weights hold NaN or infinite values");
+      w = at::where(p->mask, full, at::zeros({}, full.options()));
+    }
+    per_token = -w * p->logps;
+  } else {
+    const auto& a = p->advantages;
+    const auto& q = p->old_logps;
+    ratio = at::exp(p->logps - q);
+    switch (kind) {
+      case TokenLoss::importance_sampling: per_token = -ratio * a; break;
+      case TokenLoss::ppo: per_token = -at::minimum(ratio * a, ratio.clamp(o.clip_low, o.clip_high) * a); break;
+      case TokenLoss::cispo: per_token = -ratio.clamp(o.clip_low, o.clip_high).detach() * p->logps * a; break;
+      case TokenLoss::dro: per_token = -(p->logps * a - 0.5 * o.beta * (p->logps - q).pow(2)); break;
+      case TokenLoss::cross_entropy: break;
+    }
+  }
+  auto total = (per_token * p->maskf).sum();
+  out.loss = o.sum ? total : total / p->tokens;
+  c10::NoGradGuard no_grad;
+  out.metrics["tokens"] = item(p->tokens);
+  if (ratio.defined()) {
+    out.metrics["ratio_mean"] = item(token_mean(ratio, *p));
+    out.weights["ratio_mean"] = item(p->tokens);
+    if (kind == TokenLoss::ppo || kind == TokenLoss::cispo) {
+      auto outside = (ratio.lt(o.clip_low) | ratio.gt(o.clip_high)).to(ratio.scalar_type());
+      out.metrics["clip_fraction"] = item(token_mean(outside, *p));
+      out.weights["clip_fraction"] = item(p->tokens);
+    }
+  }
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed("token_loss", e);
+}
+
 Result<LossOutput> dpo(const DpoInputs& in, const DpoOptions& o) try {
   constexpr std::string_view fn = "dpo";
   const std::pair<const char*, const at::Tensor*> tensors[] = {{"chosen_logps", &in.chosen_logps},

@@ -1,5 +1,6 @@
 #pragma once
-/// The training losses of glint (SFT cross-entropy, GRPO, DR-GRPO, GSPO, CISPO, DPO) as plain
+/// The training losses of glint (SFT cross-entropy, GRPO, DR-GRPO, GSPO, CISPO, DPO, and the
+/// token-level losses as Tinker defines them: importance sampling, PPO, CISPO, DRO) as plain
 /// functions on at::Tensor. Formulas, shapes and an example: docs/losses.md.
 ///
 /// Each function is pure: it reads its inputs, builds a scalar `loss` that keeps the autograd graph
@@ -30,6 +31,7 @@ struct LossInputs {
   at::Tensor ref_logps;   ///< [B, T] reference-policy log-probs; needed when beta > 0
   at::Tensor advantages;  ///< [B] per sequence (broadcast over T) or [B, T] per token
   at::Tensor entropies;   ///< [B, T] per-token entropies; needed when entropy_coef != 0
+  at::Tensor weights;     ///< [B, T] floating per-token weights (token_loss cross_entropy only; any sign)
 };
 
 /// A scalar loss (0-dim, with its autograd graph) and detached metrics.
@@ -81,6 +83,27 @@ Result<LossOutput> gspo(const LossInputs& in, const PolicyOptions& options);
 /// CISPO: -sg(min(ratio, 1 + epsilon_high)) * A * logp per token, mean over all counted tokens.
 /// epsilon and options.aggregation are not read.
 Result<LossOutput> cispo(const LossInputs& in, const PolicyOptions& options);
+
+/// The token-level losses as Tinker defines them. Per counted token, with r = exp(logp - q) (q:
+/// old_logps, the sampler's log-probs), A the advantages and w the weights:
+///   cross_entropy        -w * logp                (w: weights, default 1; reads no q, A)
+///   importance_sampling  -r * A
+///   ppo                  -min(r * A, clip(r, clip_low, clip_high) * A)
+///   cispo                -sg(clip(r, clip_low, clip_high)) * logp * A   (sg: no gradient)
+///   dro                  -(logp * A - beta / 2 * (logp - q)^2)
+/// The loss is their sum over every counted token of every row (`sum`, Tinker's reduction: no
+/// normalisation, so a batch split in parts gives the same total), or their mean per counted token.
+/// No ratio guard: a non-finite ratio makes the loss non-finite, which the trainer refuses.
+/// Metrics: tokens; ratio_mean for the ratio losses; clip_fraction (ppo, cispo: the share of
+/// counted tokens whose ratio is outside [clip_low, clip_high]).
+enum class TokenLoss { cross_entropy, importance_sampling, ppo, cispo, dro };
+struct TokenLossOptions {
+  double clip_low = 0.8;   ///< ppo, cispo: ratio bounds (>= 0, clip_low <= clip_high)
+  double clip_high = 1.2;
+  double beta = 0.0;       ///< dro: the quadratic penalty's coefficient (>= 0)
+  bool sum = true;         ///< false: the mean per counted token
+};
+Result<LossOutput> token_loss(TokenLoss kind, const LossInputs& in, const TokenLossOptions& options);
 
 /// Sequence log-probs (summed over the completion) of preference pairs.
 struct DpoInputs {

@@ -118,8 +118,31 @@ struct Engine::Impl {
       packed["model.embed_tokens.weight"] = pack_linear_weight(lm().param("model.embed_tokens.weight"));
   }
 
-  at::Tensor head(const at::Tensor& hidden) const {
-    return fast_linear(hidden, packed.at(mc().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+  // Logits of the step's rows `need` (indices into hidden), with the LM-head
+  // LoRA of the adapters that have one, for their rows.
+  at::Tensor head(const at::Tensor& hidden, const std::vector<int64_t>& need,
+                  const std::vector<RowAdapter>& adapters) const {
+    auto h = hidden.index_select(0, at::tensor(need, at::kLong));
+    auto y = fast_linear(h, packed.at(mc().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+    std::vector<RowAdapter> heads;
+    std::vector<int64_t> owner;
+    for (size_t k = 0; k < adapters.size(); ++k) {
+      const auto& a = adapters[k];
+      if (a.lora->merged || !a.lora->weights.count("lm_head")) continue;
+      if (owner.empty()) owner.assign(static_cast<size_t>(hidden.size(0)), -1);
+      auto rows = a.rows.contiguous();
+      for (int64_t i = 0; i < rows.numel(); ++i) owner[static_cast<size_t>(rows.data_ptr<int64_t>()[i])] = static_cast<int64_t>(k);
+    }
+    if (owner.empty()) return y;
+    for (size_t k = 0; k < adapters.size(); ++k) {
+      std::vector<int64_t> mine;
+      for (size_t j = 0; j < need.size(); ++j)
+        if (owner[static_cast<size_t>(need[j])] == static_cast<int64_t>(k)) mine.push_back(static_cast<int64_t>(j));
+      if (!mine.empty()) heads.push_back({adapters[k].lora, at::tensor(mine, at::kLong)});
+    }
+    PassOptions pass;
+    pass.row_adapters = std::move(heads);
+    return lm().add_lora("lm_head", h, std::move(y), pass);
   }
 
   static uint64_t salt_of(const std::string& adapter) { return hash_seed("adapter:" + adapter); }
@@ -513,7 +536,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
       }
     }
     if (!need.empty()) {
-      logits = head(hidden.index_select(0, at::tensor(need, at::kLong))).to(at::kFloat);
+      logits = head(hidden, need, rows.adapters).to(at::kFloat);
       logprobs = at::log_softmax(logits, 1);
     }
     forward_seconds += since(t0);

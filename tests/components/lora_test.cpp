@@ -145,9 +145,9 @@ TEST(Lora, BadAdaptersAreClearErrors) {
   ASSERT_FALSE(unknown);
   EXPECT_NE(describe(unknown.error()).find("no adapter 'nobody' on this model (adapters: none)"), std::string::npos)
       << describe(unknown.error());
-  auto nothing = lm.add_adapter("x", {.target_modules = {"lm_head"}});
+  auto nothing = lm.add_adapter("x", {.target_modules = {"embed_tokens"}});
   ASSERT_FALSE(nothing);
-  EXPECT_NE(describe(nothing.error()).find("select lm_head"), std::string::npos) << describe(nothing.error());
+  EXPECT_NE(describe(nothing.error()).find("select model.embed_tokens"), std::string::npos) << describe(nothing.error());
   auto no_projection = lm.add_adapter("x", {.target_modules = {"qproj"}});
   ASSERT_FALSE(no_projection);
   EXPECT_NE(describe(no_projection.error()).find("match no projection"), std::string::npos);
@@ -387,7 +387,7 @@ TEST(Lora, FieldsGlintCannotHonourAreRefusedNamingFileFieldAndValue) {
   }
   // Targets glint cannot adapt, or no target at all.
   for (const auto& [targets, named] : std::vector<std::pair<std::string, std::string>>{
-           {R"(["q_proj", "lm_head"])", "lm_head"},
+           {R"(["q_proj", "embed_tokens"])", "model.embed_tokens"},
            {R"(".*embed_tokens")", "model.embed_tokens"},
            {R"(["mlp"])", "model.layers.0.mlp"},
            {"null", "target_modules = null"}}) {
@@ -493,6 +493,51 @@ TEST(Lora, SavedAdaptersNameTheirBaseModel) {
 
 // The server's memory budget sizes adapters from their config alone
 // (LoraConfig::parameters): it counts what the model really allocates.
+// Tinker's train_unembed: an adapter of the LM head, tied to the embeddings
+// or not. It starts at the base, trains only itself, round trips in PEFT's
+// layout (base_model.model.lm_head.lora_A.weight), and merges only where
+// the head has a weight of its own.
+TEST(Lora, AnAdapterOnTheLmHeadTrainsRoundTripsAndMergesOnlyUntied) {
+  for (bool tied : {true, false}) {
+    auto cfg = ModelConfig::make(Architecture::qwen2, 29, 16, 32, 2, 4, 2);
+    cfg.tie_word_embeddings = tied;
+    auto lm = *CausalLM::init_random(cfg, 4);
+    const LoraConfig head{.r = 4, .alpha = 8, .target_modules = {"q_proj", "lm_head"}};
+    ASSERT_TRUE(lm.add_adapter("h", head, 1));
+    auto names = lm.adapter_parameters("h");
+    ASSERT_TRUE(names);
+    EXPECT_EQ(names->back().first, "base_model.model.lm_head.lora_B.weight");
+    EXPECT_EQ(names->back().second.shape(), (std::vector<int64_t>{29, 4}));
+    EXPECT_TRUE(at::equal(logps(lm), logps(lm, "h"))) << "B starts at zero";
+    std::map<std::string, at::Tensor> base;
+    for (auto& [n, p] : lm.impl().params) base[n] = p.clone();
+    auto tr = Trainer::create(lm, {.optimizer = {.lr = 1e-2}, .adapter = "h"});
+    ASSERT_TRUE(tr);
+    train(*tr, 3);
+    auto trained = logps(lm, "h");
+    EXPECT_FALSE(at::allclose(trained, logps(lm))) << "tied " << tied;
+    for (auto& [n, p] : lm.impl().params) EXPECT_TRUE(at::equal(p, base.at(n))) << n << " changed";
+    // Only the head's adapter changes the head: q_proj's alone does not give these logits.
+    const auto& a = lm.impl().adapters.at("h");
+    EXPECT_GT(a.weights.at("lm_head").second.abs().sum().item<double>(), 0);
+    auto dir = glint::testing::fresh_dir(tied ? "lora-head-tied" : "lora-head");
+    ASSERT_TRUE(lm.save_adapter("h", dir));
+    auto other = *CausalLM::init_random(cfg, 4);
+    ASSERT_TRUE(other.load_adapter("h", dir));
+    EXPECT_TRUE(at::equal(logps(other, "h"), trained));
+    auto merged = lm.merge_adapter("h");
+    if (tied) {
+      ASSERT_FALSE(merged);
+      EXPECT_NE(describe(merged.error()).find("tied to the embeddings"), std::string::npos) << describe(merged.error());
+      EXPECT_FALSE(lm.merged_parameters("h"));
+    } else {
+      ASSERT_TRUE(merged) << describe(merged.error());
+      EXPECT_TRUE(at::allclose(logps(lm), trained, 1e-5, 1e-6)) << "merged equals unmerged";
+      ASSERT_TRUE(lm.unmerge_adapter("h"));
+    }
+  }
+}
+
 TEST(Lora, ParametersCountedFromTheConfigEqualTheAdaptersTensors) {
   auto cfg = ModelConfig::make(Architecture::qwen3, 29, 16, 40, 3, 4, 2, 8);  // head_dim 8: q is 32 wide
   auto lm = CausalLM::init_random(cfg, 1);
@@ -501,6 +546,7 @@ TEST(Lora, ParametersCountedFromTheConfigEqualTheAdaptersTensors) {
       {.r = 4, .alpha = 8, .target_modules = {"q_proj", "v_proj"}},
       {.r = 2, .alpha = 4, .target_modules = {"all-linear"}, .rank_pattern = {{"down_proj", 6}}},
       {.r = 3, .alpha = 3, .target_modules = {"o_proj", "up_proj"}, .layers_to_transform = {0, 2}},
+      {.r = 5, .alpha = 5, .target_modules = {"v_proj", "lm_head"}},
   };
   for (size_t i = 0; i < shapes.size(); ++i) {
     auto name = "a" + std::to_string(i);

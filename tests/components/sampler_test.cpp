@@ -414,11 +414,14 @@ TEST(Sampler, AdaptersAndTheBaseModelInOneBatch) {
   auto e = make_engine(test_model());
   ASSERT_TRUE(e.add_adapter("a", {.r = 4, .target_modules = {"all-linear"}}));
   ASSERT_TRUE(e.add_adapter("b", {.r = 4}));
+  // An adapter of the LM head only (Tinker's train_unembed): its rows' logits.
+  ASSERT_TRUE(e.add_adapter("h", {.r = 4, .target_modules = {"lm_head"}}));
   randomise(e, "a");
   randomise(e, "b");
+  randomise(e, "h");
   auto prompt = random_prompt(21, 5);
   std::vector<std::pair<uint64_t, std::string>> ids;
-  for (std::string name : {"a", "", "b", "a"}) ids.emplace_back(*e.add_request(prompt, greedy, name), name);
+  for (std::string name : {"a", "", "h", "b", "a", "h"}) ids.emplace_back(*e.add_request(prompt, greedy, name), name);
   while (e.has_unfinished()) ASSERT_TRUE(e.step());
   std::set<std::vector<int64_t>> distinct;
   for (auto [id, name] : ids) {
@@ -426,7 +429,7 @@ TEST(Sampler, AdaptersAndTheBaseModelInOneBatch) {
     EXPECT_EQ(got, naive_greedy(e.model(), prompt, greedy.max_tokens, name)) << "adapter '" << name << "'";
     distinct.insert(got);
   }
-  EXPECT_EQ(distinct.size(), 3u);
+  EXPECT_EQ(distinct.size(), 4u);
   EXPECT_FALSE(e.remove_adapter("zzz"));
   EXPECT_TRUE(e.remove_adapter("b"));
 }

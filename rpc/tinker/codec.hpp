@@ -1,0 +1,104 @@
+#pragma once
+/// The Tinker API's bodies, in both of the SDK's wire formats (JSON, SDK 0.24
+/// and older; protobuf, rpc/tinker/tinker_public.proto, 0.19 and newer),
+/// read into and written from one set of plain structs, so that the gateway
+/// (rpc/tinker/gateway.cpp) never sees a format. Every field is checked as
+/// it is read: a wrong type, shape or size is an error naming the field
+/// (the gateway answers it as HTTP 400).
+///
+///   auto req = tinker::parse_forward_backward_proto(body);   // or _json
+///   ... run it ...
+///   auto out = tinker::render_forward_backward_proto(result); // or _json
+
+#include "runtime/error.hpp"
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace glint::rpc::tinker {
+
+/// A dense tensor of a Datum's loss_fn_inputs (sparse CSR is made dense as
+/// it is read). `values` holds every element in row-major order; for int64
+/// tensors they are exact (checked to be integers).
+struct TensorData {
+  enum class Dtype { f32, i64 } dtype = Dtype::f32;
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+struct Datum {
+  std::vector<int64_t> tokens;  ///< the model input: every text chunk's tokens, in order
+  std::map<std::string, TensorData> inputs;
+};
+
+struct ForwardBackwardRequest {
+  std::string model_id;
+  int64_t seq_id = 0;
+  std::vector<Datum> data;
+  std::string loss_fn;
+  std::map<std::string, double> loss_fn_config;
+  bool forward_only = false;
+};
+
+/// One datum's outputs: its target log-probs, shaped as its target_tokens.
+struct DatumOutput {
+  std::vector<float> logprobs;
+  std::vector<int64_t> shape;
+};
+
+struct ForwardBackwardResult {
+  std::vector<DatumOutput> outputs;
+  /// "name:reduction" keys (the SDK combines chunks' metrics by the part
+  /// after the colon).
+  std::map<std::string, double> metrics;
+};
+
+struct SampledSequence {
+  bool length = false;  ///< stopped at max_tokens (else at a stop token or string)
+  std::vector<int64_t> tokens;
+  std::vector<float> logprobs;
+};
+
+struct SampleResult {
+  std::vector<SampledSequence> sequences;
+  /// One per prompt token; NaN where there is none (the first).
+  std::optional<std::vector<float>> prompt_logprobs;
+  /// The top k (id, logprob) per prompt token, row-major [prompt, k]; rows
+  /// with fewer than k hold (0, -99999), the SDK's empty cell.
+  struct Topk {
+    uint32_t k = 0;
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+  };
+  std::optional<Topk> topk_prompt_logprobs;
+  int64_t prompt_cache_hit_tokens = 0;
+};
+
+/// forward_backward (and forward) bodies. JSON: SDK 0.16's form (no type
+/// fields, nulls) and 0.18's (every default, type fields) alike; `forward`
+/// reads "forward_input" instead of "forward_backward_input".
+Result<ForwardBackwardRequest> parse_forward_backward_json(const nlohmann::json& body, bool forward);
+/// `canonical`: when not null, set to the message serialized
+/// deterministically (maps in key order): two encodings of one request give
+/// the same bytes, so a retry is recognised whatever order its maps came in.
+Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view body, std::string* canonical = nullptr);
+
+std::string render_forward_backward_json(const ForwardBackwardResult& r);
+std::string render_forward_backward_proto(const ForwardBackwardResult& r);
+std::string render_sample_json(const SampleResult& r);
+std::string render_sample_proto(const SampleResult& r);
+
+/// A model input's tokens from {"chunks": [{"tokens": [...], "type": "encoded_text"}, ...]}
+/// (type may be absent, as SDK 0.16 sends it); other chunk kinds are refused.
+Result<std::vector<int64_t>> parse_model_input_json(const nlohmann::json& input, const std::string& field);
+
+/// A zstd frame's content (Content-Encoding: zstd), at most `max_bytes`.
+Result<std::string> zstd_decompress(std::string_view frame, size_t max_bytes);
+
+}  // namespace glint::rpc::tinker

@@ -1,0 +1,1421 @@
+#include "rpc/tinker/gateway.hpp"
+
+#include "actors/model_group.hpp"
+#include "actors/sampler_group.hpp"
+#include "rpc/convert.hpp"
+#include "rpc/tinker/codec.hpp"
+#include "runtime/log.hpp"
+
+#include <nlohmann/json.hpp>
+#include <openssl/rand.h>
+
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace glint::rpc::tinker {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string iso_time(int64_t ms) {
+  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char text[64];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
+  return text;
+}
+
+// Unguessable ids: 16 random bytes in hex (ids of one tenant are never
+// accepted from another, so guessing would not help either).
+std::string random_id(size_t bytes = 16) {
+  std::vector<unsigned char> raw(bytes);
+  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
+    // OpenSSL's generator failing is not something to serve through.
+    throw std::runtime_error("RAND_bytes failed");
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (auto b : raw) {
+    out.push_back(hex[b >> 4]);
+    out.push_back(hex[b & 15]);
+  }
+  return out;
+}
+
+caf::error user(const std::string& what) { return make_error(errc::invalid_argument, what); }
+
+// The HTTP status an error answers with: 4xx are the caller's to fix (the
+// SDK does not retry them, but a bare 400 three times), 429 and 5xx are
+// retried.
+int status_of(const caf::error& e) {
+  switch (code_of(e)) {
+    case errc::invalid_argument: return 400;
+    case errc::not_found: return 404;
+    case errc::failed_precondition: return 400;
+    case errc::unimplemented: return 400;
+    case errc::permission_denied: return 403;
+    case errc::resource_exhausted: return 429;
+    case errc::aborted: return 409;
+    case errc::unavailable: return 503;
+    case errc::deadline_exceeded: return 504;
+    default: return 500;
+  }
+}
+
+// A future's error category: "user" for what the caller can fix.
+const char* category_of(const caf::error& e) {
+  switch (code_of(e)) {
+    case errc::invalid_argument:
+    case errc::not_found:
+    case errc::failed_precondition:
+    case errc::unimplemented:
+    case errc::permission_denied:
+    case errc::resource_exhausted: return "user";
+    default: return "server";
+  }
+}
+
+struct Reply {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+Reply json_reply(const json& j, unsigned status = 200) { return {status, "application/json", j.dump()}; }
+
+Reply error_reply(const caf::error& e) {
+  auto message = describe(e);
+  return json_reply(json{{"detail", message}, {"error", message}, {"category", category_of(e)}},
+                    static_cast<unsigned>(status_of(e)));
+}
+
+template <class R>
+caf::error status_error(R& r) {
+  return read_status(r.getStatus());
+}
+
+/// How a future ended: an error, or one of three kinds of result.
+struct Outcome {
+  caf::error error;
+  enum class Kind { plain, forward_backward, sample } kind = Kind::plain;
+  json plain;
+  ForwardBackwardResult fb;
+  SampleResult sample;
+};
+
+Outcome failed(caf::error e) {
+  Outcome o;
+  o.error = std::move(e);
+  return o;
+}
+Outcome plain(json j) {
+  Outcome o;
+  o.plain = std::move(j);
+  return o;
+}
+
+struct Future {
+  std::string tenant;
+  std::optional<Outcome> outcome;
+  std::vector<kj::Own<kj::PromiseFulfiller<void>>> waiters;
+  Clock::time_point done_at{};
+};
+
+/// A LoRA training client's model: one adapter of the tenant's.
+struct Model {
+  std::string id, adapter;
+  int64_t rank = 0;
+  bool mlp = true, attn = true, unembed = true;
+  int64_t next_seq = 1;  ///< the seq_id whose call runs next
+  struct Waiting {
+    std::function<kj::Promise<Outcome>()> start;
+    std::string request_id;
+    Clock::time_point since;
+  };
+  std::map<int64_t, Waiting> waiting;  ///< calls that came before their turn
+  std::map<int64_t, std::pair<size_t, std::string>> seen;  ///< seq_id -> (body digest, request id)
+  /// Calls run one after another: each starts when the one before ended.
+  kj::ForkedPromise<void> tail = kj::Promise<void>(kj::READY_NOW).fork();
+  std::deque<std::string> ephemeral;  ///< sampling sessions of its ephemeral saves, oldest first
+  int64_t last_request_ms = 0;
+};
+
+struct Sampler {
+  std::string id;
+  std::string adapter;     ///< the tenant's sampler adapter; empty: the base model
+  std::string model_path;  ///< the tinker:// path it was made from, if any
+  std::map<int64_t, std::pair<size_t, std::string>> seen;  ///< seq_id -> (body digest, request id)
+};
+
+struct Tenant {
+  std::string name;
+  std::map<std::string, wire::Session::Client> sessions;  ///< by key id
+  std::map<std::string, Model> models;
+  std::map<std::string, Sampler> samplers;
+  std::set<std::string> session_ids;  ///< Tinker's create_session ids (they hold nothing)
+  int64_t samples_in_flight = 0;
+};
+
+// tinker://<run>/<weights|sampler_weights>/<name>
+struct TinkerPath {
+  std::string run, kind, name;
+  std::string store_name() const { return "tk." + run + (kind == "weights" ? ".w." : ".s.") + name; }
+  std::string text() const { return "tinker://" + run + "/" + kind + "/" + name; }
+};
+
+bool plain_name(const std::string& s) {
+  if (s.empty() || s == "." || s == "..") return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
+Result<TinkerPath> parse_path(const std::string& text, const std::string& field) {
+  const std::string scheme = "tinker://";
+  if (text.rfind(scheme, 0) != 0) return user(field + " must be a tinker:// path, not '" + text.substr(0, 80) + "'");
+  auto rest = text.substr(scheme.size());
+  auto a = rest.find('/'), b = a == std::string::npos ? a : rest.find('/', a + 1);
+  if (a == std::string::npos || b == std::string::npos)
+    return user(field + " must be tinker://<run>/weights/<name> or tinker://<run>/sampler_weights/<name>");
+  TinkerPath p{rest.substr(0, a), rest.substr(a + 1, b - a - 1), rest.substr(b + 1)};
+  if (p.kind != "weights" && p.kind != "sampler_weights")
+    return user(field + ": the part after the run must be 'weights' or 'sampler_weights', not '" + p.kind.substr(0, 40) +
+                "'");
+  if (!plain_name(p.run) || !plain_name(p.name) || p.store_name().size() > 64)
+    return user(field + ": '" + text.substr(0, 120) + "' names no checkpoint this server could hold");
+  return p;
+}
+
+const json& field_or_null(const json& j, const char* key) {
+  static const json null;
+  if (!j.is_object()) return null;
+  auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
+Result<std::string> string_field(const json& j, const char* key) {
+  const auto& v = field_or_null(j, key);
+  if (!v.is_string()) return user(std::string{key} + " is required (a string)");
+  return v.get<std::string>();
+}
+
+Result<int64_t> int_field(const json& j, const char* key) {
+  const auto& v = field_or_null(j, key);
+  if (!v.is_number_integer()) return user(std::string{key} + " is required (an integer)");
+  return v.get<int64_t>();
+}
+
+// A number of loss_fn_config, with its default.
+struct ConfigReader {
+  std::map<std::string, double> config;
+  std::set<std::string> read;
+  double get(const std::string& key, double fallback) {
+    read.insert(key);
+    auto it = config.find(key);
+    return it == config.end() ? fallback : it->second;
+  }
+  caf::error unread(const std::string& loss) const {
+    for (const auto& [k, v] : config)
+      if (!read.count(k))
+        return user("loss_fn_config." + k.substr(0, 40) + " is not a setting of " + loss + " (it reads " +
+                    (read.empty() ? std::string{"none"} : [&] {
+                      std::string s;
+                      for (const auto& r : read) s += (s.empty() ? "" : ", ") + r;
+                      return s;
+                    }()) +
+                    ")");
+    return {};
+  }
+};
+
+// The Tinker loss as glint's LossSpec (components/model/trainer.hpp), with
+// the loss_fn_inputs it reads (required ones first).
+struct LossPlan {
+  actors::LossSpec spec;
+  std::vector<std::string> inputs;
+};
+
+Result<LossPlan> plan_loss(const std::string& loss_fn, const std::map<std::string, double>& config) {
+  ConfigReader c{config, {}};
+  LossPlan p;
+  p.spec.reduction = components::LossReduction::sum;
+  if (loss_fn == "cross_entropy") {
+    p.spec.kind = actors::LossKind::cross_entropy;
+    p.inputs = {"target_tokens", "weights"};
+  } else if (loss_fn == "importance_sampling") {
+    p.spec.kind = actors::LossKind::importance_sampling;
+    p.inputs = {"target_tokens", "logprobs", "advantages"};
+  } else if (loss_fn == "ppo" || loss_fn == "cispo") {
+    p.spec.kind = loss_fn == "ppo" ? actors::LossKind::ppo : actors::LossKind::cispo;
+    p.inputs = {"target_tokens", "logprobs", "advantages"};
+    const double lo = c.get("clip_low_threshold", 0.8), hi = c.get("clip_high_threshold", 1.2);
+    if (!(std::isfinite(lo) && std::isfinite(hi) && lo >= 0 && lo <= 1 && hi >= 1))
+      return user("loss_fn_config: " + loss_fn + " needs 0 <= clip_low_threshold <= 1 <= clip_high_threshold, got " +
+                  std::to_string(lo) + " and " + std::to_string(hi));
+    p.spec.epsilon = 1 - lo;
+    p.spec.epsilon_high = hi - 1;
+  } else if (loss_fn == "dro") {
+    p.spec.kind = actors::LossKind::dro;
+    p.inputs = {"target_tokens", "logprobs", "advantages"};
+    p.spec.beta = c.get("beta", 0.05);
+    if (!(std::isfinite(p.spec.beta) && p.spec.beta >= 0))
+      return user("loss_fn_config.beta must be >= 0, got " + std::to_string(p.spec.beta));
+  } else {
+    return user("loss_fn '" + loss_fn.substr(0, 40) +
+                "' is unknown: use cross_entropy, importance_sampling, ppo, cispo or dro");
+  }
+  if (auto err = c.unread(loss_fn)) return err;
+  if (auto ok = p.spec.validate(); !ok) return ok.error();
+  return p;
+}
+
+// The per-token loss of a forward pass (no backward), from the same
+// formulas as components/rl/losses.hpp's token_loss, for forward's
+// loss:sum.
+double forward_loss(const actors::LossSpec& s, double lp, double q, double a, double w) {
+  const double r = std::exp(lp - q);
+  const double lo = 1 - s.epsilon, hi = 1 + s.epsilon_high;
+  switch (s.kind) {
+    case actors::LossKind::cross_entropy: return -w * lp;
+    case actors::LossKind::importance_sampling: return -r * a;
+    case actors::LossKind::ppo: return -std::min(r * a, std::clamp(r, lo, hi) * a);
+    case actors::LossKind::cispo: return -std::clamp(r, lo, hi) * lp * a;
+    case actors::LossKind::dro: return -(lp * a - 0.5 * s.beta * (lp - q) * (lp - q));
+    default: return 0;
+  }
+}
+
+/// A forward_backward request as glint's batch: rows padded to the longest
+/// datum; every position with a target counts.
+struct PreparedBatch {
+  Batch batch;
+  std::vector<int64_t> lengths;  ///< each datum's N
+  LossPlan plan;
+  // The inputs as read, for forward's loss:sum.
+  std::vector<std::vector<double>> weights, sampler_logprobs, advantages;
+};
+
+Result<PreparedBatch> prepare_batch(const ForwardBackwardRequest& r, const BaseModel& base) {
+  auto plan = plan_loss(r.loss_fn, r.loss_fn_config);
+  if (!plan) return plan.error();
+  if (r.data.empty()) return user("data is empty: forward_backward needs at least one datum");
+  PreparedBatch out;
+  out.plan = *plan;
+  int64_t T = 0;
+  for (size_t i = 0; i < r.data.size(); ++i) {
+    const auto& d = r.data[i];
+    const auto n = static_cast<int64_t>(d.tokens.size());
+    if (n == 0) return user("data[" + std::to_string(i) + "].model_input is empty");
+    if (n > base.max_context)
+      return user("data[" + std::to_string(i) + "] has " + std::to_string(n) +
+                  " tokens, more than the model's context of " + std::to_string(base.max_context));
+    for (auto t : d.tokens)
+      if (t < 0 || t >= base.vocab_size)
+        return user("data[" + std::to_string(i) + "].model_input holds token " + std::to_string(t) +
+                    ", outside the vocabulary [0, " + std::to_string(base.vocab_size) + ")");
+    for (const auto& [k, v] : d.inputs)
+      if (std::find(plan->inputs.begin(), plan->inputs.end(), k) == plan->inputs.end())
+        return user("data[" + std::to_string(i) + "].loss_fn_inputs." + k.substr(0, 40) + " is not an input of " +
+                    r.loss_fn + " (it reads " + [&] {
+                      std::string s;
+                      for (const auto& x : plan->inputs) s += (s.empty() ? "" : ", ") + x;
+                      return s;
+                    }() + ")");
+    for (const auto& k : plan->inputs) {
+      auto it = d.inputs.find(k);
+      const auto name = "data[" + std::to_string(i) + "].loss_fn_inputs." + k;
+      if (it == d.inputs.end()) return user(name + " is required by " + r.loss_fn);
+      if (it->second.shape.size() != 1)
+        return user(name + " has shape [" + std::to_string(it->second.shape[0]) + ", " +
+                    std::to_string(it->second.shape.size() > 1 ? it->second.shape[1] : 0) +
+                    "]: several targets per position ((N, K) inputs) are not supported by this server; send (N,)");
+      if (it->second.shape[0] != n)
+        return user(name + " has " + std::to_string(it->second.shape[0]) + " entries but model_input has " +
+                    std::to_string(n) + " tokens (position i predicts token i + 1: one entry per input token)");
+      const bool ints = k == "target_tokens";
+      if (ints != (it->second.dtype == TensorData::Dtype::i64))
+        return user(name + " must be " + (ints ? "int64" : "float32"));
+      for (double v : it->second.values) {
+        if (!std::isfinite(v)) return user(name + " holds NaN or infinite values");
+        if (ints && (v < 0 || v >= static_cast<double>(base.vocab_size)))
+          return user(name + " holds token " + std::to_string(static_cast<int64_t>(v)) +
+                      ", outside the vocabulary [0, " + std::to_string(base.vocab_size) + ")");
+      }
+    }
+    out.lengths.push_back(n);
+    T = std::max(T, n);
+  }
+  const auto B = static_cast<int64_t>(r.data.size());
+  std::vector<int64_t> ids(static_cast<size_t>(B * T), 0), mask(static_cast<size_t>(B * T), 0),
+      targets(static_cast<size_t>(B * T), -100);
+  std::vector<float> weights(static_cast<size_t>(B * T), 0), old(static_cast<size_t>(B * T), 0),
+      adv(static_cast<size_t>(B * T), 0);
+  const bool ce = plan->spec.kind == actors::LossKind::cross_entropy;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& d = r.data[static_cast<size_t>(b)];
+    const auto n = out.lengths[static_cast<size_t>(b)];
+    const auto& tt = d.inputs.at("target_tokens").values;
+    std::vector<double> w, q, a;
+    if (ce) w = d.inputs.at("weights").values;
+    else {
+      q = d.inputs.at("logprobs").values;
+      a = d.inputs.at("advantages").values;
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const auto at = static_cast<size_t>(b * T + t);
+      ids[at] = d.tokens[static_cast<size_t>(t)];
+      mask[at] = 1;
+      targets[at] = static_cast<int64_t>(tt[static_cast<size_t>(t)]);
+      if (ce) weights[at] = static_cast<float>(w[static_cast<size_t>(t)]);
+      else {
+        old[at] = static_cast<float>(q[static_cast<size_t>(t)]);
+        adv[at] = static_cast<float>(a[static_cast<size_t>(t)]);
+      }
+    }
+    out.weights.push_back(std::move(w));
+    out.sampler_logprobs.push_back(std::move(q));
+    out.advantages.push_back(std::move(a));
+  }
+  auto put = [&](const char* name, auto&& values) -> Result<void> {
+    auto t = Tensor::from_values(values, {B, T});
+    if (!t) return t.error();
+    out.batch.tensors[name] = std::move(*t);
+    return {};
+  };
+  for (auto ok : {put("input_ids", ids), put("attention_mask", mask), put("target_ids", targets)})
+    if (!ok) return ok.error();
+  if (ce) {
+    if (auto ok = put("loss_weights", weights); !ok) return ok.error();
+  } else {
+    if (auto ok = put("old_logps", old); !ok) return ok.error();
+    if (auto ok = put("advantages", adv); !ok) return ok.error();
+  }
+  return out;
+}
+
+// The per-datum log-probs of a [B, T] answer, each cut to its datum's N.
+Result<std::vector<DatumOutput>> outputs_of(const Tensor& logps, const std::vector<int64_t>& lengths) {
+  auto values = logps.values<float>();
+  if (!values) return values.error();
+  if (logps.dims() != 2 || logps.size(0) != static_cast<int64_t>(lengths.size()))
+    return make_error(errc::internal, "the model answered log-probs of shape " + logps.describe());
+  const auto T = logps.size(1);
+  std::vector<DatumOutput> out;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    DatumOutput d;
+    d.shape = {lengths[b]};
+    auto row = values->begin() + static_cast<std::ptrdiff_t>(static_cast<int64_t>(b) * T);
+    d.logprobs.assign(row, row + lengths[b]);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+bool accepts_proto(const kj::HttpHeaders& h, kj::HttpHeaderId accept) {
+  KJ_IF_MAYBE(v, h.get(accept)) {
+    return std::string_view{v->cStr()}.find("application/x-protobuf") != std::string_view::npos;
+  }
+  return false;
+}
+
+}  // namespace
+
+struct Gateway::Impl {
+  Host& host;
+  BaseModel base;
+  GatewayOptions o;
+  kj::Timer& timer;
+  kj::Own<kj::HttpHeaderTable> table;
+  kj::HttpHeaderId api_key, accept, content_encoding;
+  std::map<std::string, Tenant> tenants;
+  std::map<std::string, Future> futures;
+  struct Errors final : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&& e) override {
+      log::warn(std::string{"tinker: a call's bookkeeping failed: "} + e.getDescription().cStr());
+    }
+  } errors;
+  kj::TaskSet tasks{errors};
+
+  Impl(Host& h, BaseModel b, GatewayOptions opts, kj::Timer& t) : host(h), base(std::move(b)), o(opts), timer(t) {
+    kj::HttpHeaderTable::Builder builder;
+    api_key = builder.add("X-API-Key");
+    accept = builder.add("Accept");
+    content_encoding = builder.add("Content-Encoding");
+    table = builder.build();
+  }
+
+  // -- futures -----------------------------------------------------------------
+
+  std::string new_future(const std::string& tenant) {
+    auto id = random_id();
+    futures[id].tenant = tenant;
+    return id;
+  }
+  void finish(const std::string& id, Outcome outcome) {
+    auto it = futures.find(id);
+    if (it == futures.end()) return;
+    it->second.outcome = std::move(outcome);
+    it->second.done_at = Clock::now();
+    for (auto& w : it->second.waiters) w->fulfill();
+    it->second.waiters.clear();
+  }
+  /// Runs `p` and settles future `id` with its outcome (an exception is a
+  /// server error).
+  void settle(const std::string& id, kj::Promise<Outcome> p) {
+    tasks.add(p.then([this, id](Outcome out) { finish(id, std::move(out)); },
+                     [this, id](kj::Exception&& e) {
+                       finish(id, failed(make_error(errc::internal, std::string{"the call failed: "} +
+                                                                        e.getDescription().cStr())));
+                     }));
+  }
+
+  // -- tenants -----------------------------------------------------------------
+
+  struct Caller {
+    Tenant* tenant;
+    wire::Session::Client session;
+  };
+  Result<Caller> caller(const kj::HttpHeaders& h) {
+    std::string key;
+    KJ_IF_MAYBE(v, h.get(api_key)) { key = v->cStr(); }
+    if (key.empty())
+      return make_error(errc::permission_denied, "no X-API-Key header: send a key made by `glint serve keys create`");
+    auto who = host.authenticate(key);
+    if (!who) return who.error();
+    auto& t = tenants[who->first];
+    t.name = who->first;
+    auto s = t.sessions.find(who->second);
+    if (s == t.sessions.end()) s = t.sessions.emplace(who->second, host.session(who->first, who->second)).first;
+    return Caller{&t, s->second};
+  }
+
+  Result<Model*> model_of(Tenant& t, const std::string& id) {
+    auto it = t.models.find(id);
+    // Another tenant's model is answered as one that does not exist.
+    if (it == t.models.end()) return make_error(errc::not_found, "no model '" + id.substr(0, 80) + "' (create_model first)");
+    return &it->second;
+  }
+
+  /// A model call's model_id (one of the tenant's models) and seq_id.
+  struct ModelCall {
+    std::string id;
+    Model* model;
+    int64_t seq;
+  };
+  Result<ModelCall> model_call(Tenant& t, const json& j) {
+    auto id = string_field(j, "model_id");
+    if (!id) return id.error();
+    auto m = model_of(t, *id);
+    if (!m) return m.error();
+    auto seq = int_field(j, "seq_id");
+    if (!seq) return seq.error();
+    return ModelCall{*id, *m, *seq};
+  }
+
+  // -- ordering ----------------------------------------------------------------
+
+  /// Queues a model call to run at its seq_id's turn; answers its future's
+  /// id (the original one for a retry of the same body).
+  Result<std::string> submit(Tenant& t, Model& m, int64_t seq, size_t digest, std::function<kj::Promise<Outcome>()> start) {
+    m.last_request_ms = now_ms();
+    if (auto it = m.seen.find(seq); it != m.seen.end()) {
+      if (it->second.first == digest) return it->second.second;
+      return make_error(errc::aborted, "seq_id " + std::to_string(seq) + " of model " + m.id +
+                                           " was already used by a different call");
+    }
+    if (seq < m.next_seq)
+      return make_error(errc::aborted, "seq_id " + std::to_string(seq) + " of model " + m.id +
+                                           " is behind the calls that already ran (the next is " +
+                                           std::to_string(m.next_seq) + ")");
+    if (seq - m.next_seq > 4096 || m.waiting.size() >= 4096)
+      return make_error(errc::resource_exhausted, "seq_id " + std::to_string(seq) + " is too far ahead of " +
+                                                      std::to_string(m.next_seq) + ", the next to run");
+    auto id = new_future(t.name);
+    m.seen[seq] = {digest, id};
+    // Remembered for retries, within bounds.
+    while (m.seen.size() > 8192) m.seen.erase(m.seen.begin());
+    m.waiting[seq] = {std::move(start), id, Clock::now()};
+    pump(m);
+    return id;
+  }
+
+  void pump(Model& m) {
+    for (auto it = m.waiting.find(m.next_seq); it != m.waiting.end(); it = m.waiting.find(m.next_seq)) {
+      auto call = std::move(it->second);
+      m.waiting.erase(it);
+      ++m.next_seq;
+      auto id = call.request_id;
+      auto run = m.tail.addBranch().then([start = std::move(call.start)]() { return start(); });
+      auto done = run.then([this, id](Outcome out) { finish(id, std::move(out)); },
+                           [this, id](kj::Exception&& e) {
+                             finish(id, failed(make_error(errc::internal, std::string{"the call failed: "} +
+                                                                              e.getDescription().cStr())));
+                           });
+      m.tail = done.eagerlyEvaluate(nullptr).fork();
+    }
+  }
+
+  void sweep() {
+    const auto now = Clock::now();
+    for (auto& [_, t] : tenants)
+      for (auto& [_, m] : t.models) {
+        if (m.waiting.empty() || now - m.waiting.begin()->second.since < o.seq_gap) continue;
+        // The next seq_id never came: the calls waiting for it fail, and
+        // the model goes on after them.
+        const auto missing = m.next_seq;
+        for (auto& [seq, w] : m.waiting)
+          finish(w.request_id, failed(make_error(errc::aborted, "seq_id " + std::to_string(missing) + " of model " +
+                                                                    m.id + " never arrived within " +
+                                                                    std::to_string(o.seq_gap.count()) +
+                                                                    " s, so the calls after it did not run")));
+        m.next_seq = m.waiting.rbegin()->first + 1;
+        m.waiting.clear();
+      }
+    for (auto it = futures.begin(); it != futures.end();) {
+      if (it->second.outcome && now - it->second.done_at > o.future_ttl) it = futures.erase(it);
+      else ++it;
+    }
+  }
+
+  // -- endpoints ---------------------------------------------------------------
+
+  kj::Promise<Reply> route(kj::HttpMethod method, std::string path, const kj::HttpHeaders& h, std::string body);
+
+  kj::Promise<Reply> create_model(Caller c, const json& j);
+  kj::Promise<Reply> forward_backward(Caller c, ForwardBackwardRequest r, size_t digest);
+  kj::Promise<Reply> optim_step(Caller c, const json& j, size_t digest);
+  kj::Promise<Reply> save_weights(Caller c, const json& j, size_t digest, bool for_sampler);
+  kj::Promise<Reply> load_weights(Caller c, const json& j, size_t digest);
+  kj::Promise<Reply> unload_model(Caller c, const json& j);
+  kj::Promise<Reply> create_sampling_session(Caller c, const json& j);
+  kj::Promise<Reply> asample(Caller c, const json& j, size_t digest);
+  kj::Promise<Reply> retrieve_future(Caller c, const json& j, bool proto);
+  kj::Promise<Reply> training_runs(Caller c, const std::string& path, const std::string& query);
+  kj::Promise<Reply> weights_info(Caller c, const json& j);
+
+  Reply answer(const Outcome& out, bool proto) const {
+    if (out.error) {
+      auto message = describe(out.error);
+      return json_reply(json{{"error", message}, {"category", category_of(out.error)}});
+    }
+    switch (out.kind) {
+      case Outcome::Kind::forward_backward:
+        return proto ? Reply{200, "application/x-protobuf", render_forward_backward_proto(out.fb)}
+                     : Reply{200, "application/json", render_forward_backward_json(out.fb)};
+      case Outcome::Kind::sample:
+        return proto ? Reply{200, "application/x-protobuf", render_sample_proto(out.sample)}
+                     : Reply{200, "application/json", render_sample_json(out.sample)};
+      case Outcome::Kind::plain: break;
+    }
+    return json_reply(out.plain);
+  }
+
+  /// The LoRA shape of a Tinker model: its rank, alpha 32, and the modules
+  /// its train_attn, train_mlp and train_unembed flags name.
+  actors::LoraConfig lora_of(const Model& m) const {
+    actors::LoraConfig lora;
+    lora.r = m.rank;
+    lora.alpha = o.lora_alpha;
+    if (m.attn) lora.target_modules.insert(lora.target_modules.end(), {"q_proj", "k_proj", "v_proj", "o_proj"});
+    if (m.mlp) lora.target_modules.insert(lora.target_modules.end(), {"gate_proj", "up_proj", "down_proj"});
+    if (m.unembed) lora.target_modules.push_back("lm_head");
+    return lora;
+  }
+
+  json model_info(const Model& m) const {
+    return json{{"model_id", m.id},
+                {"model_data", {{"arch", base.arch}, {"model_name", base.name}, {"tokenizer_id", base.tokenizer_id}}},
+                {"is_lora", true},
+                {"lora_rank", m.rank},
+                {"model_name", base.name},
+                {"type", "get_info"}};
+  }
+};
+
+kj::Promise<Reply> Gateway::Impl::create_model(Caller c, const json& j) {
+  auto base_model = string_field(j, "base_model");
+  if (!base_model) return error_reply(base_model.error());
+  if (*base_model != base.name)
+    return error_reply(user("base_model '" + base_model->substr(0, 80) + "' is not served here: this server hosts '" +
+                            base.name + "' (get_server_capabilities lists it)"));
+  const auto& lc = field_or_null(j, "lora_config");
+  if (!lc.is_object()) return error_reply(user("lora_config is required"));
+  static const std::set<std::string> known = {"rank", "seed", "train_mlp", "train_attn", "train_unembed"};
+  for (auto it = lc.begin(); it != lc.end(); ++it)
+    if (!known.count(it.key())) return error_reply(user("lora_config." + it.key().substr(0, 40) + " is not a LoRA option"));
+  auto flag = [&](const char* key) {
+    const auto& v = field_or_null(lc, key);
+    return v.is_boolean() ? v.get<bool>() : true;  // the SDK's default
+  };
+  Model m;
+  m.rank = field_or_null(lc, "rank").is_number_integer() ? field_or_null(lc, "rank").get<int64_t>() : 32;
+  m.mlp = flag("train_mlp");
+  m.attn = flag("train_attn");
+  m.unembed = flag("train_unembed");
+  uint64_t seed = 0;
+  if (const auto& s = field_or_null(lc, "seed"); !s.is_null()) {
+    if (!s.is_number_integer()) return error_reply(user("lora_config.seed must be an integer"));
+    seed = static_cast<uint64_t>(s.get<int64_t>());
+  }
+  if (m.rank < 1) return error_reply(user("lora_config.rank must be >= 1, got " + std::to_string(m.rank)));
+  if (!m.mlp && !m.attn && !m.unembed)
+    return error_reply(user("lora_config: at least one of train_mlp, train_attn and train_unembed must be true"));
+  auto lora = lora_of(m);
+  m.id = random_id(8);
+  m.adapter = "tk-" + m.id;
+  m.last_request_ms = now_ms();
+  auto id = new_future(c.tenant->name);
+  auto req = c.session.addAdapterRequest();
+  req.setName(m.adapter);
+  write_lora(req.initLora(), lora);
+  req.setSeed(seed);
+  auto model_id = m.id;
+  auto* t = c.tenant;
+  t->models.emplace(m.id, std::move(m));
+  settle(id, req.send().then([this, t, model_id](capnp::Response<wire::Session::AddAdapterResults>&& r) {
+    if (auto e = status_error(r)) {
+      t->models.erase(model_id);
+      return failed(std::move(e));
+    }
+    return plain(json{{"model_id", model_id}, {"type", "create_model"}});
+  }));
+  return json_reply(json{{"request_id", id}, {"model_id", model_id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::forward_backward(Caller c, ForwardBackwardRequest r, size_t digest) {
+  auto m = model_of(*c.tenant, r.model_id);
+  if (!m) return error_reply(m.error());
+  auto prepared = prepare_batch(r, base);
+  if (!prepared) return error_reply(prepared.error());
+  auto p = std::make_shared<PreparedBatch>(std::move(*prepared));
+  auto adapter = (*m)->adapter;
+  auto session = std::make_shared<wire::Session::Client>(c.session);
+  const bool forward = r.forward_only;
+  auto start = [p, adapter, session, forward]() mutable -> kj::Promise<Outcome> {
+    if (forward) {
+      auto req = session->forwardOnlyRequest();
+      req.setAdapter(adapter);
+      write_batch(req.initBatch(), p->batch, nullptr);
+      return req.send().then([p](capnp::Response<wire::Session::ForwardOnlyResults>&& res) {
+        if (auto e = status_error(res)) return failed(std::move(e));
+        auto lp = read_tensor(res.getLogps(), "forward's log-probs");
+        if (!lp) return failed(lp.error());
+        auto outs = outputs_of(*lp, p->lengths);
+        if (!outs) return failed(outs.error());
+        double loss = 0;
+        for (size_t b = 0; b < outs->size(); ++b)
+          for (size_t t = 0; t < (*outs)[b].logprobs.size(); ++t) {
+            const bool ce = p->plan.spec.kind == actors::LossKind::cross_entropy;
+            loss += forward_loss(p->plan.spec, (*outs)[b].logprobs[t], ce ? 0 : p->sampler_logprobs[b][t],
+                                 ce ? 0 : p->advantages[b][t], ce ? p->weights[b][t] : 0);
+          }
+        Outcome o;
+        o.kind = Outcome::Kind::forward_backward;
+        o.fb.outputs = std::move(*outs);
+        o.fb.metrics["loss:sum"] = loss;
+        return o;
+      });
+    }
+    // The loss first, then the batch: a refused loss must not leave the
+    // batch to train under the previous one, so the batch waits for it.
+    auto loss = session->setLossRequest();
+    loss.setAdapter(adapter);
+    write_loss(loss.initLoss(), p->plan.spec);
+    return loss.send().then([p, adapter, session](capnp::Response<wire::Session::SetLossResults>&& res) mutable
+                            -> kj::Promise<Outcome> {
+      if (auto e = status_error(res)) return failed(std::move(e));
+      auto req = session->forwardBackwardRequest();
+      req.setAdapter(adapter);
+      req.setWithLogps(true);
+      write_batch(req.initBatch(), p->batch, nullptr);
+      return req.send().then([p](capnp::Response<wire::Session::ForwardBackwardResults>&& res) {
+        if (auto e = status_error(res)) return failed(std::move(e));
+        auto metrics = read_metrics(res.getMetrics());
+        if (!metrics) return failed(metrics.error());
+        auto lp = read_tensor(res.getLogps(), "forward_backward's log-probs");
+        if (!lp) return failed(lp.error());
+        auto outs = outputs_of(*lp, p->lengths);
+        if (!outs) return failed(outs.error());
+        Outcome o;
+        o.kind = Outcome::Kind::forward_backward;
+        o.fb.outputs = std::move(*outs);
+        o.fb.metrics["loss:sum"] = metrics->count("loss") ? metrics->at("loss") : 0.0;
+        return o;
+      });
+    });
+  };
+  auto id = submit(*c.tenant, **m, r.seq_id, digest, std::move(start));
+  if (!id) return error_reply(id.error());
+  return json_reply(json{{"request_id", *id}, {"model_id", r.model_id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t digest) {
+  auto call = model_call(*c.tenant, j);
+  if (!call) return error_reply(call.error());
+  auto* m = &call->model;
+  auto* model_id = &call->id;
+  auto* seq = &call->seq;
+  const auto& a = field_or_null(j, "adam_params");
+  if (!a.is_null() && !a.is_object()) return error_reply(user("adam_params must be an object"));
+  static const std::set<std::string> known = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"};
+  for (auto it = a.begin(); a.is_object() && it != a.end(); ++it)
+    if (!known.count(it.key())) return error_reply(user("adam_params." + it.key().substr(0, 40) + " is not an AdamParams field"));
+  auto num = [&](const char* key, double fallback) -> Result<double> {
+    const auto& v = field_or_null(a, key);
+    if (v.is_null()) return fallback;  // SDK 0.16 sends only what the caller set
+    if (!v.is_number()) return user(std::string{"adam_params."} + key + " must be a number");
+    return v.get<double>();
+  };
+  actors::OptimizerConfig opt;
+  opt.kind = actors::OptimizerConfig::Kind::adamw;
+  for (auto [key, fallback, dst] : {std::tuple{"learning_rate", 1e-4, &opt.lr}, {"beta1", 0.9, &opt.beta1},
+                                    {"beta2", 0.95, &opt.beta2}, {"eps", 1e-12, &opt.eps},
+                                    {"weight_decay", 0.0, &opt.weight_decay}, {"grad_clip_norm", 0.0, &opt.max_grad_norm}}) {
+    auto v = num(key, fallback);
+    if (!v) return error_reply(v.error());
+    *dst = *v;
+  }
+  if (auto ok = opt.validate(); !ok) return error_reply(with_context(ok.error(), "adam_params"));
+  auto adapter = (*m)->adapter;
+  auto session = std::make_shared<wire::Session::Client>(c.session);
+  auto start = [adapter, session, opt]() mutable -> kj::Promise<Outcome> {
+    auto set = session->setOptimizerRequest();
+    set.setAdapter(adapter);
+    write_optimizer(set.initOptimizer(), opt);
+    return set.send().then([adapter, session](capnp::Response<wire::Session::SetOptimizerResults>&& res) mutable
+                           -> kj::Promise<Outcome> {
+      if (auto e = status_error(res)) return failed(std::move(e));
+      auto step = session->clipGradAndStepRequest();
+      step.setAdapter(adapter);
+      return step.send().then([](capnp::Response<wire::Session::ClipGradAndStepResults>&& res) {
+        if (auto e = status_error(res)) return failed(std::move(e));
+        auto metrics = read_metrics(res.getMetrics());
+        if (!metrics) return failed(metrics.error());
+        json out = json::object();
+        for (const auto& [k, v] : *metrics) out[k] = v;
+        return plain(json{{"metrics", out}, {"type", "optim_step"}});
+      });
+    });
+  };
+  auto id = submit(*c.tenant, **m, *seq, digest, std::move(start));
+  if (!id) return error_reply(id.error());
+  return json_reply(json{{"request_id", *id}, {"model_id", *model_id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t digest, bool for_sampler) {
+  auto call = model_call(*c.tenant, j);
+  if (!call) return error_reply(call.error());
+  auto* m = &call->model;
+  auto* model_id = &call->id;
+  auto* seq = &call->seq;
+  const auto& path = field_or_null(j, "path");
+  int64_t ttl = 0;
+  if (const auto& v = field_or_null(j, "ttl_seconds"); !v.is_null()) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return error_reply(user("ttl_seconds must be an integer >= 0"));
+    ttl = v.get<int64_t>();
+  }
+  const bool overwrite = field_or_null(j, "overwrite").is_boolean() && field_or_null(j, "overwrite").get<bool>();
+  auto adapter = (*m)->adapter;
+  auto session = std::make_shared<wire::Session::Client>(c.session);
+  auto* t = c.tenant;
+  Model* model = *m;
+  std::function<kj::Promise<Outcome>()> start;
+  if (for_sampler && path.is_null()) {
+    // Ephemeral: the weights as they are now, in a sampler adapter of their
+    // own, for a new sampling session.
+    auto sampler_adapter = "tks-" + random_id(8);
+    auto lora = lora_of(*model);
+    start = [this, t, model_id = *model_id, adapter, session, sampler_adapter, lora]() mutable -> kj::Promise<Outcome> {
+      // Older ephemeral weights of this model go first (a tenant's sampler
+      // adapters are limited): their sampling sessions end.
+      auto& m = t->models.at(model_id);
+      kj::Promise<void> freed = kj::READY_NOW;
+      while (static_cast<int64_t>(m.ephemeral.size()) >= o.ephemeral_per_model) {
+        auto old = m.ephemeral.front();
+        m.ephemeral.pop_front();
+        auto it = t->samplers.find(old);
+        if (it == t->samplers.end()) continue;
+        auto rm = session->samplerRemoveAdapterRequest();
+        rm.setName(it->second.adapter);
+        t->samplers.erase(it);
+        freed = freed.then([rm = kj::mv(rm)]() mutable { return rm.send().ignoreResult(); });
+      }
+      return freed.then([this, t, model_id, adapter, session, sampler_adapter, lora]() mutable {
+        auto add = session->samplerAddAdapterRequest();
+        add.setName(sampler_adapter);
+        write_lora(add.initLora(), lora);
+        return add.send().then([this, t, model_id, adapter, session, sampler_adapter](
+                                   capnp::Response<wire::Session::SamplerAddAdapterResults>&& res) mutable
+                               -> kj::Promise<Outcome> {
+          if (auto e = status_error(res)) return failed(std::move(e));
+          auto sync = session->syncWeightsRequest();
+          sync.setAdapter(adapter);
+          sync.setSamplerAdapter(sampler_adapter);
+          return sync.send().then([this, t, model_id, session, sampler_adapter](
+                                      capnp::Response<wire::Session::SyncWeightsResults>&& res) mutable {
+            if (auto e = status_error(res)) {
+              auto rm = session->samplerRemoveAdapterRequest();
+              rm.setName(sampler_adapter);
+              tasks.add(rm.send().ignoreResult());
+              return failed(std::move(e));
+            }
+            auto sid = "s-" + random_id(8);
+            t->samplers[sid] = Sampler{sid, sampler_adapter, "", {}};
+            if (auto it = t->models.find(model_id); it != t->models.end()) it->second.ephemeral.push_back(sid);
+            return plain(json{{"sampling_session_id", sid}, {"type", "save_weights_for_sampler"}});
+          });
+        });
+      });
+    };
+  } else {
+    if (!path.is_string()) return error_reply(user("path must be a checkpoint name"));
+    TinkerPath target{*model_id, for_sampler ? "sampler_weights" : "weights", path.get<std::string>()};
+    if (!plain_name(target.name) || target.store_name().size() > 64)
+      return error_reply(user("path '" + target.name.substr(0, 80) + "' must be 1 to " +
+                              std::to_string(64 - (target.store_name().size() - target.name.size())) +
+                              " bytes of letters, digits, '.', '_' and '-'"));
+    start = [this, t, adapter, session, target, ttl, overwrite, for_sampler]() mutable -> kj::Promise<Outcome> {
+      const bool exists = static_cast<bool>(host.store().find(t->name, target.store_name()));
+      kj::Promise<void> cleared = kj::READY_NOW;
+      if (exists) {
+        if (!overwrite)
+          return failed(user(target.text() + " exists already: pick another name, or save with overwrite=True"));
+        auto del = session->deleteCheckpointRequest();
+        del.setName(target.store_name());
+        cleared = del.send().ignoreResult();
+      }
+      return cleared.then([adapter, session, target, ttl, for_sampler]() mutable {
+        auto save = session->saveCheckpointRequest();
+        save.setAdapter(adapter);
+        save.setName(target.store_name());
+        save.setWithOptimizer(!for_sampler);
+        save.setTtlSeconds(ttl);
+        return save.send().then([target, for_sampler](capnp::Response<wire::Session::SaveCheckpointResults>&& res) {
+          if (auto e = status_error(res)) return failed(std::move(e));
+          return plain(json{{"path", target.text()}, {"type", for_sampler ? "save_weights_for_sampler" : "save_weights"}});
+        });
+      });
+    };
+  }
+  auto id = submit(*c.tenant, *model, *seq, digest, std::move(start));
+  if (!id) return error_reply(id.error());
+  return json_reply(json{{"request_id", *id}, {"model_id", *model_id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::load_weights(Caller c, const json& j, size_t digest) {
+  if (!field_or_null(j, "model_id").is_string())
+    return error_reply(user("model_id is required (loading into a new model, create_model_via_load_weights, is not "
+                            "offered by this server)"));
+  auto call = model_call(*c.tenant, j);
+  if (!call) return error_reply(call.error());
+  auto* m = &call->model;
+  auto* model_id = &call->id;
+  auto* seq = &call->seq;
+  auto text = string_field(j, "path");
+  if (!text) return error_reply(text.error());
+  auto path = parse_path(*text, "path");
+  if (!path) return error_reply(path.error());
+  const bool optimizer = field_or_null(j, "optimizer").is_boolean() && field_or_null(j, "optimizer").get<bool>();
+  auto adapter = (*m)->adapter;
+  auto session = std::make_shared<wire::Session::Client>(c.session);
+  auto start = [adapter, session, path = *path, optimizer]() mutable -> kj::Promise<Outcome> {
+    auto load = session->loadCheckpointRequest();
+    load.setName(path.store_name());
+    load.setAdapter(adapter);
+    load.setCreate(false);
+    load.setWithOptimizer(optimizer);
+    return load.send().then([path](capnp::Response<wire::Session::LoadCheckpointResults>&& res) {
+      if (auto e = status_error(res)) {
+        // The store's "you have no checkpoint 'tk....'" in Tinker's terms.
+        if (code_of(e) == errc::not_found) return failed(make_error(errc::not_found, "no checkpoint " + path.text()));
+        return failed(std::move(e));
+      }
+      return plain(json{{"path", path.text()}, {"type", "load_weights"}});
+    });
+  };
+  auto id = submit(*c.tenant, **m, *seq, digest, std::move(start));
+  if (!id) return error_reply(id.error());
+  return json_reply(json{{"request_id", *id}, {"model_id", *model_id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::unload_model(Caller c, const json& j) {
+  auto model_id = string_field(j, "model_id");
+  if (!model_id) return error_reply(model_id.error());
+  auto m = model_of(*c.tenant, *model_id);
+  if (!m) return error_reply(m.error());
+  auto id = new_future(c.tenant->name);
+  auto adapter = (*m)->adapter;
+  auto* t = c.tenant;
+  auto session = std::make_shared<wire::Session::Client>(c.session);
+  // After the calls already queued for it.
+  auto done = (*m)->tail.addBranch().then([session, adapter]() mutable {
+    auto rm = session->removeAdapterRequest();
+    rm.setName(adapter);
+    return rm.send();
+  });
+  t->models.erase(*model_id);
+  settle(id, done.then([model_id = *model_id](capnp::Response<wire::Session::RemoveAdapterResults>&& res) {
+    if (auto e = status_error(res)) return failed(std::move(e));
+    return plain(json{{"model_id", model_id}, {"type", "unload_model"}});
+  }));
+  return json_reply(json{{"request_id", id}, {"model_id", *model_id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::create_sampling_session(Caller c, const json& j) {
+  const auto& path = field_or_null(j, "model_path");
+  const auto& base_model = field_or_null(j, "base_model");
+  auto sid = "s-" + random_id(8);
+  if (path.is_null()) {
+    if (!base_model.is_string()) return error_reply(user("create_sampling_session needs model_path or base_model"));
+    if (base_model.get<std::string>() != base.name)
+      return error_reply(user("base_model '" + base_model.get<std::string>().substr(0, 80) +
+                              "' is not served here: this server hosts '" + base.name + "'"));
+    c.tenant->samplers[sid] = Sampler{sid, "", "", {}};
+    return json_reply(json{{"sampling_session_id", sid}, {"type", "create_sampling_session"}});
+  }
+  if (!path.is_string()) return error_reply(user("model_path must be a tinker:// path"));
+  auto p = parse_path(path.get<std::string>(), "model_path");
+  if (!p) return error_reply(p.error());
+  if (!host.store().find(c.tenant->name, p->store_name()))
+    return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
+  auto adapter = "tks-" + random_id(8);
+  auto req = c.session.samplerLoadCheckpointRequest();
+  req.setName(p->store_name());
+  req.setAdapter(adapter);
+  auto* t = c.tenant;
+  return req.send().then([t, sid, adapter, text = p->text()](capnp::Response<wire::Session::SamplerLoadCheckpointResults>&& res) {
+    if (auto e = status_error(res)) return error_reply(e);
+    t->samplers[sid] = Sampler{sid, adapter, text, {}};
+    return json_reply(json{{"sampling_session_id", sid}, {"type", "create_sampling_session"}});
+  });
+}
+
+kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest) {
+  auto sid = string_field(j, "sampling_session_id");
+  if (!sid) return error_reply(sid.error());
+  auto it = c.tenant->samplers.find(*sid);
+  if (it == c.tenant->samplers.end())
+    return error_reply(make_error(errc::not_found, "no sampling session '" + sid->substr(0, 80) +
+                                                       "' (it never existed, or newer weights of its model replaced it)"));
+  auto& sampler = it->second;
+  int64_t seq = -1;
+  if (const auto& v = field_or_null(j, "seq_id"); v.is_number_integer()) seq = v.get<int64_t>();
+  if (seq >= 0)
+    if (auto s = sampler.seen.find(seq); s != sampler.seen.end()) {
+      if (s->second.first == digest) return json_reply(json{{"request_id", s->second.second}});
+      return error_reply(make_error(errc::aborted, "seq_id " + std::to_string(seq) + " of sampling session " + *sid +
+                                                       " was already used by a different request"));
+    }
+  auto prompt = parse_model_input_json(field_or_null(j, "prompt"), "prompt");
+  if (!prompt) return error_reply(prompt.error());
+  if (prompt->empty()) return error_reply(user("prompt is empty"));
+  const auto& sp = field_or_null(j, "sampling_params");
+  if (!sp.is_null() && !sp.is_object()) return error_reply(user("sampling_params must be an object"));
+  static const std::set<std::string> known = {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"};
+  for (auto f = sp.begin(); sp.is_object() && f != sp.end(); ++f)
+    if (!known.count(f.key()))
+      return error_reply(user("sampling_params." + f.key().substr(0, 40) + " is not a sampling parameter"));
+  actors::SamplingParams params;
+  params.num_samples = field_or_null(j, "num_samples").is_number_integer() ? field_or_null(j, "num_samples").get<int64_t>() : 1;
+  params.logprobs = 0;  // the chosen tokens' log-probs: the RL loop needs them
+  const auto room = base.max_context - static_cast<int64_t>(prompt->size());
+  if (room < 1)
+    return error_reply(user("the prompt has " + std::to_string(prompt->size()) + " tokens, the model's context " +
+                            std::to_string(base.max_context) + ": nothing is left to generate"));
+  params.max_tokens = room;  // none given (SDK 0.16 may leave it out): up to the context
+  auto number = [&](const char* key) -> const json& { return field_or_null(sp, key); };
+  if (const auto& v = number("max_tokens"); !v.is_null()) {
+    if (!v.is_number_integer()) return error_reply(user("sampling_params.max_tokens must be an integer"));
+    params.max_tokens = v.get<int64_t>();
+  }
+  if (const auto& v = number("temperature"); !v.is_null()) {
+    if (!v.is_number()) return error_reply(user("sampling_params.temperature must be a number"));
+    params.temperature = v.get<double>();
+  }
+  if (const auto& v = number("top_p"); !v.is_null()) {
+    if (!v.is_number()) return error_reply(user("sampling_params.top_p must be a number"));
+    params.top_p = v.get<double>();
+  }
+  if (const auto& v = number("top_k"); !v.is_null()) {
+    if (!v.is_number_integer()) return error_reply(user("sampling_params.top_k must be an integer"));
+    params.top_k = v.get<int64_t>() < 0 ? 0 : v.get<int64_t>();
+  }
+  if (const auto& v = number("seed"); !v.is_null()) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return error_reply(user("sampling_params.seed must be an integer >= 0"));
+    params.seed = v.get<int64_t>();
+  }
+  if (const auto& v = number("stop"); !v.is_null()) {
+    if (v.is_string()) params.stop.push_back(v.get<std::string>());
+    else if (v.is_array()) {
+      for (const auto& s : v) {
+        if (s.is_string()) params.stop.push_back(s.get<std::string>());
+        else if (s.is_number_integer()) params.stop_token_ids.push_back(s.get<int64_t>());
+        else return error_reply(user("sampling_params.stop must be a string, strings or token ids"));
+      }
+      if (!params.stop.empty() && !params.stop_token_ids.empty())
+        return error_reply(user("sampling_params.stop mixes strings and token ids"));
+    } else {
+      return error_reply(user("sampling_params.stop must be a string, strings or token ids"));
+    }
+  }
+  const bool want_prompt = field_or_null(j, "prompt_logprobs").is_boolean() && field_or_null(j, "prompt_logprobs").get<bool>();
+  int64_t topk = 0;
+  if (const auto& v = field_or_null(j, "topk_prompt_logprobs"); v.is_number_integer()) topk = v.get<int64_t>();
+  if (topk < 0) return error_reply(user("topk_prompt_logprobs must be >= 0"));
+  params.prompt_logprobs = topk > 0 ? topk : want_prompt ? 0 : -1;
+  if (auto ok = params.validate(); !ok) return error_reply(with_context(ok.error(), "sampling_params"));
+  if (c.tenant->samples_in_flight >= o.max_samples_in_flight)
+    return error_reply(make_error(errc::resource_exhausted,
+                                  "limit tinker.max_samples_in_flight: " + std::to_string(c.tenant->samples_in_flight) +
+                                      " sample calls of yours are running; retry after some finish"));
+  auto id = new_future(c.tenant->name);
+  if (seq >= 0) {
+    sampler.seen[seq] = {digest, id};
+    while (sampler.seen.size() > 8192) sampler.seen.erase(sampler.seen.begin());
+  }
+  auto req = c.session.sampleRequest();
+  req.setAdapter(sampler.adapter);
+  write_requests(req.initRequests(1), {actors::SampleRequest{0, *prompt}});
+  write_sampling(req.initParams(), params);
+  auto* t = c.tenant;
+  ++t->samples_in_flight;
+  const auto prompt_len = static_cast<int64_t>(prompt->size());
+  settle(id, req.send()
+                 .then([want_prompt, topk, prompt_len](capnp::Response<wire::Session::SampleResults>&& res) {
+                   if (auto e = status_error(res)) return failed(std::move(e));
+                   auto seqs = read_sequences(res.getSequences());
+                   if (!seqs) return failed(seqs.error());
+                   Outcome o;
+                   o.kind = Outcome::Kind::sample;
+                   for (const auto& s : *seqs) {
+                     if (!s.error.empty()) return failed(user(s.error));
+                     SampledSequence q;
+                     q.length = s.stop_reason == actors::StopReason::length;
+                     q.tokens = s.tokens;
+                     q.logprobs = s.logprobs.chosen;
+                     o.sample.sequences.push_back(std::move(q));
+                     o.sample.prompt_cache_hit_tokens = std::max(o.sample.prompt_cache_hit_tokens, s.cached_tokens);
+                   }
+                   if ((want_prompt || topk > 0) && !seqs->empty()) {
+                     const auto& pl = seqs->front().prompt_logprobs;
+                     if (want_prompt) {
+                       std::vector<float> lp{std::numeric_limits<float>::quiet_NaN()};
+                       lp.insert(lp.end(), pl.chosen.begin(), pl.chosen.end());
+                       lp.resize(static_cast<size_t>(prompt_len), std::numeric_limits<float>::quiet_NaN());
+                       o.sample.prompt_logprobs = std::move(lp);
+                     }
+                     if (topk > 0) {
+                       SampleResult::Topk tk;
+                       tk.k = static_cast<uint32_t>(topk);
+                       tk.ids.assign(static_cast<size_t>(topk), 0);  // the first prompt token has none
+                       tk.logprobs.assign(static_cast<size_t>(topk), -99999.0f);
+                       for (size_t i = 0; i < pl.top_ids.size(); ++i) {
+                         tk.ids.push_back(static_cast<int32_t>(pl.top_ids[i]));
+                         tk.logprobs.push_back(pl.top_logprobs[i]);
+                       }
+                       tk.ids.resize(static_cast<size_t>(prompt_len * topk), 0);
+                       tk.logprobs.resize(static_cast<size_t>(prompt_len * topk), -99999.0f);
+                       o.sample.topk_prompt_logprobs = std::move(tk);
+                     }
+                   }
+                   return o;
+                 })
+                 .attach(kj::defer([t] { --t->samples_in_flight; })));
+  return json_reply(json{{"request_id", id}});
+}
+
+kj::Promise<Reply> Gateway::Impl::retrieve_future(Caller c, const json& j, bool proto) {
+  auto id = string_field(j, "request_id");
+  if (!id) return error_reply(id.error());
+  auto it = futures.find(*id);
+  // Another tenant's future is answered as one that does not exist.
+  if (it == futures.end() || it->second.tenant != c.tenant->name)
+    return error_reply(make_error(errc::not_found, "no future '" + id->substr(0, 80) + "' (unknown, or expired)"));
+  if (it->second.outcome) return answer(*it->second.outcome, proto);
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  it->second.waiters.push_back(kj::mv(paf.fulfiller));
+  return paf.promise.exclusiveJoin(timer.afterDelay(static_cast<uint64_t>(o.poll.count()) * kj::MILLISECONDS))
+      .then([this, id = *id, proto]() {
+        auto f = futures.find(id);
+        if (f == futures.end())
+          return error_reply(make_error(errc::not_found, "no future '" + id + "' (unknown, or expired)"));
+        if (f->second.outcome) return answer(*f->second.outcome, proto);
+        return json_reply(json{{"type", "try_again"}, {"request_id", id}, {"queue_state", "active"}});
+      });
+}
+
+kj::Promise<Reply> Gateway::Impl::weights_info(Caller c, const json& j) {
+  auto text = string_field(j, "tinker_path");
+  if (!text) return error_reply(text.error());
+  auto p = parse_path(*text, "tinker_path");
+  if (!p) return error_reply(p.error());
+  auto found = host.store().find(c.tenant->name, p->store_name());
+  if (!found) return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
+  auto lora = actors::LoraConfig::load(host.store().checkpoint_dir(c.tenant->name, p->store_name()) + "/adapter_config.json");
+  if (!lora) return error_reply(with_context(lora.error(), p->text()));
+  auto has = [&](const char* m) {
+    return std::find(lora->target_modules.begin(), lora->target_modules.end(), m) != lora->target_modules.end();
+  };
+  return json_reply(json{{"base_model", base.name},
+                         {"is_lora", true},
+                         {"lora_rank", lora->r},
+                         {"train_unembed", has("lm_head")},
+                         {"train_mlp", has("up_proj")},
+                         {"train_attn", has("q_proj")}});
+}
+
+kj::Promise<Reply> Gateway::Impl::training_runs(Caller c, const std::string& path, const std::string& query) {
+  auto list = host.store().list(c.tenant->name);
+  if (!list) return error_reply(list.error());
+  // Runs: live models and the runs of checkpoints (tk.<run>.<w|s>.<name>).
+  struct Run {
+    int64_t rank = 0;
+    int64_t last_ms = 0;
+    std::optional<json> last, last_sampler;
+  };
+  std::map<std::string, Run> runs;
+  std::map<std::string, std::vector<json>> checkpoints;
+  for (const auto& [id, m] : c.tenant->models) {
+    runs[id].rank = m.rank;
+    runs[id].last_ms = m.last_request_ms;
+  }
+  for (const auto& info : *list) {
+    if (info.name.rfind("tk.", 0) != 0) continue;
+    auto rest = info.name.substr(3);
+    auto dot = rest.find('.');
+    if (dot == std::string::npos || rest.size() < dot + 3) continue;
+    auto run = rest.substr(0, dot);
+    const bool weights = rest[dot + 1] == 'w';
+    auto name = rest.substr(dot + 3);
+    TinkerPath tp{run, weights ? "weights" : "sampler_weights", name};
+    json ck{{"checkpoint_id", tp.kind + "/" + name},
+            {"checkpoint_type", weights ? "training" : "sampler"},
+            {"time", iso_time(info.created_ms)},
+            {"tinker_path", tp.text()},
+            {"public", false},
+            {"expires_at", info.expires_ms > 0 ? json(iso_time(info.expires_ms)) : json(nullptr)}};
+    auto& r = runs[run];
+    r.last_ms = std::max(r.last_ms, info.created_ms);
+    if (r.rank == 0)
+      if (auto l = actors::LoraConfig::load(host.store().checkpoint_dir(c.tenant->name, info.name) + "/adapter_config.json"))
+        r.rank = l->r;
+    (weights ? r.last : r.last_sampler) = ck;
+    checkpoints[run].push_back(std::move(ck));
+  }
+  auto run_json = [&](const std::string& id, const Run& r) {
+    return json{{"training_run_id", id},
+                {"base_model", base.name},
+                {"model_owner", c.tenant->name},
+                {"is_lora", true},
+                {"corrupted", false},
+                {"lora_rank", r.rank},
+                {"last_request_time", iso_time(r.last_ms)},
+                {"last_checkpoint", r.last ? *r.last : json(nullptr)},
+                {"last_sampler_checkpoint", r.last_sampler ? *r.last_sampler : json(nullptr)},
+                {"user_metadata", nullptr}};
+  };
+  auto param = [&](const std::string& key, int64_t fallback) {
+    auto at = ("&" + query).find("&" + key + "=");
+    if (at == std::string::npos) return fallback;
+    try {
+      return static_cast<int64_t>(std::stoll(query.substr(at + key.size() + 1)));
+    } catch (...) {
+      return fallback;
+    }
+  };
+  const std::string prefix = "/api/v1/training_runs";
+  auto rest = path.substr(prefix.size());
+  if (rest.empty() || rest == "/") {
+    const auto offset = std::max<int64_t>(0, param("offset", 0)), limit = std::clamp<int64_t>(param("limit", 20), 0, 1000);
+    json items = json::array();
+    int64_t i = 0;
+    for (const auto& [id, r] : runs) {
+      if (i >= offset && i < offset + limit) items.push_back(run_json(id, r));
+      ++i;
+    }
+    return json_reply(json{{"training_runs", items}, {"cursor", {{"offset", offset}, {"limit", limit}, {"total_count", runs.size()}}}});
+  }
+  auto run = rest.substr(1);
+  auto slash = run.find('/');
+  auto tail = slash == std::string::npos ? std::string{} : run.substr(slash);
+  run = run.substr(0, slash);
+  auto r = runs.find(run);
+  if (r == runs.end()) return error_reply(make_error(errc::not_found, "no training run '" + run.substr(0, 80) + "'"));
+  if (tail.empty()) return json_reply(run_json(run, r->second));
+  if (tail == "/checkpoints") {
+    auto& items = checkpoints[run];
+    return json_reply(json{{"checkpoints", items},
+                           {"cursor", {{"offset", 0}, {"limit", items.size()}, {"total_count", items.size()}}}});
+  }
+  return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120)));
+}
+
+kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path, const kj::HttpHeaders& h,
+                                        std::string body) {
+  std::string query;
+  if (auto q = path.find('?'); q != std::string::npos) {
+    query = path.substr(q + 1);
+    path = path.substr(0, q);
+  }
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const bool get = method == kj::HttpMethod::GET, post = method == kj::HttpMethod::POST;
+  if (get && path == "/api/v1/healthz") return json_reply(json{{"status", "ok"}});
+  auto c = caller(h);
+  if (!c) {
+    // The same answer whatever was wrong with the key.
+    return json_reply(json{{"detail", describe(c.error())}, {"error", describe(c.error())}, {"category", "user"}}, 401);
+  }
+  if (get && path == "/api/v1/get_server_capabilities")
+    return json_reply(json{{"supported_models", json::array({json{{"model_name", base.name}, {"max_context_length", base.max_context}}})}});
+  if (get && path.rfind("/api/v1/samplers/", 0) == 0) {
+    auto id = path.substr(std::string{"/api/v1/samplers/"}.size());
+    auto it = c->tenant->samplers.find(id);
+    if (it == c->tenant->samplers.end()) return error_reply(make_error(errc::not_found, "no sampling session '" + id.substr(0, 80) + "'"));
+    return json_reply(json{{"sampler_id", id},
+                           {"base_model", base.name},
+                           {"model_path", it->second.model_path.empty() ? json(nullptr) : json(it->second.model_path)}});
+  }
+  if (get && path.rfind("/api/v1/training_runs", 0) == 0) return training_runs(*c, path, query);
+  if (method == kj::HttpMethod::DELETE && path.rfind("/api/v1/training_runs/", 0) == 0) {
+    // /api/v1/training_runs/<run>/checkpoints/<weights|sampler_weights>/<name>
+    auto rest = path.substr(std::string{"/api/v1/training_runs/"}.size());
+    auto a = rest.find("/checkpoints/");
+    if (a == std::string::npos) return error_reply(make_error(errc::not_found, "no endpoint DELETE " + path.substr(0, 120)));
+    auto p = parse_path("tinker://" + rest.substr(0, a) + "/" + rest.substr(a + 13), "checkpoint");
+    if (!p) return error_reply(p.error());
+    if (!host.store().find(c->tenant->name, p->store_name()))
+      return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
+    auto del = c->session.deleteCheckpointRequest();
+    del.setName(p->store_name());
+    return del.send().then([](capnp::Response<wire::Session::DeleteCheckpointResults>&& res) {
+      if (auto e = status_error(res)) return error_reply(e);
+      return json_reply(json::object());
+    });
+  }
+  if (!post) return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120)));
+
+  std::string encoding;
+  KJ_IF_MAYBE(v, h.get(content_encoding)) { encoding = v->cStr(); }
+  std::string content_type;
+  KJ_IF_MAYBE(v, h.get(kj::HttpHeaderId::CONTENT_TYPE)) { content_type = v->cStr(); }
+  if (!encoding.empty() && encoding != "identity") {
+    if (encoding != "zstd")
+      return error_reply(user("Content-Encoding '" + encoding.substr(0, 40) + "' is not supported (zstd is)"));
+    auto plain_body = zstd_decompress(body, static_cast<size_t>(o.max_body_bytes));
+    if (!plain_body) return error_reply(plain_body.error());
+    body = std::move(*plain_body);
+  }
+  const bool proto_body = content_type.find("application/x-protobuf") != std::string::npos;
+  // A retry is recognised by its content (a digest of its canonical form),
+  // not its bytes: the same request may come with its maps in another order.
+  if (path == "/api/v1/forward_backward" && proto_body) {
+    std::string canonical;
+    auto r = parse_forward_backward_proto(body, &canonical);
+    if (!r) return error_reply(r.error());
+    return forward_backward(*c, std::move(*r), std::hash<std::string>{}(path + "\n" + canonical));
+  }
+  if (proto_body) return error_reply(user(path.substr(0, 120) + " takes a JSON body, not protobuf"));
+  auto j = body.empty() ? json::object() : json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return error_reply(user("the body is not a JSON object"));
+  const size_t digest = std::hash<std::string>{}(path + "\n" + j.dump());  // keys in order
+
+  if (path == "/api/v1/client/config")
+    return json_reply(json{{"pjwt_auth_enabled", false},
+                           {"use_pyqwest_transport", false},
+                           {"parallel_fwdbwd_chunks", true},
+                           {"proto_write_fwdbwd", false},
+                           {"proto_compress_fwdbwd", true},
+                           {"fwd_via_fwdbwd", false},
+                           {"enable_grpc_retrieve_future", false},
+                           {"create_model_via_load_weights", false},
+                           {"sample_no_retries", false}});
+  if (path == "/api/v1/create_session") {
+    auto id = random_id(8);
+    c->tenant->session_ids.insert(id);
+    return json_reply(json{{"session_id", id}, {"type", "create_session"}});
+  }
+  if (path == "/api/v1/session_heartbeat") {
+    auto beat = c->session.heartbeatRequest();
+    return beat.send().then([](capnp::Response<wire::Session::HeartbeatResults>&& res) {
+      if (auto e = status_error(res)) return error_reply(e);
+      return json_reply(json{{"type", "session_heartbeat"}});
+    });
+  }
+  if (path == "/api/v1/telemetry") return json_reply(json{{"status", "accepted"}});
+  if (path == "/api/v1/create_model") return create_model(*c, j);
+  if (path == "/api/v1/forward_backward" || path == "/api/v1/forward") {
+    auto r = parse_forward_backward_json(j, path == "/api/v1/forward");
+    if (!r) return error_reply(r.error());
+    return forward_backward(*c, std::move(*r), digest);
+  }
+  if (path == "/api/v1/optim_step") return optim_step(*c, j, digest);
+  if (path == "/api/v1/save_weights") return save_weights(*c, j, digest, false);
+  if (path == "/api/v1/save_weights_for_sampler") return save_weights(*c, j, digest, true);
+  if (path == "/api/v1/load_weights") return load_weights(*c, j, digest);
+  if (path == "/api/v1/unload_model") return unload_model(*c, j);
+  if (path == "/api/v1/get_info") {
+    auto model_id = string_field(j, "model_id");
+    if (!model_id) return error_reply(model_id.error());
+    auto m = model_of(*c->tenant, *model_id);
+    if (!m) return error_reply(m.error());
+    return json_reply(model_info(**m));
+  }
+  if (path == "/api/v1/weights_info") return weights_info(*c, j);
+  if (path == "/api/v1/create_sampling_session") return create_sampling_session(*c, j);
+  if (path == "/api/v1/asample") return asample(*c, j, digest);
+  if (path == "/api/v1/retrieve_future") return retrieve_future(*c, j, accepts_proto(h, accept));
+  return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120) +
+                                                     " (docs/tinker.md lists what this server offers)"));
+}
+
+Gateway::Gateway(Host& host, BaseModel base, GatewayOptions options, kj::Timer& timer)
+    : impl_(std::make_unique<Impl>(host, std::move(base), options, timer)) {}
+
+Gateway::~Gateway() = default;
+
+const kj::HttpHeaderTable& Gateway::headers() const { return *impl_->table; }
+
+void Gateway::sweep() { impl_->sweep(); }
+
+kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
+                                   kj::AsyncInputStream& body, Response& response) {
+  std::string path{url.cStr()};
+  auto* impl = impl_.get();
+  return body.readAllBytes(static_cast<uint64_t>(impl->o.max_body_bytes) + 1)
+      .then([impl, method, path, &headers](kj::Array<kj::byte> bytes) -> kj::Promise<Reply> {
+        if (bytes.size() > static_cast<size_t>(impl->o.max_body_bytes))
+          return error_reply(make_error(errc::resource_exhausted, "the body is larger than the " +
+                                                                      std::to_string(impl->o.max_body_bytes) +
+                                                                      " bytes a message may have"));
+        std::string text(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+        try {
+          return impl->route(method, path, headers, std::move(text));
+        } catch (const std::exception& e) {
+          return error_reply(make_error(errc::internal, std::string{"the gateway failed: "} + e.what()));
+        }
+      })
+      .then([impl, &response](Reply r) {
+        kj::HttpHeaders out(*impl->table);
+        out.set(kj::HttpHeaderId::CONTENT_TYPE, kj::heapString(r.content_type.data(), r.content_type.size()));
+        auto stream = response.send(r.status, r.status == 200 ? "OK" : "Error", out, r.body.size());
+        auto text = kj::heapString(r.body.data(), r.body.size());
+        auto write = stream->write(text.begin(), text.size());
+        return write.attach(kj::mv(stream), kj::mv(text));
+      });
+}
+
+}  // namespace glint::rpc::tinker

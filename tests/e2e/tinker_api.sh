@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The Tinker-compatible HTTP API of `glint serve`, driven as the Tinker SDK
+# drives it (tests/tinker/conformance.py: JSON and protobuf bodies, futures,
+# ordering, retries, 429, the five losses, SFT and RL flows, isolation).
+#   tinker_api.sh GLINT_BINARY SOURCE_DIR
+set -euo pipefail
+source "$(dirname "$0")/serve_lib.sh"
+glint=$1 src=$2
+temp_root tinker-api
+cd "$root"
+mkdir local
+printf '{"text": "the quick brown fox jumps over the lazy dog %d times"}\n' $(seq 40) > rows.jsonl
+"$glint" init-model local/model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
+  --max-positions 256 --tokenizer-from rows.jsonl > init.log 2>&1 || { cat init.log; exit 1; }
+protoc --python_out="$root" -I"$src/rpc/tinker" tinker_public.proto
+start_server "$glint" "$root" "$(printf '[tinker]\nport = 0\nbase_model = "test/tiny-qwen3"\nmax_samples_in_flight = 2\n')"
+tport=$(grep -o 'Tinker-compatible API on http://127.0.0.1:[0-9]*' serve.out | grep -o '[0-9]*$')
+[[ -n $tport ]] || { echo "no Tinker API port in:"; cat serve.out; exit 1; }
+alice=$(new_key "$glint" "$root" alice)
+bob=$(new_key "$glint" "$root" bob)
+# Debian's python3 (scripts/setup.sh installs requests, protobuf, zstandard for it).
+PYTHONPATH="$root:$src/tests/tinker" timeout 600 /usr/bin/python3 "$src/tests/tinker/conformance.py" \
+  "http://127.0.0.1:$tport" "$alice" "$bob" test/tiny-qwen3 || { tail -30 serve.err; exit 1; }

@@ -98,7 +98,9 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   auto tinker = section("tinker");
   if (!tinker) return tinker.error();
   if (*tinker) {
-    if (!(ok = only_keys(**tinker, "tinker.", {"host", "port", "base_model", "tokenizer_id", "max_samples_in_flight"},
+    if (!(ok = only_keys(**tinker, "tinker.",
+                         {"host", "port", "base_model", "tokenizer_id", "max_samples_in_flight", "poll_seconds",
+                          "seq_gap_seconds"},
                          source)))
       return ok.error();
     if (!(ok = read_string(**tinker, "tinker.", "host", c.tinker_host, source))) return ok.error();
@@ -108,6 +110,10 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     if (!(ok = read_string(**tinker, "tinker.", "base_model", c.tinker_base_model, source))) return ok.error();
     if (!(ok = read_string(**tinker, "tinker.", "tokenizer_id", c.tinker_tokenizer_id, source))) return ok.error();
     if (!(ok = read_int(**tinker, "tinker.", "max_samples_in_flight", 1, 1 << 20, c.tinker_samples_in_flight, source)))
+      return ok.error();
+    // The SDK gives up on a poll after 45 s: a held poll must answer before.
+    if (!(ok = read_int(**tinker, "tinker.", "poll_seconds", 1, 40, c.tinker_poll_seconds, source))) return ok.error();
+    if (!(ok = read_int(**tinker, "tinker.", "seq_gap_seconds", 1, 86400, c.tinker_seq_gap_seconds, source)))
       return ok.error();
   }
   auto tls = section("tls");

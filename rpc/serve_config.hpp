@@ -34,6 +34,8 @@
 //   base_model = "Qwen/Qwen3-0.6B"   # the name clients pass as base_model (default: the model directory's name)
 //   tokenizer_id = "Qwen/Qwen3-0.6B" # what get_info answers, for the SDK's get_tokenizer (default: base_model)
 //   max_samples_in_flight = 64       # per tenant; over it asample answers 429
+//   poll_seconds = 25                # retrieve_future holds a poll this long, then answers try_again
+//   seq_gap_seconds = 120            # a call waiting this long for an earlier seq_id fails
 //
 // Every key is checked: an unknown key or a value of the wrong type is an
 // error naming it (a typo never silently keeps a default).
@@ -92,6 +94,8 @@ struct ServeConfig {
   std::string tinker_base_model;    ///< empty: the model directory's name
   std::string tinker_tokenizer_id;  ///< empty: tinker_base_model
   int64_t tinker_samples_in_flight = 64;
+  int64_t tinker_poll_seconds = 25;
+  int64_t tinker_seq_gap_seconds = 120;
 
   static Result<ServeConfig> parse(const std::string& toml_text, const std::string& source);
   static Result<ServeConfig> load(const std::string& path);

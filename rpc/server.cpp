@@ -1497,6 +1497,8 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       tinker::GatewayOptions options;
       options.max_body_bytes = config.max_message_bytes;
       options.max_samples_in_flight = config.tinker_samples_in_flight;
+      options.poll = std::chrono::seconds(config.tinker_poll_seconds);
+      options.seq_gap = std::chrono::seconds(config.tinker_seq_gap_seconds);
       gateway = kj::heap<tinker::Gateway>(tinker_host, base, options, io.provider->getTimer());
       tinker_http = kj::heap<kj::HttpServer>(io.provider->getTimer(), gateway->headers(), *gateway);
       auto taddr = io.provider->getNetwork()

@@ -167,6 +167,9 @@ struct Tenant {
   std::map<std::string, Model> models;
   std::map<std::string, Sampler> samplers;
   std::set<std::string> session_ids;  ///< Tinker's create_session ids (they hold nothing)
+  /// Sampler adapters loaded from tinker:// paths, shared by the sampling
+  /// sessions made from the same path.
+  std::map<std::string, std::string> path_adapters;
   int64_t samples_in_flight = 0;
 };
 
@@ -894,6 +897,8 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
       if (exists) {
         if (!overwrite)
           return failed(user(target.text() + " exists already: pick another name, or save with overwrite=True"));
+        // New sampling sessions of this path read the new weights.
+        t->path_adapters.erase(target.text());
         auto del = session->deleteCheckpointRequest();
         del.setName(target.store_name());
         cleared = del.send().ignoreResult();
@@ -992,6 +997,10 @@ kj::Promise<Reply> Gateway::Impl::create_sampling_session(Caller c, const json& 
   if (!p) return error_reply(p.error());
   if (!host.store().find(c.tenant->name, p->store_name()))
     return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
+  if (auto it = c.tenant->path_adapters.find(p->text()); it != c.tenant->path_adapters.end()) {
+    c.tenant->samplers[sid] = Sampler{sid, it->second, p->text(), {}};
+    return json_reply(json{{"sampling_session_id", sid}, {"type", "create_sampling_session"}});
+  }
   auto adapter = "tks-" + random_id(8);
   auto req = c.session.samplerLoadCheckpointRequest();
   req.setName(p->store_name());
@@ -1000,6 +1009,7 @@ kj::Promise<Reply> Gateway::Impl::create_sampling_session(Caller c, const json& 
   return req.send().then([t, sid, adapter, text = p->text()](capnp::Response<wire::Session::SamplerLoadCheckpointResults>&& res) {
     if (auto e = status_error(res)) return error_reply(e);
     t->samplers[sid] = Sampler{sid, adapter, text, {}};
+    t->path_adapters[text] = adapter;
     return json_reply(json{{"sampling_session_id", sid}, {"type", "create_sampling_session"}});
   });
 }
@@ -1299,6 +1309,7 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
     if (!p) return error_reply(p.error());
     if (!host.store().find(c->tenant->name, p->store_name()))
       return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
+    c->tenant->path_adapters.erase(p->text());
     auto del = c->session.deleteCheckpointRequest();
     del.setName(p->store_name());
     return del.send().then([](capnp::Response<wire::Session::DeleteCheckpointResults>&& res) {

@@ -185,5 +185,33 @@ TEST(ServeConfig, EveryKeyIsCheckedAndOnlyLoopbackMayGoWithoutTls) {
   EXPECT_TRUE(c->validate());
 }
 
+TEST(ServeConfig, TheTinkerSectionIsReadAndCheckedLikeTheRest) {
+  auto off = ServeConfig::parse("model = \"m\"\n", "s.toml");
+  ASSERT_TRUE(off);
+  EXPECT_EQ(off->tinker_port, -1) << "the Tinker API is off unless asked for";
+  auto c = ServeConfig::parse("model = \"m\"\n[tinker]\nport = 7734\nbase_model = \"Qwen/Qwen3-0.6B\"\n"
+                              "poll_seconds = 5\nseq_gap_seconds = 30\nmax_samples_in_flight = 3\n",
+                              "s.toml");
+  ASSERT_TRUE(c) << describe(c.error());
+  EXPECT_EQ(c->tinker_port, 7734);
+  EXPECT_EQ(c->tinker_base_model, "Qwen/Qwen3-0.6B");
+  EXPECT_EQ(c->tinker_poll_seconds, 5);
+  EXPECT_EQ(c->tinker_seq_gap_seconds, 30);
+  EXPECT_EQ(c->tinker_samples_in_flight, 3);
+  for (const char* bad : {"[tinker]\nprot = 1\n", "[tinker]\npoll_seconds = 45\n", "[tinker]\nport = \"x\"\n"}) {
+    auto r = ServeConfig::parse(std::string{"model = \"m\"\n"} + bad, "s.toml");
+    ASSERT_FALSE(r) << bad;
+    EXPECT_TRUE(contains(describe(r.error()), "tinker.")) << describe(r.error());
+  }
+  // Keys cross the network in the Tinker API's headers: loopback, TLS or --insecure.
+  auto dir = glint::testing::fresh_dir("serve-config-tinker");
+  std::ofstream{dir + "/config.json"} << "{}";
+  auto open = ServeConfig::parse("model = \"" + dir + "\"\n[tinker]\nhost = \"0.0.0.0\"\n", "s.toml");
+  ASSERT_TRUE(open);
+  auto v = open->validate();
+  ASSERT_FALSE(v);
+  EXPECT_TRUE(contains(describe(v.error()), "[tinker]")) << describe(v.error());
+}
+
 }  // namespace
 }  // namespace glint::rpc

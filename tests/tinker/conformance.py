@@ -369,6 +369,26 @@ def main():
     f = bob.post("/api/v1/load_weights", {"model_id": bob_model, "path": path_a, "optimizer": False, "seq_id": 1})
     expect_failed(lambda: bob.result(f), "no checkpoint")
 
+    # -- a held poll answers try_again (the server holds it poll_seconds = 1), and a call
+    # whose earlier seq_id never comes fails after seq_gap_seconds = 3 --------------------------
+    gap_model = alice.create_model(base_model, session, rank=2)
+    stuck = alice.forward_backward_request(gap_model, 2, sft_data(), "cross_entropy")  # seq 1 never comes
+    t0 = time.time()
+    r = alice.post_raw("/api/v1/retrieve_future", '{"request_id": "%s", "allow_metadata_only": true}' % stuck["request_id"],
+                       alice.headers())
+    held = time.time() - t0
+    check(r.status_code == 200 and r.json().get("type") == "try_again", r.text)
+    check(0.8 <= held <= 5, ("the poll was not held about poll_seconds", held))
+    expect_failed(lambda: alice.result(stuck, "fwdbwd", timeout=30), "seq_id 1 of model")
+    # The model goes on after the gap.
+    alice.result(alice.forward_backward_request(gap_model, 3, sft_data(), "cross_entropy"), "fwdbwd")
+
+    # -- sampling sessions of one path share its sampler adapter ---------------------------------
+    spath = [c["tinker_path"] for c in ckpts["checkpoints"] if "sampler_weights" in c["tinker_path"]][0]
+    for n in range(12):  # more than the tenant's adapter limit (8), were each its own
+        alice.post("/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 100 + n,
+                                                       "model_path": spath})
+
     # -- checkpoints: delete through the REST path ---------------------------------------------
     ck = path_a.split("/", 3)[3]
     r = alice.http.delete(f"{base_url}/api/v1/training_runs/{model_a}/checkpoints/{ck}",

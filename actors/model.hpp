@@ -59,7 +59,7 @@ typename Inspector::result_type inspect(Inspector& f, LossSpec& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, OptimizerConfig& x) {
   return f(caf::meta::type_name("glint.optimizer_config"), x.kind, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps,
-           x.momentum, x.max_grad_norm);
+           x.momentum, x.max_grad_norm, x.keep_state);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SchedulerConfig& x) {
@@ -231,7 +231,7 @@ using model_actor = caf::typed_actor<
     caf::replies_to<clip_grad_and_step_atom, std::string>::with<Metrics>,
     /// The loss `adapter` trains with from now on.
     caf::replies_to<set_loss_atom, std::string, LossSpec>::with<bool>,
-    /// `adapter`'s optimizer config (of the same kind, its state stays).
+    /// A new optimizer for `adapter` (OptimizerConfig::keep_state: new settings, the same state).
     caf::replies_to<set_optimizer_atom, std::string, OptimizerConfig>::with<bool>,
     caf::replies_to<set_lr_scheduler_atom, std::string, SchedulerConfig>::with<bool>,
     /// A LoRA adapter `name`; A drawn from `seed` (the same on every rank), B zero.

@@ -113,9 +113,8 @@ public:
   Future<Metrics> clip_grad_and_step() const { return backend_->clip_grad_and_step(adapter_); }
   /// On every rank: the loss this handle's adapter trains with from now on.
   Future<void> set_loss(const LossSpec& loss) const { return backend_->set_loss(adapter_, loss); }
-  /// On every rank: the optimizer config. Of the same kind as before, the
-  /// moments and step count stay (only the hyperparameters change, as a
-  /// PyTorch param_group's); another kind starts afresh.
+  /// On every rank: a new optimizer (its state starts afresh), or with
+  /// OptimizerConfig::keep_state new hyperparameters for the one there is.
   Future<void> set_optimizer(const OptimizerConfig& optimizer) const {
     return backend_->set_optimizer(adapter_, optimizer);
   }

@@ -277,6 +277,7 @@ void write_optimizer(wire::OptimizerConfig::Builder b, const OptimizerConfig& c)
   b.setEps(c.eps);
   b.setMomentum(c.momentum);
   b.setMaxGradNorm(c.max_grad_norm);
+  b.setKeepState(c.keep_state);
 }
 
 Result<OptimizerConfig> read_optimizer(wire::OptimizerConfig::Reader r) {
@@ -284,7 +285,8 @@ Result<OptimizerConfig> read_optimizer(wire::OptimizerConfig::Reader r) {
     return bad("optimizer: kind " + std::to_string(r.getKind()) + " is not 0 (adamw) or 1 (sgd)");
   OptimizerConfig c{.kind = static_cast<OptimizerConfig::Kind>(r.getKind()), .lr = r.getLr(),
                     .weight_decay = r.getWeightDecay(), .beta1 = r.getBeta1(), .beta2 = r.getBeta2(),
-                    .eps = r.getEps(), .momentum = r.getMomentum(), .max_grad_norm = r.getMaxGradNorm()};
+                    .eps = r.getEps(), .momentum = r.getMomentum(), .max_grad_norm = r.getMaxGradNorm(),
+                    .keep_state = r.getKeepState()};
   if (auto ok = c.validate(); !ok) return with_context(ok.error(), "optimizer");
   return c;
 }

@@ -116,6 +116,9 @@ struct OptimizerConfig {
   momentum @6 :Float64;
   maxGradNorm @7 :Float64;
   # clipGradAndStep clips to this global norm; 0 disables clipping.
+  keepState @8 :Bool;
+  # setOptimizer: keep the moments and step count of an optimizer of the
+  # same kind (new hyperparameters only); false (an older client): a fresh one.
 }
 
 struct SchedulerConfig {

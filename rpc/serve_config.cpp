@@ -191,6 +191,11 @@ Result<void> ServeConfig::validate() const {
     return make_error(errc::permission_denied,
                       "listening on " + host + " (not loopback) sends API keys and tenants' data in clear text: "
                       "configure [tls] cert and key, or pass --insecure on a network you trust");
+  if (tinker_port >= 0 && tinker_samples_in_flight >= limits.calls_in_flight)
+    return make_error(errc::invalid_argument,
+                      "[tinker] max_samples_in_flight (" + std::to_string(tinker_samples_in_flight) +
+                          ") must be below [limits] calls_in_flight (" + std::to_string(limits.calls_in_flight) +
+                          "): every sample call counts against it, and training calls need room");
   if (tinker_port >= 0 && !tinker_loopback() && !tls() && !insecure)
     return make_error(errc::permission_denied,
                       "[tinker] listens on " + tinker_host + " (not loopback) and would carry API keys in clear text: "

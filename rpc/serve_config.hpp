@@ -33,7 +33,7 @@
 //   port = 7734
 //   base_model = "Qwen/Qwen3-0.6B"   # the name clients pass as base_model (default: the model directory's name)
 //   tokenizer_id = "Qwen/Qwen3-0.6B" # what get_info answers, for the SDK's get_tokenizer (default: base_model)
-//   max_samples_in_flight = 64       # per tenant; over it asample answers 429
+//   max_samples_in_flight = 12       # per tenant, below [limits] calls_in_flight; over it asample answers 429
 //   poll_seconds = 25                # retrieve_future holds a poll this long, then answers try_again
 //   seq_gap_seconds = 120            # a call waiting this long for an earlier seq_id fails
 //
@@ -93,7 +93,9 @@ struct ServeConfig {
   int tinker_port = -1;
   std::string tinker_base_model;    ///< empty: the model directory's name
   std::string tinker_tokenizer_id;  ///< empty: tinker_base_model
-  int64_t tinker_samples_in_flight = 64;
+  /// Below limits.calls_in_flight, which every call of the tenant's counts
+  /// against: the rest is room for its training calls.
+  int64_t tinker_samples_in_flight = 12;
   int64_t tinker_poll_seconds = 25;
   int64_t tinker_seq_gap_seconds = 120;
 

@@ -159,6 +159,7 @@ struct Server::Impl {
   std::atomic<int> port{0};
   std::atomic<int> metrics_port{-1};
   std::atomic<int> tinker_port{-1};
+  tinker::Gateway* tinker_gateway = nullptr;  ///< while the Tinker API is served; I/O thread only
   std::string model_type;  ///< config.json's model_type
   std::atomic<uint64_t> upload_counter{0};
 
@@ -331,7 +332,12 @@ struct Server::Impl {
   void remove_expired() {
     const auto now =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-    auto removed = store->remove_expired(now);
+    // Not under a tenant's calls (a load of the checkpoint may be queued):
+    // the next sweep deletes it.
+    auto removed = store->remove_expired(now, [this](const std::string& tenant) {
+      auto it = tenants.find(tenant);
+      return it != tenants.end() && it->second->in_flight > 0;
+    });
     if (!removed) {
       log::warn("serve: could not delete expired checkpoints: " + describe(removed.error()));
       return;
@@ -358,6 +364,7 @@ struct Server::Impl {
       t->adapters.clear();
       t->sampler_adapters.clear();
       t->syncs.clear();
+      if (tinker_gateway) tinker_gateway->forget_adapters(name);
     }
     // A full-parameter tenant gone (no connection left) or silent: the base
     // goes back to every tenant.
@@ -1498,8 +1505,10 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       options.max_body_bytes = config.max_message_bytes;
       options.max_samples_in_flight = config.tinker_samples_in_flight;
       options.poll = std::chrono::seconds(config.tinker_poll_seconds);
+      options.tokens_per_call = config.limits.tokens_per_call;
       options.seq_gap = std::chrono::seconds(config.tinker_seq_gap_seconds);
       gateway = kj::heap<tinker::Gateway>(tinker_host, base, options, io.provider->getTimer());
+      tinker_gateway = gateway.get();
       tinker_http = kj::heap<kj::HttpServer>(io.provider->getTimer(), gateway->headers(), *gateway);
       auto taddr = io.provider->getNetwork()
                        .parseAddress(config.tinker_host, static_cast<unsigned>(config.tinker_port))
@@ -1580,6 +1589,7 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       return true;
     };
     auto deadline = Clock::now() + grace;
+    auto unhook = kj::defer([this] { tinker_gateway = nullptr; });
     while (!all_idle() && Clock::now() < deadline) io.provider->getTimer().afterDelay(20 * kj::MILLISECONDS).wait(io.waitScope);
     autosave();
     {

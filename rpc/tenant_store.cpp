@@ -135,7 +135,8 @@ Result<CheckpointInfo> TenantStore::find(const std::string& tenant, const std::s
   return info_of(name, **value);
 }
 
-Result<std::vector<std::pair<std::string, std::string>>> TenantStore::remove_expired(int64_t now_ms) {
+Result<std::vector<std::pair<std::string, std::string>>> TenantStore::remove_expired(
+    int64_t now_ms, const std::function<bool(const std::string& tenant)>& busy) {
   std::vector<std::pair<std::string, std::string>> doomed;
   {
     std::lock_guard<std::mutex> guard{impl_->mx};
@@ -146,7 +147,8 @@ Result<std::vector<std::pair<std::string, std::string>>> TenantStore::remove_exp
       auto slash = rest.find('/');
       if (slash == std::string::npos) continue;
       auto info = info_of(rest.substr(slash + 1), value);
-      if (info.expires_ms > 0 && info.expires_ms <= now_ms) doomed.emplace_back(rest.substr(0, slash), info.name);
+      if (info.expires_ms > 0 && info.expires_ms <= now_ms && !(busy && busy(rest.substr(0, slash))))
+        doomed.emplace_back(rest.substr(0, slash), info.name);
     }
   }
   std::vector<std::pair<std::string, std::string>> removed;

@@ -13,6 +13,7 @@
 #include "runtime/error.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,9 +43,11 @@ public:
   Result<CheckpointInfo> find(const std::string& tenant, const std::string& name) const;
   /// Forgets and deletes it; not_found for a name the tenant does not have.
   Result<void> remove(const std::string& tenant, const std::string& name);
-  /// Deletes every checkpoint whose expires_ms is at or before `now_ms`;
-  /// answers how many (tenant, name) it deleted.
-  Result<std::vector<std::pair<std::string, std::string>>> remove_expired(int64_t now_ms);
+  /// Deletes every checkpoint whose expires_ms is at or before `now_ms`,
+  /// but those of tenants `busy` answers true for; answers the (tenant,
+  /// name) it deleted.
+  Result<std::vector<std::pair<std::string, std::string>>> remove_expired(
+      int64_t now_ms, const std::function<bool(const std::string& tenant)>& busy = {});
 
 private:
   TenantStore() = default;

@@ -23,6 +23,11 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double momentum = 0.0;  ///< SGD only
   double max_grad_norm = 1.0;  ///< clip_grad_and_step clips to this global norm; 0 disables clipping
+  /// Trainer::set_optimizer: when the trainer has an optimizer of this kind
+  /// already, keep its moments and step count and change only the
+  /// hyperparameters (as changing a PyTorch param_group's lr does; what
+  /// Tinker's optim_step does every step). false: a fresh optimizer.
+  bool keep_state = false;
 
   /// Parses "adamw" / "sgd".
   /// (Serialised field order, in actors/model.hpp's inspect, is a wire

@@ -425,10 +425,14 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
                                                     std::to_string(B) + ", " + std::to_string(T) + "]");
     mask = mask.logical_and(to_torch(b.loss_mask).to(at::kBool));
   }
-  auto old_lp = float_input(b.old_logps, "old_logps", B, T, false, dtype);
-  auto ref_lp = float_input(b.ref_logps, "ref_logps", B, T, false, dtype);
-  auto adv = float_input(b.advantages, "advantages", B, T, true, dtype);
-  auto weights = float_input(b.loss_weights, "loss_weights", B, T, false, dtype);
+  // The loss's inputs in f32 (f64 for an f64 model) whatever the model's
+  // dtype: a bf16 model must not round the sampler's log-probs, the
+  // advantages or the weights (the losses compute in f32 anyway).
+  const auto input_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  auto old_lp = float_input(b.old_logps, "old_logps", B, T, false, input_dtype);
+  auto ref_lp = float_input(b.ref_logps, "ref_logps", B, T, false, input_dtype);
+  auto adv = float_input(b.advantages, "advantages", B, T, true, input_dtype);
+  auto weights = float_input(b.loss_weights, "loss_weights", B, T, false, input_dtype);
   for (auto* r : {&old_lp, &ref_lp, &adv, &weights})
     if (!*r) return r->error();
   const bool token_sum = spec.reduction == LossReduction::sum;
@@ -665,9 +669,9 @@ void Trainer::zero_grad() {
 
 Result<void> Trainer::set_optimizer(const OptimizerConfig& cfg) {
   if (auto ok = cfg.validate(); !ok) return ok.error();
-  const bool same_kind = impl_->cfg.optimizer.kind == cfg.kind;
+  const bool keep = cfg.keep_state && impl_->cfg.optimizer.kind == cfg.kind;
   impl_->cfg.optimizer = cfg;
-  if (same_kind) impl_->opt->reconfigure(cfg);
+  if (keep) impl_->opt->reconfigure(cfg);
   else impl_->opt = std::make_unique<Optimizer>(cfg);
   return {};
 }

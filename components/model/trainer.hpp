@@ -139,9 +139,9 @@ public:
   /// Drops accumulated gradients without stepping.
   void zero_grad();
 
-  /// Another optimizer config. Of the same kind, its moments and step count
-  /// stay and only the hyperparameters change (as a PyTorch param_group's);
-  /// another kind starts afresh.
+  /// Another optimizer config: a fresh optimizer, or with
+  /// OptimizerConfig::keep_state and the same kind, the same moments and
+  /// step count under the new hyperparameters.
   Result<void> set_optimizer(const OptimizerConfig& cfg);
   Result<void> set_lr_scheduler(const SchedulerConfig& cfg);
   const TrainConfig& config() const;

@@ -89,18 +89,37 @@ const char* category_of(const caf::error& e) {
   }
 }
 
+/// The headers a request is answered by, copied before its body is read
+/// (KJ's headers are valid only until then).
+struct RequestHeaders {
+  std::string api_key, accept, content_encoding, content_type;
+};
+
 struct Reply {
   unsigned status = 200;
   std::string content_type = "application/json";
   std::string body;
+  bool no_retry = false;  ///< x-should-retry: false (a conflict that a resend cannot fix)
 };
 
-Reply json_reply(const json& j, unsigned status = 200) { return {status, "application/json", j.dump()}; }
+// Messages quote what a client sent, cut to a length: a cut may split a
+// UTF-8 character, which is replaced rather than thrown on.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Reply json_reply(const json& j, unsigned status = 200) { return {status, "application/json", dump(j), false}; }
 
 Reply error_reply(const caf::error& e) {
   auto message = describe(e);
-  return json_reply(json{{"detail", message}, {"error", message}, {"category", category_of(e)}},
-                    static_cast<unsigned>(status_of(e)));
+  auto r = json_reply(json{{"detail", message}, {"error", message}, {"category", category_of(e)}},
+                      static_cast<unsigned>(status_of(e)));
+  r.no_retry = code_of(e) == errc::aborted;  // a seq_id used by another call: 409, not to be resent
+  return r;
+}
+
+// A body over the size limit: 413, which the SDK does not resend.
+Reply too_large(int64_t limit) {
+  auto message = "the body is larger than the " + std::to_string(limit) + " bytes a message may have";
+  return json_reply(json{{"detail", message}, {"error", message}, {"category", "user"}}, 413);
 }
 
 template <class R>
@@ -167,9 +186,13 @@ struct Tenant {
   std::map<std::string, Model> models;
   std::map<std::string, Sampler> samplers;
   std::set<std::string> session_ids;  ///< Tinker's create_session ids (they hold nothing)
-  /// Sampler adapters loaded from tinker:// paths, shared by the sampling
-  /// sessions made from the same path.
+  /// Sampler adapters loaded from tinker:// paths (keyed by path and the
+  /// checkpoint's time), shared by the sampling sessions made from them.
   std::map<std::string, std::string> path_adapters;
+  std::set<std::string> doomed;  ///< sampler adapters to remove, retried at each sweep
+  std::deque<std::string> path_order;  ///< path_adapters' keys, least recently used first
+  /// Loads of a path's weights under way, which sessions of the same path wait for.
+  std::map<std::string, kj::ForkedPromise<Reply>> path_loading;
   int64_t samples_in_flight = 0;
 };
 
@@ -302,23 +325,26 @@ double forward_loss(const actors::LossSpec& s, double lp, double q, double a, do
   }
 }
 
-/// A forward_backward request as glint's batch: rows padded to the longest
-/// datum; every position with a target counts.
+/// A forward_backward request as glint's batches: each part's rows padded
+/// to its longest datum, every position with a target counted. A request
+/// is split into parts of at most `tokens_per_call` padded tokens (the
+/// server's limit per call): the losses are sums, so the parts add up to
+/// the whole request exactly.
 struct PreparedBatch {
-  Batch batch;
-  std::vector<int64_t> lengths;  ///< each datum's N
+  std::vector<Batch> parts;
+  std::vector<std::vector<int64_t>> part_lengths;  ///< each part's datums' N
   LossPlan plan;
   // The inputs as read, for forward's loss:sum.
   std::vector<std::vector<double>> weights, sampler_logprobs, advantages;
 };
 
-Result<PreparedBatch> prepare_batch(const ForwardBackwardRequest& r, const BaseModel& base) {
+Result<PreparedBatch> prepare_batch(const ForwardBackwardRequest& r, const BaseModel& base, int64_t tokens_per_call) {
   auto plan = plan_loss(r.loss_fn, r.loss_fn_config);
   if (!plan) return plan.error();
   if (r.data.empty()) return user("data is empty: forward_backward needs at least one datum");
   PreparedBatch out;
   out.plan = *plan;
-  int64_t T = 0;
+  std::vector<int64_t> lengths;
   for (size_t i = 0; i < r.data.size(); ++i) {
     const auto& d = r.data[i];
     const auto n = static_cast<int64_t>(d.tokens.size());
@@ -326,6 +352,10 @@ Result<PreparedBatch> prepare_batch(const ForwardBackwardRequest& r, const BaseM
     if (n > base.max_context)
       return user("data[" + std::to_string(i) + "] has " + std::to_string(n) +
                   " tokens, more than the model's context of " + std::to_string(base.max_context));
+    if (n > tokens_per_call)
+      return make_error(errc::resource_exhausted, "data[" + std::to_string(i) + "] has " + std::to_string(n) +
+                                                      " tokens, more than the server's limit tokens_per_call, " +
+                                                      std::to_string(tokens_per_call));
     for (auto t : d.tokens)
       if (t < 0 || t >= base.vocab_size)
         return user("data[" + std::to_string(i) + "].model_input holds token " + std::to_string(t) +
@@ -359,53 +389,73 @@ Result<PreparedBatch> prepare_batch(const ForwardBackwardRequest& r, const BaseM
                       ", outside the vocabulary [0, " + std::to_string(base.vocab_size) + ")");
       }
     }
-    out.lengths.push_back(n);
-    T = std::max(T, n);
+    lengths.push_back(n);
   }
-  const auto B = static_cast<int64_t>(r.data.size());
-  std::vector<int64_t> ids(static_cast<size_t>(B * T), 0), mask(static_cast<size_t>(B * T), 0),
-      targets(static_cast<size_t>(B * T), -100);
-  std::vector<float> weights(static_cast<size_t>(B * T), 0), old(static_cast<size_t>(B * T), 0),
-      adv(static_cast<size_t>(B * T), 0);
   const bool ce = plan->spec.kind == actors::LossKind::cross_entropy;
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& d = r.data[static_cast<size_t>(b)];
-    const auto n = out.lengths[static_cast<size_t>(b)];
-    const auto& tt = d.inputs.at("target_tokens").values;
-    std::vector<double> w, q, a;
-    if (ce) w = d.inputs.at("weights").values;
-    else {
-      q = d.inputs.at("logprobs").values;
-      a = d.inputs.at("advantages").values;
-    }
-    for (int64_t t = 0; t < n; ++t) {
-      const auto at = static_cast<size_t>(b * T + t);
-      ids[at] = d.tokens[static_cast<size_t>(t)];
-      mask[at] = 1;
-      targets[at] = static_cast<int64_t>(tt[static_cast<size_t>(t)]);
-      if (ce) weights[at] = static_cast<float>(w[static_cast<size_t>(t)]);
-      else {
-        old[at] = static_cast<float>(q[static_cast<size_t>(t)]);
-        adv[at] = static_cast<float>(a[static_cast<size_t>(t)]);
+  for (const auto& d : r.data) {
+    out.weights.push_back(ce ? d.inputs.at("weights").values : std::vector<double>{});
+    out.sampler_logprobs.push_back(ce ? std::vector<double>{} : d.inputs.at("logprobs").values);
+    out.advantages.push_back(ce ? std::vector<double>{} : d.inputs.at("advantages").values);
+  }
+  // The rows [begin, end) as one batch.
+  auto build = [&](size_t begin, size_t end) -> Result<Batch> {
+    const auto B = static_cast<int64_t>(end - begin);
+    int64_t T = 0;
+    for (size_t i = begin; i < end; ++i) T = std::max(T, lengths[i]);
+    std::vector<int64_t> ids(static_cast<size_t>(B * T), 0), mask(static_cast<size_t>(B * T), 0),
+        targets(static_cast<size_t>(B * T), -100);
+    std::vector<float> weights(static_cast<size_t>(B * T), 0), old(static_cast<size_t>(B * T), 0),
+        adv(static_cast<size_t>(B * T), 0);
+    for (size_t i = begin; i < end; ++i) {
+      const auto& d = r.data[i];
+      const auto b = static_cast<int64_t>(i - begin);
+      const auto& tt = d.inputs.at("target_tokens").values;
+      for (int64_t t = 0; t < lengths[i]; ++t) {
+        const auto at = static_cast<size_t>(b * T + t);
+        const auto k = static_cast<size_t>(t);
+        ids[at] = d.tokens[k];
+        mask[at] = 1;
+        targets[at] = static_cast<int64_t>(tt[k]);
+        if (ce) weights[at] = static_cast<float>(out.weights[i][k]);
+        else {
+          old[at] = static_cast<float>(out.sampler_logprobs[i][k]);
+          adv[at] = static_cast<float>(out.advantages[i][k]);
+        }
       }
     }
-    out.weights.push_back(std::move(w));
-    out.sampler_logprobs.push_back(std::move(q));
-    out.advantages.push_back(std::move(a));
-  }
-  auto put = [&](const char* name, auto&& values) -> Result<void> {
-    auto t = Tensor::from_values(values, {B, T});
-    if (!t) return t.error();
-    out.batch.tensors[name] = std::move(*t);
-    return {};
+    Batch batch;
+    auto put = [&](const char* name, auto&& values) -> Result<void> {
+      auto t = Tensor::from_values(values, {B, T});
+      if (!t) return t.error();
+      batch.tensors[name] = std::move(*t);
+      return {};
+    };
+    for (auto ok : {put("input_ids", ids), put("attention_mask", mask), put("target_ids", targets)})
+      if (!ok) return ok.error();
+    if (ce) {
+      if (auto ok = put("loss_weights", weights); !ok) return ok.error();
+    } else {
+      if (auto ok = put("old_logps", old); !ok) return ok.error();
+      if (auto ok = put("advantages", adv); !ok) return ok.error();
+    }
+    return batch;
   };
-  for (auto ok : {put("input_ids", ids), put("attention_mask", mask), put("target_ids", targets)})
-    if (!ok) return ok.error();
-  if (ce) {
-    if (auto ok = put("loss_weights", weights); !ok) return ok.error();
-  } else {
-    if (auto ok = put("old_logps", old); !ok) return ok.error();
-    if (auto ok = put("advantages", adv); !ok) return ok.error();
+  // Parts of at most tokens_per_call padded tokens, datums in order.
+  size_t begin = 0;
+  while (begin < lengths.size()) {
+    size_t end = begin;
+    int64_t longest = 0;
+    while (end < lengths.size() &&
+           std::max(longest, lengths[end]) * static_cast<int64_t>(end - begin + 1) <= tokens_per_call) {
+      longest = std::max(longest, lengths[end]);
+      ++end;
+    }
+    auto part = build(begin, end);
+    if (!part) return part.error();
+    out.parts.push_back(std::move(*part));
+    out.part_lengths.emplace_back(lengths.begin() + static_cast<std::ptrdiff_t>(begin),
+                                  lengths.begin() + static_cast<std::ptrdiff_t>(end));
+    begin = end;
   }
   return out;
 }
@@ -428,12 +478,7 @@ Result<std::vector<DatumOutput>> outputs_of(const Tensor& logps, const std::vect
   return out;
 }
 
-bool accepts_proto(const kj::HttpHeaders& h, kj::HttpHeaderId accept) {
-  KJ_IF_MAYBE(v, h.get(accept)) {
-    return std::string_view{v->cStr()}.find("application/x-protobuf") != std::string_view::npos;
-  }
-  return false;
-}
+bool accepts_proto(const RequestHeaders& h) { return h.accept.find("application/x-protobuf") != std::string::npos; }
 
 }  // namespace
 
@@ -492,9 +537,8 @@ struct Gateway::Impl {
     Tenant* tenant;
     wire::Session::Client session;
   };
-  Result<Caller> caller(const kj::HttpHeaders& h) {
-    std::string key;
-    KJ_IF_MAYBE(v, h.get(api_key)) { key = v->cStr(); }
+  Result<Caller> caller(const RequestHeaders& h) {
+    const auto& key = h.api_key;
     if (key.empty())
       return make_error(errc::permission_denied, "no X-API-Key header: send a key made by `glint serve keys create`");
     auto who = host.authenticate(key);
@@ -556,6 +600,37 @@ struct Gateway::Impl {
     return id;
   }
 
+  /// Forgets model `id`: the calls still waiting for their turn fail with
+  /// `why`.
+  void drop_model(Tenant& t, const std::string& id, const caf::error& why) {
+    auto it = t.models.find(id);
+    if (it == t.models.end()) return;
+    for (auto& [seq, w] : it->second.waiting) finish(w.request_id, failed(why));
+    t.models.erase(it);
+  }
+
+  /// Removes a sampler adapter of the tenant's; one the sampler cannot
+  /// remove now (samples of it still running) is retried at the sweeps, so
+  /// no slot of the tenant's sampler adapters is lost.
+  void forget_sampler_adapter(Tenant& t, const std::string& adapter, wire::Session::Client session) {
+    auto rm = session.samplerRemoveAdapterRequest();
+    rm.setName(adapter);
+    auto* tenant = &t;
+    tasks.add(rm.send().then([tenant, adapter](capnp::Response<wire::Session::SamplerRemoveAdapterResults>&& res) {
+      if (auto e = status_error(res); e && code_of(e) != errc::not_found) tenant->doomed.insert(adapter);
+      else tenant->doomed.erase(adapter);
+    }));
+  }
+
+  /// A model call refused for its content: its seq_id's turn is a failed
+  /// future (the SDK reads it as the call's error), and the calls after it
+  /// run.
+  kj::Promise<Reply> refuse_at(Tenant& t, Model& m, int64_t seq, size_t digest, caf::error err) {
+    auto id = submit(t, m, seq, digest, [err]() -> kj::Promise<Outcome> { return failed(err); });
+    if (!id) return error_reply(id.error());
+    return json_reply(json{{"request_id", *id}, {"model_id", m.id}});
+  }
+
   void pump(Model& m) {
     for (auto it = m.waiting.find(m.next_seq); it != m.waiting.end(); it = m.waiting.find(m.next_seq)) {
       auto call = std::move(it->second);
@@ -574,6 +649,11 @@ struct Gateway::Impl {
 
   void sweep() {
     const auto now = Clock::now();
+    for (auto& [_, t] : tenants)
+      if (!t.doomed.empty() && !t.sessions.empty()) {
+        auto doomed = t.doomed;
+        for (const auto& a : doomed) forget_sampler_adapter(t, a, t.sessions.begin()->second);
+      }
     for (auto& [_, t] : tenants)
       for (auto& [_, m] : t.models) {
         if (m.waiting.empty() || now - m.waiting.begin()->second.since < o.seq_gap) continue;
@@ -596,7 +676,7 @@ struct Gateway::Impl {
 
   // -- endpoints ---------------------------------------------------------------
 
-  kj::Promise<Reply> route(kj::HttpMethod method, std::string path, const kj::HttpHeaders& h, std::string body);
+  kj::Promise<Reply> route(kj::HttpMethod method, std::string path, const RequestHeaders& h, std::string body);
 
   kj::Promise<Reply> create_model(Caller c, const json& j);
   kj::Promise<Reply> forward_backward(Caller c, ForwardBackwardRequest r, size_t digest);
@@ -691,7 +771,7 @@ kj::Promise<Reply> Gateway::Impl::create_model(Caller c, const json& j) {
   t->models.emplace(m.id, std::move(m));
   settle(id, req.send().then([this, t, model_id](capnp::Response<wire::Session::AddAdapterResults>&& r) {
     if (auto e = status_error(r)) {
-      t->models.erase(model_id);
+      drop_model(*t, model_id, e);
       return failed(std::move(e));
     }
     return plain(json{{"model_id", model_id}, {"type", "create_model"}});
@@ -699,66 +779,104 @@ kj::Promise<Reply> Gateway::Impl::create_model(Caller c, const json& j) {
   return json_reply(json{{"request_id", id}, {"model_id", model_id}});
 }
 
+namespace {
+
+// A forward or forward_backward in progress: its parts run one after
+// another, their log-probs and loss adding up.
+struct PassState {
+  std::shared_ptr<PreparedBatch> p;
+  std::shared_ptr<wire::Session::Client> session;
+  std::string adapter;
+  bool forward = false;
+  Outcome out;
+};
+
+kj::Promise<Outcome> run_parts(std::shared_ptr<PassState> st, size_t k) {
+  const auto& p = *st->p;
+  if (k == p.parts.size()) {
+    st->out.kind = Outcome::Kind::forward_backward;
+    return kj::mv(st->out);
+  }
+  const auto& lengths = p.part_lengths[k];
+  auto fail_at = [st, k](caf::error e) -> Outcome {
+    if (k == 0 || st->forward) return failed(std::move(e));
+    return failed(with_context(e, "forward_backward failed at part " + std::to_string(k + 1) + " of " +
+                                      std::to_string(st->p->parts.size()) +
+                                      " (split by the server's tokens_per_call); the gradients of the parts before "
+                                      "it are accumulated"));
+  };
+  // The parts' datums come one after another: the first datum of part k.
+  size_t first = 0;
+  for (size_t i = 0; i < k; ++i) first += p.part_lengths[i].size();
+  if (st->forward) {
+    auto req = st->session->forwardOnlyRequest();
+    req.setAdapter(st->adapter);
+    write_batch(req.initBatch(), p.parts[k], nullptr);
+    return req.send().then([st, k, first, fail_at](capnp::Response<wire::Session::ForwardOnlyResults>&& res) mutable
+                           -> kj::Promise<Outcome> {
+      if (auto e = status_error(res)) return fail_at(std::move(e));
+      auto lp = read_tensor(res.getLogps(), "forward's log-probs");
+      if (!lp) return fail_at(lp.error());
+      auto outs = outputs_of(*lp, st->p->part_lengths[k]);
+      if (!outs) return fail_at(outs.error());
+      const auto& pb = *st->p;
+      const bool ce = pb.plan.spec.kind == actors::LossKind::cross_entropy;
+      double loss = 0;
+      for (size_t b = 0; b < outs->size(); ++b)
+        for (size_t t = 0; t < (*outs)[b].logprobs.size(); ++t) {
+          const size_t d = first + b;
+          loss += forward_loss(pb.plan.spec, (*outs)[b].logprobs[t], ce ? 0 : pb.sampler_logprobs[d][t],
+                               ce ? 0 : pb.advantages[d][t], ce ? pb.weights[d][t] : 0);
+        }
+      st->out.fb.metrics["loss:sum"] += loss;
+      for (auto& o : *outs) st->out.fb.outputs.push_back(std::move(o));
+      return run_parts(st, k + 1);
+    });
+  }
+  auto req = st->session->forwardBackwardRequest();
+  req.setAdapter(st->adapter);
+  req.setWithLogps(true);
+  write_batch(req.initBatch(), p.parts[k], nullptr);
+  (void)lengths;
+  return req.send().then([st, k, fail_at](capnp::Response<wire::Session::ForwardBackwardResults>&& res) mutable
+                         -> kj::Promise<Outcome> {
+    if (auto e = status_error(res)) return fail_at(std::move(e));
+    auto metrics = read_metrics(res.getMetrics());
+    if (!metrics) return fail_at(metrics.error());
+    auto lp = read_tensor(res.getLogps(), "forward_backward's log-probs");
+    if (!lp) return fail_at(lp.error());
+    auto outs = outputs_of(*lp, st->p->part_lengths[k]);
+    if (!outs) return fail_at(outs.error());
+    st->out.fb.metrics["loss:sum"] += metrics->count("loss") ? metrics->at("loss") : 0.0;
+    for (auto& o : *outs) st->out.fb.outputs.push_back(std::move(o));
+    return run_parts(st, k + 1);
+  });
+}
+
+}  // namespace
+
 kj::Promise<Reply> Gateway::Impl::forward_backward(Caller c, ForwardBackwardRequest r, size_t digest) {
   auto m = model_of(*c.tenant, r.model_id);
   if (!m) return error_reply(m.error());
-  auto prepared = prepare_batch(r, base);
-  if (!prepared) return error_reply(prepared.error());
-  auto p = std::make_shared<PreparedBatch>(std::move(*prepared));
-  auto adapter = (*m)->adapter;
-  auto session = std::make_shared<wire::Session::Client>(c.session);
-  const bool forward = r.forward_only;
-  auto start = [p, adapter, session, forward]() mutable -> kj::Promise<Outcome> {
-    if (forward) {
-      auto req = session->forwardOnlyRequest();
-      req.setAdapter(adapter);
-      write_batch(req.initBatch(), p->batch, nullptr);
-      return req.send().then([p](capnp::Response<wire::Session::ForwardOnlyResults>&& res) {
-        if (auto e = status_error(res)) return failed(std::move(e));
-        auto lp = read_tensor(res.getLogps(), "forward's log-probs");
-        if (!lp) return failed(lp.error());
-        auto outs = outputs_of(*lp, p->lengths);
-        if (!outs) return failed(outs.error());
-        double loss = 0;
-        for (size_t b = 0; b < outs->size(); ++b)
-          for (size_t t = 0; t < (*outs)[b].logprobs.size(); ++t) {
-            const bool ce = p->plan.spec.kind == actors::LossKind::cross_entropy;
-            loss += forward_loss(p->plan.spec, (*outs)[b].logprobs[t], ce ? 0 : p->sampler_logprobs[b][t],
-                                 ce ? 0 : p->advantages[b][t], ce ? p->weights[b][t] : 0);
-          }
-        Outcome o;
-        o.kind = Outcome::Kind::forward_backward;
-        o.fb.outputs = std::move(*outs);
-        o.fb.metrics["loss:sum"] = loss;
-        return o;
-      });
-    }
+  auto prepared = prepare_batch(r, base, o.tokens_per_call);
+  // A call refused for its content still takes its seq_id's turn (as a
+  // failed future), so the model's later calls do not wait for it.
+  if (!prepared) return refuse_at(*c.tenant, **m, r.seq_id, digest, prepared.error());
+  auto st = std::make_shared<PassState>();
+  st->p = std::make_shared<PreparedBatch>(std::move(*prepared));
+  st->session = std::make_shared<wire::Session::Client>(c.session);
+  st->adapter = (*m)->adapter;
+  st->forward = r.forward_only;
+  auto start = [st]() mutable -> kj::Promise<Outcome> {
+    if (st->forward) return run_parts(st, 0);
     // The loss first, then the batch: a refused loss must not leave the
     // batch to train under the previous one, so the batch waits for it.
-    auto loss = session->setLossRequest();
-    loss.setAdapter(adapter);
-    write_loss(loss.initLoss(), p->plan.spec);
-    return loss.send().then([p, adapter, session](capnp::Response<wire::Session::SetLossResults>&& res) mutable
-                            -> kj::Promise<Outcome> {
+    auto loss = st->session->setLossRequest();
+    loss.setAdapter(st->adapter);
+    write_loss(loss.initLoss(), st->p->plan.spec);
+    return loss.send().then([st](capnp::Response<wire::Session::SetLossResults>&& res) mutable -> kj::Promise<Outcome> {
       if (auto e = status_error(res)) return failed(std::move(e));
-      auto req = session->forwardBackwardRequest();
-      req.setAdapter(adapter);
-      req.setWithLogps(true);
-      write_batch(req.initBatch(), p->batch, nullptr);
-      return req.send().then([p](capnp::Response<wire::Session::ForwardBackwardResults>&& res) {
-        if (auto e = status_error(res)) return failed(std::move(e));
-        auto metrics = read_metrics(res.getMetrics());
-        if (!metrics) return failed(metrics.error());
-        auto lp = read_tensor(res.getLogps(), "forward_backward's log-probs");
-        if (!lp) return failed(lp.error());
-        auto outs = outputs_of(*lp, p->lengths);
-        if (!outs) return failed(outs.error());
-        Outcome o;
-        o.kind = Outcome::Kind::forward_backward;
-        o.fb.outputs = std::move(*outs);
-        o.fb.metrics["loss:sum"] = metrics->count("loss") ? metrics->at("loss") : 0.0;
-        return o;
-      });
+      return run_parts(st, 0);
     });
   };
   auto id = submit(*c.tenant, **m, r.seq_id, digest, std::move(start));
@@ -773,10 +891,10 @@ kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t dig
   auto* model_id = &call->id;
   auto* seq = &call->seq;
   const auto& a = field_or_null(j, "adam_params");
-  if (!a.is_null() && !a.is_object()) return error_reply(user("adam_params must be an object"));
+  if (!a.is_null() && !a.is_object()) return refuse_at(*c.tenant, **m, *seq, digest, user("adam_params must be an object"));
   static const std::set<std::string> known = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"};
   for (auto it = a.begin(); a.is_object() && it != a.end(); ++it)
-    if (!known.count(it.key())) return error_reply(user("adam_params." + it.key().substr(0, 40) + " is not an AdamParams field"));
+    if (!known.count(it.key())) return refuse_at(*c.tenant, **m, *seq, digest, user("adam_params." + it.key().substr(0, 40) + " is not an AdamParams field"));
   auto num = [&](const char* key, double fallback) -> Result<double> {
     const auto& v = field_or_null(a, key);
     if (v.is_null()) return fallback;  // SDK 0.16 sends only what the caller set
@@ -785,14 +903,15 @@ kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t dig
   };
   actors::OptimizerConfig opt;
   opt.kind = actors::OptimizerConfig::Kind::adamw;
+  opt.keep_state = true;  // new hyperparameters each step, the same moments (Tinker's optim_step)
   for (auto [key, fallback, dst] : {std::tuple{"learning_rate", 1e-4, &opt.lr}, {"beta1", 0.9, &opt.beta1},
                                     {"beta2", 0.95, &opt.beta2}, {"eps", 1e-12, &opt.eps},
                                     {"weight_decay", 0.0, &opt.weight_decay}, {"grad_clip_norm", 0.0, &opt.max_grad_norm}}) {
     auto v = num(key, fallback);
-    if (!v) return error_reply(v.error());
+    if (!v) return refuse_at(*c.tenant, **m, *seq, digest, v.error());
     *dst = *v;
   }
-  if (auto ok = opt.validate(); !ok) return error_reply(with_context(ok.error(), "adam_params"));
+  if (auto ok = opt.validate(); !ok) return refuse_at(*c.tenant, **m, *seq, digest, with_context(ok.error(), "adam_params"));
   auto adapter = (*m)->adapter;
   auto session = std::make_shared<wire::Session::Client>(c.session);
   auto start = [adapter, session, opt]() mutable -> kj::Promise<Outcome> {
@@ -828,7 +947,7 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
   const auto& path = field_or_null(j, "path");
   int64_t ttl = 0;
   if (const auto& v = field_or_null(j, "ttl_seconds"); !v.is_null()) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) return error_reply(user("ttl_seconds must be an integer >= 0"));
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return refuse_at(*c.tenant, **m, *seq, digest, user("ttl_seconds must be an integer >= 0"));
     ttl = v.get<int64_t>();
   }
   const bool overwrite = field_or_null(j, "overwrite").is_boolean() && field_or_null(j, "overwrite").get<bool>();
@@ -845,7 +964,10 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
     start = [this, t, model_id = *model_id, adapter, session, sampler_adapter, lora]() mutable -> kj::Promise<Outcome> {
       // Older ephemeral weights of this model go first (a tenant's sampler
       // adapters are limited): their sampling sessions end.
-      auto& m = t->models.at(model_id);
+      auto found = t->models.find(model_id);
+      if (found == t->models.end())
+        return failed(make_error(errc::not_found, "model " + model_id + " was unloaded before this call ran"));
+      auto& m = found->second;
       kj::Promise<void> freed = kj::READY_NOW;
       while (static_cast<int64_t>(m.ephemeral.size()) >= o.ephemeral_per_model) {
         auto old = m.ephemeral.front();
@@ -854,8 +976,12 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
         if (it == t->samplers.end()) continue;
         auto rm = session->samplerRemoveAdapterRequest();
         rm.setName(it->second.adapter);
+        freed = freed.then([t, rm = kj::mv(rm), name = it->second.adapter]() mutable {
+          return rm.send().then([t, name](capnp::Response<wire::Session::SamplerRemoveAdapterResults>&& res) {
+            if (status_error(res)) t->doomed.insert(name);  // retried at the sweeps
+          });
+        });
         t->samplers.erase(it);
-        freed = freed.then([rm = kj::mv(rm)]() mutable { return rm.send().ignoreResult(); });
       }
       return freed.then([this, t, model_id, adapter, session, sampler_adapter, lora]() mutable {
         auto add = session->samplerAddAdapterRequest();
@@ -871,9 +997,7 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
           return sync.send().then([this, t, model_id, session, sampler_adapter](
                                       capnp::Response<wire::Session::SyncWeightsResults>&& res) mutable {
             if (auto e = status_error(res)) {
-              auto rm = session->samplerRemoveAdapterRequest();
-              rm.setName(sampler_adapter);
-              tasks.add(rm.send().ignoreResult());
+              forget_sampler_adapter(*t, sampler_adapter, *session);
               return failed(std::move(e));
             }
             auto sid = "s-" + random_id(8);
@@ -885,10 +1009,10 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
       });
     };
   } else {
-    if (!path.is_string()) return error_reply(user("path must be a checkpoint name"));
+    if (!path.is_string()) return refuse_at(*c.tenant, **m, *seq, digest, user("path must be a checkpoint name"));
     TinkerPath target{*model_id, for_sampler ? "sampler_weights" : "weights", path.get<std::string>()};
     if (!plain_name(target.name) || target.store_name().size() > 64)
-      return error_reply(user("path '" + target.name.substr(0, 80) + "' must be 1 to " +
+      return refuse_at(*c.tenant, **m, *seq, digest, user("path '" + target.name.substr(0, 80) + "' must be 1 to " +
                               std::to_string(64 - (target.store_name().size() - target.name.size())) +
                               " bytes of letters, digits, '.', '_' and '-'"));
     start = [this, t, adapter, session, target, ttl, overwrite, for_sampler]() mutable -> kj::Promise<Outcome> {
@@ -897,8 +1021,6 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
       if (exists) {
         if (!overwrite)
           return failed(user(target.text() + " exists already: pick another name, or save with overwrite=True"));
-        // New sampling sessions of this path read the new weights.
-        t->path_adapters.erase(target.text());
         auto del = session->deleteCheckpointRequest();
         del.setName(target.store_name());
         cleared = del.send().ignoreResult();
@@ -931,9 +1053,9 @@ kj::Promise<Reply> Gateway::Impl::load_weights(Caller c, const json& j, size_t d
   auto* model_id = &call->id;
   auto* seq = &call->seq;
   auto text = string_field(j, "path");
-  if (!text) return error_reply(text.error());
+  if (!text) return refuse_at(*c.tenant, **m, *seq, digest, text.error());
   auto path = parse_path(*text, "path");
-  if (!path) return error_reply(path.error());
+  if (!path) return refuse_at(*c.tenant, **m, *seq, digest, path.error());
   const bool optimizer = field_or_null(j, "optimizer").is_boolean() && field_or_null(j, "optimizer").get<bool>();
   auto adapter = (*m)->adapter;
   auto session = std::make_shared<wire::Session::Client>(c.session);
@@ -972,7 +1094,13 @@ kj::Promise<Reply> Gateway::Impl::unload_model(Caller c, const json& j) {
     rm.setName(adapter);
     return rm.send();
   });
-  t->models.erase(*model_id);
+  // Its ephemeral sampler weights go with it.
+  for (const auto& sid : (*m)->ephemeral)
+    if (auto s = t->samplers.find(sid); s != t->samplers.end()) {
+      forget_sampler_adapter(*t, s->second.adapter, *session);
+      t->samplers.erase(s);
+    }
+  drop_model(*t, *model_id, make_error(errc::aborted, "model " + *model_id + " was unloaded before this call ran"));
   settle(id, done.then([model_id = *model_id](capnp::Response<wire::Session::RemoveAdapterResults>&& res) {
     if (auto e = status_error(res)) return failed(std::move(e));
     return plain(json{{"model_id", model_id}, {"type", "unload_model"}});
@@ -995,23 +1123,54 @@ kj::Promise<Reply> Gateway::Impl::create_sampling_session(Caller c, const json& 
   if (!path.is_string()) return error_reply(user("model_path must be a tinker:// path"));
   auto p = parse_path(path.get<std::string>(), "model_path");
   if (!p) return error_reply(p.error());
-  if (!host.store().find(c.tenant->name, p->store_name()))
-    return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
-  if (auto it = c.tenant->path_adapters.find(p->text()); it != c.tenant->path_adapters.end()) {
-    c.tenant->samplers[sid] = Sampler{sid, it->second, p->text(), {}};
+  auto found = host.store().find(c.tenant->name, p->store_name());
+  if (!found) return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
+  // The sampler adapter of this checkpoint as saved then (a checkpoint
+  // saved again under its name is another key, so never stale weights).
+  const auto key = p->text() + "@" + std::to_string(found->created_ms);
+  auto* t = c.tenant;
+  auto session_of = [t, sid, key, text = p->text()]() -> Reply {
+    auto it = t->path_adapters.find(key);
+    if (it == t->path_adapters.end())
+      return error_reply(make_error(errc::unavailable, "loading " + text + " into the sampler failed; retry"));
+    t->samplers[sid] = Sampler{sid, it->second, text, {}};
+    // Most recently used last.
+    t->path_order.erase(std::remove(t->path_order.begin(), t->path_order.end(), key), t->path_order.end());
+    t->path_order.push_back(key);
     return json_reply(json{{"sampling_session_id", sid}, {"type", "create_sampling_session"}});
-  }
+  };
+  if (t->path_adapters.count(key)) return session_of();
+  if (auto it = t->path_loading.find(key); it != t->path_loading.end())  // another session's load of it
+    return it->second.addBranch().then([session_of](Reply r) { return r.status != 200 ? r : session_of(); });
   auto adapter = "tks-" + random_id(8);
   auto req = c.session.samplerLoadCheckpointRequest();
   req.setName(p->store_name());
   req.setAdapter(adapter);
-  auto* t = c.tenant;
-  return req.send().then([t, sid, adapter, text = p->text()](capnp::Response<wire::Session::SamplerLoadCheckpointResults>&& res) {
-    if (auto e = status_error(res)) return error_reply(e);
-    t->samplers[sid] = Sampler{sid, adapter, text, {}};
-    t->path_adapters[text] = adapter;
-    return json_reply(json{{"sampling_session_id", sid}, {"type", "create_sampling_session"}});
-  });
+  auto session = c.session;
+  auto loaded = req.send()
+                    .then([this, t, key, adapter, session](
+                              capnp::Response<wire::Session::SamplerLoadCheckpointResults>&& res) mutable -> Reply {
+                      t->path_loading.erase(key);
+                      if (auto e = status_error(res)) return error_reply(e);
+                      // The least recently used path's weights make room.
+                      while (!t->path_order.empty() &&
+                             static_cast<int64_t>(t->path_order.size()) >= o.path_adapters) {
+                        auto old = t->path_order.front();
+                        t->path_order.pop_front();
+                        auto a = t->path_adapters.find(old);
+                        if (a == t->path_adapters.end()) continue;
+                        for (auto s = t->samplers.begin(); s != t->samplers.end();)
+                          s = s->second.adapter == a->second ? t->samplers.erase(s) : std::next(s);
+                        forget_sampler_adapter(*t, a->second, session);
+                        t->path_adapters.erase(a);
+                      }
+                      t->path_adapters[key] = adapter;
+                      return Reply{};
+                    })
+                    .fork();
+  auto mine = loaded.addBranch();
+  t->path_loading.emplace(key, kj::mv(loaded));
+  return mine.then([session_of](Reply r) { return r.status != 200 ? r : session_of(); });
 }
 
 kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest) {
@@ -1046,7 +1205,10 @@ kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest
   if (room < 1)
     return error_reply(user("the prompt has " + std::to_string(prompt->size()) + " tokens, the model's context " +
                             std::to_string(base.max_context) + ": nothing is left to generate"));
-  params.max_tokens = room;  // none given (SDK 0.16 may leave it out): up to the context
+  // None given (SDK 0.16 may leave it out): up to the context, within the
+  // server's tokens_per_call for the call's samples.
+  params.max_tokens = std::max<int64_t>(
+      1, std::min(room, (o.tokens_per_call - static_cast<int64_t>(prompt->size())) / std::max<int64_t>(params.num_samples, 1)));
   auto number = [&](const char* key) -> const json& { return field_or_null(sp, key); };
   if (const auto& v = number("max_tokens"); !v.is_null()) {
     if (!v.is_number_integer()) return error_reply(user("sampling_params.max_tokens must be an integer"));
@@ -1274,7 +1436,7 @@ kj::Promise<Reply> Gateway::Impl::training_runs(Caller c, const std::string& pat
   return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120)));
 }
 
-kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path, const kj::HttpHeaders& h,
+kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path, const RequestHeaders& h,
                                         std::string body) {
   std::string query;
   if (auto q = path.find('?'); q != std::string::npos) {
@@ -1309,7 +1471,6 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
     if (!p) return error_reply(p.error());
     if (!host.store().find(c->tenant->name, p->store_name()))
       return error_reply(make_error(errc::not_found, "no checkpoint " + p->text()));
-    c->tenant->path_adapters.erase(p->text());
     auto del = c->session.deleteCheckpointRequest();
     del.setName(p->store_name());
     return del.send().then([](capnp::Response<wire::Session::DeleteCheckpointResults>&& res) {
@@ -1319,15 +1480,15 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   }
   if (!post) return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120)));
 
-  std::string encoding;
-  KJ_IF_MAYBE(v, h.get(content_encoding)) { encoding = v->cStr(); }
-  std::string content_type;
-  KJ_IF_MAYBE(v, h.get(kj::HttpHeaderId::CONTENT_TYPE)) { content_type = v->cStr(); }
+  const auto& encoding = h.content_encoding;
+  const auto& content_type = h.content_type;
   if (!encoding.empty() && encoding != "identity") {
     if (encoding != "zstd")
       return error_reply(user("Content-Encoding '" + encoding.substr(0, 40) + "' is not supported (zstd is)"));
     auto plain_body = zstd_decompress(body, static_cast<size_t>(o.max_body_bytes));
-    if (!plain_body) return error_reply(plain_body.error());
+    if (!plain_body)
+      return code_of(plain_body.error()) == errc::resource_exhausted ? too_large(o.max_body_bytes)
+                                                                     : error_reply(plain_body.error());
     body = std::move(*plain_body);
   }
   const bool proto_body = content_type.find("application/x-protobuf") != std::string::npos;
@@ -1388,7 +1549,7 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   if (path == "/api/v1/weights_info") return weights_info(*c, j);
   if (path == "/api/v1/create_sampling_session") return create_sampling_session(*c, j);
   if (path == "/api/v1/asample") return asample(*c, j, digest);
-  if (path == "/api/v1/retrieve_future") return retrieve_future(*c, j, accepts_proto(h, accept));
+  if (path == "/api/v1/retrieve_future") return retrieve_future(*c, j, accepts_proto(h));
   return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120) +
                                                      " (docs/tinker.md lists what this server offers)"));
 }
@@ -1402,31 +1563,90 @@ const kj::HttpHeaderTable& Gateway::headers() const { return *impl_->table; }
 
 void Gateway::sweep() { impl_->sweep(); }
 
+void Gateway::forget_adapters(const std::string& tenant) {
+  auto it = impl_->tenants.find(tenant);
+  if (it == impl_->tenants.end()) return;
+  auto& t = it->second;
+  const auto why = make_error(errc::not_found, "the server freed this tenant's adapters after a silence longer than "
+                                               "its idle limit (checkpoints stay): create a model and load a "
+                                               "checkpoint into it");
+  std::vector<std::string> ids;
+  for (const auto& [id, _] : t.models) ids.push_back(id);
+  for (const auto& id : ids) impl_->drop_model(t, id, why);
+  t.samplers.clear();
+  t.path_adapters.clear();
+  t.path_order.clear();
+  t.doomed.clear();
+}
+
+namespace {
+kj::Promise<void> send_reply(const kj::HttpHeaderTable& table, kj::HttpService::Response& response, Reply r);
+
+// A request's body: kept up to the limit, read to its end beyond it (and
+// dropped), so that a client still sending gets its 413 instead of a reset.
+struct Body {
+  std::string text;
+  bool over = false;
+  kj::byte buffer[65536];
+};
+
+kj::Promise<void> read_body(kj::AsyncInputStream& in, std::shared_ptr<Body> b, size_t limit) {
+  return in.tryRead(b->buffer, 1, sizeof b->buffer).then([&in, b, limit](size_t n) -> kj::Promise<void> {
+    if (n == 0) return kj::READY_NOW;
+    if (!b->over) {
+      if (b->text.size() + n > limit) {
+        b->over = true;
+        b->text.clear();
+        b->text.shrink_to_fit();
+      } else {
+        b->text.append(reinterpret_cast<const char*>(b->buffer), n);
+      }
+    }
+    return read_body(in, b, limit);
+  });
+}
+}
+
 kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
                                    kj::AsyncInputStream& body, Response& response) {
   std::string path{url.cStr()};
   auto* impl = impl_.get();
-  return body.readAllBytes(static_cast<uint64_t>(impl->o.max_body_bytes) + 1)
-      .then([impl, method, path, &headers](kj::Array<kj::byte> bytes) -> kj::Promise<Reply> {
-        if (bytes.size() > static_cast<size_t>(impl->o.max_body_bytes))
-          return error_reply(make_error(errc::resource_exhausted, "the body is larger than the " +
-                                                                      std::to_string(impl->o.max_body_bytes) +
-                                                                      " bytes a message may have"));
-        std::string text(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+  RequestHeaders h;
+  auto copy = [&](kj::HttpHeaderId id, std::string& out) {
+    KJ_IF_MAYBE(v, headers.get(id)) { out = v->cStr(); }
+  };
+  copy(impl->api_key, h.api_key);
+  copy(impl->accept, h.accept);
+  copy(impl->content_encoding, h.content_encoding);
+  copy(kj::HttpHeaderId::CONTENT_TYPE, h.content_type);
+  const int64_t limit = impl->o.max_body_bytes;
+  auto state = std::make_shared<Body>();
+  return read_body(body, state, static_cast<size_t>(limit))
+      .then([impl, method, path, h = std::move(h), limit, state]() -> kj::Promise<Reply> {
+        if (state->over) return too_large(limit);
         try {
-          return impl->route(method, path, headers, std::move(text));
+          return impl->route(method, path, h, std::move(state->text));
         } catch (const std::exception& e) {
           return error_reply(make_error(errc::internal, std::string{"the gateway failed: "} + e.what()));
         }
       })
-      .then([impl, &response](Reply r) {
-        kj::HttpHeaders out(*impl->table);
+      .then([impl, &response](Reply r) { return send_reply(*impl->table, response, std::move(r)); });
+}
+
+namespace {
+
+kj::Promise<void> send_reply(const kj::HttpHeaderTable& table, kj::HttpService::Response& response, Reply r) {
+  {
+        kj::HttpHeaders out(table);
         out.set(kj::HttpHeaderId::CONTENT_TYPE, kj::heapString(r.content_type.data(), r.content_type.size()));
+        if (r.no_retry) out.add("x-should-retry", "false");
         auto stream = response.send(r.status, r.status == 200 ? "OK" : "Error", out, r.body.size());
         auto text = kj::heapString(r.body.data(), r.body.size());
         auto write = stream->write(text.begin(), text.size());
         return write.attach(kj::mv(stream), kj::mv(text));
-      });
+  }
 }
+
+}  // namespace
 
 }  // namespace glint::rpc::tinker

@@ -64,6 +64,12 @@ struct GatewayOptions {
   /// Ephemeral sampler weights (save_weights_and_get_sampling_client) kept
   /// per model: an older sampling session's weights are dropped.
   int64_t ephemeral_per_model = 2;
+  /// Weights of tinker:// paths kept in the sampler per tenant; the least
+  /// recently used path's sampling sessions end when another is loaded.
+  int64_t path_adapters = 3;
+  /// The server's tokens_per_call: a forward_backward with more (padded)
+  /// tokens runs in parts, which add up (Tinker's losses are sums).
+  int64_t tokens_per_call = 262144;
   double lora_alpha = 32;  ///< Tinker's LoRA scale is alpha / rank
 };
 
@@ -81,9 +87,13 @@ public:
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
                             kj::AsyncInputStream& body, Response& response) override;
 
-  /// Fails calls stuck behind a missing seq_id and forgets expired futures.
-  /// Call it now and then (the server's sweep does).
+  /// Fails calls stuck behind a missing seq_id, forgets expired futures,
+  /// retries sampler adapters it could not remove. Call it now and then
+  /// (the server's sweep does).
   void sweep();
+  /// The server freed `tenant`'s adapters (idle): its models and sampling
+  /// sessions are gone; calls still waiting fail saying so.
+  void forget_adapters(const std::string& tenant);
 
   struct Impl;
 

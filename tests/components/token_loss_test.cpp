@@ -322,11 +322,11 @@ TEST(TinkerTraining, APolicyLossThroughTheTrainerEqualsItsFormula) {
   }
 }
 
-// set_optimizer with the same kind keeps the moments and the step count:
-// re-sending the same AdamW settings every step (as Tinker's optim_step
-// does) trains as setting them once.
-TEST(TinkerTraining, SetOptimizerOfTheSameKindKeepsTheMoments) {
-  const OptimizerConfig adam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+// set_optimizer with keep_state and the same kind keeps the moments and the
+// step count: re-sending the same AdamW settings every step (as Tinker's
+// optim_step does) trains as setting them once. Without it, a fresh one.
+TEST(TinkerTraining, SetOptimizerWithKeepStateKeepsTheMoments) {
+  const OptimizerConfig adam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .keep_state = true};
   auto once = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = adam});
   auto each = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = adam});
   auto batch = weighted_batch();
@@ -339,8 +339,12 @@ TEST(TinkerTraining, SetOptimizerOfTheSameKindKeepsTheMoments) {
   }
   EXPECT_EQ(each.step(), 3);
   expect_same_params(once, each, 0, 0);
-  ASSERT_TRUE(each.set_optimizer({.kind = OptimizerConfig::Kind::sgd}));
+  ASSERT_TRUE(each.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .keep_state = true}));
   EXPECT_EQ(each.step(), 0) << "another kind starts afresh";
+  auto fresh = adam;
+  fresh.keep_state = false;
+  ASSERT_TRUE(once.set_optimizer(fresh));
+  EXPECT_EQ(once.step(), 0) << "without keep_state, a fresh optimizer (Twinkle's set_optimizer)";
 }
 
 }  // namespace

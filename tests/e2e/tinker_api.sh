@@ -13,7 +13,7 @@ printf '{"text": "the quick brown fox jumps over the lazy dog %d times"}\n' $(se
 "$glint" init-model local/model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
   --max-positions 256 --tokenizer-from rows.jsonl > init.log 2>&1 || { cat init.log; exit 1; }
 protoc --python_out="$root" -I"$src/rpc/tinker" tinker_public.proto
-start_server "$glint" "$root" "$(printf '[tinker]\nport = 0\nbase_model = "test/tiny-qwen3"\nmax_samples_in_flight = 2\npoll_seconds = 1\nseq_gap_seconds = 3\n')"
+start_server "$glint" "$root" "$(printf '[tinker]\nport = 0\nbase_model = "test/tiny-qwen3"\nmax_samples_in_flight = 2\npoll_seconds = 1\nseq_gap_seconds = 3\n[limits]\nmessage_mib = 2\n')"
 tport=$(grep -o 'Tinker-compatible API on http://127.0.0.1:[0-9]*' serve.out | grep -o '[0-9]*$')
 [[ -n $tport ]] || { echo "no Tinker API port in:"; cat serve.out; exit 1; }
 alice=$(new_key "$glint" "$root" alice)

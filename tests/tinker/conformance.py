@@ -297,32 +297,42 @@ def main():
                                                               "lora_config": {"rank": 4, "alpha": 3}}), 400,
                   "lora_config.alpha")
 
-    # -- bad input is a 400 naming the field -------------------------------------------
+    # -- bad input names the field. A model call whose model_id and seq_id are
+    # readable is refused as a failed future at its seq_id's turn (so the calls
+    # after it are not left waiting for it); anything else is a 400. -----------
     model = alice.create_model(base_model, session, rank=4)
-    expect_status(lambda: alice.forward_backward_request(model, 1, sft_data(), "nll"), 400, "loss_fn 'nll'")
-    expect_status(lambda: alice.forward_backward_request(model, 1, rl_data(), "ppo", {"clip": 0.2}), 400,
-                  "loss_fn_config.clip")
-    expect_status(lambda: alice.forward_backward_request(model, 1, sft_data(), "importance_sampling"), 400,
-                  "loss_fn_inputs.weights is not an input of importance_sampling")
+    refusals = [
+        (lambda q: alice.forward_backward_request(model, q, sft_data(), "nll"), "loss_fn 'nll'"),
+        (lambda q: alice.forward_backward_request(model, q, rl_data(), "ppo", {"clip": 0.2}), "loss_fn_config.clip"),
+        (lambda q: alice.forward_backward_request(model, q, sft_data(), "importance_sampling"),
+         "loss_fn_inputs.weights is not an input of importance_sampling"),
+    ]
     bad = sft_data()
     bad[0]["inputs"]["weights"] = bad[0]["inputs"]["weights"][:-1]
-    expect_status(lambda: alice.forward_backward_request(model, 1, bad, "cross_entropy"), 400, "entries but model_input")
-    bad = sft_data()
-    bad[1]["inputs"]["target_tokens"][0] = 10 ** 6
-    expect_status(lambda: alice.forward_backward_request(model, 1, bad, "cross_entropy"), 400, "outside the vocabulary")
-    expect_status(lambda: alice.optim_step(model, 1, lr=-1.0), 400, "adam_params")
-    expect_status(lambda: alice.result({"request_id": "0" * 32}), 404, "no future")
+    refusals.append((lambda q: alice.forward_backward_request(model, q, bad, "cross_entropy"), "entries but model_input"))
+    bad2 = sft_data()
+    bad2[1]["inputs"]["target_tokens"][0] = 10 ** 6
+    refusals.append((lambda q: alice.forward_backward_request(model, q, bad2, "cross_entropy"), "outside the vocabulary"))
+    refusals.append((lambda q: alice.optim_step(model, q, lr=-1.0), "adam_params"))
+    futures = [call(q) for q, (call, _) in enumerate(refusals, start=1)]  # all sent before any is read
+    for f, (_, needle) in zip(futures, refusals):
+        expect_failed(lambda: alice.result(f, "fwdbwd"), needle)
+    seq_bad = len(refusals) + 1
     # optim_step before any forward_backward: a failed future with the reason.
-    expect_failed(lambda: alice.result(alice.optim_step(model, 1)), "without forward_backward")
+    expect_failed(lambda: alice.result(alice.optim_step(model, seq_bad)), "without forward_backward")
+    expect_status(lambda: alice.post("/api/v1/optim_step", {"model_id": model}), 400, "seq_id is required")
+    expect_status(lambda: alice.result({"request_id": "0" * 32}), 404, "no future")
+    # A body over the server's message limit is 413 (the SDK does not resend it).
+    r = alice.post_raw("/api/v1/forward_backward", b"x" * (3 << 20), alice.headers())
+    check(r.status_code == 413, (r.status_code, r.text))
 
     # -- the flows, in both wire formats ----------------------------------------------------
     run_flow(proto=False)
     model_a, sampler_a, path_a = run_flow(proto=True)
 
     # -- 429: sampling over the tenant's capacity ------------------------------------------
-    f = alice.post("/api/v1/save_weights_for_sampler", {"model_id": model, "sampling_session_seq_id": 9, "seq_id": 2,
-                                                        "type": "save_weights_for_sampler"})
-    # (seq 1 of `model` was the failed optim_step above)
+    f = alice.post("/api/v1/save_weights_for_sampler", {"model_id": model, "sampling_session_seq_id": 9,
+                                                        "seq_id": seq_bad + 1, "type": "save_weights_for_sampler"})
     sid = alice.result(f)["sampling_session_id"]
     statuses = []
 

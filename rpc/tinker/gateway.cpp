@@ -797,7 +797,6 @@ kj::Promise<Outcome> run_parts(std::shared_ptr<PassState> st, size_t k) {
     st->out.kind = Outcome::Kind::forward_backward;
     return kj::mv(st->out);
   }
-  const auto& lengths = p.part_lengths[k];
   auto fail_at = [st, k](caf::error e) -> Outcome {
     if (k == 0 || st->forward) return failed(std::move(e));
     return failed(with_context(e, "forward_backward failed at part " + std::to_string(k + 1) + " of " +
@@ -837,7 +836,6 @@ kj::Promise<Outcome> run_parts(std::shared_ptr<PassState> st, size_t k) {
   req.setAdapter(st->adapter);
   req.setWithLogps(true);
   write_batch(req.initBatch(), p.parts[k], nullptr);
-  (void)lengths;
   return req.send().then([st, k, fail_at](capnp::Response<wire::Session::ForwardBackwardResults>&& res) mutable
                          -> kj::Promise<Outcome> {
     if (auto e = status_error(res)) return fail_at(std::move(e));
@@ -1636,15 +1634,13 @@ kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, con
 namespace {
 
 kj::Promise<void> send_reply(const kj::HttpHeaderTable& table, kj::HttpService::Response& response, Reply r) {
-  {
-        kj::HttpHeaders out(table);
-        out.set(kj::HttpHeaderId::CONTENT_TYPE, kj::heapString(r.content_type.data(), r.content_type.size()));
-        if (r.no_retry) out.add("x-should-retry", "false");
-        auto stream = response.send(r.status, r.status == 200 ? "OK" : "Error", out, r.body.size());
-        auto text = kj::heapString(r.body.data(), r.body.size());
-        auto write = stream->write(text.begin(), text.size());
-        return write.attach(kj::mv(stream), kj::mv(text));
-  }
+  kj::HttpHeaders out(table);
+  out.set(kj::HttpHeaderId::CONTENT_TYPE, kj::heapString(r.content_type.data(), r.content_type.size()));
+  if (r.no_retry) out.add("x-should-retry", "false");
+  auto stream = response.send(r.status, r.status == 200 ? "OK" : "Error", out, r.body.size());
+  auto text = kj::heapString(r.body.data(), r.body.size());
+  auto write = stream->write(text.begin(), text.size());
+  return write.attach(kj::mv(stream), kj::mv(text));
 }
 
 }  // namespace

@@ -363,6 +363,51 @@ Result<LossOutput> token_loss(TokenLoss kind, const LossInputs& in, const TokenL
   return torch_failed("token_loss", e);
 }
 
+Result<LossOutput> decoupled_ppo(const LossInputs& in, const DecoupledOptions& o) try {
+  constexpr std::string_view fn = "decoupled_ppo";
+  if (in.ref_logps.defined() || in.entropies.defined() || in.weights.defined())
+    return bad(fn, "reads neither ref_logps, entropies nor weights");
+  if (!in.old_logps.defined()) return bad(fn, "old_logps (the proximal policy's log-probs) are missing");
+  if (!in.behavior_logps.defined()) return bad(fn, "behavior_logps (the sampler's log-probs) are missing");
+  if (auto err = check_like(fn, "behavior_logps", in.behavior_logps, in.logps)) return err;
+  auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };
+  if (!finite_nonneg(o.epsilon) || !finite_nonneg(o.epsilon_high))
+    return bad(fn, "epsilon and epsilon_high must be finite and >= 0");
+  if (!(std::isfinite(o.weight_cap) && o.weight_cap > 1))
+    return bad(fn, "weight_cap must be finite and > 1, got " + number(o.weight_cap));
+  const bool mask_mode = o.cap_mode == "mask";
+  if (!mask_mode && o.cap_mode != "clamp") return bad(fn, "unknown cap_mode '" + o.cap_mode + "' (mask, clamp)");
+  if (!(std::isfinite(o.log_ratio_clamp) && o.log_ratio_clamp > 0))
+    return bad(fn, "log_ratio_clamp must be finite and > 0, got " + number(o.log_ratio_clamp));
+  auto p = prepare(fn, in, true);
+  if (!p) return p.error();
+  at::Tensor weight, above, raw;
+  {
+    c10::NoGradGuard no_grad;
+    auto behav = at::where(p->mask, in.behavior_logps.detach().to(p->logps.scalar_type()),
+                           at::zeros({}, p->logps.options()));
+    raw = at::exp((p->old_logps - behav).clamp(-o.log_ratio_clamp, o.log_ratio_clamp));
+    above = raw.gt(o.weight_cap) & p->mask;
+    weight = mask_mode ? raw.masked_fill(above, 0) : raw.clamp_max(o.weight_cap);
+  }
+  auto ratio = at::exp((p->logps - p->old_logps).clamp(-o.log_ratio_clamp, o.log_ratio_clamp));
+  const auto& a = p->advantages;
+  auto per_token = -weight * at::minimum(ratio * a, ratio.clamp(1 - o.epsilon, 1 + o.epsilon_high) * a);
+  LossOutput out;
+  out.loss = token_mean(per_token, *p);  // over the original count: capped tokens stay in N
+  c10::NoGradGuard no_grad;
+  PolicyOptions clip{.epsilon = o.epsilon, .epsilon_high = o.epsilon_high};
+  out.metrics["clip_fraction"] = item(token_mean(clipped(ratio, *p, clip).to(ratio.scalar_type()), *p));
+  out.metrics["ratio_mean"] = item(token_mean(ratio, *p));
+  out.metrics["behavior_weight_mean"] = item(token_mean(raw, *p));
+  out.metrics["capped_fraction"] = item(token_mean(above.to(ratio.scalar_type()), *p));
+  for (const char* k : {"clip_fraction", "ratio_mean", "behavior_weight_mean", "capped_fraction"})
+    out.weights[k] = item(p->tokens);
+  return out;
+} catch (const std::exception& e) {
+  return torch_failed("decoupled_ppo", e);
+}
+
 Result<LossOutput> dpo(const DpoInputs& in, const DpoOptions& o) try {
   constexpr std::string_view fn = "dpo";
   const std::pair<const char*, const at::Tensor*> tensors[] = {{"chosen_logps", &in.chosen_logps},

@@ -32,6 +32,9 @@ struct LossInputs {
   at::Tensor advantages;  ///< [B] per sequence (broadcast over T) or [B, T] per token
   at::Tensor entropies;   ///< [B, T] per-token entropies; needed when entropy_coef != 0
   at::Tensor weights;     ///< [B, T] floating per-token weights (token_loss cross_entropy only; any sign)
+  /// [B, T] the behaviour policy's log-probs (the sampler's), for
+  /// decoupled_ppo, whose old_logps are the proximal policy's.
+  at::Tensor behavior_logps;
 };
 
 /// A scalar loss (0-dim, with its autograd graph) and detached metrics.
@@ -104,6 +107,34 @@ struct TokenLossOptions {
   bool sum = true;         ///< false: the mean per counted token
 };
 Result<LossOutput> token_loss(TokenLoss kind, const LossInputs& in, const TokenLossOptions& options);
+
+/// Options of decoupled_ppo.
+struct DecoupledOptions {
+  double epsilon = 0.2;        ///< lower clip of the ratio to the proximal policy
+  double epsilon_high = 0.2;   ///< upper clip
+  /// Cap of the behaviour importance weight pi_prox / pi_behav (> 1):
+  /// AReaL's default is 5, veRL's truncated importance sampling uses 2.
+  double weight_cap = 5.0;
+  /// "mask": a token whose weight is above the cap counts nothing (AReaL);
+  /// "clamp": its weight is the cap (veRL's truncated IS).
+  std::string cap_mode = "mask";
+  double log_ratio_clamp = 20.0;  ///< |log ratio| bound before exp (overflow guard), as grpo
+};
+
+/// The decoupled PPO objective (AReaL, for samples from older weights): with
+/// the behaviour policy (`behavior_logps`, the sampler's), the proximal
+/// policy (`old_logps`, the trainer's before this update) and the current
+/// one (`logps`), per counted token
+///   r_t = exp(logp_t - prox_t)                     (clipped as PPO's)
+///   w_t = sg(exp(prox_t - behav_t)), capped         (the off-policy correction)
+///   l_t = -w_t * min(r_t * A_t, clip(r_t, 1 - epsilon, 1 + epsilon_high) * A_t)
+///   loss = sum_t m_t * l_t / N
+/// with N the counted tokens before the cap drops any (the original count).
+/// With behav = prox it is PPO-clip's token_mean exactly. Metrics:
+/// clip_fraction, ratio_mean, behavior_weight_mean (before the cap),
+/// capped_fraction (tokens above the cap). ref_logps, entropies and weights
+/// are refused.
+Result<LossOutput> decoupled_ppo(const LossInputs& in, const DecoupledOptions& options);
 
 /// Sequence log-probs (summed over the completion) of preference pairs.
 struct DpoInputs {

@@ -1491,6 +1491,7 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     // The Tinker-compatible HTTP API, on the same loop (and the same TLS).
     TinkerHost tinker_host(*this);
     kj::Own<tinker::Gateway> gateway;
+    auto unhook = kj::defer([this] { tinker_gateway = nullptr; });  // before the gateway goes
     kj::Own<kj::HttpServer> tinker_http;
     kj::Own<kj::ConnectionReceiver> tinker_listener;
     kj::Promise<void> tinker_loop = kj::READY_NOW;
@@ -1589,7 +1590,6 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       return true;
     };
     auto deadline = Clock::now() + grace;
-    auto unhook = kj::defer([this] { tinker_gateway = nullptr; });
     while (!all_idle() && Clock::now() < deadline) io.provider->getTimer().afterDelay(20 * kj::MILLISECONDS).wait(io.waitScope);
     autosave();
     {

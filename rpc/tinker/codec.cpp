@@ -288,6 +288,14 @@ Result<ForwardBackwardRequest> parse_forward_backward_json(const json& body, boo
   return r;
 }
 
+Result<std::pair<std::string, int64_t>> forward_backward_ids_proto(std::string_view body) {
+  tinker_public::ForwardBackwardRequest p;
+  if (body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !p.ParseFromArray(body.data(), static_cast<int>(body.size())))
+    return bad("the body is not a ForwardBackwardRequest protobuf message");
+  return std::pair{p.model_id(), static_cast<int64_t>(p.seq_id())};
+}
+
 Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view body, std::string* canonical) {
   tinker_public::ForwardBackwardRequest p;
   if (body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||

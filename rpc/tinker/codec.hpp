@@ -84,6 +84,12 @@ struct SampleResult {
 /// fields, nulls) and 0.18's (every default, type fields) alike; `forward`
 /// reads "forward_input" instead of "forward_backward_input".
 Result<ForwardBackwardRequest> parse_forward_backward_json(const nlohmann::json& body, bool forward);
+/// The model_id and seq_id of a protobuf forward_backward body whose
+/// content parse_forward_backward_proto refused (a call refused for its
+/// content still takes its seq_id's turn); an error if the message itself
+/// does not parse.
+Result<std::pair<std::string, int64_t>> forward_backward_ids_proto(std::string_view body);
+
 /// `canonical`: when not null, set to the message serialized
 /// deterministically (maps in key order): two encodings of one request give
 /// the same bytes, so a retry is recognised whatever order its maps came in.

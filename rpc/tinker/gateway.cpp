@@ -606,6 +606,9 @@ struct Gateway::Impl {
     auto it = t.models.find(id);
     if (it == t.models.end()) return;
     for (auto& [seq, w] : it->second.waiting) finish(w.request_id, failed(why));
+    // The calls already running finish their futures (their continuations
+    // hold ids, not the model).
+    tasks.add(it->second.tail.addBranch());
     t.models.erase(it);
   }
 
@@ -616,10 +619,12 @@ struct Gateway::Impl {
     auto rm = session.samplerRemoveAdapterRequest();
     rm.setName(adapter);
     auto* tenant = &t;
-    tasks.add(rm.send().then([tenant, adapter](capnp::Response<wire::Session::SamplerRemoveAdapterResults>&& res) {
-      if (auto e = status_error(res); e && code_of(e) != errc::not_found) tenant->doomed.insert(adapter);
-      else tenant->doomed.erase(adapter);
-    }));
+    tasks.add(rm.send().then(
+        [tenant, adapter](capnp::Response<wire::Session::SamplerRemoveAdapterResults>&& res) {
+          if (auto e = status_error(res); e && code_of(e) != errc::not_found) tenant->doomed.insert(adapter);
+          else tenant->doomed.erase(adapter);
+        },
+        [tenant, adapter](kj::Exception&&) { tenant->doomed.insert(adapter); }));
   }
 
   /// A model call refused for its content: its seq_id's turn is a failed
@@ -975,9 +980,11 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
         auto rm = session->samplerRemoveAdapterRequest();
         rm.setName(it->second.adapter);
         freed = freed.then([t, rm = kj::mv(rm), name = it->second.adapter]() mutable {
-          return rm.send().then([t, name](capnp::Response<wire::Session::SamplerRemoveAdapterResults>&& res) {
-            if (status_error(res)) t->doomed.insert(name);  // retried at the sweeps
-          });
+          return rm.send().then(
+              [t, name](capnp::Response<wire::Session::SamplerRemoveAdapterResults>&& res) {
+                if (status_error(res)) t->doomed.insert(name);  // retried at the sweeps
+              },
+              [t, name](kj::Exception&&) { t->doomed.insert(name); });
         });
         t->samplers.erase(it);
       }
@@ -998,9 +1005,15 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
               forget_sampler_adapter(*t, sampler_adapter, *session);
               return failed(std::move(e));
             }
+            auto owner = t->models.find(model_id);
+            if (owner == t->models.end()) {  // unloaded meanwhile: its weights go with it
+              forget_sampler_adapter(*t, sampler_adapter, *session);
+              return failed(make_error(errc::aborted, "model " + model_id + " was unloaded while its weights were "
+                                                                            "saved for sampling"));
+            }
             auto sid = "s-" + random_id(8);
             t->samplers[sid] = Sampler{sid, sampler_adapter, "", {}};
-            if (auto it = t->models.find(model_id); it != t->models.end()) it->second.ephemeral.push_back(sid);
+            owner->second.ephemeral.push_back(sid);
             return plain(json{{"sampling_session_id", sid}, {"type", "save_weights_for_sampler"}});
           });
         });
@@ -1148,8 +1161,15 @@ kj::Promise<Reply> Gateway::Impl::create_sampling_session(Caller c, const json& 
   auto loaded = req.send()
                     .then([this, t, key, adapter, session](
                               capnp::Response<wire::Session::SamplerLoadCheckpointResults>&& res) mutable -> Reply {
-                      t->path_loading.erase(key);
-                      if (auto e = status_error(res)) return error_reply(e);
+                      if (auto e = status_error(res)) {
+                        if (code_of(e) == errc::resource_exhausted)
+                          return error_reply(make_error(
+                              errc::failed_precondition,
+                              "the sampler holds as many of your adapters as the server allows (ephemeral weights, "
+                              "two per model, and the three tinker:// paths used last): unload a model or wait "
+                              "for older sampling sessions to be replaced (" + describe(e) + ")"));
+                        return error_reply(e);
+                      }
                       // The least recently used path's weights make room.
                       while (!t->path_order.empty() &&
                              static_cast<int64_t>(t->path_order.size()) >= o.path_adapters) {
@@ -1163,10 +1183,15 @@ kj::Promise<Reply> Gateway::Impl::create_sampling_session(Caller c, const json& 
                         t->path_adapters.erase(a);
                       }
                       t->path_adapters[key] = adapter;
+                      t->path_order.push_back(key);  // counted by the LRU even if no waiter is left
                       return Reply{};
                     })
                     .fork();
   auto mine = loaded.addBranch();
+  // Forgotten once the load ends, from a branch of its own (never from the
+  // fork's continuation, which its hub may not outlive).
+  tasks.add(loaded.addBranch().then([t, key](Reply) { t->path_loading.erase(key); },
+                                    [t, key](kj::Exception&&) { t->path_loading.erase(key); }));
   t->path_loading.emplace(key, kj::mv(loaded));
   return mine.then([session_of](Reply r) { return r.status != 200 ? r : session_of(); });
 }
@@ -1495,7 +1520,12 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   if (path == "/api/v1/forward_backward" && proto_body) {
     std::string canonical;
     auto r = parse_forward_backward_proto(body, &canonical);
-    if (!r) return error_reply(r.error());
+    if (!r) {
+      if (auto ids = forward_backward_ids_proto(body))
+        if (auto m = model_of(*c->tenant, ids->first))
+          return refuse_at(*c->tenant, **m, ids->second, std::hash<std::string>{}(path + "\n" + body), r.error());
+      return error_reply(r.error());
+    }
     return forward_backward(*c, std::move(*r), std::hash<std::string>{}(path + "\n" + canonical));
   }
   if (proto_body) return error_reply(user(path.substr(0, 120) + " takes a JSON body, not protobuf"));
@@ -1529,7 +1559,15 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   if (path == "/api/v1/create_model") return create_model(*c, j);
   if (path == "/api/v1/forward_backward" || path == "/api/v1/forward") {
     auto r = parse_forward_backward_json(j, path == "/api/v1/forward");
-    if (!r) return error_reply(r.error());
+    if (!r) {
+      // Readable ids: the call takes its seq_id's turn as a failed future.
+      const auto& id = field_or_null(j, "model_id");
+      const auto& seq = field_or_null(j, "seq_id");
+      if (id.is_string() && seq.is_number_integer())
+        if (auto m = model_of(*c->tenant, id.get<std::string>()))
+          return refuse_at(*c->tenant, **m, seq.get<int64_t>(), digest, r.error());
+      return error_reply(r.error());
+    }
     return forward_backward(*c, std::move(*r), digest);
   }
   if (path == "/api/v1/optim_step") return optim_step(*c, j, digest);
@@ -1575,6 +1613,7 @@ void Gateway::forget_adapters(const std::string& tenant) {
   t.path_adapters.clear();
   t.path_order.clear();
   t.doomed.clear();
+  t.path_loading.clear();
 }
 
 namespace {
@@ -1585,12 +1624,17 @@ kj::Promise<void> send_reply(const kj::HttpHeaderTable& table, kj::HttpService::
 struct Body {
   std::string text;
   bool over = false;
+  size_t read = 0;
   kj::byte buffer[65536];
 };
 
 kj::Promise<void> read_body(kj::AsyncInputStream& in, std::shared_ptr<Body> b, size_t limit) {
   return in.tryRead(b->buffer, 1, sizeof b->buffer).then([&in, b, limit](size_t n) -> kj::Promise<void> {
     if (n == 0) return kj::READY_NOW;
+    b->read += n;
+    // Drained to its end for a polite 413, up to a bound: beyond, the
+    // connection goes (a body that never ends must not hold it).
+    if (b->over && b->read > 4 * limit + (size_t{64} << 20)) return kj::READY_NOW;
     if (!b->over) {
       if (b->text.size() + n > limit) {
         b->over = true;

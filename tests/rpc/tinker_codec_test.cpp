@@ -46,6 +46,10 @@ TEST(TinkerCodec, ReadsARequestTheSdkEncoded) {
   EXPECT_EQ(t.shape, (std::vector<int64_t>{3}));
   EXPECT_EQ(t.values, (std::vector<double>{2, 3, 4}));
   EXPECT_FALSE(canonical.empty());
+  auto ids = forward_backward_ids_proto(from_hex(kSdkRequest));
+  ASSERT_TRUE(ids);
+  EXPECT_EQ(*ids, (std::pair<std::string, int64_t>{"model-123", 1}));
+  EXPECT_FALSE(forward_backward_ids_proto("\xff\xff not protobuf"));
 }
 
 TEST(TinkerCodec, ARequestsCanonicalFormIgnoresItsMapOrder) {

@@ -314,6 +314,9 @@ def main():
     bad2[1]["inputs"]["target_tokens"][0] = 10 ** 6
     refusals.append((lambda q: alice.forward_backward_request(model, q, bad2, "cross_entropy"), "outside the vocabulary"))
     refusals.append((lambda q: alice.optim_step(model, q, lr=-1.0), "adam_params"))
+    refusals.append((lambda q: alice.post("/api/v1/forward_backward", {
+        "forward_backward_input": {"data": [{"model_input": {"chunks": [{"tokens": [1.5]}]}}], "loss_fn": "cross_entropy"},
+        "model_id": model, "seq_id": q}), "tokens[0] must be an integer"))
     futures = [call(q) for q, (call, _) in enumerate(refusals, start=1)]  # all sent before any is read
     for f, (_, needle) in zip(futures, refusals):
         expect_failed(lambda: alice.result(f, "fwdbwd"), needle)

@@ -631,7 +631,11 @@ struct Gateway::Impl {
   /// future (the SDK reads it as the call's error), and the calls after it
   /// run.
   kj::Promise<Reply> refuse_at(Tenant& t, Model& m, int64_t seq, size_t digest, caf::error err) {
-    auto id = submit(t, m, seq, digest, [err]() -> kj::Promise<Outcome> { return failed(err); });
+    return queue(t, m, seq, digest, [err]() -> kj::Promise<Outcome> { return failed(err); });
+  }
+  /// submit, answered as the SDK expects: the future's id (or why not).
+  Reply queue(Tenant& t, Model& m, int64_t seq, size_t digest, std::function<kj::Promise<Outcome>()> start) {
+    auto id = submit(t, m, seq, digest, std::move(start));
     if (!id) return error_reply(id.error());
     return json_reply(json{{"request_id", *id}, {"model_id", m.id}});
   }
@@ -882,22 +886,19 @@ kj::Promise<Reply> Gateway::Impl::forward_backward(Caller c, ForwardBackwardRequ
       return run_parts(st, 0);
     });
   };
-  auto id = submit(*c.tenant, **m, r.seq_id, digest, std::move(start));
-  if (!id) return error_reply(id.error());
-  return json_reply(json{{"request_id", *id}, {"model_id", r.model_id}});
+  return queue(*c.tenant, **m, r.seq_id, digest, std::move(start));
 }
 
 kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t digest) {
   auto call = model_call(*c.tenant, j);
   if (!call) return error_reply(call.error());
-  auto* m = &call->model;
-  auto* model_id = &call->id;
-  auto* seq = &call->seq;
+  Model& model = *call->model;
+  const int64_t seq = call->seq;
   const auto& a = field_or_null(j, "adam_params");
-  if (!a.is_null() && !a.is_object()) return refuse_at(*c.tenant, **m, *seq, digest, user("adam_params must be an object"));
+  if (!a.is_null() && !a.is_object()) return refuse_at(*c.tenant, model, seq, digest, user("adam_params must be an object"));
   static const std::set<std::string> known = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"};
   for (auto it = a.begin(); a.is_object() && it != a.end(); ++it)
-    if (!known.count(it.key())) return refuse_at(*c.tenant, **m, *seq, digest, user("adam_params." + it.key().substr(0, 40) + " is not an AdamParams field"));
+    if (!known.count(it.key())) return refuse_at(*c.tenant, model, seq, digest, user("adam_params." + it.key().substr(0, 40) + " is not an AdamParams field"));
   auto num = [&](const char* key, double fallback) -> Result<double> {
     const auto& v = field_or_null(a, key);
     if (v.is_null()) return fallback;  // SDK 0.16 sends only what the caller set
@@ -911,11 +912,11 @@ kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t dig
                                     {"beta2", 0.95, &opt.beta2}, {"eps", 1e-12, &opt.eps},
                                     {"weight_decay", 0.0, &opt.weight_decay}, {"grad_clip_norm", 0.0, &opt.max_grad_norm}}) {
     auto v = num(key, fallback);
-    if (!v) return refuse_at(*c.tenant, **m, *seq, digest, v.error());
+    if (!v) return refuse_at(*c.tenant, model, seq, digest, v.error());
     *dst = *v;
   }
-  if (auto ok = opt.validate(); !ok) return refuse_at(*c.tenant, **m, *seq, digest, with_context(ok.error(), "adam_params"));
-  auto adapter = (*m)->adapter;
+  if (auto ok = opt.validate(); !ok) return refuse_at(*c.tenant, model, seq, digest, with_context(ok.error(), "adam_params"));
+  auto adapter = model.adapter;
   auto session = std::make_shared<wire::Session::Client>(c.session);
   auto start = [adapter, session, opt]() mutable -> kj::Promise<Outcome> {
     auto set = session->setOptimizerRequest();
@@ -936,35 +937,31 @@ kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t dig
       });
     });
   };
-  auto id = submit(*c.tenant, **m, *seq, digest, std::move(start));
-  if (!id) return error_reply(id.error());
-  return json_reply(json{{"request_id", *id}, {"model_id", *model_id}});
+  return queue(*c.tenant, model, seq, digest, std::move(start));
 }
 
 kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t digest, bool for_sampler) {
   auto call = model_call(*c.tenant, j);
   if (!call) return error_reply(call.error());
-  auto* m = &call->model;
-  auto* model_id = &call->id;
-  auto* seq = &call->seq;
+  Model& model = *call->model;
+  const int64_t seq = call->seq;
   const auto& path = field_or_null(j, "path");
   int64_t ttl = 0;
   if (const auto& v = field_or_null(j, "ttl_seconds"); !v.is_null()) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) return refuse_at(*c.tenant, **m, *seq, digest, user("ttl_seconds must be an integer >= 0"));
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return refuse_at(*c.tenant, model, seq, digest, user("ttl_seconds must be an integer >= 0"));
     ttl = v.get<int64_t>();
   }
   const bool overwrite = field_or_null(j, "overwrite").is_boolean() && field_or_null(j, "overwrite").get<bool>();
-  auto adapter = (*m)->adapter;
+  auto adapter = model.adapter;
   auto session = std::make_shared<wire::Session::Client>(c.session);
   auto* t = c.tenant;
-  Model* model = *m;
   std::function<kj::Promise<Outcome>()> start;
   if (for_sampler && path.is_null()) {
     // Ephemeral: the weights as they are now, in a sampler adapter of their
     // own, for a new sampling session.
     auto sampler_adapter = "tks-" + random_id(8);
-    auto lora = lora_of(*model);
-    start = [this, t, model_id = *model_id, adapter, session, sampler_adapter, lora]() mutable -> kj::Promise<Outcome> {
+    auto lora = lora_of(model);
+    start = [this, t, model_id = model.id, adapter, session, sampler_adapter, lora]() mutable -> kj::Promise<Outcome> {
       // Older ephemeral weights of this model go first (a tenant's sampler
       // adapters are limited): their sampling sessions end.
       auto found = t->models.find(model_id);
@@ -1020,10 +1017,10 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
       });
     };
   } else {
-    if (!path.is_string()) return refuse_at(*c.tenant, **m, *seq, digest, user("path must be a checkpoint name"));
-    TinkerPath target{*model_id, for_sampler ? "sampler_weights" : "weights", path.get<std::string>()};
+    if (!path.is_string()) return refuse_at(*c.tenant, model, seq, digest, user("path must be a checkpoint name"));
+    TinkerPath target{model.id, for_sampler ? "sampler_weights" : "weights", path.get<std::string>()};
     if (!plain_name(target.name) || target.store_name().size() > 64)
-      return refuse_at(*c.tenant, **m, *seq, digest, user("path '" + target.name.substr(0, 80) + "' must be 1 to " +
+      return refuse_at(*c.tenant, model, seq, digest, user("path '" + target.name.substr(0, 80) + "' must be 1 to " +
                               std::to_string(64 - (target.store_name().size() - target.name.size())) +
                               " bytes of letters, digits, '.', '_' and '-'"));
     start = [this, t, adapter, session, target, ttl, overwrite, for_sampler]() mutable -> kj::Promise<Outcome> {
@@ -1049,9 +1046,7 @@ kj::Promise<Reply> Gateway::Impl::save_weights(Caller c, const json& j, size_t d
       });
     };
   }
-  auto id = submit(*c.tenant, *model, *seq, digest, std::move(start));
-  if (!id) return error_reply(id.error());
-  return json_reply(json{{"request_id", *id}, {"model_id", *model_id}});
+  return queue(*c.tenant, model, seq, digest, std::move(start));
 }
 
 kj::Promise<Reply> Gateway::Impl::load_weights(Caller c, const json& j, size_t digest) {
@@ -1060,15 +1055,14 @@ kj::Promise<Reply> Gateway::Impl::load_weights(Caller c, const json& j, size_t d
                             "offered by this server)"));
   auto call = model_call(*c.tenant, j);
   if (!call) return error_reply(call.error());
-  auto* m = &call->model;
-  auto* model_id = &call->id;
-  auto* seq = &call->seq;
+  Model& model = *call->model;
+  const int64_t seq = call->seq;
   auto text = string_field(j, "path");
-  if (!text) return refuse_at(*c.tenant, **m, *seq, digest, text.error());
+  if (!text) return refuse_at(*c.tenant, model, seq, digest, text.error());
   auto path = parse_path(*text, "path");
-  if (!path) return refuse_at(*c.tenant, **m, *seq, digest, path.error());
+  if (!path) return refuse_at(*c.tenant, model, seq, digest, path.error());
   const bool optimizer = field_or_null(j, "optimizer").is_boolean() && field_or_null(j, "optimizer").get<bool>();
-  auto adapter = (*m)->adapter;
+  auto adapter = model.adapter;
   auto session = std::make_shared<wire::Session::Client>(c.session);
   auto start = [adapter, session, path = *path, optimizer]() mutable -> kj::Promise<Outcome> {
     auto load = session->loadCheckpointRequest();
@@ -1085,9 +1079,7 @@ kj::Promise<Reply> Gateway::Impl::load_weights(Caller c, const json& j, size_t d
       return plain(json{{"path", path.text()}, {"type", "load_weights"}});
     });
   };
-  auto id = submit(*c.tenant, **m, *seq, digest, std::move(start));
-  if (!id) return error_reply(id.error());
-  return json_reply(json{{"request_id", *id}, {"model_id", *model_id}});
+  return queue(*c.tenant, model, seq, digest, std::move(start));
 }
 
 kj::Promise<Reply> Gateway::Impl::unload_model(Caller c, const json& j) {

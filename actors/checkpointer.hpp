@@ -92,6 +92,9 @@ public:
 
   /// Saves checkpoint `name` (a new name: checkpoints are never
   /// overwritten) and indexes it with `summary`. Returns its directory.
+  /// With `loader`, its position goes into state.loader; without, state.loader
+  /// is saved as given (an asynchronous loop's loader is ahead of the step
+  /// by the batches in flight: RolloutBatch::loader_state).
   Result<std::string> save(const std::string& name, const ModelGroup& model, const DataLoaderGroup* loader,
                            TrainerState state, const std::string& summary = "");
   /// Loads checkpoint `which` ("latest", or a name) into every model rank

@@ -54,7 +54,7 @@ namespace glint::components {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LossSpec& x) {
   return f(caf::meta::type_name("glint.loss_spec"), x.kind, x.epsilon, x.epsilon_high, x.beta, x.entropy_coef,
-           x.max_tokens, x.label_smoothing, x.reduction);
+           x.max_tokens, x.label_smoothing, x.reduction, x.weight_cap, x.cap_mode);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, OptimizerConfig& x) {

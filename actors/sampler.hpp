@@ -117,7 +117,11 @@ struct SampledSequence {
   int64_t stop_token = -1;  ///< the token that stopped it, or -1
   std::string stop_string;  ///< the stop string that matched, or empty
   std::string text;         ///< the decoded completion (empty without a tokenizer)
-  int64_t weight_version = 0;    ///< of the weights every token was sampled with
+  /// The weight version of its last token; its tokens span
+  /// [first_weight_version, weight_version], one version unless an update
+  /// with policy continue_new landed while it ran.
+  int64_t weight_version = 0;
+  int64_t first_weight_version = 0;
   TokenLogprobs prompt_logprobs;  ///< for prompt tokens 1..P-1, when asked
   int64_t cached_tokens = 0;      ///< prompt tokens the prefix cache served
   friend bool operator==(const SampledSequence&, const SampledSequence&) = default;
@@ -171,7 +175,8 @@ typename Inspector::result_type inspect(Inspector& f, SampleRequest& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledSequence& x) {
   return f(caf::meta::type_name("glint.sampled_sequence"), x.index, x.sample, x.error, x.tokens, x.logprobs,
-           x.stop_reason, x.stop_token, x.stop_string, x.text, x.weight_version, x.prompt_logprobs, x.cached_tokens);
+           x.stop_reason, x.stop_token, x.stop_string, x.text, x.weight_version, x.first_weight_version, x.prompt_logprobs,
+           x.cached_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampleChunk& x) {
@@ -210,7 +215,9 @@ using sampler_actor = caf::typed_actor<
     /// New weights (HF names, any subset; or an adapter's under PEFT's
     /// names), reported as `version` by the sequences sampled with them.
     /// policy finish_old: requests in flight finish on the old weights
-    /// (later ones wait); abort: they stop now, with stop_reason abort.
+    /// (later ones wait; updates queue up, in order); abort: they stop now,
+    /// with stop_reason abort; continue_new: they go on with the new weights
+    /// from the next step (first_weight_version records where they began).
     caf::replies_to<update_weights_atom, NamedTensors, WeightUpdate>::with<bool>,
     /// A bucket of the next update_weights: kept until it comes, then
     /// checked and applied with it as one version (the checkpoint engine

@@ -140,9 +140,10 @@ Result<void> SamplerState::update_weights(NamedTensors weights, const WeightUpda
   auto e = engine();
   if (!e) return e.error();
   // An enum from the wire can hold any number.
-  if (u.policy != UpdatePolicy::finish_old && u.policy != UpdatePolicy::abort)
+  if (u.policy != UpdatePolicy::finish_old && u.policy != UpdatePolicy::abort &&
+      u.policy != UpdatePolicy::continue_new)
     return make_error(errc::invalid_argument, "update policy " + std::to_string(static_cast<int>(u.policy)) +
-                                                  " is neither finish_old nor abort");
+                                                  " is not finish_old, continue_new or abort");
   // Staged buckets and this last one apply together, as one version.
   NamedTensors named;
   if (staged_version_ == u.version) named = std::move(staged_);
@@ -293,6 +294,7 @@ void SamplerState::collect(const std::vector<uint64_t>& ids) {
       s.stop_string = std::move(seq.stop_string);
       s.text = std::move(seq.text);
       s.weight_version = seq.weight_version;
+      s.first_weight_version = seq.first_weight_version;
       s.prompt_logprobs = done->prompt_logprobs;
       s.cached_tokens = done->cached_tokens;
     }

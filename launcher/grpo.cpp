@@ -152,9 +152,11 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
   c->add_option("--reward-timeout", a.reward_timeout, "Seconds the reward command may take per call")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1e6));
-  c->add_option("--loss", a.loss, "grpo, gspo (sequence-level ratio), dr_grpo (constant normaliser) or cispo")
+  c->add_option("--loss", a.loss,
+                "grpo, gspo (sequence-level ratio), dr_grpo (constant normaliser), cispo, or decoupled_ppo (corrects "
+                "for samples from older weights, as with --sync-every > 1: docs/losses.md)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"grpo", "gspo", "dr_grpo", "cispo"}));
+      ->check(CLI::IsMember({"grpo", "gspo", "dr_grpo", "cispo", "decoupled_ppo"}));
   c->add_option("--advantage-scale", a.advantage_scale,
                 "auto (none for dr_grpo, else group), group (divide by the group's std), batch or none")
       ->capture_default_str()

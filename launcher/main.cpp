@@ -1,5 +1,6 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
 #include "bench/remote_bench.hpp"
+#include "bench/rl_bench.hpp"
 #include "bench/sample_bench.hpp"
 #include "bench/sync_bench.hpp"
 #include "bench/train_bench.hpp"
@@ -212,6 +213,19 @@ int main(int argc, char** argv) {
   bench_remote->footer("Prints local_noop_rtt_us, remote_noop_rtt_us, remote_forward_backward_vs_local (goal <= 1.2), "
                        "tenants1_tokens_per_s, tenants4_tokens_per_s and tenants4_vs_1_tokens_per_s (goal >= 1.5).");
 
+  glint::bench::RlBenchArgs rl_args;
+  auto* bench_rl = bench->add_subcommand(
+      "rl", "Asynchronous RL: the GRPO example at --max-staleness 0, 1 and 2 (model and sampler on different cores), "
+            "steps per hour and greedy accuracy of each, and the ideal speedup from the same runs");
+  bench_rl->add_option("--seeds", rl_args.seeds, "Runs per staleness, with seeds 1..N (medians and means are printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_rl->add_option("--steps", rl_args.steps, "GRPO steps per run")->capture_default_str()->check(CLI::Range(4, 100000));
+  bench_rl->add_option("--grpo", rl_args.grpo, "The GRPO example binary (default: examples/grpo of this build)");
+  bench_rl->footer("Prints async_eta1_speedup, async_eta2_speedup, async_ideal_speedup, async_eta2_of_ideal (goal >= "
+                   "0.8), sync_accuracy, async_eta1_accuracy, async_eta2_accuracy and accuracy_seed_std. About 3 "
+                   "minutes per seed on 2 cores.");
+
   glint::launcher::ServeArgs serve_args;
   auto* serve_cmd = app.add_subcommand(
       "serve", "Serve a base model to many tenants, each training its own LoRA adapters (remote mode)");
@@ -276,6 +290,7 @@ int main(int argc, char** argv) {
   if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_sync) return glint::bench::sync(sync_args);
   if (*bench_remote) return glint::bench::remote(remote_args);
+  if (*bench_rl) return glint::bench::rl(rl_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;
     return glint::bench::train(train_args);

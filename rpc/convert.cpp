@@ -316,6 +316,8 @@ void write_loss(wire::LossSpec::Builder b, const LossSpec& c) {
   b.setMaxTokens(c.max_tokens);
   b.setLabelSmoothing(c.label_smoothing);
   b.setReduction(static_cast<uint8_t>(c.reduction));
+  b.setWeightCap(c.weight_cap);
+  b.setCapMode(static_cast<uint8_t>(c.cap_mode));
 }
 
 Result<LossSpec> read_loss(wire::LossSpec::Reader r) {
@@ -323,6 +325,8 @@ Result<LossSpec> read_loss(wire::LossSpec::Reader r) {
              .epsilon_high = r.getEpsilonHigh(), .beta = r.getBeta(), .entropy_coef = r.getEntropyCoef(),
              .max_tokens = r.getMaxTokens(), .label_smoothing = r.getLabelSmoothing()};
   c.reduction = static_cast<components::LossReduction>(r.getReduction());
+  c.weight_cap = r.getWeightCap();
+  c.cap_mode = static_cast<LossSpec::CapMode>(r.getCapMode());
   if (auto ok = c.validate(); !ok) return with_context(ok.error(), "loss");
   return c;
 }
@@ -408,6 +412,7 @@ void write_sequences(capnp::List<wire::SampledSequence>::Builder b, const std::v
     e.setWeightVersion(s.weight_version);
     write_logprobs(e.initPromptLogprobs(), s.prompt_logprobs);
     e.setCachedTokens(s.cached_tokens);
+    e.setFirstWeightVersion(s.first_weight_version);
   }
 }
 
@@ -421,7 +426,10 @@ Result<std::vector<SampledSequence>> read_sequences(capnp::List<wire::SampledSeq
                    .tokens = values<int64_t>(e.getTokens()), .logprobs = read_logprobs(e.getLogprobs()),
                    .stop_reason = static_cast<StopReason>(e.getStopReason()), .stop_token = e.getStopToken(),
                    .stop_string = text(e.getStopString()), .text = text(e.getText()),
-                   .weight_version = e.getWeightVersion(), .prompt_logprobs = read_logprobs(e.getPromptLogprobs()),
+                   .weight_version = e.getWeightVersion(),
+                   .first_weight_version =
+                       e.getFirstWeightVersion() < 0 ? e.getWeightVersion() : e.getFirstWeightVersion(),
+                   .prompt_logprobs = read_logprobs(e.getPromptLogprobs()),
                    .cached_tokens = e.getCachedTokens()});
   }
   return out;

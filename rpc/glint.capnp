@@ -132,7 +132,7 @@ struct SchedulerConfig {
 struct LossSpec {
   kind @0 :UInt8;
   # 0 cross_entropy, 1 grpo, 2 gspo, 3 dr_grpo, 4 cispo, 5 dpo, 6 ipo,
-  # 7 importance_sampling, 8 ppo, 9 dro.
+  # 7 importance_sampling, 8 ppo, 9 dro, 10 decoupled_ppo.
   epsilon @1 :Float64;
   epsilonHigh @2 :Float64;
   beta @3 :Float64;
@@ -143,6 +143,10 @@ struct LossSpec {
   reduction @7 :UInt8;
   # 0 mean (glint's normalisation; what an older client means), 1 sum (the
   # token-level losses as Tinker defines them: components/model/trainer.hpp).
+  weightCap @8 :Float64 = 5.0;
+  # decoupled_ppo only (kind 10): the behaviour weight's cap.
+  capMode @9 :UInt8;
+  # decoupled_ppo only: 0 mask, 1 clamp.
 }
 
 struct SamplingParams {
@@ -195,6 +199,8 @@ struct SampledSequence {
   weightVersion @9 :Int64;
   promptLogprobs @10 :TokenLogprobs;
   cachedTokens @11 :Int64;
+  firstWeightVersion @12 :Int64 = -1;
+  # -1 from an older server: its tokens all have weightVersion.
 }
 
 struct BaseInfo {

@@ -20,11 +20,12 @@ namespace glint::components {
 
 Result<LossKind> parse_loss_kind(std::string_view name) {
   for (auto k : {LossKind::cross_entropy, LossKind::grpo, LossKind::gspo, LossKind::dr_grpo, LossKind::cispo,
-                 LossKind::dpo, LossKind::ipo, LossKind::importance_sampling, LossKind::ppo, LossKind::dro})
+                 LossKind::dpo, LossKind::ipo, LossKind::importance_sampling, LossKind::ppo, LossKind::dro,
+                 LossKind::decoupled_ppo})
     if (to_string(k) == name) return k;
   return make_error(errc::invalid_argument, "loss '" + std::string{name} +
                                                 "' is unknown; use cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, "
-                                                "importance_sampling, ppo or dro");
+                                                "importance_sampling, ppo, dro or decoupled_ppo");
 }
 
 // The kinds reduction sum applies to: the token-level losses as Tinker
@@ -48,6 +49,7 @@ std::string_view to_string(LossKind k) {
     case LossKind::importance_sampling: return "importance_sampling";
     case LossKind::ppo: return "ppo";
     case LossKind::dro: return "dro";
+    case LossKind::decoupled_ppo: return "decoupled_ppo";
   }
   return "?";
 }
@@ -56,7 +58,8 @@ Result<void> LossSpec::validate() const {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "loss: " + what); };
   if (to_string(kind) == "?")
     return bad("kind " + std::to_string(static_cast<int>(kind)) +
-               " is not cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, importance_sampling, ppo or dro");
+               " is not cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, importance_sampling, ppo, dro or "
+               "decoupled_ppo");
   if (reduction != LossReduction::mean && reduction != LossReduction::sum)
     return bad("reduction " + std::to_string(static_cast<int>(reduction)) + " is not mean or sum");
   if (reduction == LossReduction::sum && !sums(kind))
@@ -107,6 +110,21 @@ Result<void> LossSpec::validate() const {
   if (!(label_smoothing >= 0 && label_smoothing <= 0.5))
     return bad("label_smoothing must be in [0, 0.5], got " + std::to_string(label_smoothing));
   if (kind != LossKind::dpo && label_smoothing != 0) return unread("label_smoothing", label_smoothing);
+  if (cap_mode != CapMode::mask && cap_mode != CapMode::clamp)
+    return bad("cap_mode " + std::to_string(static_cast<int>(cap_mode)) + " is not mask (0) or clamp (1)");
+  if (kind == LossKind::decoupled_ppo) {
+    if (!(weight_cap > 1) || !std::isfinite(weight_cap))
+      return bad("decoupled_ppo needs a finite weight_cap > 1 (AReaL uses 5), got " + std::to_string(weight_cap));
+    if (beta != 0) return unread("beta", beta);
+    if (entropy_coef != 0) return unread("entropy_coef", entropy_coef);
+    // Its proximal policy is the step's own weights: the ratio is 1, the clip never acts.
+    if (epsilon != defaults.epsilon || epsilon_high != defaults.epsilon_high)
+      return bad("decoupled_ppo's proximal policy is the weights at the start of the step, so its ratio is 1 and "
+                 "no clip acts: leave epsilon and epsilon_high at their defaults (weight_cap bounds the update)");
+  } else {
+    if (weight_cap != defaults.weight_cap) return unread("weight_cap", weight_cap);
+    if (cap_mode != defaults.cap_mode) return unread("cap_mode", static_cast<double>(cap_mode));
+  }
   return {};
 }
 
@@ -269,6 +287,29 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& 
     if (token_sum) return accumulate(std::move(*loss), 0, true);
     return accumulate(std::move(*loss), s.mask.sum().item<double>());
   }
+  if (spec.kind == LossKind::decoupled_ppo) {
+    if (!s.old_logps.defined())
+      return make_error(errc::invalid_argument,
+                        "decoupled_ppo needs old_logps: the sampler's log-probs of the completion tokens "
+                        "(actors::training_batch puts them in)");
+    // The proximal policy is the weights at the start of this step: every
+    // micro-batch of a step runs before the update, so this is exact for
+    // one optimizer step per batch of samples.
+    rl::LossInputs in;
+    in.logps = out.logprobs;
+    in.mask = s.mask;
+    in.old_logps = out.logprobs.detach();
+    in.behavior_logps = s.old_logps;
+    in.advantages = s.advantages;
+    rl::DecoupledOptions o;
+    o.epsilon = spec.epsilon;
+    o.epsilon_high = spec.epsilon_high;
+    o.weight_cap = spec.weight_cap;
+    o.cap_mode = spec.cap_mode == LossSpec::CapMode::clamp ? "clamp" : "mask";
+    auto loss = rl::decoupled_ppo(in, o);
+    if (!loss) return loss.error();
+    return accumulate(std::move(*loss), s.mask.sum().item<double>());
+  }
   rl::LossInputs in;
   in.logps = out.logprobs;
   in.mask = s.mask;
@@ -310,7 +351,8 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& 
     case LossKind::ipo:
     case LossKind::importance_sampling:
     case LossKind::ppo:
-    case LossKind::dro: break;  // above
+    case LossKind::dro:
+    case LossKind::decoupled_ppo: break;  // above
   }
   if (!loss) return loss.error();
   return accumulate(std::move(*loss), count);
@@ -483,6 +525,15 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
         return make_error(errc::invalid_argument, std::string{"the batch has "} + name +
                                                       ", which cross_entropy does not read; set a policy loss "
                                                       "(set_loss grpo, ...) first, or leave it out");
+  if (spec.kind == LossKind::decoupled_ppo) {
+    if (!old_lp->defined())
+      return make_error(errc::invalid_argument,
+                        "decoupled_ppo needs old_logps: the behaviour policy's (the sampler's) log-probs of the "
+                        "completion tokens, which actors::training_batch puts in");
+    if (ref_lp->defined())
+      return make_error(errc::invalid_argument, "the batch has ref_logps, which decoupled_ppo does not read (it has "
+                                                "no KL term); leave it out");
+  }
 
   auto pass = impl_->pass();
   if (!pass) return pass.error();

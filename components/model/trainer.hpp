@@ -43,7 +43,22 @@ namespace glint::components {
 /// importance_sampling, ppo and dro (and cross_entropy and cispo with
 /// reduction sum) are the token-level losses as Tinker defines them
 /// (components/rl/losses.hpp, token_loss).
-enum class LossKind : uint8_t { cross_entropy, grpo, gspo, dr_grpo, cispo, dpo, ipo, importance_sampling, ppo, dro };
+enum class LossKind : uint8_t {
+  cross_entropy,
+  grpo,
+  gspo,
+  dr_grpo,
+  cispo,
+  dpo,
+  ipo,
+  importance_sampling,
+  ppo,
+  dro,
+  /// AReaL's decoupled PPO for samples from older weights (asynchronous
+  /// RL): old_logps are the behaviour policy's (the sampler's), the
+  /// proximal policy is the weights at the start of this step.
+  decoupled_ppo,
+};
 Result<LossKind> parse_loss_kind(std::string_view name);
 std::string_view to_string(LossKind k);
 /// True for the losses over pairs of rows (dpo, ipo): a batch of them has
@@ -70,6 +85,12 @@ struct LossSpec {
   double entropy_coef = 0.0;  ///< entropy bonus
   int64_t max_tokens = 0;     ///< DR-GRPO's constant normaliser (0: the batch's sequence length)
   double label_smoothing = 0.0;  ///< dpo only: conservative DPO's label noise, in [0, 0.5]
+  /// decoupled_ppo only: the cap (> 1) of the behaviour importance weight
+  /// pi_prox / pi_behav (AReaL's 5; veRL's truncated IS uses 2), and what a
+  /// token above it gets: mask (it counts nothing, AReaL) or clamp (its
+  /// weight is the cap, veRL).
+  double weight_cap = 5.0;
+  enum class CapMode : uint8_t { mask, clamp } cap_mode = CapMode::mask;
 
   /// A known kind (one read from another process can hold any number),
   /// clip bounds >= 0, beta and entropy_coef finite, max_tokens >= 0; a

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -86,7 +87,10 @@ struct Engine::Impl {
   uint64_t next_request = 1;
   std::mt19937_64 seeds;
   int64_t version = 0;
-  std::optional<PendingUpdate> pending;
+  /// Updates waiting for the requests admitted before each (finish_old),
+  /// applied in order; at most max_pending.
+  std::deque<PendingUpdate> pending;
+  static constexpr size_t max_pending = 8;
   bool asleep = false;
   int64_t steps = 0, generated = 0;
   double schedule_seconds = 0, forward_seconds = 0, sample_seconds = 0;
@@ -424,8 +428,9 @@ struct Engine::Impl {
     auto& out = req.out.sequences[static_cast<size_t>(k)];
     const auto& p = req.params;
     st.seq->tokens.push_back(token);
+    if (out.tokens.empty()) out.first_weight_version = version;
     out.tokens.push_back(token);
-    out.weight_version = version;  // finish_old keeps one version per sequence
+    out.weight_version = version;  // only continue_new changes it while a sequence runs
     ++generated;
     if (p.logprobs >= 0) record(out.logprobs, logprobs_row, token, p.logprobs);
     StopReason why = StopReason::none;
@@ -481,6 +486,18 @@ struct Engine::Impl {
 
   Result<std::vector<uint64_t>> run_step();
   void apply_update(PendingUpdate&& u);
+
+  // Applies the waiting updates, in order, whose earlier requests are done.
+  void apply_due_updates() {
+    while (!pending.empty()) {
+      for (const auto& [id, r] : requests)
+        if (id < pending.front().barrier && !r.out.finished) return;
+      // Off the queue first: an update that throws is not applied again, empty.
+      auto u = std::move(pending.front());
+      pending.pop_front();
+      apply_update(std::move(u));
+    }
+  }
 };
 
 // -- the step ---------------------------------------------------------------------
@@ -488,16 +505,11 @@ struct Engine::Impl {
 Result<std::vector<uint64_t>> Engine::Impl::run_step() {
   std::vector<uint64_t> touched;
   if (asleep) return touched;
-  if (pending) {
-    bool before_left = false;
-    for (const auto& [id, r] : requests)
-      if (id < pending->barrier && !r.out.finished) before_left = true;
-    if (!before_left) apply_update(std::move(*pending)), pending.reset();
-  }
+  apply_due_updates();
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
-  auto sch = sched->schedule(pending ? pending->barrier : std::numeric_limits<uint64_t>::max());
+  auto sch = sched->schedule(pending.empty() ? std::numeric_limits<uint64_t>::max() : pending.front().barrier);
   if (sch.chunks.empty()) return touched;
   ++steps;
   std::set<uint64_t> stepped;  // the requests of this step's chunks
@@ -609,7 +621,7 @@ void Engine::Impl::apply_update(PendingUpdate&& u) {
   }
   version = u.version;
   if (u.adapter.empty()) pack_weights();
-  sched->reset_prefix_cache();
+  if (sched) sched->reset_prefix_cache();  // asleep: no cache (wake makes a fresh one)
 }
 
 // -- Engine ---------------------------------------------------------------------------
@@ -746,9 +758,16 @@ std::vector<Result<RequestOutput>> Engine::generate(const std::vector<std::vecto
 Result<void> Engine::update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                                     UpdatePolicy policy) {
   auto& m = *impl_;
-  if (m.pending)
-    return make_error(errc::failed_precondition, "a weight update (version " + std::to_string(m.pending->version) +
-                                                     ") is still waiting for requests in flight");
+  if (policy != UpdatePolicy::finish_old && policy != UpdatePolicy::abort && policy != UpdatePolicy::continue_new)
+    return make_error(errc::invalid_argument, "update policy " + std::to_string(static_cast<int>(policy)) +
+                                                  " is not finish_old, continue_new or abort");
+  m.apply_due_updates();
+  if (policy != UpdatePolicy::abort && m.pending.size() >= Impl::max_pending)
+    return make_error(errc::resource_exhausted,
+                      std::to_string(m.pending.size()) + " weight updates (versions " +
+                          std::to_string(m.pending.front().version) + " to " + std::to_string(m.pending.back().version) +
+                          ") already wait for requests in flight; wait for them (stats: update_pending) before "
+                          "sending more");
   PendingUpdate u;
   u.adapter = adapter;
   u.version = version;
@@ -784,21 +803,25 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
   if (policy == UpdatePolicy::abort)
     for (auto& [id, r] : m.requests)
       if (!r.out.finished) m.abort_request(r);
-  u.barrier = m.next_request;
-  bool in_flight = false;
+  // finish_old waits for the requests admitted so far; the others only for
+  // the updates already waiting (which come first), then apply before the
+  // next step, whatever runs.
+  u.barrier = policy == UpdatePolicy::finish_old ? m.next_request : 0;
+  bool wait = false;
   for (const auto& [id, r] : m.requests)
-    if (!r.out.finished) in_flight = true;
-  if (in_flight) {
+    if (id < u.barrier && !r.out.finished) wait = true;
+  m.apply_due_updates();
+  if (wait || !m.pending.empty()) {
     // The caller's tensors may change once we return: keep our own copy.
     for (auto& [name, t] : u.tensors) t = t.to(at::kFloat, false, /*copy=*/true);
-    m.pending = std::move(u);
+    m.pending.push_back(std::move(u));
   } else {
     m.apply_update(std::move(u));  // one copy, straight into the weights
   }
   return {};
 }
 
-bool Engine::update_pending() const { return impl_->pending.has_value(); }
+bool Engine::update_pending() const { return !impl_->pending.empty(); }
 int64_t Engine::weight_version() const { return impl_->version; }
 
 Result<void> Engine::add_adapter(const std::string& name, const LoraConfig& cfg) {
@@ -824,6 +847,7 @@ Result<void> Engine::sleep() {
   if (m.asleep) return {};
   if (has_unfinished())
     return make_error(errc::failed_precondition, "requests are in flight: wait for them or abort them before sleep");
+  m.apply_due_updates();  // none waits for anything now
   m.k_cache.clear();
   m.v_cache.clear();
   m.sched.reset();

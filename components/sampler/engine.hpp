@@ -95,14 +95,18 @@ public:
   /// weights, any subset) or a LoRA adapter's tensors under PEFT's names.
   /// Names and shapes are checked first; nothing changes on an error. With
   /// UpdatePolicy::finish_old the update waits until the requests already
-  /// admitted finish (new ones wait for it); with abort, they stop now. The
-  /// prefix cache is cleared when it applies. `version` is reported by every
+  /// admitted finish (new ones wait for it); with abort, they stop now; with
+  /// continue_new it applies before the next step and running requests go on
+  /// with it. Updates that must wait queue up (at most 8) and apply in the
+  /// order they came, each once the requests before it are done, so a
+  /// request added between two updates runs wholly on the first. The
+  /// prefix cache is cleared when one applies. `version` is reported by every
   /// sequence sampled after it. `weights` are only read during the call (an
   /// update that applies now copies them once, straight into the model; one
   /// that must wait keeps its own copy), so the caller may reuse them after.
   Result<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               UpdatePolicy policy = UpdatePolicy::finish_old);
-  /// Whether an update waits for requests in flight.
+  /// Whether an update waits for requests in flight (or for one before it).
   bool update_pending() const;
   int64_t weight_version() const;
   Result<void> add_adapter(const std::string& name, const LoraConfig& cfg);

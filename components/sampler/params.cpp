@@ -38,8 +38,16 @@ std::string_view to_string(UpdatePolicy p) {
   switch (p) {
     case UpdatePolicy::finish_old: return "finish_old";
     case UpdatePolicy::abort: return "abort";
+    case UpdatePolicy::continue_new: return "continue_new";
   }
   return "unknown";
+}
+
+Result<UpdatePolicy> parse_update_policy(std::string_view name) {
+  for (auto p : {UpdatePolicy::finish_old, UpdatePolicy::abort, UpdatePolicy::continue_new})
+    if (name == to_string(p)) return p;
+  return make_error(errc::invalid_argument,
+                    "update policy '" + std::string{name} + "' is not finish_old, continue_new or abort");
 }
 
 std::string_view to_string(StopReason r) {

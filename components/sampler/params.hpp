@@ -69,8 +69,11 @@ struct SequenceOutput {
   /// What stopped it: the stop token, or -1; the stop string, or empty.
   int64_t stop_token = -1;
   std::string stop_string;
-  /// The weight version every token was sampled with.
+  /// The weight version of its last token. Every token has it, except
+  /// after an update with UpdatePolicy::continue_new landed while the
+  /// sequence ran: its tokens then span [first_weight_version, weight_version].
   int64_t weight_version = 0;
+  int64_t first_weight_version = 0;  ///< of its first token's weights
   friend bool operator==(const SequenceOutput&, const SequenceOutput&) = default;
 };
 
@@ -104,8 +107,13 @@ struct EngineConfig {
 enum class UpdatePolicy : uint8_t {
   finish_old,  ///< running requests finish on the old weights; new ones wait, then use the new
   abort,       ///< running requests stop now with stop_reason abort; the update applies at once
+  /// The update applies before the next engine step; running requests go
+  /// on with the new weights (their cached keys and values stay), and each
+  /// records the versions its tokens span (SequenceOutput::first_weight_version).
+  continue_new,
 };
-/// "finish_old" or "abort".
+/// "finish_old", "abort" or "continue_new".
 std::string_view to_string(UpdatePolicy p);
+Result<UpdatePolicy> parse_update_policy(std::string_view name);
 
 }  // namespace glint::components

@@ -142,6 +142,7 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
     }
     waiting_.pop_front();
     s.status = Sequence::Status::running;
+    s.generation = generation_;
     auto at = std::upper_bound(running_.begin(), running_.end(), &s, [](const Sequence* a, const Sequence* b) {
       return a->arrival != b->arrival ? a->arrival < b->arrival : a->sample < b->sample;
     });
@@ -158,7 +159,7 @@ void Scheduler::commit(const Schedule& sched) {
 }
 
 void Scheduler::register_blocks(Sequence& s, int64_t upto) {
-  if (!cfg_.enable_prefix_caching) return;
+  if (!cfg_.enable_prefix_caching || s.generation != generation_) return;
   const auto bs = cfg_.block_size;
   const auto full = static_cast<size_t>(upto / bs);
   uint64_t parent = s.block_keys.empty() ? s.salt : s.block_keys.back();
@@ -187,6 +188,7 @@ std::vector<Sequence*> Scheduler::fork(Sequence& parent, int32_t n) {
     s->blocks = parent.blocks;
     s->block_keys = parent.block_keys;
     s->salt = parent.salt;
+    s->generation = parent.generation;
     s->read_prefix_cache = parent.read_prefix_cache;
     s->arrival = parent.arrival;
     s->status = Sequence::Status::running;

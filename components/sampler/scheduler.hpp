@@ -53,6 +53,10 @@ struct Sequence {
   Status status = Status::waiting;
   bool preempted = false;           ///< was preempted at least once
   int64_t cached_tokens = 0;        ///< prompt tokens the prefix cache served at its first admission
+  /// The prefix-cache generation it was admitted in: a sequence admitted
+  /// before the cache was reset (new weights while it ran) registers no
+  /// more blocks, since its cached values mix the old weights in.
+  uint64_t generation = 0;
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };
@@ -101,7 +105,11 @@ public:
   void finish(Sequence& s);
 
   /// Forgets every registered prefix.
-  void reset_prefix_cache() { pool_.reset_cache(); }
+  /// Sequences running now keep their blocks but register no more of them.
+  void reset_prefix_cache() {
+    pool_.reset_cache();
+    ++generation_;
+  }
   const BlockPool& pool() const { return pool_; }
   const SchedulerConfig& config() const { return cfg_; }
   const SchedulerStats& stats() const { return stats_; }
@@ -131,6 +139,7 @@ private:
   std::vector<Sequence*> running_;  // by (arrival, sample)
   uint64_t next_id_ = 1;
   int64_t next_arrival_ = 0;
+  uint64_t generation_ = 0;  ///< of the prefix cache: grows at every reset
   SchedulerStats stats_;
 };
 

@@ -5,6 +5,7 @@
 //
 //   build/examples/grpo                          # local mode, about 2 minutes on 2 cores
 //   glint run --nproc 2 -- build/examples/grpo   # the same, model and sampler in 2 processes
+//   build/examples/grpo --max-staleness 2        # asynchronous: sampling overlaps training
 //
 // On first run it makes what it needs under --out (default runs/grpo): a
 // generated dataset of sums and differences (GSM8K format) and a tiny Qwen3
@@ -16,6 +17,7 @@
 #include "actors/checkpointer.hpp"
 #include "actors/dataloader_group.hpp"
 #include "actors/model_group.hpp"
+#include "actors/rollout.hpp"
 #include "actors/sampler_group.hpp"
 #include "runtime/report.hpp"
 #include "common/tiny_model.hpp"
@@ -30,6 +32,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -51,6 +54,11 @@ struct Args {
   int save_every = 40;       ///< GRPO steps between checkpoints; 0: none
   std::string resume{};      ///< "latest" or a checkpoint name
   bool fresh = false;        ///< start over, deleting the run's checkpoints
+  int64_t max_staleness = 0;  ///< eta: 0 is the synchronous loop
+  std::string update_policy = "finish_old";
+  std::string loss = "auto";  ///< auto: grpo when synchronous, decoupled_ppo when not
+  double weight_cap = 5.0;
+  std::string cap_mode = "mask";
 };
 
 constexpr const char* kSystem = "Compute.";
@@ -138,8 +146,54 @@ int main(int argc, char** argv) {
                  "Continue the run from a checkpoint: latest, or a name (glint checkpoints RUN lists them); the "
                  "steps after it repeat an uninterrupted run's exactly");
   app.add_flag("--fresh", a.fresh, "Start the run over: delete its earlier checkpoints (the data and model stay)");
+  app.add_option("--max-staleness", a.max_staleness,
+                 "Asynchronous RL: the sampler keeps generating while the model trains, and a batch may be trained "
+                 "up to this many weight updates after the weights that sampled it (0: synchronous)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{8}));
+  app.add_option("--update-policy", a.update_policy,
+                 "What samples in flight do when new weights arrive: finish_old (finish on the weights they began "
+                 "with; runs do not depend on timing) or continue_new (go on with the new ones)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"finish_old", "continue_new"}));
+  app.add_option("--loss", a.loss,
+                 "GRPO's loss: auto (grpo when synchronous, decoupled_ppo when --max-staleness > 0), grpo, "
+                 "decoupled_ppo, ...")
+      ->capture_default_str();
+  app.add_option("--weight-cap", a.weight_cap,
+                 "decoupled_ppo: the cap of the off-policy weight pi_prox / pi_behav (AReaL 5, veRL 2)")
+      ->capture_default_str();
+  app.add_option("--cap-mode", a.cap_mode, "decoupled_ppo: mask (tokens above the cap count nothing) or clamp")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mask", "clamp"}));
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results in order with the progress lines on stderr
+  components::LossSpec grpo_loss;
+  {
+    auto kind = components::parse_loss_kind(a.loss == "auto" ? (a.max_staleness > 0 ? "decoupled_ppo" : "grpo") : a.loss);
+    if (!kind) {
+      std::fprintf(stderr, "grpo: --loss: %s\n", context_of(kind.error()).c_str());
+      return 2;
+    }
+    grpo_loss.kind = *kind;
+    if (*kind == components::LossKind::decoupled_ppo) {
+      grpo_loss.weight_cap = a.weight_cap;
+      grpo_loss.cap_mode = a.cap_mode == "clamp" ? components::LossSpec::CapMode::clamp : components::LossSpec::CapMode::mask;
+    } else if (a.weight_cap != 5.0 || a.cap_mode != "mask") {
+      std::fprintf(stderr, "grpo: --weight-cap and --cap-mode apply to --loss decoupled_ppo only\n");
+      return 2;
+    }
+    if (auto ok = grpo_loss.validate(); !ok) {
+      std::fprintf(stderr, "grpo: %s\n", context_of(ok.error()).c_str());
+      return 2;
+    }
+  }
+  const auto update_policy = components::parse_update_policy(a.update_policy);
+  if (*update_policy == components::UpdatePolicy::continue_new && a.max_staleness == 0) {
+    std::fprintf(stderr, "grpo: --update-policy continue_new needs --max-staleness above 0: a synchronous loop has no "
+                         "samples in flight when new weights arrive\n");
+    return 2;
+  }
 
   // A step holds every completion of its prompts in the driver and in the
   // training batch (ids, masks, log-probabilities, advantages: about 48
@@ -195,7 +249,7 @@ int main(int argc, char** argv) {
     // GRPO's loss and optimizer come first when resuming: the checkpoint's
     // optimizer state loads into them.
     auto set_grpo = [&]() -> Result<void> {
-      if (auto ok = model->set_loss({.kind = components::LossKind::grpo}).get(); !ok) return ok;
+      if (auto ok = model->set_loss(grpo_loss).get(); !ok) return ok;
       return model->set_optimizer({.lr = a.lr}).get();
     };
     auto rl_spec = loader;
@@ -291,33 +345,47 @@ int main(int argc, char** argv) {
       if (auto ok = set_grpo(); !ok) return fail("setting up GRPO", ok.error());
     components::SamplingParams sampling_params{.num_samples = a.generations, .max_tokens = a.max_tokens,
                                                .temperature = 1.0, .stop_token_ids = {im_end}};
+    // The rollouts: each step's prompts, sampled with the weights synced
+    // before (--max-staleness 0), or while earlier steps train (above 0).
+    auto source = [&](int64_t step) -> Result<std::optional<actors::RolloutBatch>> {
+      auto batch = dataloader->next_batch().take();
+      if (!batch) return with_context(batch.error(), "reading prompts");
+      actors::RolloutBatch b{.prompts = prompts_of(batch->rows, 1).ids, .params = sampling_params,
+                             .rows = std::move(batch->rows), .loader_state = batch->state};
+      // Each step's draws come from (seed, step), so a resumed run repeats
+      // them, and a batch's samples do not depend on when it was sampled.
+      b.params.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
+      return b;
+    };
+    actors::RolloutPipeline rollouts{ckpt_manager, *sampler, source,
+                                     {.max_staleness = a.max_staleness, .first_batch = start + 1,
+                                      .last_batch = a.steps, .sync = {.policy = *update_policy}}};
+    if (a.max_staleness > 0)
+      std::printf("asynchronous GRPO: up to %lld steps of staleness, loss %s, policy %s\n",
+                  static_cast<long long>(a.max_staleness), std::string{components::to_string(grpo_loss.kind)}.c_str(),
+                  a.update_policy.c_str());
     components::rl::CompletionRewardMetric metrics;
     Progress bar{"grpo", a.steps};
     std::vector<double> rewards;  // per step, for the running mean
+    using clock = std::chrono::steady_clock;
+    const auto grpo_start = clock::now();
+    double sample_s = 0, train_s = 0;
     for (int step = start + 1; step <= a.steps; ++step) {
-      auto batch = dataloader->next_batch().take();
-      if (!batch) return fail("reading prompts", batch.error());
       metrics.reset();
-      // Each step's draws come from (seed, step), so a resumed run repeats them.
-      sampling_params.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
-
-      // Sync weights to the sampler.
-      auto sync = ckpt_manager.sync_weights();
-      if (!sync) return fail("syncing weights", sync.error());
-
-      // Group sampling: num_samples completions per prompt.
-      auto prompts = prompts_of(batch->rows, a.generations);
-      auto sequences = sampler->sample(prompts.ids, sampling_params).take();
-      if (!sequences) return fail("sampling", sequences.error());
+      // The step's completions: num_samples per prompt, every group whole.
+      auto rollout = rollouts.next();
+      if (!rollout) return fail("sampling", rollout.error());
+      const auto& sequences = rollout->sequences;
+      auto prompts = prompts_of(rollout->batch.rows, a.generations);
 
       // Rewards.
-      auto texts = texts_of(*sequences);
+      auto texts = texts_of(sequences);
       auto accuracy = components::rl::gsm8k_accuracy(texts, prompts.solutions);
       if (!accuracy) return fail("scoring", accuracy.error());
       auto format = components::rl::gsm8k_format(texts);
       std::vector<double> total(texts.size());
       for (size_t i = 0; i < total.size(); ++i) total[i] = (*accuracy)[i] + format[i];
-      (void)metrics.accumulate(completion_lengths(*sequences),
+      (void)metrics.accumulate(completion_lengths(sequences),
                                {{"total", total}, {"accuracy", *accuracy}, {"format", format}});
 
       // GRPO advantages: normalised within each prompt's group.
@@ -325,20 +393,31 @@ int main(int argc, char** argv) {
           components::rl::advantages(total, {.group_size = a.generations, .scale = components::rl::Scale::group});
       if (!advantages) return fail("advantages", advantages.error());
 
-      // Train on the completions.
-      auto inputs = actors::training_batch(prompts.ids, *sequences, {.pad_id = pad, .advantages = *advantages});
+      // Train on the completions, then hand the new weights to the sampler.
+      const auto train_start = clock::now();
+      auto inputs = actors::training_batch(rollout->batch.prompts, sequences, {.pad_id = pad, .advantages = *advantages});
       if (!inputs) return fail("making the training batch", inputs.error());
       auto m = model->forward_backward(*inputs).take();
       if (!m) return fail("forward_backward", m.error());
       auto s = model->clip_grad_and_step().take();
       if (!s) return fail("step", s.error());
+      auto sync = rollouts.weights_updated();
+      if (!sync) return fail("syncing weights", sync.error());
+      const double train_seconds = std::chrono::duration<double>(clock::now() - train_start).count();
+      sample_s += rollout->sample_seconds;
+      train_s += train_seconds;
 
       auto row = metrics.calculate();
-      for (const char* k : {"loss", "clip_fraction"})
+      for (const char* k : {"loss", "clip_fraction", "capped_fraction", "behavior_weight_mean"})
         if (m->count(k)) row[k] = m->at(k);
       for (const char* k : {"grad_norm", "lr"})
         if (s->count(k)) row[k] = s->at(k);
       row["weight_sync_seconds"] = sync->seconds;
+      row["sample_seconds"] = rollout->sample_seconds;
+      row["train_seconds"] = train_seconds;  // forward_backward, step and sync
+      row["wait_seconds"] = rollout->wait_seconds;  // the trainer idle, waiting for samples
+      row["staleness/max"] = static_cast<double>(rollout->staleness_max);
+      row["staleness/mean"] = rollout->staleness_mean;
       report.add(step, "grpo", row);
       rewards.push_back(row["reward/total/mean"]);
       char status[96];
@@ -348,13 +427,25 @@ int main(int argc, char** argv) {
       if (a.save_every > 0 && step % a.save_every == 0) {
         char summary[64];
         std::snprintf(summary, sizeof summary, "reward %.3f, accuracy %.3f", rewards.back(), row["reward/accuracy/mean"]);
-        auto saved = checkpoints->save("step-" + std::to_string(step), *model, &*dataloader,
+        // The loader's position after this step's batch: with
+        // --max-staleness the loader itself is ahead by the batches in
+        // flight, which a resumed run samples again (from these weights).
+        auto saved = checkpoints->save("step-" + std::to_string(step), *model, nullptr,
                                        {.step = step, .consumed_samples = step * a.prompts, .seed = a.seed,
-                                        .phase = "grpo", .metrics = {{"reward", rewards.back()}}},
+                                        .phase = "grpo", .loader = *rollout->batch.loader_state,
+                                        .metrics = {{"reward", rewards.back()}}},
                                        summary);
         if (!saved) return fail("saving a checkpoint", saved.error());
       }
     }
+    rollouts.close();
+    const double grpo_seconds = std::chrono::duration<double>(clock::now() - grpo_start).count();
+    const int done_steps = a.steps - start;
+    if (done_steps > 0)
+      std::printf("grpo phase: %d steps in %.2f s (%.0f steps/hour), max staleness %lld; sampling %.2f s, training "
+                  "%.2f s, the trainer waited %.2f s for samples\n",
+                  done_steps, grpo_seconds, done_steps * 3600.0 / grpo_seconds,
+                  static_cast<long long>(a.max_staleness), sample_s, train_s, rollouts.stats().wait_seconds);
     bar.finish();
     auto after = evaluate();
     if (!after) return fail("evaluating", after.error());

@@ -315,7 +315,7 @@ TEST_P(SamplerActorTest, UpdateWeightsChangesGreedyOutputAndReportsTheVersion) {
   // An enum from another process can hold any number.
   auto policy = update(weights_of(sharp_model(1)), static_cast<actors::UpdatePolicy>(7));
   ASSERT_FALSE(policy);
-  EXPECT_TRUE(contains(describe(policy.error()), "policy 7 is neither finish_old nor abort")) << describe(policy.error());
+  EXPECT_TRUE(contains(describe(policy.error()), "policy 7 is not finish_old, continue_new or abort")) << describe(policy.error());
   auto again = sample(group, prompts, greedy);
   ASSERT_TRUE(again);
   EXPECT_EQ(*again, *after);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <random>
+#include <tuple>
 
 namespace glint::components {
 namespace {
@@ -469,6 +470,102 @@ TEST(Sampler, WeightUpdatesWaitForRequestsInFlightOrAbortThem) {
   bad = {{"no.such.weight", *Tensor::from_values(std::vector<float>{1}, {1})}};
   EXPECT_FALSE(e.update_weights(bad, "", 3));
   EXPECT_EQ(e.weight_version(), 2);
+}
+
+// Asynchronous RL sends updates while requests run: finish_old updates
+// queue up, each applying once the requests before it are done, so a
+// request added between two updates runs wholly on the first.
+TEST(Sampler, FinishOldUpdatesQueueUpInOrder) {
+  auto e = make_engine(test_model());
+  auto v1 = test_model(4), v2 = test_model(5);
+  auto prompt = random_prompt(11, 3);
+  auto on0 = naive_greedy(e.model(), prompt, greedy.max_tokens);
+  auto on1 = naive_greedy(v1, prompt, greedy.max_tokens);
+  auto on2 = naive_greedy(v2, prompt, greedy.max_tokens);
+  ASSERT_NE(on0, on1);
+  ASSERT_NE(on1, on2);
+  auto a = *e.add_request(prompt, greedy);
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(*v1.named_parameters(), "", 1, UpdatePolicy::finish_old));
+  auto b = *e.add_request(prompt, greedy);
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(*v2.named_parameters(), "", 2, UpdatePolicy::finish_old));
+  auto c = *e.add_request(prompt, greedy);
+  EXPECT_TRUE(e.update_pending());
+  EXPECT_EQ(e.weight_version(), 0);
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  EXPECT_FALSE(e.update_pending());
+  EXPECT_EQ(e.weight_version(), 2);
+  for (auto [id, tokens, version] : {std::tuple{a, on0, 0}, {b, on1, 1}, {c, on2, 2}}) {
+    const auto& s = e.output(id)->sequences[0];
+    EXPECT_EQ(s.tokens, tokens) << "version " << version;
+    EXPECT_EQ(s.weight_version, version);
+    EXPECT_EQ(s.first_weight_version, version);
+  }
+  // At most 8 wait; the 9th is refused and changes nothing.
+  auto held = *e.add_request(prompt, {.max_tokens = 40, .temperature = 0, .ignore_eos = true});
+  ASSERT_TRUE(e.step());
+  for (int64_t v = 3; v <= 10; ++v) {
+    ASSERT_TRUE(e.update_weights(*v1.named_parameters(), "", v, UpdatePolicy::finish_old)) << v;
+    (void)e.add_request(prompt, greedy);
+  }
+  auto refused = e.update_weights(*v1.named_parameters(), "", 11, UpdatePolicy::finish_old);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("already wait"), std::string::npos) << describe(refused.error());
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  EXPECT_EQ(e.weight_version(), 10);
+  EXPECT_EQ(e.output(held)->sequences[0].weight_version, 2);
+  // An update waiting for a request that is then aborted applies before
+  // the engine sleeps, and one sent while it sleeps applies at once.
+  auto cut = *e.add_request(prompt, {.max_tokens = 40, .temperature = 0, .ignore_eos = true});
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(*v2.named_parameters(), "", 11, UpdatePolicy::finish_old));
+  EXPECT_TRUE(e.update_pending());
+  e.abort(cut);
+  ASSERT_TRUE(e.sleep());
+  EXPECT_FALSE(e.update_pending());
+  EXPECT_EQ(e.weight_version(), 11);
+  ASSERT_TRUE(e.update_weights(*v1.named_parameters(), "", 12, UpdatePolicy::finish_old));
+  EXPECT_EQ(e.weight_version(), 12);
+  ASSERT_TRUE(e.wake());
+  auto after = e.generate({prompt}, greedy);
+  EXPECT_EQ(after[0]->sequences[0].tokens, on1);
+  EXPECT_EQ(after[0]->sequences[0].weight_version, 12);
+}
+
+TEST(Sampler, ContinueNewMovesRunningRequestsToTheNewWeights) {
+  auto e = make_engine(test_model());
+  auto v1 = test_model(4);
+  auto prompt = random_prompt(11, 10);
+  const SamplingParams long_greedy{.max_tokens = 24, .temperature = 0, .ignore_eos = true};
+  auto running = *e.add_request(prompt, long_greedy);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.step());
+  const auto first = e.output(running)->sequences[0].tokens;
+  ASSERT_EQ(first.size(), 4u);
+  ASSERT_TRUE(e.update_weights(*v1.named_parameters(), "", 1, UpdatePolicy::continue_new));
+  EXPECT_FALSE(e.update_pending()) << "it applies before the next step";
+  EXPECT_EQ(e.weight_version(), 1);
+  // On until its first block of 16 (prompt and 6 tokens, most computed by
+  // the old weights) is full.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.step());
+  const auto& s = e.output(running)->sequences[0];
+  ASSERT_EQ(s.tokens.size(), 8u);
+  EXPECT_EQ(std::vector<int64_t>(s.tokens.begin(), s.tokens.begin() + 4), first) << "its first tokens stay";
+  // A request after the update with that block's tokens as its prompt must
+  // not reuse the block (its values mix the old weights in).
+  auto again = prompt;
+  again.insert(again.end(), s.tokens.begin(), s.tokens.begin() + 7);
+  auto fresh = *e.add_request(again, long_greedy);
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  EXPECT_EQ(s.first_weight_version, 0);
+  EXPECT_EQ(s.weight_version, 1);
+  const auto& f = e.output(fresh)->sequences[0];
+  EXPECT_EQ(f.first_weight_version, 1);
+  EXPECT_EQ(e.output(fresh)->cached_tokens, 0);
+  EXPECT_EQ(f.tokens, naive_greedy(v1, again, long_greedy.max_tokens));
+  EXPECT_EQ(*parse_update_policy("continue_new"), UpdatePolicy::continue_new);
+  EXPECT_FALSE(parse_update_policy("later"));
+  EXPECT_FALSE(e.update_weights(*v1.named_parameters(), "", 2, static_cast<UpdatePolicy>(7)));
 }
 
 TEST(Sampler, LoraOnlyUpdatesChangeOneAdapter) {

@@ -349,3 +349,87 @@ TEST(TinkerTraining, SetOptimizerWithKeepStateKeepsTheMoments) {
 
 }  // namespace
 }  // namespace glint::components
+
+namespace glint::components {
+namespace {
+
+// decoupled_ppo through the trainer: old_logps are the behaviour policy's,
+// the proximal policy is the weights at the start of the step (the
+// answered log-probs), so the loss is -mean(w * A) over the counted
+// tokens with w = exp(prox - behav), masked above the cap.
+TEST(AsyncTraining, DecoupledPpoThroughTheTrainerUsesTheStepsWeightsAsProximal) {
+  TrainBatch b{.tokens = {.input_ids = ids_of({{1, 2, 3, 4, 5, 6}, {6, 5, 4, 3, 2, 1}})}};
+  b.advantages = *Tensor::from_values(std::vector<float>{0.5f, -1.f}, {2});
+  b.loss_mask = f32({{0, 1, 1, 1, 1, 0}, {0, 0, 1, 1, 1, 0}});
+  for (auto mode : {LossSpec::CapMode::mask, LossSpec::CapMode::clamp}) {
+    auto tr = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = sgd});
+    // The behaviour log-probs: the trainer's own, moved so that some
+    // weights exceed the cap of 2.
+    Tensor lp0;
+    {
+      auto probe = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = sgd});
+      ASSERT_TRUE(probe.forward_backward(b, {.kind = LossKind::grpo}, &lp0));
+    }
+    auto behav = to_torch(lp0).clone();
+    behav[0][1] -= 1.5;  // weight e^1.5 = 4.5: above the cap
+    behav[1][3] += 0.3;  // weight e^-0.3
+    b.old_logps = *from_torch(behav);
+    LossSpec spec{.kind = LossKind::decoupled_ppo, .weight_cap = 2, .cap_mode = mode};
+    Tensor lp;
+    auto m = tr.forward_backward(b, spec, &lp);
+    ASSERT_TRUE(m) << describe(m.error());
+    auto prox = to_torch(lp).to(at::kDouble), q = behav.to(at::kDouble), mask = to_torch(b.loss_mask).to(at::kDouble);
+    double sum = 0, n = 0, capped = 0;
+    const double adv[2] = {0.5, -1};
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t t = 0; t < T - 1; ++t) {
+        if (mask[r][t].item<double>() == 0) continue;
+        double w = std::exp(prox[r][t].item<double>() - q[r][t].item<double>());
+        if (w > 2) {
+          ++capped;
+          w = mode == LossSpec::CapMode::mask ? 0 : 2;
+        }
+        sum += -w * adv[r];
+        ++n;
+      }
+    EXPECT_NEAR(m->at("loss"), sum / n, 1e-5);
+    EXPECT_NEAR(m->at("capped_fraction"), capped / n, 1e-6);  // an f32 mean
+    EXPECT_EQ(capped, 1);
+    EXPECT_EQ(m->at("loss_count"), n) << "normalised over the original token count";
+    // The gradient is the weighted policy gradient -sum(w A grad logp) / N:
+    // one SGD step moves the weights as cross_entropy with reduction sum and
+    // those weights does (were the proximal log-probs not detached, the
+    // gradient would be zero, the value the same).
+    auto w = at::exp(prox - q).to(at::kFloat);
+    auto keep = mode == LossSpec::CapMode::mask ? w.masked_fill(w > 2, 0) : w.clamp_max(2);
+    auto per_row = at::tensor({0.5f, -1.f}).unsqueeze(1);
+    TrainBatch ce{.tokens = b.tokens, .loss_mask = b.loss_mask};
+    ce.loss_weights = *from_torch((keep * per_row * mask.to(at::kFloat) / n).contiguous());
+    auto reference = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = sgd});
+    ASSERT_TRUE(reference.forward_backward(ce, sum_ce));
+    ASSERT_TRUE(reference.clip_grad_and_step());
+    ASSERT_TRUE(tr.clip_grad_and_step());
+    expect_same_params(tr, reference, 1e-4, 1e-7);
+  }
+  // Without the behaviour log-probs, or with columns it does not read: refused.
+  auto tr = *Trainer::create(*CausalLM::init_random(small(), 4), {.optimizer = sgd});
+  TrainBatch no_behav = b;
+  no_behav.old_logps = Tensor{};
+  auto e = tr.forward_backward(no_behav, {.kind = LossKind::decoupled_ppo});
+  ASSERT_FALSE(e);
+  EXPECT_NE(describe(e.error()).find("needs old_logps"), std::string::npos) << describe(e.error());
+  TrainBatch with_ref = b;
+  with_ref.ref_logps = b.old_logps;
+  e = tr.forward_backward(with_ref, {.kind = LossKind::decoupled_ppo});
+  ASSERT_FALSE(e);
+  EXPECT_NE(describe(e.error()).find("ref_logps"), std::string::npos) << describe(e.error());
+  EXPECT_FALSE((LossSpec{.kind = LossKind::decoupled_ppo, .weight_cap = 1}.validate()));
+  EXPECT_FALSE((LossSpec{.kind = LossKind::decoupled_ppo, .beta = 0.1}.validate()));
+  EXPECT_FALSE((LossSpec{.kind = LossKind::grpo, .weight_cap = 2}.validate())) << "grpo does not read weight_cap";
+  EXPECT_FALSE((LossSpec{.kind = LossKind::ppo, .cap_mode = LossSpec::CapMode::clamp}.validate()));
+  EXPECT_FALSE((LossSpec{.kind = LossKind::decoupled_ppo, .cap_mode = static_cast<LossSpec::CapMode>(5)}.validate()));
+  EXPECT_EQ(*parse_loss_kind("decoupled_ppo"), LossKind::decoupled_ppo);
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -66,7 +66,13 @@ struct PendingUpdate {
   std::map<std::string, at::Tensor> tensors;
   std::string adapter;
   int64_t version = 0;
-  uint64_t barrier = 0;  // requests with smaller ids finish first
+  uint64_t barrier = 0;  // the requests it touches with smaller ids finish first
+
+  // Whether it changes what `adapter`'s requests sample with: the base
+  // changes every request's, an adapter only its own.
+  bool touches(const std::string& a) const { return adapter.empty() || adapter == a; }
+  // Whether it must apply after `earlier` (they change the same weights).
+  bool after(const PendingUpdate& earlier) const { return adapter.empty() || earlier.touches(adapter); }
 };
 
 }  // namespace
@@ -86,9 +92,10 @@ struct Engine::Impl {
   std::map<uint64_t, std::pair<uint64_t, int32_t>> seq_owner;  // sequence id -> (request, sample)
   uint64_t next_request = 1;
   std::mt19937_64 seeds;
-  int64_t version = 0;
+  int64_t version = 0;  ///< of the last update applied
+  std::map<std::string, int64_t> versions;  ///< per adapter ("" : the base), of its last update
   /// Updates waiting for the requests admitted before each (finish_old),
-  /// applied in order; at most max_pending.
+  /// applied in order where they change the same weights; at most max_pending.
   std::deque<PendingUpdate> pending;
   static constexpr size_t max_pending = 8;
   bool asleep = false;
@@ -428,9 +435,10 @@ struct Engine::Impl {
     auto& out = req.out.sequences[static_cast<size_t>(k)];
     const auto& p = req.params;
     st.seq->tokens.push_back(token);
-    if (out.tokens.empty()) out.first_weight_version = version;
+    const int64_t v = version_of(req.adapter);
+    if (out.tokens.empty()) out.first_weight_version = v;
     out.tokens.push_back(token);
-    out.weight_version = version;  // only continue_new changes it while a sequence runs
+    out.weight_version = v;  // only continue_new changes it while a sequence runs
     ++generated;
     if (p.logprobs >= 0) record(out.logprobs, logprobs_row, token, p.logprobs);
     StopReason why = StopReason::none;
@@ -487,14 +495,45 @@ struct Engine::Impl {
   Result<std::vector<uint64_t>> run_step();
   void apply_update(PendingUpdate&& u);
 
-  // Applies the waiting updates, in order, whose earlier requests are done.
+  // The version request `r`'s tokens are sampled with: its adapter's last
+  // update, else the base's.
+  int64_t version_of(const std::string& adapter) const {
+    auto it = versions.find(adapter);
+    if (it == versions.end() && !adapter.empty()) it = versions.find("");
+    return it == versions.end() ? 0 : it->second;
+  }
+
+  // Whether update `i` of the queue waits: for an earlier one that changes
+  // the same weights, or for a request it touches admitted before it.
+  bool waits(size_t i) const {
+    const auto& u = pending[i];
+    for (size_t j = 0; j < i; ++j)
+      if (u.after(pending[j])) return true;
+    for (const auto& [id, r] : requests)
+      if (id < u.barrier && !r.out.finished && u.touches(r.adapter)) return true;
+    return false;
+  }
+
+  // Whether request `id` must wait for a queued update: one that changes
+  // its weights and came before it.
+  bool held(uint64_t id) const {
+    auto it = requests.find(id);
+    if (it == requests.end()) return false;
+    for (const auto& u : pending)
+      if (id >= u.barrier && u.touches(it->second.adapter)) return true;
+    return false;
+  }
+
+  // Applies the waiting updates that no longer wait, in queue order.
   void apply_due_updates() {
-    while (!pending.empty()) {
-      for (const auto& [id, r] : requests)
-        if (id < pending.front().barrier && !r.out.finished) return;
+    for (size_t i = 0; i < pending.size();) {
+      if (waits(i)) {
+        ++i;
+        continue;
+      }
       // Off the queue first: an update that throws is not applied again, empty.
-      auto u = std::move(pending.front());
-      pending.pop_front();
+      auto u = std::move(pending[i]);
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       apply_update(std::move(u));
     }
   }
@@ -509,7 +548,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
-  auto sch = sched->schedule(pending.empty() ? std::numeric_limits<uint64_t>::max() : pending.front().barrier);
+  auto sch = pending.empty() ? sched->schedule() : sched->schedule([this](uint64_t id) { return held(id); });
   if (sch.chunks.empty()) return touched;
   ++steps;
   std::set<uint64_t> stepped;  // the requests of this step's chunks
@@ -620,6 +659,7 @@ void Engine::Impl::apply_update(PendingUpdate&& u) {
     }
   }
   version = u.version;
+  versions[u.adapter] = u.version;
   if (u.adapter.empty()) pack_weights();
   if (sched) sched->reset_prefix_cache();  // asleep: no cache (wake makes a fresh one)
 }
@@ -802,21 +842,20 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
     return make_error(errc::invalid_argument, "weight update rejected (nothing changed): " + join(problems, "; "));
   if (policy == UpdatePolicy::abort)
     for (auto& [id, r] : m.requests)
-      if (!r.out.finished) m.abort_request(r);
-  // finish_old waits for the requests admitted so far; the others only for
-  // the updates already waiting (which come first), then apply before the
-  // next step, whatever runs.
+      if (!r.out.finished && u.touches(r.adapter)) m.abort_request(r);
+  // finish_old waits for the requests admitted so far that it touches; the
+  // others only for the updates already waiting that change the same
+  // weights, then apply before the next step, whatever runs.
   u.barrier = policy == UpdatePolicy::finish_old ? m.next_request : 0;
-  bool wait = false;
-  for (const auto& [id, r] : m.requests)
-    if (id < u.barrier && !r.out.finished) wait = true;
   m.apply_due_updates();
-  if (wait || !m.pending.empty()) {
+  m.pending.push_back(std::move(u));
+  if (m.waits(m.pending.size() - 1)) {
     // The caller's tensors may change once we return: keep our own copy.
-    for (auto& [name, t] : u.tensors) t = t.to(at::kFloat, false, /*copy=*/true);
-    m.pending.push_back(std::move(u));
+    for (auto& [name, t] : m.pending.back().tensors) t = t.to(at::kFloat, false, /*copy=*/true);
   } else {
-    m.apply_update(std::move(u));  // one copy, straight into the weights
+    auto now = std::move(m.pending.back());
+    m.pending.pop_back();
+    m.apply_update(std::move(now));  // one copy, straight into the weights
   }
   return {};
 }
@@ -834,7 +873,13 @@ Result<void> Engine::remove_adapter(const std::string& name) {
   for (const auto& [id, r] : impl_->requests)
     if (!r.out.finished && r.adapter == name)
       return make_error(errc::failed_precondition, "adapter '" + name + "' is in use by request " + std::to_string(id));
-  return impl_->model.remove_adapter(name);
+  for (const auto& u : impl_->pending)
+    if (u.adapter == name)
+      return make_error(errc::failed_precondition, "adapter '" + name + "' has a weight update (version " +
+                                                       std::to_string(u.version) + ") waiting for requests in flight");
+  if (auto ok = impl_->model.remove_adapter(name); !ok) return ok;
+  impl_->versions.erase(name);
+  return {};
 }
 std::vector<std::string> Engine::adapters() const { return impl_->model.adapters(); }
 

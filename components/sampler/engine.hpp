@@ -99,15 +99,19 @@ public:
   /// continue_new it applies before the next step and running requests go on
   /// with it. Updates that must wait queue up (at most 8) and apply in the
   /// order they came, each once the requests before it are done, so a
-  /// request added between two updates runs wholly on the first. The
-  /// prefix cache is cleared when one applies. `version` is reported by every
-  /// sequence sampled after it. `weights` are only read during the call (an
+  /// request added between two updates runs wholly on the first. An
+  /// adapter's update touches only that adapter's requests (waits for,
+  /// holds back, aborts); the base's touches all. The prefix cache is
+  /// cleared when one applies. `version` is reported by every sequence
+  /// sampled after it with what it changed. `weights` are only read during the call (an
   /// update that applies now copies them once, straight into the model; one
   /// that must wait keeps its own copy), so the caller may reuse them after.
   Result<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               UpdatePolicy policy = UpdatePolicy::finish_old);
   /// Whether an update waits for requests in flight (or for one before it).
   bool update_pending() const;
+  /// The version of the last update applied (any adapter's). A sequence
+  /// reports its adapter's last version, else the base's.
   int64_t weight_version() const;
   Result<void> add_adapter(const std::string& name, const LoraConfig& cfg);
   Result<void> load_adapter(const std::string& name, const std::string& dir);

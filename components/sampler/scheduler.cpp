@@ -95,6 +95,10 @@ void Scheduler::preempt(Sequence& s) {
 }
 
 Schedule Scheduler::schedule(uint64_t admit_below) {
+  return schedule([admit_below](uint64_t request) { return request >= admit_below; });
+}
+
+Schedule Scheduler::schedule(const std::function<bool(uint64_t request)>& held) {
   Schedule out;
   int64_t budget = cfg_.max_num_batched_tokens;
   // Running sequences, oldest first; victims come from the back.
@@ -122,9 +126,12 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
     ++i;
   }
   // Waiting sequences, in order, when nothing had to be preempted.
-  while (out.preempted.empty() && budget > 0 && !waiting_.empty()) {
-    Sequence& s = *waiting_.front();
-    if (s.request >= admit_below) break;
+  for (size_t w = 0; out.preempted.empty() && budget > 0 && w < waiting_.size();) {
+    Sequence& s = *waiting_[w];
+    if (held(s.request)) {
+      ++w;
+      continue;
+    }
     if (slots_in_use() + 1 + s.reserved > cfg_.max_num_seqs) break;
     const bool first_admission = s.num_computed == 0 && !s.preempted;
     match_prefix(s);
@@ -140,7 +147,7 @@ Schedule Scheduler::schedule(uint64_t admit_below) {
     } else {
       stats_.recomputed_tokens += static_cast<int64_t>(s.tokens.size()) - s.num_computed;
     }
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
     s.status = Sequence::Status::running;
     s.generation = generation_;
     auto at = std::upper_bound(running_.begin(), running_.end(), &s, [](const Sequence* a, const Sequence* b) {

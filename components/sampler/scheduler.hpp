@@ -22,6 +22,7 @@
 #include "components/sampler/block_pool.hpp"
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -95,6 +96,9 @@ public:
   /// sequences of requests numbered `admit_below` or higher stay waiting
   /// (a weight update waits for the ones before).
   Schedule schedule(uint64_t admit_below = UINT64_MAX);
+  /// The same with a rule: sequences of a request `held` answers true for
+  /// stay waiting, and the ones after them may pass them.
+  Schedule schedule(const std::function<bool(uint64_t request)>& held);
   /// Marks a step's chunks computed.
   void commit(const Schedule& s);
   /// Samples 1..n-1 of `parent`'s request: copies sharing every block of

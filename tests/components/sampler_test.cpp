@@ -583,6 +583,48 @@ TEST(Sampler, LoraOnlyUpdatesChangeOneAdapter) {
   EXPECT_EQ(e.generate({prompt}, greedy)[0]->sequences[0].tokens, base);
 }
 
+// Tenants share a sampler: one adapter's update waits only for that
+// adapter's requests, holds back only that adapter's new ones, and the
+// versions sequences report are their adapter's.
+TEST(Sampler, AnAdaptersUpdateWaitsOnlyForItsOwnRequests) {
+  auto e = make_engine(test_model());
+  ASSERT_TRUE(e.add_adapter("t", {.r = 4}));
+  ASSERT_TRUE(e.add_adapter("u", {.r = 4}));
+  auto prompt = random_prompt(11, 3);
+  auto base = naive_greedy(e.model(), prompt, greedy.max_tokens);
+  auto donor = test_model();
+  ASSERT_TRUE(donor.add_adapter("t", {.r = 4}, 9));
+  for (auto& [m, ab] : donor.impl().adapters.at("t").weights) ab.second.normal_(0, 0.5);
+  const SamplingParams long_greedy{.max_tokens = 30, .temperature = 0, .ignore_eos = true};
+  auto old_t = *e.add_request(prompt, long_greedy, "t");
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(*donor.adapter_parameters("t"), "t", 5, UpdatePolicy::finish_old));
+  EXPECT_TRUE(e.update_pending());
+  auto base_req = *e.add_request(prompt, greedy);
+  auto u_req = *e.add_request(prompt, greedy, "u");
+  auto new_t = *e.add_request(prompt, greedy, "t");
+  ASSERT_TRUE(e.step());
+  EXPECT_FALSE(e.output(base_req)->sequences[0].tokens.empty()) << "the base's requests pass the waiting update";
+  EXPECT_FALSE(e.output(u_req)->sequences[0].tokens.empty()) << "so do another adapter's";
+  EXPECT_TRUE(e.output(new_t)->sequences[0].tokens.empty()) << "t's new request waits for t's update";
+  // abort stops only what the update touches.
+  ASSERT_TRUE(e.update_weights(*e.model().adapter_parameters("u"), "u", 6, UpdatePolicy::abort));
+  EXPECT_EQ(e.output(u_req)->sequences[0].stop_reason, StopReason::abort);
+  EXPECT_NE(e.output(base_req)->sequences[0].stop_reason, StopReason::abort);
+  EXPECT_NE(e.output(old_t)->sequences[0].stop_reason, StopReason::abort);
+  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  EXPECT_FALSE(e.update_pending());
+  EXPECT_EQ(e.output(old_t)->sequences[0].weight_version, 0);
+  EXPECT_EQ(e.output(new_t)->sequences[0].weight_version, 5);
+  EXPECT_EQ(e.output(new_t)->sequences[0].tokens, naive_greedy(donor, prompt, greedy.max_tokens, "t"));
+  EXPECT_EQ(e.output(base_req)->sequences[0].weight_version, 0) << "the base was not updated";
+  EXPECT_EQ(e.output(base_req)->sequences[0].tokens, base);
+  EXPECT_FALSE(e.remove_adapter("zzz"));
+  ASSERT_TRUE(e.remove_adapter("t"));
+  ASSERT_TRUE(e.add_adapter("t", {.r = 4}));
+  EXPECT_EQ(e.generate({prompt}, greedy, "t")[0]->sequences[0].weight_version, 0) << "a new adapter starts over";
+}
+
 TEST(Sampler, SleepFreesTheCacheAndWakeRestoresIt) {
   auto e = make_engine(test_model());
   auto prompt = random_prompt(11, 3);

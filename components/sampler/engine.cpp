@@ -66,7 +66,12 @@ struct PendingUpdate {
   std::map<std::string, at::Tensor> tensors;
   std::string adapter;
   int64_t version = 0;
-  uint64_t barrier = 0;  // the requests it touches with smaller ids finish first
+  // Requests it touches numbered below wait_below finish first (finish_old:
+  // those admitted before it; otherwise none); those from hold_from on (the
+  // ones added after it) wait for it. Requests before hold_from are never
+  // held by it, so an update queued behind another cannot hold back the
+  // requests that one waits for.
+  uint64_t wait_below = 0, hold_from = 0;
 
   // Whether it changes what `adapter`'s requests sample with: the base
   // changes every request's, an adapter only its own.
@@ -92,8 +97,10 @@ struct Engine::Impl {
   std::map<uint64_t, std::pair<uint64_t, int32_t>> seq_owner;  // sequence id -> (request, sample)
   uint64_t next_request = 1;
   std::mt19937_64 seeds;
-  int64_t version = 0;  ///< of the last update applied
-  std::map<std::string, int64_t> versions;  ///< per adapter ("" : the base), of its last update
+  int64_t version = 0;  ///< the highest version applied
+  /// Per adapter ("" : the base): its last update (when it applied, its version).
+  std::map<std::string, std::pair<uint64_t, int64_t>> versions;
+  uint64_t updates_applied = 0;
   /// Updates waiting for the requests admitted before each (finish_old),
   /// applied in order where they change the same weights; at most max_pending.
   std::deque<PendingUpdate> pending;
@@ -495,12 +502,13 @@ struct Engine::Impl {
   Result<std::vector<uint64_t>> run_step();
   void apply_update(PendingUpdate&& u);
 
-  // The version request `r`'s tokens are sampled with: its adapter's last
-  // update, else the base's.
+  // The version request `r`'s tokens are sampled with: of the last update
+  // that changed its weights, its adapter's or the base's.
   int64_t version_of(const std::string& adapter) const {
-    auto it = versions.find(adapter);
-    if (it == versions.end() && !adapter.empty()) it = versions.find("");
-    return it == versions.end() ? 0 : it->second;
+    std::pair<uint64_t, int64_t> last{0, 0};  // the later of the adapter's update and the base's
+    for (const auto& name : {adapter, std::string{}})
+      if (auto it = versions.find(name); it != versions.end() && it->second.first > last.first) last = it->second;
+    return last.second;
   }
 
   // Whether update `i` of the queue waits: for an earlier one that changes
@@ -510,7 +518,7 @@ struct Engine::Impl {
     for (size_t j = 0; j < i; ++j)
       if (u.after(pending[j])) return true;
     for (const auto& [id, r] : requests)
-      if (id < u.barrier && !r.out.finished && u.touches(r.adapter)) return true;
+      if (id < u.wait_below && !r.out.finished && u.touches(r.adapter)) return true;
     return false;
   }
 
@@ -520,7 +528,7 @@ struct Engine::Impl {
     auto it = requests.find(id);
     if (it == requests.end()) return false;
     for (const auto& u : pending)
-      if (id >= u.barrier && u.touches(it->second.adapter)) return true;
+      if (id >= u.hold_from && u.touches(it->second.adapter)) return true;
     return false;
   }
 
@@ -622,6 +630,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     // blocks it registered may hold garbage.
     sched->reset_prefix_cache();
     for (auto id : stepped) abort_request(requests.at(id));
+    apply_due_updates();
     return make_error(errc::internal, std::string{"sampler step failed (its requests were aborted): "} + e.what());
   }
   // Forks first (they copy the parent's prompt before its first token lands).
@@ -645,6 +654,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
       for (int32_t k = 0; k < static_cast<int32_t>(req.out.sequences.size()); ++k) finish(req, k, StopReason::length);
     touched.push_back(id);
   }
+  apply_due_updates();  // those whose last requests this step finished: not left for a step that may not come
   return touched;
 }
 
@@ -658,8 +668,8 @@ void Engine::Impl::apply_update(PendingUpdate&& u) {
         if (n == name) to_torch(w).copy_(t);
     }
   }
-  version = u.version;
-  versions[u.adapter] = u.version;
+  version = std::max(version, u.version);
+  versions[u.adapter] = {++updates_applied, u.version};
   if (u.adapter.empty()) pack_weights();
   if (sched) sched->reset_prefix_cache();  // asleep: no cache (wake makes a fresh one)
 }
@@ -802,7 +812,7 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
     return make_error(errc::invalid_argument, "update policy " + std::to_string(static_cast<int>(policy)) +
                                                   " is not finish_old, continue_new or abort");
   m.apply_due_updates();
-  if (policy != UpdatePolicy::abort && m.pending.size() >= Impl::max_pending)
+  if (m.pending.size() >= Impl::max_pending)
     return make_error(errc::resource_exhausted,
                       std::to_string(m.pending.size()) + " weight updates (versions " +
                           std::to_string(m.pending.front().version) + " to " + std::to_string(m.pending.back().version) +
@@ -846,7 +856,8 @@ Result<void> Engine::update_weights(const NamedTensors& weights, const std::stri
   // finish_old waits for the requests admitted so far that it touches; the
   // others only for the updates already waiting that change the same
   // weights, then apply before the next step, whatever runs.
-  u.barrier = policy == UpdatePolicy::finish_old ? m.next_request : 0;
+  u.wait_below = policy == UpdatePolicy::finish_old ? m.next_request : 0;
+  u.hold_from = m.next_request;
   m.apply_due_updates();
   m.pending.push_back(std::move(u));
   if (m.waits(m.pending.size() - 1)) {

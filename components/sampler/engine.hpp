@@ -110,8 +110,9 @@ public:
                               UpdatePolicy policy = UpdatePolicy::finish_old);
   /// Whether an update waits for requests in flight (or for one before it).
   bool update_pending() const;
-  /// The version of the last update applied (any adapter's). A sequence
-  /// reports its adapter's last version, else the base's.
+  /// The highest version applied (any adapter's). A sequence reports the
+  /// version of the last update that changed its weights: its adapter's or
+  /// the base's, whichever applied later.
   int64_t weight_version() const;
   Result<void> add_adapter(const std::string& name, const LoraConfig& cfg);
   Result<void> load_adapter(const std::string& name, const std::string& dir);

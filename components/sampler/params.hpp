@@ -69,8 +69,9 @@ struct SequenceOutput {
   /// What stopped it: the stop token, or -1; the stop string, or empty.
   int64_t stop_token = -1;
   std::string stop_string;
-  /// The weight version of its last token: its adapter's last update's, or
-  /// the base's for the base or an adapter never updated. Every token has it, except
+  /// The weight version of its last token: of the last update that changed
+  /// its weights (its adapter's or the base's, whichever applied later; 0
+  /// for none). Every token has it, except
   /// after an update with UpdatePolicy::continue_new landed while the
   /// sequence ran: its tokens then span [first_weight_version, weight_version].
   int64_t weight_version = 0;

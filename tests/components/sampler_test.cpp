@@ -505,9 +505,10 @@ TEST(Sampler, FinishOldUpdatesQueueUpInOrder) {
   // At most 8 wait; the 9th is refused and changes nothing.
   auto held = *e.add_request(prompt, {.max_tokens = 40, .temperature = 0, .ignore_eos = true});
   ASSERT_TRUE(e.step());
+  std::vector<uint64_t> between;
   for (int64_t v = 3; v <= 10; ++v) {
-    ASSERT_TRUE(e.update_weights(*v1.named_parameters(), "", v, UpdatePolicy::finish_old)) << v;
-    (void)e.add_request(prompt, greedy);
+    ASSERT_TRUE(e.update_weights(*(v % 2 ? v1 : v2).named_parameters(), "", v, UpdatePolicy::finish_old)) << v;
+    between.push_back(*e.add_request(prompt, greedy));
   }
   auto refused = e.update_weights(*v1.named_parameters(), "", 11, UpdatePolicy::finish_old);
   ASSERT_FALSE(refused);
@@ -515,6 +516,11 @@ TEST(Sampler, FinishOldUpdatesQueueUpInOrder) {
   while (e.has_unfinished()) ASSERT_TRUE(e.step());
   EXPECT_EQ(e.weight_version(), 10);
   EXPECT_EQ(e.output(held)->sequences[0].weight_version, 2);
+  for (int64_t v = 3; v <= 10; ++v) {
+    const auto& q = e.output(between[static_cast<size_t>(v - 3)])->sequences[0];
+    EXPECT_EQ(q.weight_version, v) << "a request runs on the update before it";
+    EXPECT_EQ(q.tokens, v % 2 ? on1 : on2) << v;
+  }
   // An update waiting for a request that is then aborted applies before
   // the engine sleeps, and one sent while it sleeps applies at once.
   auto cut = *e.add_request(prompt, {.max_tokens = 40, .temperature = 0, .ignore_eos = true});
@@ -538,6 +544,7 @@ TEST(Sampler, ContinueNewMovesRunningRequestsToTheNewWeights) {
   auto v1 = test_model(4);
   auto prompt = random_prompt(11, 10);
   const SamplingParams long_greedy{.max_tokens = 24, .temperature = 0, .ignore_eos = true};
+  const auto all_old = naive_greedy(e.model(), prompt, long_greedy.max_tokens);
   auto running = *e.add_request(prompt, long_greedy);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.step());
   const auto first = e.output(running)->sequences[0].tokens;
@@ -559,6 +566,7 @@ TEST(Sampler, ContinueNewMovesRunningRequestsToTheNewWeights) {
   while (e.has_unfinished()) ASSERT_TRUE(e.step());
   EXPECT_EQ(s.first_weight_version, 0);
   EXPECT_EQ(s.weight_version, 1);
+  EXPECT_NE(s.tokens, all_old) << "its later tokens come from the new weights";
   const auto& f = e.output(fresh)->sequences[0];
   EXPECT_EQ(f.first_weight_version, 1);
   EXPECT_EQ(e.output(fresh)->cached_tokens, 0);
@@ -566,6 +574,16 @@ TEST(Sampler, ContinueNewMovesRunningRequestsToTheNewWeights) {
   EXPECT_EQ(*parse_update_policy("continue_new"), UpdatePolicy::continue_new);
   EXPECT_FALSE(parse_update_policy("later"));
   EXPECT_FALSE(e.update_weights(*v1.named_parameters(), "", 2, static_cast<UpdatePolicy>(7)));
+  // Queued behind a finish_old update, a continue_new one does not hold
+  // back the requests that one waits for (it used to: neither applied).
+  auto waiting = *e.add_request(prompt, long_greedy);
+  ASSERT_TRUE(e.update_weights(*test_model().named_parameters(), "", 3, UpdatePolicy::finish_old));
+  ASSERT_TRUE(e.update_weights(*v1.named_parameters(), "", 4, UpdatePolicy::continue_new));
+  for (int i = 0; i < 200 && e.has_unfinished(); ++i) ASSERT_TRUE(e.step());
+  ASSERT_FALSE(e.has_unfinished()) << "stuck";
+  EXPECT_FALSE(e.update_pending());
+  EXPECT_EQ(e.output(waiting)->sequences[0].weight_version, 1) << "it ran before both updates";
+  EXPECT_EQ(e.weight_version(), 4);
 }
 
 TEST(Sampler, LoraOnlyUpdatesChangeOneAdapter) {
@@ -596,6 +614,7 @@ TEST(Sampler, AnAdaptersUpdateWaitsOnlyForItsOwnRequests) {
   ASSERT_TRUE(donor.add_adapter("t", {.r = 4}, 9));
   for (auto& [m, ab] : donor.impl().adapters.at("t").weights) ab.second.normal_(0, 0.5);
   const SamplingParams long_greedy{.max_tokens = 30, .temperature = 0, .ignore_eos = true};
+  auto old_base = *e.add_request(prompt, {.max_tokens = 60, .temperature = 0, .ignore_eos = true});
   auto old_t = *e.add_request(prompt, long_greedy, "t");
   ASSERT_TRUE(e.step());
   ASSERT_TRUE(e.update_weights(*donor.adapter_parameters("t"), "t", 5, UpdatePolicy::finish_old));
@@ -612,17 +631,40 @@ TEST(Sampler, AnAdaptersUpdateWaitsOnlyForItsOwnRequests) {
   EXPECT_EQ(e.output(u_req)->sequences[0].stop_reason, StopReason::abort);
   EXPECT_NE(e.output(base_req)->sequences[0].stop_reason, StopReason::abort);
   EXPECT_NE(e.output(old_t)->sequences[0].stop_reason, StopReason::abort);
-  while (e.has_unfinished()) ASSERT_TRUE(e.step());
+  // t's update waits for t's old request only: it applies while the base's
+  // longer one runs on.
+  for (int i = 0; i < 100 && e.update_pending(); ++i) ASSERT_TRUE(e.step());
   EXPECT_FALSE(e.update_pending());
+  EXPECT_FALSE(e.output(old_base)->finished) << "the base's request did not hold t's update";
+  for (int i = 0; i < 200 && e.has_unfinished(); ++i) ASSERT_TRUE(e.step());
+  ASSERT_FALSE(e.has_unfinished());
   EXPECT_EQ(e.output(old_t)->sequences[0].weight_version, 0);
   EXPECT_EQ(e.output(new_t)->sequences[0].weight_version, 5);
   EXPECT_EQ(e.output(new_t)->sequences[0].tokens, naive_greedy(donor, prompt, greedy.max_tokens, "t"));
   EXPECT_EQ(e.output(base_req)->sequences[0].weight_version, 0) << "the base was not updated";
   EXPECT_EQ(e.output(base_req)->sequences[0].tokens, base);
+  EXPECT_EQ(e.generate({prompt}, greedy, "u")[0]->sequences[0].weight_version, 6);
+  // A base update touches every adapter: t's next update queues behind it,
+  // and an adapter with an update waiting cannot be removed.
+  auto running = *e.add_request(prompt, long_greedy);
+  ASSERT_TRUE(e.step());
+  ASSERT_TRUE(e.update_weights(*test_model(4).named_parameters(), "", 8, UpdatePolicy::finish_old));
+  ASSERT_TRUE(e.update_weights(*donor.adapter_parameters("t"), "t", 9, UpdatePolicy::finish_old));
+  auto gone = e.remove_adapter("t");
+  ASSERT_FALSE(gone);
+  EXPECT_NE(describe(gone.error()).find("weight update"), std::string::npos) << describe(gone.error());
+  for (int i = 0; i < 200 && e.has_unfinished(); ++i) ASSERT_TRUE(e.step());
+  ASSERT_FALSE(e.has_unfinished());
+  EXPECT_FALSE(e.update_pending());
+  EXPECT_EQ(e.output(running)->sequences[0].weight_version, 0);
+  EXPECT_EQ(e.generate({prompt}, greedy, "t")[0]->sequences[0].weight_version, 9);
+  EXPECT_EQ(e.generate({prompt}, greedy, "u")[0]->sequences[0].weight_version, 8)
+      << "the base's update applied after u's, and changes u's output too";
+  EXPECT_EQ(e.generate({prompt}, greedy)[0]->sequences[0].weight_version, 8);
   EXPECT_FALSE(e.remove_adapter("zzz"));
   ASSERT_TRUE(e.remove_adapter("t"));
   ASSERT_TRUE(e.add_adapter("t", {.r = 4}));
-  EXPECT_EQ(e.generate({prompt}, greedy, "t")[0]->sequences[0].weight_version, 0) << "a new adapter starts over";
+  EXPECT_EQ(e.generate({prompt}, greedy, "t")[0]->sequences[0].weight_version, 8) << "a new adapter: the base's";
 }
 
 TEST(Sampler, SleepFreesTheCacheAndWakeRestoresIt) {

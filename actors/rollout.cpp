@@ -127,10 +127,10 @@ Result<Rollout> RolloutPipeline::next() {
       return make_error(errc::not_found, "no batch after " + std::to_string(options_.first_batch + fetched_ - 1) +
                                              ": the rollout source has ended");
     return make_error(errc::failed_precondition,
-                      "batch " + std::to_string(options_.first_batch + fetched_) + " may not start before update " +
-                          std::to_string(options_.first_batch + fetched_ - options_.first_batch - options_.max_staleness) +
-                          " (max_staleness " + std::to_string(options_.max_staleness) +
-                          "): call weights_updated() after each optimizer step");
+                      "batch " + std::to_string(options_.first_batch + fetched_) + " may start only after " +
+                          std::to_string(fetched_ - options_.max_staleness) + " weight updates (max_staleness " +
+                          std::to_string(options_.max_staleness) + "), and " + std::to_string(stats_.updates) +
+                          " came: call weights_updated() after each optimizer step");
   }
   const auto waiting = clock::now();
   // The oldest batch, whole: with max_running its later prompts are

@@ -8,7 +8,9 @@
 // normalised within each prompt's group, the model group trains on the
 // completions against the sampler's log-probabilities (old_logps), and
 // every --sync-every steps the trained weights (the adapter, or the whole
-// model) go to the sampler. As glint sft, everything that can be checked is
+// model) go to the sampler. With --max-staleness N, an actors::RolloutPipeline
+// samples the next steps' batches while the model trains (weights synced
+// every step, each batch at most N updates stale). As glint sft, everything that can be checked is
 // checked before anything is written; the run directory holds config.toml,
 // data/, checkpoints, metrics.jsonl, report.html, last/ and, with
 // evaluation, best/ (the checkpoint with the highest greedy reward on the
@@ -17,6 +19,7 @@
 
 #include "actors/checkpoint_engine.hpp"
 #include "actors/dataloader_group.hpp"
+#include "actors/rollout.hpp"
 #include "actors/sampler_group.hpp"
 #include "components/rl/metrics.hpp"
 #include "components/rl/reward_command.hpp"
@@ -170,6 +173,12 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
                 "log-probabilities corrects the lag)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--max-staleness", a.max_staleness,
+                "Asynchronous RL: the sampler generates later steps' batches while the model trains, each at most "
+                "this many weight updates stale (0: synchronous; the weights sync every step then; use --loss "
+                "decoupled_ppo: docs/rl.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{8}));
   c->add_option("--sampler-dp", a.sampler_dp, "Sampler ranks (each with its own copy of the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -217,6 +226,9 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
   if (a.lora_dropout > 0)
     return refuse("--lora-dropout does not apply to glint grpo: the sampler generates without dropout, so the ratio to "
                   "its log-probabilities would measure the dropout noise, not the policy's change");
+  if (a.max_staleness > 0 && a.sync_every != 1)
+    return refuse("--max-staleness syncs the weights after every step; it does not combine with --sync-every " +
+                  std::to_string(a.sync_every));
   if (a.loss == "cispo" && cmd.get_option("--epsilon")->count() > 0)
     return refuse("--epsilon does not apply to --loss cispo (its weight has only the upper bound --epsilon-high)");
   if (a.prompts_per_step * a.num_generations < a.dp)
@@ -452,36 +464,73 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
     const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
     const int64_t save_every = a.save_every > 0 ? a.save_every : eval_every;
     Progress bar{"grpo", static_cast<int>(steps)};
+    // Each step's draws come from (seed, step), so a resumed run repeats them.
+    auto params_of = [&](int64_t step) {
+      auto p = sampling;
+      p.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
+      return p;
+    };
+    // --max-staleness: later steps' batches sample while this one trains.
+    std::optional<actors::RolloutPipeline> rollouts;
+    if (a.max_staleness > 0)
+      rollouts.emplace(
+          engine, sampler,
+          [&](int64_t step) -> Result<std::optional<actors::RolloutBatch>> {
+            auto b = train.next_batch().take();
+            if (!b) return b.error();
+            auto prompts = prompt_ids(b->rows);
+            return actors::RolloutBatch{.prompts = std::move(prompts), .params = params_of(step),
+                                        .rows = std::move(b->rows), .loader_state = b->state};
+          },
+          actors::RolloutOptions{.max_staleness = a.max_staleness, .first_batch = start + 1, .last_batch = steps});
     for (int64_t step = start + 1; step <= steps; ++step) {
-      auto batch = train.next_batch().take();
-      if (!batch) return fail("reading prompts", batch.error());
       metrics.reset();
       double sync_seconds = 0;
-      // Every --sync-every steps, and first thing in a process (a resume
-      // from a run's last step, extended, may start between syncs).
-      if ((step - 1) % a.sync_every == 0 || synced_after < 0) {
-        auto s = sync(step - 1);
-        if (!s) return fail("syncing weights", s.error());
-        sync_seconds = *s;
+      // The step's prompts and completions.
+      actors::RolloutBatch batch;
+      std::vector<actors::SampledSequence> sampled;
+      std::optional<actors::Rollout> rollout;
+      if (rollouts) {
+        auto r = rollouts->next();
+        if (!r) return fail("sampling at step " + std::to_string(step), r.error());
+        sampled = std::move(r->sequences);
+        batch = std::move(r->batch);
+        rollout = std::move(*r);
+      } else {
+        auto b = train.next_batch().take();
+        if (!b) return fail("reading prompts", b.error());
+        // Every --sync-every steps, and first thing in a process (a resume
+        // from a run's last step, extended, may start between syncs).
+        if ((step - 1) % a.sync_every == 0 || synced_after < 0) {
+          auto s = sync(step - 1);
+          if (!s) return fail("syncing weights", s.error());
+          sync_seconds = *s;
+        }
+        batch = {.prompts = prompt_ids(b->rows), .params = params_of(step), .rows = std::move(b->rows)};
+        auto seqs = sampler.sample(batch.prompts, batch.params).take();
+        if (!seqs) return fail("sampling at step " + std::to_string(step), seqs.error());
+        sampled = std::move(*seqs);
       }
-      // Each step's draws come from (seed, step), so a resumed run repeats them.
-      sampling.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
-      const auto prompts = prompt_ids(batch->rows);
-      auto seqs = sampler.sample(prompts, sampling).take();
-      if (!seqs) return fail("sampling at step " + std::to_string(step), seqs.error());
-      if (auto ok = check_sampled(*seqs); !ok) return fail("sampling at step " + std::to_string(step), ok.error());
-      auto scores = rewards.score(batch->rows, a.num_generations, *seqs);
+      const auto& prompts = batch.prompts;
+      if (auto ok = check_sampled(sampled); !ok) return fail("sampling at step " + std::to_string(step), ok.error());
+      auto scores = rewards.score(batch.rows, a.num_generations, sampled);
       if (!scores) return fail("scoring at step " + std::to_string(step), scores.error());
-      if (auto ok = metrics.accumulate(completion_lengths(*seqs), *scores); !ok)
+      if (auto ok = metrics.accumulate(completion_lengths(sampled), *scores); !ok)
         return fail("the reward metrics", ok.error());
       auto adv = components::rl::advantages(scores->at("total"), {.group_size = a.num_generations, .scale = *scale});
       if (!adv) return fail("the advantages", adv.error());
-      auto inputs = actors::training_batch(prompts, *seqs, {.pad_id = pad, .advantages = *adv});
+      auto inputs = actors::training_batch(prompts, sampled, {.pad_id = pad, .advantages = *adv});
       if (!inputs) return fail("making the training batch", inputs.error());
       auto m = model.forward_backward(*inputs).take();
       if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
       auto s = model.clip_grad_and_step().take();
       if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
+      if (rollouts) {
+        auto synced = rollouts->weights_updated();
+        if (!synced) return fail("syncing weights after step " + std::to_string(step), synced.error());
+        sync_seconds = synced->seconds;
+        synced_after = step;  // an evaluation now needs no sync of its own
+      }
 
       auto row = metrics.calculate();
       for (const char* k : {"loss", "clip_fraction"})
@@ -489,6 +538,10 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
       for (const char* k : {"grad_norm", "lr"})
         if (s->count(k)) row[k] = s->at(k);
       row["weight_sync_seconds"] = sync_seconds;
+      if (rollout) {
+        row["staleness/max"] = static_cast<double>(rollout->staleness_max);
+        row["staleness/mean"] = rollout->staleness_mean;
+      }
       char status[128];
       std::snprintf(status, sizeof status, "reward %.3f", row["reward/total/mean"]);
       const bool eval_now = has_val && (step % eval_every == 0 || step == steps);
@@ -510,15 +563,19 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
         char summary[64];
         std::snprintf(summary, sizeof summary, eval_now ? "eval reward %.4f" : "reward %.4f",
                       eval_now ? row["eval_reward"] : row["reward/total/mean"]);
-        auto saved = checkpoints->save("checkpoint-" + std::to_string(step), model, &train,
+        // Asynchronous: the loader is ahead by the batches in flight; the
+        // checkpoint keeps its position after this step's batch.
+        auto saved = checkpoints->save("checkpoint-" + std::to_string(step), model, rollouts ? nullptr : &train,
                                        {.step = step, .consumed_samples = step * a.prompts_per_step, .seed = a.seed,
-                                        .phase = "grpo", .metrics = kept},
+                                        .phase = "grpo", .loader = batch.loader_state.value_or(actors::LoaderState{}),
+                                        .metrics = kept},
                                        summary);
         if (!saved) return fail("saving a checkpoint", saved.error());
       }
       bar.update(static_cast<int>(step), status);
     }
     bar.finish();
+    if (rollouts) rollouts->close();
 
     if (auto ok = recipe::publish_outputs(model, *checkpoints, a, out, model_dir, best_step); !ok)
       return fail("the outputs", ok.error());

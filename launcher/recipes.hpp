@@ -91,6 +91,7 @@ struct GrpoArgs : RecipeArgs {
   double epsilon = 0.2;
   double epsilon_high = 0.0;          ///< 0: epsilon
   int64_t sync_every = 1;             ///< steps between weight syncs to the sampler
+  int64_t max_staleness = 0;          ///< asynchronous: batches sample this many updates ahead
   int sampler_dp = 1;
   int64_t sampler_cache_mib = 256;
 };

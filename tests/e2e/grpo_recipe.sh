@@ -5,8 +5,9 @@
 # reward before training recorded); a reward command gets the prompts'
 # fields and its scores match the built-in reward's completion by
 # completion; a reward command's reward rises under training; a resumed
-# run samples and scores what an uninterrupted one does; the config file
-# replays the flags; a 2-process run with --sync-every 2; bad input ends
+# run samples and scores what an uninterrupted one does; --max-staleness 2
+# keeps its rows within the bound and resumes; the config file replays the
+# flags; a 2-process run with --sync-every 2; bad input ends
 # with one error line, a non-zero exit and no run directory.
 #   grpo_recipe.sh GLINT_BINARY
 set -euo pipefail
@@ -105,6 +106,24 @@ for x, y in zip(a, b):
     assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * max(1, x["grad_norm"]), (x["step"], x["grad_norm"], y["grad_norm"])
 EOF
 
+# 4b. Asynchronous: --max-staleness 2 with decoupled_ppo, evaluations in
+#     between; every row within the bound; a resume continues the run.
+async=(--model runs/sft/last "${common[@]}" --train-type full --prompts-per-step 8 --num-generations 4 --lr 1e-4
+       --max-steps 6 --save-every 3 --val-split 0.05 --eval-every 3 --max-staleness 2 --loss decoupled_ppo)
+"$glint" grpo "${async[@]}" --output runs/async > async.log 2>&1 || { cat async.log; fail "the asynchronous run"; }
+python3 - runs/async/metrics.jsonl <<'EOF' || fail "the asynchronous run's rows"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if json.loads(l)["step"] > 0]
+assert len(rows) == 6, rows
+for r in rows:
+    assert r["staleness/max"] == min(r["step"] - 1, 2), r
+assert sum("eval_reward" in r for r in rows) == 2, "evaluations at steps 3 and 6"
+EOF
+rm -rf runs/async/checkpoint-6 runs/async/last
+"$glint" grpo "${async[@]}" --output runs/async --resume > async-resume.log 2>&1 || { cat async-resume.log; fail "resuming the asynchronous run"; }
+grep -q "resumed at step 3" async-resume.log || { cat async-resume.log; fail "the asynchronous run did not resume at step 3"; }
+[[ -d runs/async/last ]] || fail "the resumed asynchronous run wrote no last/"
+
 # 5. The recorded config replays the run, strings with newlines, quotes and
 #    '#' included.
 "$glint" grpo --model runs/sft/last "${common[@]}" --prompts-per-step 2 --num-generations 2 --max-steps 1 \
@@ -136,6 +155,8 @@ small=(--max-prompt-length 64 --max-tokens 16)
 expect_refusal no-solution "has no solution, which the accuracy reward needs" --model model "${small[@]}" --dataset nosolution.jsonl
 expect_refusal weights "2 weights for 3 rewards" --model model "${small[@]}" --dataset arith.jsonl --reward accuracy,format \
   --reward-command "cat" --reward-weights 1,2
+expect_refusal async-sync "does not combine with --sync-every 2" --model model "${small[@]}" --dataset arith.jsonl \
+  --max-staleness 1 --sync-every 2
 expect_refusal multiple "not a multiple of --sync-every" --model model "${small[@]}" --dataset arith.jsonl --sync-every 2 --save-every 3
 expect_refusal too-long "beyond the model's max_position_embeddings" --model model --dataset arith.jsonl \
   --max-prompt-length 64 --max-tokens 250

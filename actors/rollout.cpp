@@ -36,6 +36,16 @@ Result<void> RolloutPipeline::check() const {
   return {};
 }
 
+bool RolloutPipeline::wait_for_one() {
+  for (auto& p : pending_)
+    for (auto& c : p.chunks)
+      if (!c.answer.ready()) {
+        c.answer.wait();
+        return true;
+      }
+  return false;
+}
+
 size_t RolloutPipeline::running() const {
   size_t n = 0;
   for (const auto& p : pending_)
@@ -141,13 +151,7 @@ Result<Rollout> RolloutPipeline::next() {
     if (taken == p.chunks.size()) {
       // Nothing left to wait for, yet prompts wait for room: the room is
       // taken by later batches' chunks (max_running), which finish first.
-      bool waited = false;
-      for (auto& q : pending_)
-        for (auto& c : q.chunks)
-          if (!waited && !c.answer.ready()) {
-            c.answer.wait();
-            waited = true;
-          }
+      const bool waited = wait_for_one();
       if (auto ok = admit(); !ok) return fail(ok.error());
       if (!waited && taken == p.chunks.size())
         return fail(make_error(errc::internal, "the rollout pipeline cannot admit batch " + std::to_string(p.step)));

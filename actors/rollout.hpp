@@ -153,6 +153,8 @@ private:
   Result<void> check() const;
   Result<void> admit();
   size_t running() const;
+  /// Waits for the oldest chunk still sampling; false when none is.
+  bool wait_for_one();
 
   CheckpointEngine& engine_;
   SamplerGroup sampler_;

@@ -139,11 +139,6 @@ void SamplerState::step(uint64_t loop) {
 Result<void> SamplerState::update_weights(NamedTensors weights, const WeightUpdate& u) {
   auto e = engine();
   if (!e) return e.error();
-  // An enum from the wire can hold any number.
-  if (u.policy != UpdatePolicy::finish_old && u.policy != UpdatePolicy::abort &&
-      u.policy != UpdatePolicy::continue_new)
-    return make_error(errc::invalid_argument, "update policy " + std::to_string(static_cast<int>(u.policy)) +
-                                                  " is not finish_old, continue_new or abort");
   // Staged buckets and this last one apply together, as one version.
   NamedTensors named;
   if (staged_version_ == u.version) named = std::move(staged_);

@@ -1,5 +1,6 @@
 #include "bench/rl_bench.hpp"
 
+#include "bench/measure.hpp"
 #include "bench/python_child.hpp"
 #include "runtime/process.hpp"
 
@@ -58,12 +59,6 @@ Result<Run> run_once(const std::string& grpo, const std::string& dir, int eta, i
   return r;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 double mean(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
 
 double stddev(const std::vector<double>& v) {
@@ -91,7 +86,8 @@ int rl(const RlBenchArgs& a) {
     std::fprintf(stderr, "bench rl: %s\n", describe(tmp.error()).c_str());
     return 1;
   }
-  std::printf("rl_steps: %d\nrl_seeds: %d\n", a.steps, a.seeds);
+  print_metric("rl_steps", a.steps, 0);
+  print_metric("rl_seeds", a.seeds, 0);
   std::vector<double> speed1, speed2, ideal, of_ideal, acc0, acc1, acc2, sph0, sph1, sph2, gen, train;
   for (int seed = 1; seed <= a.seeds; ++seed) {
     Run runs[3];
@@ -127,19 +123,19 @@ int rl(const RlBenchArgs& a) {
                  seed, runs[0].seconds, runs[1].seconds, runs[2].seconds, i, runs[0].accuracy, runs[1].accuracy,
                  runs[2].accuracy);
   }
-  std::printf("sync_steps_per_hour: %.0f\n", median(sph0));
-  std::printf("async_eta1_steps_per_hour: %.0f\n", median(sph1));
-  std::printf("async_eta2_steps_per_hour: %.0f\n", median(sph2));
-  std::printf("sync_gen_seconds: %.2f\n", median(gen));
-  std::printf("sync_train_seconds: %.2f\n", median(train));
-  std::printf("async_eta1_speedup: %.3f\n", median(speed1));
-  std::printf("async_eta2_speedup: %.3f\n", median(speed2));
-  std::printf("async_ideal_speedup: %.3f\n", median(ideal));
-  std::printf("async_eta2_of_ideal: %.3f\n", median(of_ideal));
-  std::printf("sync_accuracy: %.3f\n", mean(acc0));
-  std::printf("async_eta1_accuracy: %.3f\n", mean(acc1));
-  std::printf("async_eta2_accuracy: %.3f\n", mean(acc2));
-  std::printf("accuracy_seed_std: %.3f\n", stddev(acc0));
+  print_metric("sync_steps_per_hour", median(sph0), 0);
+  print_metric("async_eta1_steps_per_hour", median(sph1), 0);
+  print_metric("async_eta2_steps_per_hour", median(sph2), 0);
+  print_metric("sync_gen_seconds", median(gen), 2);
+  print_metric("sync_train_seconds", median(train), 2);
+  print_metric("async_eta1_speedup", median(speed1), 3);
+  print_metric("async_eta2_speedup", median(speed2), 3);
+  print_metric("async_ideal_speedup", median(ideal), 3);
+  print_metric("async_eta2_of_ideal", median(of_ideal), 3);
+  print_metric("sync_accuracy", mean(acc0), 3);
+  print_metric("async_eta1_accuracy", mean(acc1), 3);
+  print_metric("async_eta2_accuracy", mean(acc2), 3);
+  print_metric("accuracy_seed_std", stddev(acc0), 3);
   return 0;
 }
 

@@ -502,8 +502,8 @@ struct Engine::Impl {
   Result<std::vector<uint64_t>> run_step();
   void apply_update(PendingUpdate&& u);
 
-  // The version request `r`'s tokens are sampled with: of the last update
-  // that changed its weights, its adapter's or the base's.
+  // The version the tokens of `adapter`'s requests are sampled with: of the
+  // last update that changed their weights, the adapter's or the base's.
   int64_t version_of(const std::string& adapter) const {
     std::pair<uint64_t, int64_t> last{0, 0};  // the later of the adapter's update and the base's
     for (const auto& name : {adapter, std::string{}})
@@ -808,6 +808,7 @@ std::vector<Result<RequestOutput>> Engine::generate(const std::vector<std::vecto
 Result<void> Engine::update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                                     UpdatePolicy policy) {
   auto& m = *impl_;
+  // An enum from the wire can hold any number.
   if (policy != UpdatePolicy::finish_old && policy != UpdatePolicy::abort && policy != UpdatePolicy::continue_new)
     return make_error(errc::invalid_argument, "update policy " + std::to_string(static_cast<int>(policy)) +
                                                   " is not finish_old, continue_new or abort");

@@ -1,15 +1,27 @@
 // glint bench sample: see sample_bench.hpp.
 #include "bench/sample_bench.hpp"
+#include "bench/llamacpp.hpp"
 #include "bench/measure.hpp"
 #include "bench/python_child.hpp"
 
 #include "components/checkpoint/safetensors.hpp"
+#include "components/data/bpe_trainer.hpp"
+#include "components/data/dataset.hpp"
+#include "components/data/synthetic.hpp"
+#include "components/model/gguf_export.hpp"
 #include "components/model/kernels.hpp"
 #include "components/sampler/engine.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <ATen/Parallel.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -57,6 +69,48 @@ Result<void> write_prompts(const std::string& path, const std::vector<std::vecto
   auto t = Tensor::from_values(ids, {static_cast<int64_t>(prompts.size()), static_cast<int64_t>(width)});
   auto l = Tensor::from_values(lengths, {static_cast<int64_t>(prompts.size())});
   return write_safetensors(path, {{"input_ids", *t}, {"lengths", *l}});
+}
+
+// The same prompts as a JSON list of id lists, llama.cpp's input.
+Result<void> write_prompts_json(const std::string& path, const std::vector<std::vector<int64_t>>& prompts) {
+  std::ofstream out{path};
+  out << nlohmann::json(prompts).dump();
+  if (!out) return make_error(errc::unavailable, "cannot write " + path);
+  return {};
+}
+
+// llama.cpp runs the bench model from a GGUF file, which needs a vocabulary:
+// a small byte-level BPE tokenizer trained on generated text, padded by the
+// export with [PAD] tokens to the model's 8192 ids (the prompts are random
+// ids, so no text is ever tokenized).
+Result<std::string> export_for_llamacpp(const std::string& dir) {
+  std::vector<std::string> texts;
+  for (const auto& r : arithmetic_rows(200, {.seed = kSeed}))
+    for (const auto& [k, v] : r.fields) texts.push_back(v);
+  auto json = train_bpe(texts, {.vocab_size = 300});
+  if (!json) return json.error();
+  if (auto ok = save_chatml_tokenizer(dir, *json); !ok) return ok.error();
+  const auto path = (fs::path{dir} / "model.gguf").string();
+  if (auto ok = export_gguf(dir, path, {.dtype = Dtype::f32}); !ok) return ok.error();
+  return path;
+}
+
+// node-llama-cpp's directory, installing it when asked and missing.
+Result<std::string> llamacpp_modules(const std::string& mode) {
+  const auto dir = llamacpp_dir();
+  if (llamacpp_installed(dir)) return dir;
+  if (mode != "auto")
+    return make_error(errc::not_found, "llama.cpp is not installed in " + dir +
+                                           " (scripts/setup_llamacpp.sh installs it; --llamacpp auto runs it)");
+  auto setup = shipped_file("llamacpp/setup_llamacpp.sh", "scripts/setup_llamacpp.sh");
+  if (!setup) return setup.error();
+  std::printf("# installing llama.cpp for the baseline: %s\n", setup->c_str());
+  std::fflush(stdout);
+  const auto cmd = "'" + *setup + "' >/dev/null";
+  if (std::system(cmd.c_str()) != 0 || !llamacpp_installed(dir))
+    return make_error(errc::unavailable, *setup + " failed (it needs node, npm and the npm registry); pass "
+                                                  "--llamacpp none to measure without llama.cpp");
+  return dir;
 }
 
 struct GlintRun {
@@ -150,9 +204,10 @@ int sample(const SampleBenchArgs& a) {
               "every request queued at once; the prefix cache is emptied before each run\n",
               static_cast<double>(ecfg.cache_bytes) / (1 << 20), static_cast<long long>(blocks),
               static_cast<long long>(ecfg.max_num_batched_tokens));
-  std::printf("# baseline sample_python_*: %s %s: all prompts x samples in one left-padded batch, contiguous KV "
-              "cache, torch.multinomial; runs interleaved with glint's\n",
-              a.python.c_str(), script.c_str());
+  if (a.python != "none")
+    std::printf("# baseline sample_python_*: %s %s: all prompts x samples in one left-padded batch, contiguous KV "
+                "cache, torch.multinomial; runs interleaved with glint's\n",
+                a.python.c_str(), script.c_str());
   std::fflush(stdout);
 
   auto dir = TempDir::create();
@@ -160,12 +215,13 @@ int sample(const SampleBenchArgs& a) {
   auto lm = CausalLM::init_random(cfg, kSeed);
   if (!lm) return fail(describe(lm.error()));
   const auto prompts_path = (fs::path{dir->path()} / "prompts.safetensors").string();
+  const auto prompts_json = (fs::path{dir->path()} / "prompts.json").string();
   if (auto ok = lm->save(dir->path()); !ok) return fail(describe(ok.error()));
   if (auto ok = write_prompts(prompts_path, prompts); !ok) return fail(describe(ok.error()));
   auto engine = Engine::create(std::move(*lm), ecfg);
   if (!engine) return fail(describe(engine.error()));
 
-  if (a.python == "none") {  // glint alone, for profiling
+  if (a.python == "none" && a.llamacpp == "none") {  // glint alone, for profiling
     auto g = run_glint(*engine, prompts, a, kSeed);
     if (!g) return fail(describe(g.error()));
     auto st = engine->stats();
@@ -174,64 +230,104 @@ int sample(const SampleBenchArgs& a) {
                 st.sample_seconds, static_cast<long long>(st.steps));
     return 0;
   }
-  auto py = PythonChild::start({a.python, script, dir->path(), prompts_path, "--threads",
-                                std::to_string(threads), "--samples", std::to_string(a.samples), "--max-new-tokens",
-                                std::to_string(a.max_tokens), "--seed", std::to_string(kSeed)});
-  const std::string install_hint = "; install python3-torch (scripts/setup.sh does) or name another with --python";
-  if (!py) return fail(describe(py.error()) + install_hint);
-  auto ready = py->read_line(300s);
-  if (!ready) return fail(describe(ready.error()) + " before it was ready" + install_hint);
-  if (ready->rfind("ready: ", 0) != 0) return fail("the Python baseline says: " + *ready);
-
-  // The greedy cross-check: both sides compute the same model.
   const int64_t k = std::min<int64_t>(kCheckPrompts, a.prompts);
-  if (!py->send("check " + std::to_string(k) + " " + std::to_string(kCheckTokens) + "\n"))
-    return fail("the Python baseline closed its input");
-  auto checked = py->read_line(600s);
-  if (!checked) return fail(describe(checked.error()));
-  if (checked->rfind("checked: ", 0) != 0) return fail("the Python baseline answered '" + *checked + "' to 'check'");
-  std::vector<std::vector<int64_t>> theirs(1);
-  {
-    std::istringstream in{checked->substr(9)};
-    std::string word;
-    while (in >> word) {
-      if (word.back() == ';') {
-        theirs.back().push_back(std::stoll(word));
-        theirs.emplace_back();
-      } else if (word.find(';') != std::string::npos) {
-        auto semi = word.find(';');
-        theirs.back().push_back(std::stoll(word.substr(0, semi)));
-        theirs.emplace_back();
-        theirs.back().push_back(std::stoll(word.substr(semi + 1)));
-      } else {
-        theirs.back().push_back(std::stoll(word));
-      }
-    }
-  }
   std::vector<std::vector<int64_t>> first(prompts.begin(), prompts.begin() + k);
   auto ours = engine->generate(first, {.max_tokens = kCheckTokens, .temperature = 0, .ignore_eos = true});
-  int64_t agree = 0;
-  for (int64_t i = 0; i < k; ++i) {
-    if (!ours[static_cast<size_t>(i)]) return fail(describe(ours[static_cast<size_t>(i)].error()));
-    const auto& mine = ours[static_cast<size_t>(i)]->sequences[0].tokens;
-    const auto& other = static_cast<size_t>(i) < theirs.size() ? theirs[static_cast<size_t>(i)] : std::vector<int64_t>{};
-    // Equal up to the first difference (after it the contexts differ).
-    size_t j = 0;
-    while (j < mine.size() && j < other.size() && mine[j] == other[j]) ++j;
-    agree += static_cast<int64_t>(j);
-  }
-  std::printf("# greedy check, %lld prompts x %lld tokens: %lld tokens equal before the first difference\n",
-              static_cast<long long>(k), static_cast<long long>(kCheckTokens), static_cast<long long>(agree));
-  std::fflush(stdout);
-  // Near-ties of random weights may flip a late token (float rounding
-  // differs); a wrong model differs at once.
-  if (agree * 10 < k * kCheckTokens * 9) {
-    std::printf("# warning: glint and the Python baseline generate different greedy tokens: they compute different "
-                "models, so the timings would compare different work\n");
-    return 1;
+  for (const auto& o : ours)
+    if (!o) return fail(describe(o.error()));
+  // Tokens equal up to the first difference of each prompt (after it the
+  // contexts differ). Near-ties of random weights may flip a late token
+  // (float rounding differs); a wrong model differs at once.
+  auto agree_with = [&](const char* who, const std::vector<std::vector<int64_t>>& theirs) {
+    int64_t agree = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const auto& mine = ours[static_cast<size_t>(i)]->sequences[0].tokens;
+      const auto& other =
+          static_cast<size_t>(i) < theirs.size() ? theirs[static_cast<size_t>(i)] : std::vector<int64_t>{};
+      size_t j = 0;
+      while (j < mine.size() && j < other.size() && mine[j] == other[j]) ++j;
+      agree += static_cast<int64_t>(j);
+    }
+    std::printf("# greedy check against %s, %lld prompts x %lld tokens: %lld tokens equal before the first "
+                "difference\n",
+                who, static_cast<long long>(k), static_cast<long long>(kCheckTokens), static_cast<long long>(agree));
+    std::fflush(stdout);
+    if (agree * 10 >= k * kCheckTokens * 9) return true;
+    std::printf("# warning: glint and %s generate different greedy tokens: they compute different models, so the "
+                "timings would compare different work\n",
+                who);
+    return false;
+  };
+
+  // The Python baseline, its greedy tokens first.
+  std::optional<PythonChild> py;
+  if (a.python != "none") {
+    auto started = PythonChild::start({a.python, script, dir->path(), prompts_path, "--threads",
+                                       std::to_string(threads), "--samples", std::to_string(a.samples),
+                                       "--max-new-tokens", std::to_string(a.max_tokens), "--seed",
+                                       std::to_string(kSeed)});
+    const std::string install_hint =
+        "; install python3-torch (scripts/setup.sh does), name another with --python, or pass --python none";
+    if (!started) return fail(describe(started.error()) + install_hint);
+    py.emplace(std::move(*started));
+    auto ready = py->read_line(300s);
+    if (!ready) return fail(describe(ready.error()) + " before it was ready" + install_hint);
+    if (ready->rfind("ready: ", 0) != 0) return fail("the Python baseline says: " + *ready);
+    if (!py->send("check " + std::to_string(k) + " " + std::to_string(kCheckTokens) + "\n"))
+      return fail("the Python baseline closed its input");
+    auto checked = py->read_line(600s);
+    if (!checked) return fail(describe(checked.error()));
+    if (checked->rfind("checked: ", 0) != 0)
+      return fail("the Python baseline answered '" + *checked + "' to 'check'");
+    std::vector<std::vector<int64_t>> theirs(1);
+    std::istringstream in{checked->substr(9)};
+    for (std::string word; in >> word;) {
+      // "1 2 3; 4 5 6; ..." (a ';' may stick to either neighbour)
+      for (size_t semi; (semi = word.find(';')) != std::string::npos; word.erase(0, semi + 1)) {
+        if (semi > 0) theirs.back().push_back(std::stoll(word.substr(0, semi)));
+        theirs.emplace_back();
+      }
+      if (!word.empty()) theirs.back().push_back(std::stoll(word));
+    }
+    if (!agree_with("the Python baseline", theirs)) return 1;
   }
 
-  std::vector<double> glint_rate, python_rate, hits;
+  // llama.cpp on the same weights, exported to GGUF: one context with a
+  // sequence per sample, each as long as the longest prompt plus its tokens.
+  std::optional<LlamaCpp> llama;
+  if (a.llamacpp != "none") {
+    auto modules = llamacpp_modules(a.llamacpp);
+    if (!modules) return fail(describe(modules.error()));
+    auto child_script = shipped_file("llamacpp/llamacpp_child.mjs", "bench/llamacpp/llamacpp_child.mjs");
+    if (!child_script) return fail(describe(child_script.error()));
+    auto gguf = export_for_llamacpp(dir->path());
+    if (!gguf) return fail("exporting the bench model to GGUF: " + describe(gguf.error()));
+    if (auto ok = write_prompts_json(prompts_json, prompts); !ok) return fail(describe(ok.error()));
+    auto started = LlamaCpp::start({.modules = *modules, .script = *child_script, .model = *gguf, .threads = threads,
+                                    .sequences = std::min(a.llamacpp_parallel, a.prompts), .context = a.max_prompt + a.max_tokens,
+                                    .batch = ecfg.max_num_batched_tokens});
+    if (!started) return fail(describe(started.error()));
+    llama.emplace(std::move(*started));
+    std::printf("# baseline sample_llamacpp_*: %s (node-llama-cpp, bench/llamacpp/llamacpp_child.mjs) on the "
+                "model exported to GGUF (f32): %lld parallel sequences in one context of %lld tokens each, as "
+                "llama-server's slots with prompt caching: each takes the next prompt, evaluates it once and "
+                "generates its samples one after another, rolling its KV cache back to the prompt in between (the "
+                "binding cannot fork a sequence, so samples of one prompt do not run in parallel and prompts share "
+                "no prefix); f16 KV cache (its default); the sequences' tokens batched into shared llama_decode "
+                "calls of up to %lld; temperature 1 over the full vocabulary (top-k, top-p, min-p off)\n",
+                llama->banner().c_str(), static_cast<long long>(std::min(a.llamacpp_parallel, a.prompts)),
+                static_cast<long long>(a.max_prompt + a.max_tokens),
+                static_cast<long long>(ecfg.max_num_batched_tokens));
+    std::vector<std::vector<int64_t>> greedy;
+    for (const auto& p : first) {
+      auto g = llama->greedy(kCheckTokens, p);
+      if (!g) return fail(describe(g.error()));
+      greedy.push_back(std::move(*g));
+    }
+    if (!agree_with("llama.cpp", greedy)) return 1;
+  }
+
+  std::vector<double> glint_rate, python_rate, llama_rate, hits;
   auto timeout = [](double glint_seconds) {
     return std::chrono::milliseconds{static_cast<int64_t>(1000 * (120 + 30 * glint_seconds))};
   };
@@ -249,29 +345,49 @@ int sample(const SampleBenchArgs& a) {
       return caf::none;
     };
     auto one_python = [&]() -> caf::error {
+      if (!py) return caf::none;
       auto p = run_python(*py, timeout(last_glint));
       if (!p) return p.error();
       python_rate.push_back(static_cast<double>(p->second) / p->first);
       return caf::none;
     };
-    // Alternate which side goes first.
-    caf::error err = rep % 2 == 0 ? one_glint() : one_python();
-    if (!err) err = rep % 2 == 0 ? one_python() : one_glint();
+    auto one_llama = [&]() -> caf::error {
+      if (!llama) return caf::none;
+      auto l = llama->run(prompts_json, a.samples, a.max_tokens, kSeed + 1000 * static_cast<uint64_t>(rep),
+                          timeout(last_glint));
+      if (!l) return l.error();
+      llama_rate.push_back(static_cast<double>(l->second) / l->first);
+      return caf::none;
+    };
+    // Rotate which side goes first.
+    const std::function<caf::error()> sides[] = {one_glint, one_python, one_llama};
+    caf::error err;
+    for (int i = 0; i < 3 && !err; ++i) err = sides[(rep + i) % 3]();
     if (err) return fail(describe(err));
     auto st = engine->stats();
-    std::printf("# run %d: glint %.1f tokens/s, python %.1f tokens/s; glint's time so far: schedule %.1f s, forward "
-                "%.1f s, sample %.1f s\n",
-                rep + 1, glint_rate.back(), python_rate.back(), st.schedule_seconds, st.forward_seconds,
-                st.sample_seconds);
+    char others[96] = "";
+    if (py) std::snprintf(others, sizeof others, ", python %.1f tokens/s", python_rate.back());
+    if (llama)
+      std::snprintf(others + std::strlen(others), sizeof others - std::strlen(others), ", llama.cpp %.1f tokens/s",
+                    llama_rate.back());
+    std::printf("# run %d: glint %.1f tokens/s%s; glint's time so far: schedule %.1f s, forward %.1f s, sample "
+                "%.1f s\n",
+                rep + 1, glint_rate.back(), others, st.schedule_seconds, st.forward_seconds, st.sample_seconds);
     std::fflush(stdout);
   }
-  py->send("quit\n");
-  const double rate = median(glint_rate), py_rate = median(python_rate);
+  if (py) py->send("quit\n");
+  const double rate = median(glint_rate);
   std::printf("# glint's matmuls: %s (the faster here; GLINT_MATMUL=aten|onednn overrides)\n",
               onednn_matmul_enabled() ? "oneDNN" : "ATen (the system BLAS)");
   print_metric("sample_tokens_per_s", rate, 1);
-  print_metric("sample_python_tokens_per_s", py_rate, 1);
-  print_metric("sample_speedup_vs_python", rate / py_rate, 3);
+  if (py) {
+    print_metric("sample_python_tokens_per_s", median(python_rate), 1);
+    print_metric("sample_speedup_vs_python", rate / median(python_rate), 3);
+  }
+  if (llama) {
+    print_metric("sample_llamacpp_tokens_per_s", median(llama_rate), 1);
+    print_metric("sample_speedup_vs_llamacpp", rate / median(llama_rate), 3);
+  }
   print_metric("prefix_cache_hit_rate", median(hits), 4);
   return 0;
 }

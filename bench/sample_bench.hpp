@@ -1,16 +1,22 @@
 #pragma once
 /// `glint bench sample`: generation throughput of the sampler engine (paged
-/// KV cache, continuous batching, prefix caching) against a plain Python
-/// PyTorch generate loop (bench/python/sample_baseline.py: prompts batched
-/// with left padding, a contiguous KV cache, torch.multinomial), on the same
-/// model, weights, prompts and thread count, runs interleaved in one process
-/// tree. A greedy cross-check first makes sure both sides compute the same
-/// model.
+/// KV cache, continuous batching, prefix caching) against two baselines on
+/// the same model, weights, prompts and thread count, runs interleaved in
+/// one process tree:
+/// - a plain Python PyTorch generate loop (bench/python/sample_baseline.py:
+///   prompts batched with left padding, a contiguous KV cache,
+///   torch.multinomial);
+/// - llama.cpp (node-llama-cpp's prebuilt CPU build, driven by
+///   bench/llamacpp/llamacpp_child.mjs) on the model exported by `glint
+///   export gguf` in f32: one context with a sequence per sample, batched
+///   into shared llama_decode calls.
+/// Greedy cross-checks first make sure every side computes the same model.
 ///
 /// Prints `name: value` lines (sample_tokens_per_s,
 /// sample_python_tokens_per_s, sample_speedup_vs_python,
+/// sample_llamacpp_tokens_per_s, sample_speedup_vs_llamacpp,
 /// prefix_cache_hit_rate) after `# ...` comment lines; returns the process
-/// exit code (1 on an error or when the greedy check disagrees).
+/// exit code (1 on an error or when a greedy check disagrees).
 
 #include <cstdint>
 #include <string>
@@ -27,6 +33,14 @@ struct SampleBenchArgs {
   int64_t shared_prefix = 32; ///< leading tokens every prompt shares (a system prompt)
   bool small = false;         ///< a ~0.1M-parameter model, for smoke runs
   std::string python = "/usr/bin/python3";
+  /// The llama.cpp baseline: "auto" (installs node-llama-cpp from npm with
+  /// scripts/setup_llamacpp.sh when missing), "installed" (only when there
+  /// already), "none".
+  std::string llamacpp = "auto";
+  /// llama.cpp's parallel sequences (llama-server's slots): each takes the
+  /// next prompt when done and generates its samples one after another,
+  /// reusing the prompt's KV cache.
+  int64_t llamacpp_parallel = 64;
 };
 
 int sample(const SampleBenchArgs& args);

@@ -54,6 +54,18 @@ struct InitDataArgs {
 /// Writes a generated dataset as JSONL (GSM8K format for arithmetic).
 int init_data(const InitDataArgs& args);
 
+struct ExportGgufArgs {
+  std::string model;      ///< a Hugging Face model directory
+  std::string out;        ///< the .gguf file to write
+  std::string dtype{};    ///< f32, f16 or bf16; empty: the model's stored dtype
+  std::string adapter{};  ///< a PEFT LoRA adapter directory to merge in
+  std::string tokenizer{};///< where tokenizer.json is, if not in the model directory
+  std::string name{};     ///< general.name
+  bool force = false;     ///< replace an existing file
+};
+/// `glint export gguf`: writes the model (and its tokenizer) as GGUF for llama.cpp.
+int export_gguf(const ExportGgufArgs& args);
+
 struct RunsArgs {
   std::string root = "runs";
   std::string run{};  ///< empty: list the runs; else that run's checkpoints

@@ -95,6 +95,25 @@ int main(int argc, char** argv) {
   data_cmd->add_option("--seed", idata.seed, "Random seed (the same seed writes the same rows)")->capture_default_str();
   data_cmd->footer("Example: glint init-data arithmetic data/arith.jsonl --rows 5000 --seed 1");
 
+  glint::launcher::ExportGgufArgs gguf_args;
+  auto* export_cmd = app.add_subcommand("export", "Write a model in another format");
+  export_cmd->require_subcommand(1);
+  auto* gguf_cmd = export_cmd->add_subcommand(
+      "gguf", "Write a Llama, Qwen2 or Qwen3 model and its tokenizer as GGUF, for llama.cpp and the tools built on it");
+  gguf_cmd->add_option("model", gguf_args.model, "The Hugging Face model directory (config.json, safetensors, "
+                                                 "tokenizer.json)")
+      ->required();
+  gguf_cmd->add_option("out", gguf_args.out, "The .gguf file to write")->required();
+  gguf_cmd->add_option("--dtype", gguf_args.dtype, "f32, f16 or bf16 (default: the model's stored dtype, lossless)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  gguf_cmd->add_option("--adapter", gguf_args.adapter, "A LoRA adapter directory (PEFT layout) to merge in first");
+  gguf_cmd->add_option("--tokenizer", gguf_args.tokenizer, "The directory with tokenizer.json, if not the model's");
+  gguf_cmd->add_option("--name", gguf_args.name, "general.name (default: the model directory's name)");
+  gguf_cmd->add_flag("--force", gguf_args.force, "Replace OUT if it exists");
+  gguf_cmd->footer("Examples:\n  glint export gguf models/arith arith.gguf --dtype f16\n"
+                   "  glint export gguf models/arith tuned.gguf --adapter runs/sft/step-200/adapter\n"
+                   "Then, with llama.cpp: llama-cli -m arith.gguf -p 'Question: 3+4=' (docs/models.md, \"GGUF\")");
+
   glint::launcher::RunsArgs runs_args;
   auto* runs_cmd = app.add_subcommand("runs", "List the runs saved under a root directory, with their latest checkpoint");
   runs_cmd->add_option("--root", runs_args.root, "Where the runs and their index live")->capture_default_str();
@@ -180,10 +199,22 @@ int main(int argc, char** argv) {
   bench_sample->add_option("--python", sample_args.python,
                            "Python interpreter with torch for the baseline (Debian's python3-torch)")
       ->capture_default_str();
+  bench_sample->add_option("--llamacpp", sample_args.llamacpp,
+                           "llama.cpp baseline: auto (install node-llama-cpp from npm with scripts/setup_llamacpp.sh "
+                           "if missing), installed (only if there already) or none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "installed", "none"}));
+  bench_sample->add_option("--llamacpp-parallel", sample_args.llamacpp_parallel,
+                           "llama.cpp's parallel sequences (llama-server's slots): each takes the next prompt and "
+                           "generates its samples one after another, reusing the prompt's KV cache")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
   bench_sample->footer(
-      "Prints sample_tokens_per_s, sample_python_tokens_per_s, sample_speedup_vs_python and prefix_cache_hit_rate. "
-      "Both sides use the same weights, prompts and threads; a greedy cross-check first exits 1 if they generate "
-      "different tokens. The baseline is bench/python/sample_baseline.py in the source tree glint was built from.");
+      "Prints sample_tokens_per_s, sample_python_tokens_per_s, sample_speedup_vs_python, "
+      "sample_llamacpp_tokens_per_s, sample_speedup_vs_llamacpp and prefix_cache_hit_rate. Every side uses the same "
+      "weights (llama.cpp's exported to GGUF by glint, f32), prompts and threads; greedy cross-checks first exit 1 if "
+      "a baseline generates different tokens. The baselines are bench/python/sample_baseline.py and "
+      "bench/llamacpp/llamacpp_child.mjs in the source tree glint was built from.");
 
   glint::bench::SyncBenchArgs sync_args;
   auto* bench_sync = bench->add_subcommand(
@@ -283,6 +314,7 @@ int main(int argc, char** argv) {
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) return glint::launcher::init_model(im);
+  if (*gguf_cmd) return glint::launcher::export_gguf(gguf_args);
   if (*data_cmd) return glint::launcher::init_data(idata);
   if (*runs_cmd) return glint::launcher::runs(runs_args);
   if (*ckpts_cmd) return glint::launcher::runs(ckpt_args);

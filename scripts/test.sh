@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 bash scripts/build.sh
+# llama.cpp (prebuilt, from npm) for the test that runs exported GGUF files
+# in it; where it cannot be installed that test says so and is skipped.
+bash scripts/setup_llamacpp.sh >/dev/null ||
+  echo "test: llama.cpp could not be installed (above); GgufLlamaCpp.* will be skipped"
 t1=$(date +%s)
 cd "${GLINT_BUILD_DIR:-build}"
 ctest --output-on-failure -j "${GLINT_TEST_JOBS:-2}" "$@"

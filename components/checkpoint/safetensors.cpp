@@ -183,6 +183,70 @@ std::string temp_path_for(const std::string& path) {
          std::to_string(counter.fetch_add(1));
 }
 
+Result<AtomicFile> AtomicFile::create(const std::string& path) {
+  auto tmp = temp_path_for(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create", tmp);
+  return AtomicFile{path, std::move(tmp), fd};
+}
+
+AtomicFile::AtomicFile(AtomicFile&& o) noexcept
+    : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)), fd_(std::exchange(o.fd_, -1)), written_(o.written_) {}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+Result<void> AtomicFile::write(const void* data, size_t n) {
+  if (fd_ < 0) return make_error(errc::failed_precondition, "write to " + path_ + " after it was committed");
+  auto* c = static_cast<const char*>(data);
+  written_ += n;
+  while (n > 0) {
+    auto w = ::write(fd_, c, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return io_error("cannot write", tmp_);
+    }
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return {};
+}
+
+Result<void> AtomicFile::pad_to(uint64_t alignment) {
+  static constexpr char zeros[64] = {};
+  auto pad = (alignment - written_ % alignment) % alignment;
+  while (pad > 0) {
+    auto n = std::min<uint64_t>(pad, sizeof zeros);
+    if (auto ok = write(zeros, n); !ok) return ok;
+    pad -= n;
+  }
+  return {};
+}
+
+Result<void> AtomicFile::commit() {
+  if (fd_ < 0) return make_error(errc::failed_precondition, path_ + " is committed already");
+  bool ok = ::fsync(fd_) == 0;
+  auto saved_errno = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (!ok) {
+    errno = saved_errno;
+    auto err = io_error("cannot write", tmp_);
+    ::unlink(tmp_.c_str());
+    return err;
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    auto err = io_error("cannot rename into", path_);
+    ::unlink(tmp_.c_str());
+    return err;
+  }
+  return {};
+}
+
 Result<void> write_safetensors(const std::string& path, const NamedTensors& tensors,
                                const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -202,43 +266,16 @@ Result<void> write_safetensors(const std::string& path, const NamedTensors& tens
   if (!metadata.empty()) header["__metadata__"] = metadata;
   auto text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned
-  auto tmp = temp_path_for(path);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("cannot create", tmp);
-  auto write_all = [&](const void* p, size_t n) {
-    auto* c = static_cast<const char*>(p);
-    while (n > 0) {
-      auto w = ::write(fd, c, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return false;
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-    return true;
-  };
+  auto file = AtomicFile::create(path);
+  if (!file) return file.error();
   uint8_t len[8];
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  bool ok = write_all(len, 8) && write_all(text.data(), text.size());
+  if (auto ok = file->write(len, 8); !ok) return ok;
+  if (auto ok = file->write(text.data(), text.size()); !ok) return ok;
   for (const auto& [name, t] : tensors)
-    if (ok) ok = write_all(t.data(), t.nbytes());
-  if (ok) ok = ::fsync(fd) == 0;
-  auto saved_errno = errno;
-  ::close(fd);
-  if (!ok) {
-    errno = saved_errno;
-    auto err = io_error("cannot write", tmp);
-    ::unlink(tmp.c_str());
-    return err;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    auto err = io_error("cannot rename into", path);
-    ::unlink(tmp.c_str());
-    return err;
-  }
-  return {};
+    if (auto ok = file->write(t.data(), t.nbytes()); !ok) return ok;
+  return file->commit();
 }
 
 namespace {

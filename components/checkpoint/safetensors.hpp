@@ -64,6 +64,34 @@ private:
 /// unique per process, thread and call, so concurrent writers never share one.
 std::string temp_path_for(const std::string& path);
 
+/// A file written whole or not at all: bytes go to a temporary beside
+/// `path` (temp_path_for); commit() fsyncs it and renames it into place.
+/// Dropped without commit, the temporary is removed and `path` is untouched.
+///
+///   auto f = AtomicFile::create("out.gguf");
+///   f->write(header.data(), header.size());   // as many writes as needed
+///   f->commit();
+class AtomicFile {
+public:
+  static Result<AtomicFile> create(const std::string& path);
+  AtomicFile(AtomicFile&& o) noexcept;
+  AtomicFile& operator=(AtomicFile&&) = delete;
+  AtomicFile(const AtomicFile&) = delete;
+  ~AtomicFile();
+  /// Appends `n` bytes; an error names the temporary and errno's reason.
+  Result<void> write(const void* data, size_t n);
+  /// Zero bytes up to the next multiple of `alignment` of the bytes written.
+  Result<void> pad_to(uint64_t alignment);
+  uint64_t bytes_written() const { return written_; }
+  Result<void> commit();
+
+private:
+  AtomicFile(std::string path, std::string tmp, int fd) : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
+
 /// The safetensors dtype name of `d` ("F32", "BF16", ...).
 std::string_view safetensors_dtype(Dtype d);
 

@@ -52,8 +52,6 @@ std::string_view activation_name(Activation a) {
   return "?";
 }
 
-namespace {
-
 std::string_view model_type(Architecture a) {
   switch (a) {
     case Architecture::llama: return "llama";
@@ -62,6 +60,8 @@ std::string_view model_type(Architecture a) {
   }
   return "?";
 }
+
+namespace {
 
 void apply_architecture_defaults(ModelConfig& c) {
   c.qk_norm = c.architecture == Architecture::qwen3;
@@ -249,6 +249,19 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
                          "; glint rotates every dimension of a head (only 1.0 is supported)");
     scaling = &*rp;
     scaling_field = "rope_parameters";
+    // A legacy rope_scaling beside it must say the same, or one of the two
+    // would be silently ignored.
+    if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
+      if (!rs->is_object()) return refuse("field 'rope_scaling' should be an object or null, not " + rs->dump());
+      for (const auto& [key, v] : rs->items()) {
+        const auto* other = rp->contains(key) ? &(*rp)[key] : nullptr;
+        if (key == "type" && !other && rp->contains("rope_type")) other = &(*rp)["rope_type"];
+        const bool same = other ? *other == v : (key == "rope_type" || key == "type") && v == "default";
+        if (!same)
+          return refuse("fields 'rope_parameters' (" + rp->dump() + ") and 'rope_scaling' (" + rs->dump() +
+                        ") disagree on '" + key + "'; keep one of them");
+      }
+    }
   } else {
     field("rope_theta", theta);
     if (err) return err;

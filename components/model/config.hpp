@@ -34,6 +34,9 @@ enum class Architecture : uint8_t { llama, qwen2, qwen3 };
 
 /// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM".
 std::string_view hf_class_name(Architecture a);
+/// config.json's model_type ("llama", "qwen2", "qwen3"), which is also
+/// llama.cpp's architecture name.
+std::string_view model_type(Architecture a);
 /// Parses an HF class name or a short name ("llama", "qwen2", "qwen3").
 Result<Architecture> parse_architecture(std::string_view name);
 

@@ -507,6 +507,14 @@ TEST(ModelConfigJson, ReadsCurrentTransformersSpellings) {
   EXPECT_EQ(linear->rope_scaling.type, RopeScaling::Type::linear);
   EXPECT_EQ(linear->rope_scaling.factor, 2.0);
   EXPECT_EQ(linear->rope_theta, 500.0);
+  // A legacy rope_scaling beside rope_parameters is fine when it says the same.
+  auto agreeing = ModelConfig::parse(
+      base + R"(,"rope_parameters":{"rope_type":"linear","factor":2.0,"rope_theta":500.0},"rope_scaling":{"type":"linear","factor":2.0}})");
+  ASSERT_TRUE(agreeing) << describe(agreeing.error());
+  EXPECT_EQ(agreeing->rope_scaling.factor, 2.0);
+  auto default_too = ModelConfig::parse(
+      base + R"(,"rope_parameters":{"rope_theta":500.0},"rope_scaling":{"rope_type":"default"}})");
+  ASSERT_TRUE(default_too) << describe(default_too.error());
   // dtype wins over the older torch_dtype; an absent rope_theta is 10000 (HF's default for all three).
   auto both = ModelConfig::parse(base + R"(,"torch_dtype":"float32","dtype":"float16"})");
   ASSERT_TRUE(both);
@@ -558,6 +566,11 @@ TEST(ModelConfigJson, RefusesWhatItCannotComputeNamingFileFieldAndValue) {
       {R"("rope_scaling":{"rope_type":"dynamic","factor":2.0})", "rope type 'dynamic'"},
       {R"("rope_scaling":{"rope_type":"llama3","factor":8.0})", "'rope_scaling.low_freq_factor' of rope type llama3"},
       {R"("rope_parameters":"fast")", "'rope_parameters' should be an object"},
+      // Both spellings, disagreeing: rope_scaling was once silently ignored.
+      {R"("rope_parameters":{"rope_type":"default","rope_theta":1e6},"rope_scaling":{"rope_type":"linear","factor":4.0})",
+       "'rope_parameters' ({\"rope_theta\":1000000.0,\"rope_type\":\"default\"}) and 'rope_scaling'"},
+      {R"("rope_parameters":{"rope_type":"linear","factor":2.0,"rope_theta":1e6},"rope_scaling":{"type":"linear","factor":4.0})",
+       "disagree on 'factor'"},
       {R"("use_sliding_window":true,"sliding_window":0)", "'sliding_window' is 0"},
       {R"("use_sliding_window":true,"sliding_window":4,"layer_types":["full_attention"])",
        "'layer_types' should list one type per layer (2)"},

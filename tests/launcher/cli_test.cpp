@@ -89,16 +89,56 @@ TEST(Cli, BenchTrainSmokeRunPrintsItsLinesAndAgreesWithPython) {
   EXPECT_NE(missing.out.find("install python3-torch"), std::string::npos) << missing.out;
 }
 
-TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPython) {
-  auto r = run("bench sample --small --repeats 1 --prompts 6 --samples 2 --max-tokens 8 --max-prompt 48");
+TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPythonAndLlamaCpp) {
+  const std::string args = "bench sample --small --repeats 1 --prompts 6 --samples 2 --max-tokens 8 --max-prompt 48";
+  // llama.cpp where scripts/setup_llamacpp.sh installed it (scripts/test.sh does), else without.
+  auto r = run(args + " --llamacpp installed");
+  const bool llama = r.out.find("llama.cpp is not installed") == std::string::npos;
+  if (!llama) r = run(args + " --llamacpp none");
   EXPECT_EQ(r.code, 0) << r.out;
   for (auto* line : {"sample_tokens_per_s: ", "sample_python_tokens_per_s: ", "sample_speedup_vs_python: ",
                      "prefix_cache_hit_rate: "})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  for (auto* line : {"sample_llamacpp_tokens_per_s: ", "sample_speedup_vs_llamacpp: ", "greedy check against llama.cpp"})
+    EXPECT_EQ(r.out.find(line) != std::string::npos, llama) << line << "\n" << r.out;
   EXPECT_EQ(r.out.find("# warning"), std::string::npos) << r.out;
   auto bad = run("bench sample --small --min-prompt 40 --max-prompt 20");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("--max-prompt"), std::string::npos) << bad.out;
+}
+
+TEST(Cli, ExportGgufWritesTheModelAndRefusesWithReasons) {
+  auto dir = glint::testing::fresh_dir("export-gguf");
+  ASSERT_EQ(run("init-data arithmetic " + dir + "/arith.jsonl --rows 200").code, 0);
+  auto model = run("init-model " + dir + "/m --hidden 32 --intermediate 64 --layers 1 --heads 4 --kv-heads 2 --vocab 300 "
+                   "--tokenizer-from " + dir + "/arith.jsonl");
+  ASSERT_EQ(model.code, 0) << model.out;
+  auto r = run("export gguf " + dir + "/m " + dir + "/m.gguf --dtype f16");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("wrote " + dir + "/m.gguf: qwen3, 14 tensors (f16)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokenizer.ggml.pre qwen2"), std::string::npos) << r.out;
+  std::ifstream f{dir + "/m.gguf", std::ios::binary};
+  std::string magic(4, '\0');
+  f.read(magic.data(), 4);
+  EXPECT_EQ(magic, "GGUF");
+  auto again = run("export gguf " + dir + "/m " + dir + "/m.gguf");
+  EXPECT_EQ(again.code, 2) << again.out;
+  EXPECT_NE(again.out.find("--force"), std::string::npos) << again.out;
+  EXPECT_EQ(run("export gguf " + dir + "/m " + dir + "/m.gguf --force").code, 0);
+  // No tokenizer: llama.cpp needs the vocabulary.
+  ASSERT_EQ(run("init-model " + dir + "/bare --hidden 32 --intermediate 64 --layers 1 --heads 4 --vocab 50").code, 0);
+  auto bare = run("export gguf " + dir + "/bare " + dir + "/bare.gguf");
+  EXPECT_EQ(bare.code, 2) << bare.out;
+  EXPECT_NE(bare.out.find("tokenizer.json is missing"), std::string::npos) << bare.out;
+  EXPECT_NE(bare.out.find("--tokenizer"), std::string::npos) << bare.out;
+  // ... which --tokenizer can bring from elsewhere (vocabularies of 50 and ~300 ids do not fit, and that is said).
+  auto other = run("export gguf " + dir + "/bare " + dir + "/bare.gguf --tokenizer " + dir + "/m");
+  EXPECT_EQ(other.code, 2) << other.out;
+  EXPECT_NE(other.out.find("past the model's vocabulary of 50"), std::string::npos) << other.out;
+  auto dtype = run("export gguf " + dir + "/m " + dir + "/x.gguf --dtype f64");
+  EXPECT_NE(dtype.code, 0);
+  EXPECT_NE(dtype.out.find("--dtype"), std::string::npos) << dtype.out;
+  EXPECT_NE(run("export gguf " + dir + "/nowhere " + dir + "/y.gguf").code, 0);
 }
 
 TEST(Cli, BenchSyncSmokeRunPrintsItsLinesInBothModes) {

@@ -1,0 +1,328 @@
+#include "components/model/gguf_export.hpp"
+
+#include "components/checkpoint/gguf.hpp"
+#include "components/data/detail/regex.hpp"
+#include "components/data/tokenizer_config.hpp"
+#include "components/model/lora_config.hpp"
+#include "components/model/model.hpp"
+#include "components/model/transformer.hpp"
+#include "components/tensor/torch_bridge.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace glint::components {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+caf::error refuse(const std::string& what) {
+  return make_error(errc::unimplemented, "cannot export to GGUF: " + what);
+}
+
+std::string arch_name(Architecture a) { return std::string{model_type(a)}; }
+
+// llama_ftype: what most of the file's matrices are.
+uint32_t file_type_of(Dtype d) { return d == Dtype::f16 ? 1 : d == Dtype::bf16 ? 32 : 0; }
+
+// What llama.cpp computes for the architecture, checked against the config.
+Result<void> check_config(const ModelConfig& c) {
+  if (c.hidden_act != Activation::silu)
+    return refuse("hidden_act is '" + std::string{activation_name(c.hidden_act)} +
+                  "'; llama.cpp's " + arch_name(c.architecture) + " uses SiLU");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.window(l) > 0)
+      return refuse("layer " + std::to_string(l) + " uses sliding-window attention (" + std::to_string(c.sliding_window) +
+                    " tokens); llama.cpp's " + arch_name(c.architecture) + " attends to every earlier token");
+  const bool qkv_ok = c.architecture == Architecture::qwen2 || !c.qkv_bias;
+  if (!qkv_ok || c.o_bias || c.mlp_bias)
+    return refuse(std::string{"the model has biases on "} + (!qkv_ok ? "q/k/v" : c.o_bias ? "o_proj" : "the MLP") +
+                  " (attention_bias / mlp_bias); glint exports Qwen2's q/k/v biases only");
+  if (c.rope_scaling.type == RopeScaling::Type::llama3 && c.architecture != Architecture::llama)
+    return refuse("Llama 3.1's RoPE scaling on " + arch_name(c.architecture) + "; llama.cpp reads its rope_freqs for "
+                  "Llama only");
+  if (c.head_dim % 2 != 0) return refuse("head_dim " + std::to_string(c.head_dim) + " is odd; RoPE needs pairs");
+  return {};
+}
+
+// Hugging Face's Llama q/k rows are in the rotate-half order (each head's
+// first half, then its second); ggml's Llama RoPE rotates interleaved pairs.
+// The same reordering as convert_hf_to_gguf.py: per head, rows (i, half + i)
+// become neighbours.
+at::Tensor interleave_heads(const at::Tensor& w, int64_t heads) {
+  auto shape = w.sizes().vec();
+  std::vector<int64_t> split{heads, 2, w.size(0) / heads / 2};
+  for (size_t i = 1; i < shape.size(); ++i) split.push_back(shape[i]);
+  return w.reshape(split).transpose(1, 2).reshape(shape).contiguous();
+}
+
+// ggml's name for a Hugging Face parameter; empty when it has none.
+std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string> top = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                                         {"model.norm.weight", "output_norm.weight"},
+                                                         {"lm_head.weight", "output.weight"}};
+  if (auto it = top.find(hf); it != top.end()) return it->second;
+  static const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) != 0) return {};
+  auto dot = hf.find('.', prefix.size());
+  if (dot == std::string::npos) return {};
+  const auto layer = hf.substr(prefix.size(), dot - prefix.size());
+  const auto rest = hf.substr(dot + 1);
+  static const std::map<std::string, std::string> in_layer = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  auto it = in_layer.find(rest);
+  return it == in_layer.end() ? std::string{} : "blk." + layer + "." + it->second;
+}
+
+Result<json> read_json(const fs::path& path) {
+  std::ifstream in{path};
+  if (!in) return make_error(errc::not_found, "cannot read " + path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, path.string() + " is not valid JSON: " + e.what());
+  }
+}
+
+// llama.cpp's name for a byte-level BPE pre-tokenizer, from its regex.
+Result<std::string> pre_tokenizer_name(const json& pre, const std::string& origin) {
+  static const std::string llama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  auto is_byte_level = [](const json& p) { return p.is_object() && p.value("type", "") == "ByteLevel"; };
+  std::string pattern;
+  if (is_byte_level(pre) && pre.value("use_regex", true)) {
+    pattern = detail::kGpt2Pattern;
+  } else if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+             pre["pretokenizers"].size() == 2 && is_byte_level(pre["pretokenizers"][1]) &&
+             !pre["pretokenizers"][1].value("use_regex", true)) {
+    const auto& split = pre["pretokenizers"][0];
+    if (split.value("type", "") == "Split" && split.contains("pattern") && split["pattern"].contains("Regex") &&
+        split.value("behavior", "") == "Isolated" && !split.value("invert", false))
+      pattern = split["pattern"]["Regex"].get<std::string>();
+  }
+  if (pattern == detail::kQwen2Pattern) return std::string{"qwen2"};
+  if (pattern == llama3) return std::string{"llama-bpe"};
+  if (pattern == detail::kGpt2Pattern) return std::string{"gpt-2"};
+  return refuse(origin + ": the pre-tokenizer " + pre.dump().substr(0, 200) +
+                " is not one llama.cpp knows by name; glint exports Qwen2's, Llama 3's and GPT-2's byte-level "
+                "splits (tokenizer.ggml.pre qwen2, llama-bpe, gpt-2)");
+}
+
+struct Vocabulary {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  std::string pre;
+  int64_t padded = 0;
+};
+
+// tokenizer.ggml.* as convert_hf_to_gguf.py's get_vocab_base writes it.
+Result<Vocabulary> read_vocabulary(const fs::path& file, int64_t model_vocab) {
+  auto j = read_json(file);
+  if (!j) return j.error();
+  const std::string origin = file.string();
+  const auto& model = (*j)["model"];
+  if (!model.is_object() || model.value("type", "") != "BPE" || !model.contains("vocab") || !model["vocab"].is_object())
+    return refuse(origin + ": the model is not BPE; glint exports byte-level BPE tokenizers (GPT-2, Qwen, Llama 3)");
+  if (!(*j)["decoder"].is_object() || (*j)["decoder"].value("type", "") != "ByteLevel")
+    return refuse(origin + ": the decoder is not ByteLevel; glint exports byte-level BPE tokenizers (GPT-2, Qwen, "
+                           "Llama 3), not SentencePiece-style ones");
+  if (const auto& n = (*j)["normalizer"]; !n.is_null() && !(n.is_object() && n.value("type", "") == "NFC"))
+    return refuse(origin + ": the normalizer " + n.dump().substr(0, 200) + " has no llama.cpp counterpart");
+  for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
+    if (model.contains(f) && !model[f].is_null())
+      return refuse(origin + ": model." + f + " is " + model[f].dump() + "; llama.cpp's BPE has none");
+  Vocabulary v;
+  auto pre = pre_tokenizer_name((*j)["pre_tokenizer"], origin);
+  if (!pre) return pre.error();
+  v.pre = *pre;
+  v.tokens.assign(static_cast<size_t>(model_vocab), {});
+  v.types.assign(static_cast<size_t>(model_vocab), 0);
+  auto place = [&](int64_t id, const std::string& text, int32_t type) -> Result<void> {
+    if (id < 0 || id >= model_vocab)
+      return refuse(origin + ": token '" + text + "' has id " + std::to_string(id) +
+                    ", past the model's vocabulary of " + std::to_string(model_vocab) + " (config.json vocab_size)");
+    v.tokens[static_cast<size_t>(id)] = text;
+    v.types[static_cast<size_t>(id)] = type;
+    return {};
+  };
+  constexpr int32_t normal = 1, control = 3, user_defined = 4, unused = 5;
+  for (const auto& [text, id] : model["vocab"].items())
+    if (auto ok = place(id.get<int64_t>(), text, normal); !ok) return ok.error();
+  if ((*j).contains("added_tokens"))
+    for (const auto& t : (*j)["added_tokens"])
+      if (auto ok = place(t.at("id").get<int64_t>(), t.at("content").get<std::string>(),
+                          t.value("special", false) ? control : user_defined);
+          !ok)
+        return ok.error();
+  for (int64_t id = 0; id < model_vocab; ++id)
+    if (v.types[static_cast<size_t>(id)] == 0) {
+      v.tokens[static_cast<size_t>(id)] = "[PAD" + std::to_string(id) + "]";
+      v.types[static_cast<size_t>(id)] = unused;
+      ++v.padded;
+    }
+  if (model.contains("merges"))
+    for (const auto& m : model["merges"]) {
+      if (m.is_string()) v.merges.push_back(m.get<std::string>());
+      else if (m.is_array() && m.size() == 2) v.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+      else return refuse(origin + ": a merge is " + m.dump() + ", neither \"a b\" nor [\"a\", \"b\"]");
+    }
+  return v;
+}
+
+// Whether the tokenizer adds a bos token to a text, as Hugging Face's
+// tokenizer(text) does: tokenizer_config's add_bos_token, else a
+// TemplateProcessing post-processor that starts with the bos token.
+bool adds_bos(const fs::path& tokenizer_json, const TokenizerConfig& tc) {
+  if (tc.add_bos_token) return *tc.add_bos_token;
+  auto bos = tc.special_tokens.find("bos_token");
+  if (bos == tc.special_tokens.end()) return false;
+  auto j = read_json(tokenizer_json);
+  if (!j) return false;
+  const auto& pp = (*j)["post_processor"];
+  if (!pp.is_object() || pp.value("type", "") != "TemplateProcessing" || !pp.contains("single") ||
+      pp["single"].empty())
+    return false;
+  const auto& first = pp["single"][0];
+  return first.contains("SpecialToken") && first["SpecialToken"].value("id", "") == bos->second;
+}
+
+}  // namespace
+
+Result<GgufExportSummary> export_gguf(const std::string& model_dir, const std::string& out,
+                                      const GgufExportOptions& options) {
+  auto lm = CausalLM::load(model_dir);
+  if (!lm) return lm.error();
+  const auto& cfg = lm->config();
+  if (auto ok = check_config(cfg); !ok) return ok.error();
+  const Dtype dtype = options.dtype.value_or(cfg.dtype);
+  if (dtype != Dtype::f32 && dtype != Dtype::f16 && dtype != Dtype::bf16)
+    return make_error(errc::invalid_argument, "cannot export to GGUF in " + std::string{to_string(dtype)} +
+                                                  "; choose f32, f16 or bf16");
+  if (!options.adapter.empty()) {
+    if (auto ok = lm->load_adapter("export", options.adapter); !ok) return ok.error();
+    if (auto ok = lm->merge_adapter("export"); !ok) return ok.error();
+  }
+
+  // The tokenizer.
+  const fs::path tok_dir{options.tokenizer.empty() ? model_dir : options.tokenizer};
+  const auto tok_file = tok_dir / "tokenizer.json";
+  if (!fs::exists(tok_file))
+    return refuse(tok_file.string() + " is missing; llama.cpp needs the model's vocabulary (give the directory that "
+                                      "has it with --tokenizer)");
+  auto vocab = read_vocabulary(tok_file, cfg.vocab_size);
+  if (!vocab) return vocab.error();
+  auto tc = TokenizerConfig::load_dir(tok_dir.string());
+  if (!tc) return tc.error();
+  auto id_of = [&](const std::string& text) -> int64_t {
+    for (size_t i = 0; i < vocab->tokens.size(); ++i)
+      if (vocab->tokens[i] == text) return static_cast<int64_t>(i);
+    return -1;
+  };
+  auto special_id = [&](const char* role) -> int64_t {
+    auto it = tc->special_tokens.find(role);
+    return it == tc->special_tokens.end() ? -1 : id_of(it->second);
+  };
+  int64_t bos = special_id("bos_token"), eos = special_id("eos_token"), pad = special_id("pad_token");
+  if (bos < 0) bos = cfg.bos_token_id;
+  if (eos < 0 && !cfg.eos_token_ids.empty()) eos = cfg.eos_token_ids.front();
+
+  const auto arch = arch_name(cfg.architecture);
+  auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  GgufFile f;
+  auto& m = f.metadata;
+  m.emplace_back("general.architecture", arch);
+  m.emplace_back("general.type", std::string{"model"});
+  m.emplace_back("general.name", options.name.empty() ? fs::absolute(model_dir).lexically_normal().filename().string()
+                                                      : options.name);
+  m.emplace_back("general.file_type", file_type_of(dtype));
+  m.emplace_back("general.quantization_version", uint32_t{2});
+  m.emplace_back(arch + ".vocab_size", u32(cfg.vocab_size));
+  m.emplace_back(arch + ".context_length", u32(cfg.max_position_embeddings));
+  m.emplace_back(arch + ".embedding_length", u32(cfg.hidden_size));
+  m.emplace_back(arch + ".block_count", u32(cfg.num_hidden_layers));
+  m.emplace_back(arch + ".feed_forward_length", u32(cfg.intermediate_size));
+  m.emplace_back(arch + ".attention.head_count", u32(cfg.num_attention_heads));
+  m.emplace_back(arch + ".attention.head_count_kv", u32(cfg.num_key_value_heads));
+  m.emplace_back(arch + ".attention.key_length", u32(cfg.head_dim));
+  m.emplace_back(arch + ".attention.value_length", u32(cfg.head_dim));
+  m.emplace_back(arch + ".rope.dimension_count", u32(cfg.head_dim));
+  m.emplace_back(arch + ".rope.freq_base", static_cast<float>(cfg.rope_theta));
+  m.emplace_back(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(cfg.rms_norm_eps));
+  if (cfg.rope_scaling.type == RopeScaling::Type::linear) {
+    m.emplace_back(arch + ".rope.scaling.type", std::string{"linear"});
+    m.emplace_back(arch + ".rope.scaling.factor", static_cast<float>(cfg.rope_scaling.factor));
+  }
+  m.emplace_back("tokenizer.ggml.model", std::string{"gpt2"});
+  m.emplace_back("tokenizer.ggml.pre", vocab->pre);
+  m.emplace_back("tokenizer.ggml.tokens", vocab->tokens);
+  m.emplace_back("tokenizer.ggml.token_type", vocab->types);
+  m.emplace_back("tokenizer.ggml.merges", vocab->merges);
+  if (bos >= 0) m.emplace_back("tokenizer.ggml.bos_token_id", u32(bos));
+  if (eos >= 0) m.emplace_back("tokenizer.ggml.eos_token_id", u32(eos));
+  if (pad >= 0) m.emplace_back("tokenizer.ggml.padding_token_id", u32(pad));
+  m.emplace_back("tokenizer.ggml.add_bos_token", adds_bos(tok_file, *tc));
+  if (tc->chat_template) m.emplace_back("tokenizer.chat_template", *tc->chat_template);
+
+  // The tensors, converted one by one as they are written.
+  const auto& impl = lm->impl();
+  for (const auto& hf : impl.names) {
+    auto name = gguf_name(hf);
+    if (name.empty()) return make_error(errc::internal, "no GGUF name for parameter " + hf);
+    const auto& p = impl.param(hf);
+    const bool matrix = p.dim() >= 2;
+    const Dtype type = matrix ? dtype : Dtype::f32;
+    int64_t interleave = 0;
+    if (cfg.architecture == Architecture::llama) {
+      if (hf.find("self_attn.q_proj.") != std::string::npos) interleave = cfg.num_attention_heads;
+      if (hf.find("self_attn.k_proj.") != std::string::npos) interleave = cfg.num_key_value_heads;
+    }
+    f.tensors.push_back({.name = name, .shape = p.sizes().vec(), .dtype = type, .data = [p, type, interleave] {
+                           auto t = interleave ? interleave_heads(p, interleave) : p;
+                           return from_torch(t.to(to_torch(type)).contiguous());
+                         }});
+  }
+  if (cfg.rope_scaling.type == RopeScaling::Type::llama3) {
+    // ggml divides each frequency by its factor: unscaled / scaled.
+    auto half = at::arange(0, cfg.head_dim / 2, at::kDouble) * 2.0 / static_cast<double>(cfg.head_dim);
+    auto factors = (at::pow(cfg.rope_theta, half).reciprocal() / impl.inverse_frequencies()).to(at::kFloat);
+    f.tensors.push_back({.name = "rope_freqs.weight", .shape = {cfg.head_dim / 2}, .dtype = Dtype::f32,
+                         .data = [factors] { return from_torch(factors.contiguous()); }});
+  }
+  const size_t total = f.tensors.size();
+  if (auto ok = write_gguf(out, f, [&](size_t done) {
+        if (options.progress) options.progress(done, total);
+      });
+      !ok)
+    return ok.error();
+  std::error_code ec;
+  return GgufExportSummary{.architecture = arch, .dtype = dtype, .tensors = total,
+                           .bytes = static_cast<uint64_t>(fs::file_size(out, ec)),
+                           .vocab = cfg.vocab_size, .padded_tokens = vocab->padded, .pre_tokenizer = vocab->pre};
+}
+
+}  // namespace glint::components

@@ -104,8 +104,8 @@ public:
   /// (seconds, tokens).
   Result<std::pair<double, int64_t>> run(const std::string& prompts_path, int64_t samples, int64_t max_tokens,
                                          uint64_t seed, std::chrono::milliseconds timeout) {
-    auto r = ask("run " + prompts_path + " " + std::to_string(samples) + " " + std::to_string(max_tokens) + " " +
-                     std::to_string(seed) + "\n",
+    auto r = ask("run " + std::to_string(samples) + " " + std::to_string(max_tokens) + " " + std::to_string(seed) +
+                     " " + nlohmann::json(prompts_path).dump() + "\n",
                  "ran: ", timeout);
     if (!r) return r.error();
     std::istringstream in{*r};

@@ -304,7 +304,7 @@ int sample(const SampleBenchArgs& a) {
     if (!gguf) return fail("exporting the bench model to GGUF: " + describe(gguf.error()));
     if (auto ok = write_prompts_json(prompts_json, prompts); !ok) return fail(describe(ok.error()));
     auto started = LlamaCpp::start({.modules = *modules, .script = *child_script, .model = *gguf, .threads = threads,
-                                    .sequences = std::min(a.llamacpp_parallel, a.prompts), .context = a.max_prompt + a.max_tokens,
+                                    .sequences = std::min(a.llamacpp_parallel, a.prompts), .context = a.max_prompt + std::max(a.max_tokens, kCheckTokens),
                                     .batch = ecfg.max_num_batched_tokens});
     if (!started) return fail(describe(started.error()));
     llama.emplace(std::move(*started));
@@ -314,9 +314,10 @@ int sample(const SampleBenchArgs& a) {
                 "generates its samples one after another, rolling its KV cache back to the prompt in between (the "
                 "binding cannot fork a sequence, so samples of one prompt do not run in parallel and prompts share "
                 "no prefix); f16 KV cache (its default); the sequences' tokens batched into shared llama_decode "
-                "calls of up to %lld; temperature 1 over the full vocabulary (top-k, top-p, min-p off)\n",
+                "calls of up to %lld; temperature 1 over the full vocabulary (top-p and min-p off; top-k off, which the "
+                "binding turns into top-k = vocabulary, a sort of the vocabulary per token that glint does not do)\n",
                 llama->banner().c_str(), static_cast<long long>(std::min(a.llamacpp_parallel, a.prompts)),
-                static_cast<long long>(a.max_prompt + a.max_tokens),
+                static_cast<long long>(a.max_prompt + std::max(a.max_tokens, kCheckTokens)),
                 static_cast<long long>(ecfg.max_num_batched_tokens));
     std::vector<std::vector<int64_t>> greedy;
     for (const auto& p : first) {

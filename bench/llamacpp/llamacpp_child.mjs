@@ -7,7 +7,7 @@
 //   tokenize <JSON string>           -> "tokens: <ids>"    llama.cpp's tokenizer: special tokens in the text matched, none added
 //   greedy <n> <ids...>              -> "greedy: <ids>"    n greedy tokens after the prompt ids
 //   logits <ids...>                  -> "logits: <JSON>"   the raw logits after every position, [T][vocab]
-//   run <prompts.json> <samples> <max_tokens> <seed>
+//   run <samples> <max_tokens> <seed> <JSON string: the path of prompts.json>
 //                                    -> "ran: <seconds> <tokens>"  every prompt x samples through S parallel
 //                                       sequences, each prompt's samples reusing its KV cache, temperature 1
 //   quit
@@ -145,8 +145,9 @@ for await (const line of lines) {
     else if (cmd === "logits") say("logits: " + JSON.stringify(await logits(rest.map(Number))));
     else if (cmd === "greedy") say("greedy: " + (await greedy(Number(rest[0]), rest.slice(1).map(Number))).join(" "));
     else if (cmd === "run") {
-      const prompts = JSON.parse(readFileSync(rest[0], "utf8"));
-      const [seconds, tokens] = await run(prompts, Number(rest[1]), Number(rest[2]), Number(rest[3]));
+      const path = JSON.parse(line.trim().split(" ").slice(4).join(" "));
+      const prompts = JSON.parse(readFileSync(path, "utf8"));
+      const [seconds, tokens] = await run(prompts, Number(rest[0]), Number(rest[1]), Number(rest[2]));
       say(`ran: ${seconds} ${tokens}`);
     } else say(`error: unknown command '${cmd}'`);
   } catch (e) {

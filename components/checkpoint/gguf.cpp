@@ -156,8 +156,8 @@ Result<void> write_gguf(const std::string& path, const GgufFile& file,
                                             std::to_string(t.shape.size()) + " dimensions but is " +
                                             bytes->describe());
     if (auto ok = out->write(bytes->data(), bytes->nbytes()); !ok) return ok;
-    if (i + 1 < file.tensors.size())
-      if (auto ok = out->pad_to(file.alignment); !ok) return ok;
+    // After the last tensor too: ggml's reader counts every tensor padded.
+    if (auto ok = out->pad_to(file.alignment); !ok) return ok;
     if (progress) progress(i + 1);
   }
   return out->commit();
@@ -205,6 +205,9 @@ public:
         auto n = get<uint64_t>("an array's length");
         if (!n) return n.error();
         if (*n > size_ - pos_) return truncated("an array");
+        // Each element takes at least 8 (string) or 4 bytes of the file.
+        if (*et == t_string && *n > (size_ - pos_) / 8) return truncated("an array");
+        if ((*et == t_i32 || *et == t_f32) && *n > (size_ - pos_) / 4) return truncated("an array");
         if (*et == t_string) return array<std::string>(*n, [&] { return get_string("a string"); });
         if (*et == t_i32) return array<int32_t>(*n, [&] { return get<int32_t>("an i32"); });
         if (*et == t_f32) return array<float>(*n, [&] { return get<float>("an f32"); });
@@ -271,12 +274,13 @@ Result<GgufFile> read_gguf_header(const std::string& path) {
   auto n_kv = r.get<uint64_t>("the key count");
   if (!n_kv) return n_kv.error();
   GgufFile f;
+  std::set<std::string> keys;
   for (uint64_t i = 0; i < *n_kv; ++i) {
     auto key = r.get_string("a key");
     if (!key) return key.error();
     auto value = r.get_value(*key);
     if (!value) return value.error();
-    if (f.find(*key)) return r.bad("key '" + *key + "' is there twice");
+    if (!keys.insert(*key).second) return r.bad("key '" + *key + "' is there twice");
     if (*key == "general.alignment") {
       if (!std::holds_alternative<uint32_t>(*value)) return r.bad("general.alignment is not a u32");
       f.alignment = std::get<uint32_t>(*value);
@@ -311,11 +315,14 @@ Result<GgufFile> read_gguf_header(const std::string& path) {
     f.tensors.push_back(std::move(t));
   }
   f.data_offset = align_up(r.pos(), f.alignment);
+  if (f.data_offset > size) return r.bad("its data section starts past the end of the file");
+  const uint64_t data_bytes = size - f.data_offset;
   for (const auto& t : f.tensors) {
     uint64_t bytes = element_size(t.dtype);
-    for (auto d : t.shape) bytes *= static_cast<uint64_t>(d);
+    bool overflow = false;
+    for (auto d : t.shape) overflow |= __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes);
     if (t.offset % f.alignment != 0) return r.bad("tensor '" + t.name + "' is not aligned");
-    if (f.data_offset + t.offset + bytes > size)
+    if (overflow || t.offset > data_bytes || bytes > data_bytes - t.offset)
       return r.bad("tensor '" + t.name + "' ends past the end of the file");
   }
   return f;

@@ -253,10 +253,19 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
     // would be silently ignored.
     if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
       if (!rs->is_object()) return refuse("field 'rope_scaling' should be an object or null, not " + rs->dump());
+      auto type_of = [](const json& o) {
+        auto t = o.find("rope_type");
+        if (t == o.end() || t->is_null()) t = o.find("type");
+        return t == o.end() || t->is_null() ? json("default") : *t;
+      };
+      if (type_of(*rs) != type_of(*rp))
+        return refuse("fields 'rope_parameters' (" + rp->dump() + ") and 'rope_scaling' (" + rs->dump() +
+                      ") disagree on the rope type; keep one of them");
       for (const auto& [key, v] : rs->items()) {
-        const auto* other = rp->contains(key) ? &(*rp)[key] : nullptr;
-        if (key == "type" && !other && rp->contains("rope_type")) other = &(*rp)["rope_type"];
-        const bool same = other ? *other == v : (key == "rope_type" || key == "type") && v == "default";
+        if (key == "type" || key == "rope_type" || v.is_null()) continue;  // compared above; null says nothing
+        const auto* other = rp->contains(key) && !(*rp)[key].is_null() ? &(*rp)[key] : nullptr;
+        // An absent factor is 1; numbers compare by value (8 == 8.0).
+        const bool same = other ? *other == v : key == "factor" && v == 1;
         if (!same)
           return refuse("fields 'rope_parameters' (" + rp->dump() + ") and 'rope_scaling' (" + rs->dump() +
                         ") disagree on '" + key + "'; keep one of them");

@@ -113,6 +113,14 @@ Result<std::string> pre_tokenizer_name(const json& pre, const std::string& origi
   static const std::string llama3 =
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   auto is_byte_level = [](const json& p) { return p.is_object() && p.value("type", "") == "ByteLevel"; };
+  const auto& level = is_byte_level(pre) ? pre
+                      : pre.is_object() && pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
+                              !pre["pretokenizers"].empty()
+                          ? pre["pretokenizers"].back()
+                          : pre;
+  if (is_byte_level(level) && level.value("add_prefix_space", false))
+    return refuse(origin + ": the ByteLevel pre-tokenizer has add_prefix_space true (a space before every text); "
+                           "llama.cpp's byte-level pre-tokenizers add none");
   std::string pattern;
   if (is_byte_level(pre) && pre.value("use_regex", true)) {
     pattern = detail::kGpt2Pattern;
@@ -140,11 +148,22 @@ struct Vocabulary {
   int64_t padded = 0;
 };
 
+// An added token that is not marked special but looks like a control token
+// (<|...|>, <｜...｜>, <pad>, <mask>, <unused...>): convert_hf_to_gguf.py
+// types these control too, so llama.cpp neither matches them in plain text
+// nor prints them (Qwen2.5's <|fim_prefix|> and <|file_sep|>, say).
+bool looks_special(const std::string& t) {
+  auto wrapped = [&](std::string_view open, std::string_view close) {
+    return t.size() >= open.size() + close.size() && t.compare(0, open.size(), open) == 0 &&
+           t.compare(t.size() - close.size(), close.size(), close) == 0;
+  };
+  return t == "<pad>" || t == "<mask>" || wrapped("<|", "|>") || wrapped("<\xef\xbd\x9c", "\xef\xbd\x9c>") ||
+         wrapped("<unused", ">");
+}
+
 // tokenizer.ggml.* as convert_hf_to_gguf.py's get_vocab_base writes it.
-Result<Vocabulary> read_vocabulary(const fs::path& file, int64_t model_vocab) {
-  auto j = read_json(file);
-  if (!j) return j.error();
-  const std::string origin = file.string();
+Result<Vocabulary> read_vocabulary(const json* j, const std::string& origin, int64_t model_vocab) {
+  if (!j->is_object()) return refuse(origin + " is not a JSON object");
   const auto& model = (*j)["model"];
   if (!model.is_object() || model.value("type", "") != "BPE" || !model.contains("vocab") || !model["vocab"].is_object())
     return refuse(origin + ": the model is not BPE; glint exports byte-level BPE tokenizers (GPT-2, Qwen, Llama 3)");
@@ -156,10 +175,17 @@ Result<Vocabulary> read_vocabulary(const fs::path& file, int64_t model_vocab) {
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
     if (model.contains(f) && !model[f].is_null())
       return refuse(origin + ": model." + f + " is " + model[f].dump() + "; llama.cpp's BPE has none");
+  if (model.value("byte_fallback", false))
+    return refuse(origin + ": model.byte_fallback is true; llama.cpp's byte-level BPE has no byte fallback");
   Vocabulary v;
   auto pre = pre_tokenizer_name((*j)["pre_tokenizer"], origin);
   if (!pre) return pre.error();
   v.pre = *pre;
+  // llama.cpp fixes ignore_merges by the pre-tokenizer: on for Llama 3's, off otherwise.
+  const bool ignore_merges = model.value("ignore_merges", false);
+  if (ignore_merges != (v.pre == "llama-bpe"))
+    return refuse(origin + ": model.ignore_merges is " + (ignore_merges ? "true" : "false") +
+                  ", but llama.cpp's '" + v.pre + "' pre-tokenizer has it " + (ignore_merges ? "off" : "on"));
   v.tokens.assign(static_cast<size_t>(model_vocab), {});
   v.types.assign(static_cast<size_t>(model_vocab), 0);
   auto place = [&](int64_t id, const std::string& text, int32_t type) -> Result<void> {
@@ -174,11 +200,13 @@ Result<Vocabulary> read_vocabulary(const fs::path& file, int64_t model_vocab) {
   for (const auto& [text, id] : model["vocab"].items())
     if (auto ok = place(id.get<int64_t>(), text, normal); !ok) return ok.error();
   if ((*j).contains("added_tokens"))
-    for (const auto& t : (*j)["added_tokens"])
-      if (auto ok = place(t.at("id").get<int64_t>(), t.at("content").get<std::string>(),
-                          t.value("special", false) ? control : user_defined);
+    for (const auto& t : (*j)["added_tokens"]) {
+      const auto content = t.at("content").get<std::string>();
+      if (auto ok = place(t.at("id").get<int64_t>(), content,
+                          t.value("special", false) || looks_special(content) ? control : user_defined);
           !ok)
         return ok.error();
+    }
   for (int64_t id = 0; id < model_vocab; ++id)
     if (v.types[static_cast<size_t>(id)] == 0) {
       v.tokens[static_cast<size_t>(id)] = "[PAD" + std::to_string(id) + "]";
@@ -194,21 +222,37 @@ Result<Vocabulary> read_vocabulary(const fs::path& file, int64_t model_vocab) {
   return v;
 }
 
-// Whether the tokenizer adds a bos token to a text, as Hugging Face's
-// tokenizer(text) does: tokenizer_config's add_bos_token, else a
-// TemplateProcessing post-processor that starts with the bos token.
-bool adds_bos(const fs::path& tokenizer_json, const TokenizerConfig& tc) {
-  if (tc.add_bos_token) return *tc.add_bos_token;
-  auto bos = tc.special_tokens.find("bos_token");
-  if (bos == tc.special_tokens.end()) return false;
-  auto j = read_json(tokenizer_json);
-  if (!j) return false;
-  const auto& pp = (*j)["post_processor"];
-  if (!pp.is_object() || pp.value("type", "") != "TemplateProcessing" || !pp.contains("single") ||
-      pp["single"].empty())
-    return false;
-  const auto& first = pp["single"][0];
-  return first.contains("SpecialToken") && first["SpecialToken"].value("id", "") == bos->second;
+// Whether Hugging Face's tokenizer(text) adds the bos (first) and eos
+// (second) tokens: tokenizer_config's add_bos_token / add_eos_token, else a
+// TemplateProcessing post-processor (alone or in a Sequence, as Llama 3's
+// is) whose single-sequence template starts with the bos or ends with the
+// eos token, as gguf-py's SpecialVocab reads them.
+std::pair<bool, bool> adds_bos_eos(const json& tokenizer, const TokenizerConfig& tc) {
+  bool bos = false, eos = false;
+  const auto& pp = tokenizer.contains("post_processor") ? tokenizer["post_processor"] : json{};
+  std::vector<json> processors;
+  if (pp.is_object() && pp.value("type", "") == "Sequence" && pp.contains("processors") && pp["processors"].is_array())
+    for (const auto& p : pp["processors"]) processors.push_back(p);
+  else if (pp.is_object())
+    processors.push_back(pp);
+  auto role = [&](const char* name) {
+    auto it = tc.special_tokens.find(name);
+    return it == tc.special_tokens.end() ? std::string{} : it->second;
+  };
+  auto special = [](const json& piece) {
+    return piece.is_object() && piece.contains("SpecialToken") && piece["SpecialToken"].is_object()
+               ? piece["SpecialToken"].value("id", "")
+               : std::string{};
+  };
+  for (const auto& p : processors) {
+    if (!p.is_object() || p.value("type", "") != "TemplateProcessing" || !p.contains("single") ||
+        !p["single"].is_array() || p["single"].size() < 2)
+      continue;
+    const auto& single = p["single"];
+    if (!role("bos_token").empty() && special(single.front()) == role("bos_token")) bos = true;
+    if (!role("eos_token").empty() && special(single.back()) == role("eos_token")) eos = true;
+  }
+  return {tc.add_bos_token.value_or(bos), tc.add_eos_token.value_or(eos)};
 }
 
 }  // namespace
@@ -234,10 +278,19 @@ Result<GgufExportSummary> export_gguf(const std::string& model_dir, const std::s
   if (!fs::exists(tok_file))
     return refuse(tok_file.string() + " is missing; llama.cpp needs the model's vocabulary (give the directory that "
                                       "has it with --tokenizer)");
-  auto vocab = read_vocabulary(tok_file, cfg.vocab_size);
-  if (!vocab) return vocab.error();
+  auto tokenizer = read_json(tok_file);
+  if (!tokenizer) return tokenizer.error();
   auto tc = TokenizerConfig::load_dir(tok_dir.string());
   if (!tc) return tc.error();
+  Result<Vocabulary> vocab = make_error(errc::internal, "unread");
+  std::pair<bool, bool> adds{false, false};
+  try {  // a field of the wrong JSON type is an error, not a crash
+    vocab = read_vocabulary(&*tokenizer, tok_file.string(), cfg.vocab_size);
+    adds = adds_bos_eos(*tokenizer, *tc);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, tok_file.string() + " has a field glint cannot read: " + e.what());
+  }
+  if (!vocab) return vocab.error();
   auto id_of = [&](const std::string& text) -> int64_t {
     for (size_t i = 0; i < vocab->tokens.size(); ++i)
       if (vocab->tokens[i] == text) return static_cast<int64_t>(i);
@@ -285,7 +338,8 @@ Result<GgufExportSummary> export_gguf(const std::string& model_dir, const std::s
   if (bos >= 0) m.emplace_back("tokenizer.ggml.bos_token_id", u32(bos));
   if (eos >= 0) m.emplace_back("tokenizer.ggml.eos_token_id", u32(eos));
   if (pad >= 0) m.emplace_back("tokenizer.ggml.padding_token_id", u32(pad));
-  m.emplace_back("tokenizer.ggml.add_bos_token", adds_bos(tok_file, *tc));
+  m.emplace_back("tokenizer.ggml.add_bos_token", adds.first);
+  m.emplace_back("tokenizer.ggml.add_eos_token", adds.second);
   if (tc->chat_template) m.emplace_back("tokenizer.chat_template", *tc->chat_template);
 
   // The tensors, converted one by one as they are written.

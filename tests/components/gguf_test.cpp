@@ -96,7 +96,7 @@ TEST(Gguf, WritesTheLayoutOfTheSpecAndReadsItBack) {
   EXPECT_EQ(back->data_offset % 32, 0u);
   EXPECT_EQ(back->tensors[0].offset, 0u);
   EXPECT_EQ(back->tensors[1].offset, 32u);  // 24 bytes, padded to the alignment
-  EXPECT_EQ(bytes.size(), back->data_offset + 32 + 4);
+  EXPECT_EQ(bytes.size(), back->data_offset + 32 + 32);  // the last tensor padded too, as ggml counts it
   EXPECT_TRUE(at::equal(tensor_of(path, *back, "m"), to_torch(m)));
   EXPECT_TRUE(at::equal(tensor_of(path, *back, "v"), to_torch(v)));
 }
@@ -123,7 +123,8 @@ TEST(Gguf, RefusesWhatItCannotWriteAndDamagedFiles) {
   ok.tensors.push_back({.name = "t", .shape = {2}, .dtype = Dtype::f32, .data = data});
   ASSERT_TRUE(write_gguf(dir + "/d.gguf", ok));
   auto bytes = file_bytes(dir + "/d.gguf");
-  for (size_t cut : {size_t{3}, size_t{20}, size_t{30}, bytes.size() - 1}) {
+  const auto tensor_at = read_gguf_header(dir + "/d.gguf")->data_offset;
+  for (size_t cut : {size_t{3}, size_t{20}, size_t{30}, static_cast<size_t>(tensor_at + 4)}) {  // the last inside the tensor
     std::ofstream(dir + "/cut.gguf", std::ios::binary) << bytes.substr(0, cut);
     EXPECT_FALSE(read_gguf_header(dir + "/cut.gguf")) << "cut at " << cut;
   }
@@ -288,6 +289,47 @@ TEST(GgufExportLora, TheAdapterIsMergedIntoTheWeights) {
   }
 }
 
+// What Hugging Face's tokenizer(text) adds, as llama.cpp must add it too:
+// Llama 3 puts its TemplateProcessing inside a Sequence post-processor.
+TEST(GgufExportTokenizer, BosAndEosAdditionAndControlTokensFollowHuggingFace) {
+  auto model_dir = glint::testing::tiny_model_dir("gguf-bos");
+  auto j = nlohmann::json::parse(std::ifstream{model_dir + "/tokenizer.json"});
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
+                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"pair", nlohmann::json::array()},
+         {"special_tokens", nlohmann::json::object()}}}}};
+  // An added token not marked special that looks like one: control, as the converter types it.
+  const int64_t fim = j["added_tokens"].back()["id"].get<int64_t>() + 1;
+  j["added_tokens"].push_back({{"id", fim}, {"content", "<|fim_prefix|>"}, {"special", false}});
+  j["added_tokens"].push_back({{"id", fim + 1}, {"content", "plain added"}, {"special", false}});
+  std::ofstream{model_dir + "/tokenizer.json"} << j.dump();
+  auto tc = nlohmann::json::parse(std::ifstream{model_dir + "/tokenizer_config.json"});
+  tc["bos_token"] = "<|endoftext|>";
+  std::ofstream{model_dir + "/tokenizer_config.json"} << tc.dump();
+  const auto out = model_dir + "/bos.gguf";
+  auto done = export_gguf(model_dir, out);
+  ASSERT_TRUE(done) << describe(done.error());
+  auto f = *read_gguf_header(out);
+  EXPECT_TRUE(value<bool>(f, "tokenizer.ggml.add_bos_token"));
+  EXPECT_FALSE(value<bool>(f, "tokenizer.ggml.add_eos_token"));
+  const auto& types = value<std::vector<int32_t>>(f, "tokenizer.ggml.token_type");
+  EXPECT_EQ(types[static_cast<size_t>(fim)], 3);
+  EXPECT_EQ(types[static_cast<size_t>(fim + 1)], 4);
+  // tokenizer_config's add_eos_token wins over the template.
+  tc["add_eos_token"] = true;
+  tc["add_bos_token"] = false;
+  std::ofstream{model_dir + "/tokenizer_config.json"} << tc.dump();
+  ASSERT_TRUE(export_gguf(model_dir, out));
+  f = *read_gguf_header(out);
+  EXPECT_FALSE(value<bool>(f, "tokenizer.ggml.add_bos_token"));
+  EXPECT_TRUE(value<bool>(f, "tokenizer.ggml.add_eos_token"));
+}
+
 TEST(GgufExportRefusals, WhatLlamaCppWouldComputeOtherwiseIsRefusedAndNothingIsWritten) {
   auto model_dir = glint::testing::tiny_model_dir("gguf-refuse");
   auto edit_config = [&](const std::function<void(nlohmann::json&)>& change) {
@@ -342,6 +384,12 @@ TEST(GgufExportRefusals, WhatLlamaCppWouldComputeOtherwiseIsRefusedAndNothingIsW
   refused(edit_tokenizer([](auto& j) { j["normalizer"] = {{"type", "Lowercase"}}; }), "normalizer");
   refused(edit_tokenizer([](auto& j) { j["added_tokens"].push_back({{"id", 100000}, {"content", "<x>"}}); }),
           "past the model's vocabulary");
+  refused(edit_tokenizer([](auto& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; }),
+          "add_prefix_space");
+  refused(edit_tokenizer([](auto& j) { j["model"]["byte_fallback"] = true; }), "byte_fallback");
+  refused(edit_tokenizer([](auto& j) { j["model"]["ignore_merges"] = true; }), "ignore_merges");
+  // A field of the wrong JSON type is an error that names the file, not a crash.
+  refused(edit_tokenizer([](auto& j) { j["added_tokens"][0]["id"] = "seven"; }), "has a field glint cannot read");
 }
 
 }  // namespace

@@ -515,6 +515,12 @@ TEST(ModelConfigJson, ReadsCurrentTransformersSpellings) {
   auto default_too = ModelConfig::parse(
       base + R"(,"rope_parameters":{"rope_theta":500.0},"rope_scaling":{"rope_type":"default"}})");
   ASSERT_TRUE(default_too) << describe(default_too.error());
+  // Either spelling of the type on either side, integer factors, nulls and a factor of 1 say the same.
+  for (std::string both : {R"("rope_parameters":{"type":"linear","factor":8,"rope_theta":5.0},"rope_scaling":{"rope_type":"linear","factor":8.0}})",
+                           R"("rope_parameters":{"rope_theta":5.0},"rope_scaling":{"type":"default","factor":1.0,"original_max_position_embeddings":null}})"}) {
+    auto same = ModelConfig::parse(base + "," + both);
+    EXPECT_TRUE(same) << both << ": " << (same ? "" : describe(same.error()));
+  }
   // dtype wins over the older torch_dtype; an absent rope_theta is 10000 (HF's default for all three).
   auto both = ModelConfig::parse(base + R"(,"torch_dtype":"float32","dtype":"float16"})");
   ASSERT_TRUE(both);
@@ -568,7 +574,7 @@ TEST(ModelConfigJson, RefusesWhatItCannotComputeNamingFileFieldAndValue) {
       {R"("rope_parameters":"fast")", "'rope_parameters' should be an object"},
       // Both spellings, disagreeing: rope_scaling was once silently ignored.
       {R"("rope_parameters":{"rope_type":"default","rope_theta":1e6},"rope_scaling":{"rope_type":"linear","factor":4.0})",
-       "'rope_parameters' ({\"rope_theta\":1000000.0,\"rope_type\":\"default\"}) and 'rope_scaling'"},
+       "disagree on the rope type"},
       {R"("rope_parameters":{"rope_type":"linear","factor":2.0,"rope_theta":1e6},"rope_scaling":{"type":"linear","factor":4.0})",
        "disagree on 'factor'"},
       {R"("use_sliding_window":true,"sliding_window":0)", "'sliding_window' is 0"},

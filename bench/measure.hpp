@@ -2,6 +2,7 @@
 // Timing helpers shared by the benchmarks.
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -22,6 +25,33 @@ inline double seconds_of(const std::function<void()>& f) {
 }
 
 /// The median (the upper one of an even count); `v` must not be empty.
+/// What `f` adds to this process's peak resident memory: the high-water
+/// mark (VmHWM) after it, reset just before (clear_refs 5), minus the
+/// resident bytes (VmRSS) before it, after malloc_trim has handed freed
+/// memory back (else a step could reuse what an earlier one left resident
+/// and look free). 0 where /proc does not tell.
+inline double peak_bytes_added(const std::function<void()>& f) {
+  auto field = [](const char* name) -> double {
+    std::FILE* st = std::fopen("/proc/self/status", "r");
+    if (!st) return 0;
+    char line[256];
+    double kb = 0;
+    const size_t n = std::strlen(name);
+    while (std::fgets(line, sizeof line, st))
+      if (std::strncmp(line, name, n) == 0) kb = std::atof(line + n);
+    std::fclose(st);
+    return kb * 1024;
+  };
+  ::malloc_trim(0);
+  if (std::FILE* c = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", c);
+    std::fclose(c);
+  }
+  const double before = field("VmRSS:");
+  f();
+  return std::max(0.0, field("VmHWM:") - before);
+}
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];

@@ -58,6 +58,9 @@ struct RunResult {
   double seconds = 0;
   double first_loss = 0;
   double last_loss = 0;
+  /// Resident bytes the steps added at their peak, over what the process
+  /// held before them (model, gradients and optimizer state after warm-up).
+  double peak_bytes = 0;
 };
 
 constexpr int64_t kLoraRank = 8;
@@ -87,7 +90,7 @@ public:
   Result<RunResult> run(int steps) {
     RunResult r;
     caf::error err;
-    r.seconds = seconds_of([&] {
+    r.peak_bytes = peak_bytes_added([&] { r.seconds = seconds_of([&] {
       for (int i = 0; i < steps && !err; ++i) {
         auto m = trainer_.forward_backward(batch_, {.kind = LossKind::cross_entropy});
         if (!m) {
@@ -98,7 +101,7 @@ public:
         r.last_loss = m->at("loss");
         if (auto s = trainer_.clip_grad_and_step(); !s) err = s.error();
       }
-    });
+    }); });
     if (err) return err;
     return r;
   }
@@ -117,7 +120,7 @@ Result<RunResult> run_python(PythonChild& py, int steps, std::chrono::millisecon
   std::istringstream in{*reply};
   std::string tag;
   RunResult r;
-  if (!(in >> tag >> r.seconds >> r.first_loss >> r.last_loss) || tag != "ran:")
+  if (!(in >> tag >> r.seconds >> r.first_loss >> r.last_loss >> r.peak_bytes) || tag != "ran:")
     return make_error(errc::internal, "the Python baseline answered '" + *reply + "' to 'run'");
   return r;
 }
@@ -281,7 +284,7 @@ int train(const TrainBenchArgs& a) {
   }
 
   std::vector<MatmulRate> flops;
-  std::vector<double> glint_rate, python_rate;
+  std::vector<double> glint_rate, python_rate, glint_peak, python_peak;
   for (int i = 0; i < 3; ++i) {
     auto f = matmul_flops();
     if (!f) return fail(describe(f.error()));
@@ -304,6 +307,8 @@ int train(const TrainBenchArgs& a) {
     auto f = matmul_flops();
     if (!f) return fail(describe(f.error()));
     glint_rate.push_back(tokens_per_step * a.steps / g->seconds);
+    glint_peak.push_back(g->peak_bytes);
+    python_peak.push_back(p->peak_bytes);
     python_rate.push_back(tokens_per_step * a.steps / p->seconds);
     flops.push_back(*f);
     g_last = *g;
@@ -330,6 +335,10 @@ int train(const TrainBenchArgs& a) {
   print_metric("train_python_tokens_per_s", py_rate, 1);
   print_metric("train_speedup_vs_python", rate / py_rate, 3);
   print_metric("train_mfu", rate * flops_per_token / matmul, 4);
+  std::printf("# peak resident bytes a step adds (over the model, gradients and optimizer state held after warm-up): "
+              "glint %.1f MiB, python %.1f MiB (medians; /proc/self VmHWM after clear_refs, minus VmRSS before)\n",
+              median(glint_peak) / (1 << 20), median(python_peak) / (1 << 20));
+  if (median(python_peak) > 0) print_metric("train_peak_bytes_vs_python", median(glint_peak) / median(python_peak), 3);
   return 0;
 }
 

@@ -18,8 +18,10 @@ noisy; interleaving puts both sides under the same load):
 
     -> ready: PARAMETERS THREADS           after loading
     <- run N                               N training steps on the batch
-    -> ran: SECONDS FIRST_LOSS LAST_LOSS   wall time of the N steps, losses
-                                           of the first and last of them
+    -> ran: SECONDS FIRST_LOSS LAST_LOSS PEAK
+                                           wall time of the N steps, losses of the first and
+                                           last of them, and the resident bytes they added at
+                                           their peak (VmHWM after clear_refs - VmRSS before)
     (end of input, or "quit", ends it)
 
 Errors go to stdout as `error: ...` (exit code 3 when torch is missing).
@@ -310,10 +312,40 @@ def main():
         if words[0] != "run" or len(words) != 2 or not words[1].isdigit() or int(words[1]) < 1:
             print(f"error: unknown command {' '.join(words)!r}; expected 'run N' or 'quit'", flush=True)
             continue
+        reset_peak()
+        before = status_bytes("VmRSS:")
         t0 = time.perf_counter()
         losses = [train_step() for _ in range(int(words[1]))]
         seconds = time.perf_counter() - t0
-        print(f"ran: {seconds:.6f} {losses[0]:.9g} {losses[-1]:.9g}", flush=True)
+        peak = max(0, status_bytes("VmHWM:") - before)
+        print(f"ran: {seconds:.6f} {losses[0]:.9g} {losses[-1]:.9g} {peak}", flush=True)
+
+
+def status_bytes(field):
+    """A /proc/self/status field in bytes (0 where it is not there)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak():
+    """Hands freed memory back (glibc's malloc_trim), then resets VmHWM to
+    the current resident size (Linux's clear_refs 5), as glint's side does."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #include "components/model/transformer.hpp"
 
+#include "components/kernels/fused.hpp"
 #include "components/model/kernels.hpp"
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/memory.hpp"
@@ -8,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numbers>
@@ -359,9 +361,45 @@ at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden, const PassOptions& p
   return add_lora("lm_head", hidden, fast_linear(hidden, module_weight("lm_head")), pass);
 }
 
+namespace {
+
+// Whether a LoRA adapter of the pass changes module `prefix`.
+bool adapted(const std::string& prefix, const PassOptions& pass) {
+  if (pass.lora && !pass.lora->merged && pass.lora->weights.count(prefix)) return true;
+  for (const auto& ra : pass.row_adapters)
+    if (!ra.lora->merged && ra.lora->weights.count(prefix)) return true;
+  return false;
+}
+
+// Whether the LM head's log-probabilities go through the fused kernel
+// (kernels::linear_logprob), which never holds the [rows, vocab] logits but
+// computes them twice: by default when they would take more than 256 MiB
+// (a large vocabulary or many tokens), where the memory matters more than
+// the second matmul. GLINT_FUSED_LOGPROB=1 always, =0 never.
+bool use_fused_logprob(int64_t rows, int64_t vocab) {
+  static const int mode = [] {
+    const char* v = std::getenv("GLINT_FUSED_LOGPROB");
+    return v && std::string{v} == "1" ? 1 : v && std::string{v} == "0" ? 0 : -1;
+  }();
+  if (mode >= 0) return mode == 1;
+  return static_cast<double>(rows) * static_cast<double>(vocab) * 4 > 256.0 * (1 << 20);
+}
+
+}  // namespace
+
 CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,
                                             const PassOptions& pass) const {
-  auto lg = logits(hidden(p, pass), pass);
+  auto h = hidden(p, pass);
+  if (!keep_logits && !adapted("lm_head", pass) && use_fused_logprob(h.numel() / h.size(-1), cfg.vocab_size)) {
+    // The LM head and its log-softmax in row chunks: the [B, T, V] logits
+    // are never held, in the forward pass or the backward.
+    auto fused = kernels::linear_logprob(h, module_weight("lm_head"), p.targets, entropies);
+    Outputs out;
+    out.logprobs = fused.logprobs.masked_fill(p.target_mask.logical_not(), 0);
+    if (entropies) out.entropies = fused.entropies;
+    return out;
+  }
+  auto lg = logits(h, pass);
   // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
   // log-softmax is materialised (or kept for backward) besides the logits.
   auto lse = at::logsumexp(lg, -1);

@@ -310,8 +310,9 @@ Result<GgufExportSummary> export_gguf(const std::string& model_dir, const std::s
   auto& m = f.metadata;
   m.emplace_back("general.architecture", arch);
   m.emplace_back("general.type", std::string{"model"});
-  m.emplace_back("general.name", options.name.empty() ? fs::absolute(model_dir).lexically_normal().filename().string()
-                                                      : options.name);
+  auto dir_name = fs::absolute(model_dir).lexically_normal();
+  if (dir_name.filename().empty()) dir_name = dir_name.parent_path();  // "models/arith/"
+  m.emplace_back("general.name", options.name.empty() ? dir_name.filename().string() : options.name);
   m.emplace_back("general.file_type", file_type_of(dtype));
   m.emplace_back("general.quantization_version", uint32_t{2});
   m.emplace_back(arch + ".vocab_size", u32(cfg.vocab_size));

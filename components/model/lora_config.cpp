@@ -41,7 +41,9 @@ constexpr size_t kMaxPatternBytes = 1024;
 // fuzzing), and a big count builds an automaton as big.
 bool huge_repetition(const std::string& pattern) {
   for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] != '{' && pattern[i] != ',') continue;
+    // A count after { or , -- and a back-reference's number after \, which
+    // libstdc++ reads with the same overflowing int (found by fuzzing too).
+    if (pattern[i] != '{' && pattern[i] != ',' && pattern[i] != '\\') continue;
     size_t j = i + 1;
     while (j < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[j]))) ++j;
     if (j - i - 1 > 4 || (j - i - 1 == 4 && std::stoi(pattern.substr(i + 1, 4)) > 1000)) return true;

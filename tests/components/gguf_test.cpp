@@ -249,9 +249,12 @@ TEST(GgufExportDtypes, MatricesTakeTheAskedTypeAndVectorsStayF32) {
     EXPECT_TRUE(at::equal(tensor_of(out, f, "token_embd.weight"), embed.to(to_torch(d)).to(at::kFloat)));
   }
   // No dtype asked: the model's stored one (bf16), which loses nothing.
-  auto done = export_gguf(model_dir, model_dir + "/default.gguf");
+  auto done = export_gguf(model_dir + "/", model_dir + "/default.gguf");
   ASSERT_TRUE(done);
   EXPECT_EQ(done->dtype, Dtype::bf16);
+  // general.name is the directory's, with or without a trailing slash.
+  EXPECT_EQ(value<std::string>(*read_gguf_header(model_dir + "/default.gguf"), "general.name"),
+            fs::path{model_dir}.filename().string());
   EXPECT_FALSE(export_gguf(model_dir, model_dir + "/x.gguf", {.dtype = Dtype::i64}));
 }
 

@@ -48,7 +48,8 @@ public:
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     pid_t pid = -1;
-    int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+    // posix_spawnp: a program without a '/' is looked up on PATH ("node").
+    int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     ::close(fds[1]);
     if (rc != 0) {

@@ -32,17 +32,6 @@ inline bool llamacpp_installed(const std::string& dir) {
   return false;
 }
 
-/// `name` found on $PATH, or empty.
-inline std::string find_on_path(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs{path ? path : "/usr/bin"};
-  for (std::string d; std::getline(dirs, d, ':');) {
-    auto p = std::filesystem::path{d.empty() ? "." : d} / name;
-    if (::access(p.c_str(), X_OK) == 0) return p.string();
-  }
-  return {};
-}
-
 struct LlamaCppOptions {
   std::string modules;     ///< llamacpp_dir()
   std::string script;      ///< bench/llamacpp/llamacpp_child.mjs
@@ -56,13 +45,11 @@ struct LlamaCppOptions {
 class LlamaCpp {
 public:
   static Result<LlamaCpp> start(const LlamaCppOptions& o, std::chrono::milliseconds timeout = 300s) {
-    const auto node = find_on_path("node");
-    if (node.empty()) return make_error(errc::not_found, "node is not on PATH (apt-get install nodejs)");
-    auto child = LineChild::start({node, o.script, "--modules", o.modules, "--model", o.model, "--threads",
+    auto child = LineChild::start({"node", o.script, "--modules", o.modules, "--model", o.model, "--threads",
                                    std::to_string(o.threads), "--sequences", std::to_string(o.sequences), "--context",
                                    std::to_string(o.context), "--batch", std::to_string(o.batch)},
                                   "llama.cpp (node " + o.script + ")");
-    if (!child) return child.error();
+    if (!child) return make_error(errc::not_found, describe(child.error()) + " (node must be on PATH: apt-get install nodejs)");
     LlamaCpp l{std::move(*child)};
     auto ready = l.child_.read_line(timeout);
     if (!ready) return ready.error();

@@ -6,13 +6,26 @@
 /// once; `cpu/` holds the CPU implementation, and a `cuda/` directory can
 /// sit beside it later, chosen by the inputs' device. Every op has a test
 /// against the unfused LibTorch reference, forward and gradients, in
-/// float64 (tests/components/fused_kernels_test.cpp).
+/// float64 (tests/components/fused_kernels_test.cpp). Each takes f32 or f64
+/// CPU tensors, is differentiable in the inputs it says, and saves for its
+/// backward pass only what the backward cannot cheaply recompute.
+///
+/// Thread safety: the ops are pure functions of their inputs; they split
+/// their work over LibTorch's intra-op threads (at::parallel_for).
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace glint::components::kernels {
+
+/// Whether the model uses the fused kernels below (true unless the
+/// environment says GLINT_FUSED_KERNELS=0, read once). The unfused LibTorch
+/// composition stays as the reference and for what no kernel covers.
+bool enabled();
+/// Overrides `enabled()` (tests and benchmarks that compare both paths).
+void set_enabled(bool on);
 
 struct LinearLogprob {
   at::Tensor logprobs;   ///< [...]: log softmax(x @ w^T)[target]
@@ -29,5 +42,48 @@ struct LinearLogprob {
 /// x [..., H], w [V, H], targets [...] (int64, each in [0, V)).
 LinearLogprob linear_logprob(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
                              bool entropies = true, int64_t chunk_rows = 0);
+
+/// RMSNorm over the last dimension, as Llama and Qwen define it:
+/// x / sqrt(mean(x^2) + eps) * weight. x [..., H], weight [H]. Saves x and
+/// one reciprocal root per row (the unfused composition keeps two more
+/// [..., H] tensors). Differentiable in x and weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+/// The SwiGLU MLP's product silu(gate) * up, elementwise (same shapes).
+/// Saves gate and up only: silu(gate) is recomputed in the backward pass.
+/// Differentiable in both.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+/// a @ b^T for 2-d tensors, without autograd, computed as the caller
+/// computes its own products (the model passes its BLAS-or-oneDNN choice).
+using MatmulNT = std::function<at::Tensor(const at::Tensor& a, const at::Tensor& b)>;
+
+/// The gated MLP's down projection, swiglu(gate, up) @ w^T, without keeping
+/// the [..., I] product for the backward pass, where the unfused composition
+/// keeps it as the projection's input: the backward pass computes it again
+/// from gate and up (one elementwise pass; Liger's recomputation). gate, up
+/// [..., I], w [H, I] -> [..., H]. Differentiable in gate, up and w. `mm`
+/// multiplies (empty: at::mm).
+at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& w, const MatmulNT& mm = {});
+
+/// Rotary position embedding in the rotate-half layout (Hugging Face's):
+/// x * cos + rotate_half(x) * sin, per head. x [..., heads, D]; cos and sin
+/// [..., D], the leading dimensions of x without its heads (the same angles
+/// for every head). One pass instead of five, nothing saved but the tables.
+/// Differentiable in x (the tables are constants of the positions).
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// Scaled dot-product attention with grouped-query heads and an arbitrary
+/// boolean mask, without the [B, heads, T, T] scores or probabilities:
+/// softmax(q k^T * scale, masked by `allowed`) v, computed per head in
+/// blocks of query rows, each block over only the span of keys its mask
+/// allows (half the work of a causal mask), keeping one logsumexp per query
+/// row for the backward pass, which computes the block's probabilities again.
+/// q [B, T, heads, D], k and v [B, T, kv_heads, D] (heads a multiple of
+/// kv_heads; query head h reads kv head h / (heads / kv_heads)), allowed
+/// [B, T, T] bool (query i may attend to key j; every row must allow at
+/// least one key). Returns [B, T, heads * D]. Differentiable in q, k, v.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                     double scale);
 
 }  // namespace glint::components::kernels

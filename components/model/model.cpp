@@ -77,27 +77,43 @@ Result<at::Tensor> as_index_matrix(const Tensor& t, const char* name, int64_t B,
 
 double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_bytes, bool entropies, bool adapter) {
   // Per token, in elements; hidden() and run() are what this follows.
-  // Against the peak resident memory of a cross-entropy step (qwen3, hidden
-  // 256, 4 layers, vocab 8192, f32): 0.99x at 32 rows of 128 tokens, 0.99x
-  // at 8 x 256, 1.13x at 2 x 1024, 1.26x at 1 x 2048 (conservative for long
-  // rows, whose attention scores libtorch frees sooner than counted here).
   const double h = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
   const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
   const double nh = static_cast<double>(c.num_attention_heads), V = static_cast<double>(c.vocab_size);
   const double t = static_cast<double>(T), L = static_cast<double>(c.num_hidden_layers);
+  // The logits, logsumexp's temporary and the gathered log-probabilities'
+  // graph, twice more for the entropies.
+  const double head = 3 * V + (entropies ? 2 * V : 0);
+  const double lora = adapter ? 7 * h : 0;  // LoRA's dropout inputs and low-rank products
+  if (kernels::enabled()) {
+    // The fused kernels keep per layer: the residual stream before and after
+    // attention and both norms' outputs, the projections' q, k, v (and
+    // before q/k norm, their inputs), the rotated q and k, the attention
+    // output and one logsumexp per head, the MLP's gate and up (and their
+    // product, when an adapter may take it as its input).
+    const double layer = 4 * h + 2 * q + 2 * kv + kv + (c.qk_norm ? q + kv : 0) + (adapter ? 3 : 2) * I + nh + lora;
+    // The backward pass's peak: one layer's gradients, the logits' gradients
+    // and two [64, T] blocks of scores per thread (small: left out).
+    const double backward = layer + 3 * V;
+    // The boolean masks, [T, T] bytes (two with sliding windows).
+    const double masks = (c.sliding_window > 0 ? 2 : 1) * t / static_cast<double>(elem_bytes);
+    return static_cast<double>(elem_bytes) * t * (L * layer + head + backward + masks);
+  }
+  // The unfused composition. Against the peak resident memory of a
+  // cross-entropy step (qwen3, hidden 256, 4 layers, vocab 8192, f32): 0.99x
+  // at 32 rows of 128 tokens, 0.99x at 8 x 256, 1.13x at 2 x 1024, 1.26x at
+  // 1 x 2048 (conservative for long rows, whose attention scores libtorch
+  // frees sooner than counted here).
   // Kept per layer: two norms' inputs and outputs, q/k/v and their rotated
   // forms, k/v repeated to every head, the attention output, the softmax
   // over T keys, the MLP's gate, up, activation and product.
-  double layer = 6 * h + 6 * q + 4 * kv + 4 * I + nh * t + (adapter ? 7 * h : 0);
-  // The logits, logsumexp's temporary and the gathered log-probabilities'
-  // graph, twice more for the entropies.
-  double head = 3 * V + (entropies ? 2 * V : 0);
+  const double layer = 6 * h + 6 * q + 4 * kv + 4 * I + nh * t + lora;
   // The backward pass's peak: one layer's gradients, the scores' three
   // [heads, T, T] temporaries and the logits' gradients.
-  double backward = layer + 3 * nh * t + 3 * V;
+  const double backward = layer + 3 * nh * t + 3 * V;
   // The additive attention masks, [T, T] floats (two with sliding windows).
-  double masks = (c.sliding_window > 0 ? 2 : 1) * t;
+  const double masks = (c.sliding_window > 0 ? 2 : 1) * t;
   return static_cast<double>(elem_bytes) * t * (L * layer + head + backward + masks);
 }
 
@@ -229,7 +245,28 @@ at::Tensor CausalLM::Impl::add_lora(const std::string& prefix, const at::Tensor&
   return y;
 }
 
+namespace {
+
+// Whether a tensor can go through components/kernels (f32 or f64 on the CPU)
+// and the kernels are on (kernels::enabled; GLINT_FUSED_KERNELS=0 is the
+// unfused composition, kept as the reference).
+bool fusable(const at::Tensor& x) {
+  return kernels::enabled() && x.device().is_cpu() &&
+         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+}
+
+// Whether a LoRA adapter of the pass changes module `prefix`.
+bool adapted(const std::string& prefix, const PassOptions& pass) {
+  if (pass.lora && !pass.lora->merged && pass.lora->weights.count(prefix)) return true;
+  for (const auto& ra : pass.row_adapters)
+    if (!ra.lora->merged && ra.lora->weights.count(prefix)) return true;
+  return false;
+}
+
+}  // namespace
+
 at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
+  if (fusable(x) && weight.scalar_type() == x.scalar_type()) return kernels::rms_norm(x, weight, cfg.rms_norm_eps);
   auto var = x.pow(2).mean(-1, /*keepdim=*/true);
   return x * at::rsqrt(var + cfg.rms_norm_eps) * weight;
 }
@@ -242,6 +279,20 @@ at::Tensor CausalLM::Impl::activate(const at::Tensor& x) const {
     case Activation::relu: return at::relu(x);
   }
   return at::silu(x);
+}
+
+at::Tensor CausalLM::Impl::mlp_down(const std::string& prefix, const at::Tensor& gate, const at::Tensor& up, bool bias,
+                                    const PassOptions& pass) const {
+  const bool swiglu = cfg.hidden_act == Activation::silu && fusable(gate) && up.scalar_type() == gate.scalar_type();
+  const auto& w = param(prefix + ".weight");
+  const bool packed = pass.packed && pass.packed->count(prefix + ".weight");
+  if (swiglu && at::GradMode::is_enabled() && !adapted(prefix, pass) && !packed && w.scalar_type() == gate.scalar_type()) {
+    // Training: the [tokens, intermediate] product is not kept for the
+    // backward pass (an adapter on the projection would keep it anyway).
+    auto y = kernels::swiglu_linear(gate, up, w, [](const at::Tensor& a, const at::Tensor& b) { return fast_linear(a, b); });
+    return bias ? y + param(prefix + ".bias") : y;
+  }
+  return linear(prefix, swiglu ? kernels::swiglu(gate, up) : activate(gate) * up, bias, pass);
 }
 
 at::Tensor CausalLM::Impl::inverse_frequencies() const {
@@ -287,9 +338,12 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
   const auto& c = cfg;
   const int64_t D = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   auto x = at::embedding(param("model.embed_tokens.weight"), ids);
-  auto [cos, sin] = rope(positions);
-  cos = cos.unsqueeze(-2);  // [..., T, 1, D]: the same for every head
-  sin = sin.unsqueeze(-2);
+  auto [cos, sin] = rope(positions);  // [..., T, D]: the same for every head
+  const bool fused_rope = fusable(x);
+  auto rotate = [&](const at::Tensor& t) {
+    if (fused_rope) return kernels::rope(t, cos, sin);
+    return t * cos.unsqueeze(-2) + rotate_half(t) * sin.unsqueeze(-2);
+  };
   auto heads = [&](const at::Tensor& t, int64_t n) {
     auto shape = t.sizes().vec();
     shape.back() = n;
@@ -306,13 +360,13 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
       q = rms_norm(q, param(pre + "self_attn.q_norm.weight"));
       k = rms_norm(k, param(pre + "self_attn.k_norm.weight"));
     }
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
+    q = rotate(q);
+    k = rotate(k);
     x = x + linear(pre + "self_attn.o_proj", attend(l, q, k, v), c.o_bias, pass);
     h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
     auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
     auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
-    x = x + linear(pre + "mlp.down_proj", activate(gate) * up, c.mlp_bias, pass);
+    x = x + mlp_down(pre + "mlp.down_proj", gate, up, c.mlp_bias, pass);
   }
   return rms_norm(x, param("model.norm.weight"));
 }
@@ -329,14 +383,22 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
     return at::zeros({B, 1, T, T}, options)
         .masked_fill(allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
   };
-  auto bias = additive(p.allowed);
-  at::Tensor window_bias;
+  at::Tensor window_allowed;
   if (c.sliding_window > 0) {
     auto distance = p.positions.unsqueeze(2) - p.positions.unsqueeze(1);  // [B, Tq, Tk]: query - key
-    auto allowed = p.allowed.logical_and(distance < c.sliding_window);
-    window_bias = additive(allowed.logical_or(at::eye(T, at::kBool).unsqueeze(0)));
+    window_allowed = p.allowed.logical_and(distance < c.sliding_window).logical_or(at::eye(T, at::kBool).unsqueeze(0));
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  if (fusable(param("model.embed_tokens.weight"))) {
+    // kernels::attention: the boolean masks as they are, no [B, heads, T, T]
+    // scores or probabilities held for the backward pass.
+    auto attend = [&](int64_t layer, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
+      return kernels::attention(q4, k4, v4, c.window(layer) > 0 ? window_allowed : p.allowed, scale);
+    };
+    return decode_stack(p.ids, p.positions, attend, pass);
+  }
+  auto bias = additive(p.allowed);
+  auto window_bias = window_allowed.defined() ? additive(window_allowed) : at::Tensor{};
   auto attend = [&](int64_t layer, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
     const auto& mask = c.window(layer) > 0 ? window_bias : bias;
     auto q = q4.transpose(1, 2), k = k4.transpose(1, 2), v = v4.transpose(1, 2);  // [B, heads, T, D]
@@ -362,14 +424,6 @@ at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden, const PassOptions& p
 }
 
 namespace {
-
-// Whether a LoRA adapter of the pass changes module `prefix`.
-bool adapted(const std::string& prefix, const PassOptions& pass) {
-  if (pass.lora && !pass.lora->merged && pass.lora->weights.count(prefix)) return true;
-  for (const auto& ra : pass.row_adapters)
-    if (!ra.lora->merged && ra.lora->weights.count(prefix)) return true;
-  return false;
-}
 
 // Whether the LM head's log-probabilities go through the fused kernel
 // (kernels::linear_logprob), which never holds the [rows, vocab] logits but

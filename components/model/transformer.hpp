@@ -34,8 +34,9 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
 /// forward and backward pass (the activations autograd keeps, the attention
 /// scores, the logits and the peak of the backward pass), with elements of
 /// `elem_bytes`. `entropies`: the entropies are computed too; `adapter`: a
-/// LoRA adapter is trained (its inputs kept for dropout). Linear in the
-/// rows of a batch, so a batch of B rows takes B times this.
+/// LoRA adapter is trained (its inputs kept for dropout). For the path the
+/// model takes (kernels::enabled: the fused kernels keep far less). Linear
+/// in the rows of a batch, so a batch of B rows takes B times this.
 double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_bytes, bool entropies, bool adapter);
 
 }  // namespace model_detail
@@ -97,6 +98,11 @@ struct CausalLM::Impl {
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight) const;
   /// The MLP's activation (config hidden_act) applied to x.
   at::Tensor activate(const at::Tensor& x) const;
+  /// The MLP's down projection `prefix` of activate(gate) * up, as linear()
+  /// computes it (kernels::swiglu for SiLU; in training without an adapter
+  /// there, kernels::swiglu_linear, which keeps no product for backward).
+  at::Tensor mlp_down(const std::string& prefix, const at::Tensor& gate, const at::Tensor& up, bool bias,
+                      const PassOptions& pass) const;
   /// RoPE's inverse frequencies [head_dim / 2] in f64, after the config's
   /// scaling (linear divides positions instead: see rope).
   at::Tensor inverse_frequencies() const;

@@ -3,6 +3,8 @@
 // scalar loops in double precision.
 #include "components/model/transformer.hpp"
 
+#include "components/kernels/fused.hpp"
+
 #include "components/tensor/torch_bridge.hpp"
 
 #include "support/temp_dir.hpp"
@@ -239,6 +241,46 @@ TEST_P(ModelArch, PaddedAndPackedRowsEqualSeparateOnes) {
   auto p = to_torch(packed->logprobs)[0];
   EXPECT_TRUE(at::allclose(p.narrow(0, 0, 5), la, 1e-5, 1e-5));
   EXPECT_TRUE(at::allclose(p.narrow(0, 5, 3), lb, 1e-5, 1e-5));
+}
+
+// The fused kernels (components/kernels) against the unfused composition
+// through the whole model, in float64: the same log-probabilities, entropies
+// and gradient of every weight, on padded and packed rows, with and without
+// sliding windows.
+TEST_P(ModelArch, FusedKernelsGiveTheUnfusedValuesAndGradients) {
+  for (int64_t window : {0, 3}) {
+    auto cfg = tiny(GetParam());
+    if (window > 0) {
+      if (GetParam() == Architecture::llama) continue;  // Llama has no sliding windows
+      cfg.sliding_window = window;
+      cfg.sliding_layers = {true, false};
+    }
+    auto lm = CausalLM::init_random(cfg, 5);
+    ASSERT_TRUE(lm) << describe(lm.error());
+    auto& impl = lm->impl();
+    for (auto& [n, t] : impl.params) t = (n.find("norm") == std::string::npos ? t * 3.0 : t).to(at::kDouble);
+    auto p = model_detail::prepare(cfg, {.input_ids = ids_of({{3, 17, 36, 0, 5, 9, 22, 30}, {1, 12, 7, 4, 8, 0, 0, 0}}),
+                                         .attention_mask = ids_of({{1, 1, 1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 0, 0, 0}}),
+                                         .segment_ids = ids_of({{0, 0, 0, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0}})});
+    ASSERT_TRUE(p) << describe(p.error());
+    auto w_lp = at::randn({2, 8}, at::kDouble), w_ent = at::randn({2, 8}, at::kDouble);
+    auto run = [&](bool fused) {
+      kernels::set_enabled(fused);
+      for (auto& [n, t] : impl.params) t = t.detach().requires_grad_(true);
+      auto out = impl.run(*p, /*entropies=*/true, /*logits=*/false);
+      ((out.logprobs * w_lp).sum() + (out.entropies * w_ent).sum()).backward();
+      std::map<std::string, at::Tensor> r{{"logprobs", out.logprobs.detach()}, {"entropies", out.entropies.detach()}};
+      for (auto& [n, t] : impl.params) r["grad " + n] = t.grad();
+      return r;
+    };
+    auto fused = run(true), unfused = run(false);
+    kernels::set_enabled(true);
+    for (const auto& [name, want] : unfused) {
+      ASSERT_TRUE(fused[name].defined()) << name;
+      const double diff = (fused[name] - want).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-11 * std::max(1.0, want.abs().max().item<double>())) << name << " (window " << window << ")";
+    }
+  }
 }
 
 TEST_P(ModelArch, SaveAndLoadAreBitExact) {

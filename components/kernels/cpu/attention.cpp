@@ -1,0 +1,222 @@
+// kernels::attention on the CPU: per (row, head), blocks of query rows
+// against the span of keys their mask allows; probabilities live only in a
+// thread's block buffer, and the backward pass computes them again from the
+// saved logsumexps (FlashAttention's recomputation, with whole key spans per
+// block instead of key tiles: a block's [rows, keys] fits in cache-sized
+// buffers at the lengths a CPU trains, and needs no running rescale).
+#include "components/kernels/cpu/common.hpp"
+#include "components/kernels/fused.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace glint::components::kernels {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kBlockRows = 64;  // query rows per block
+
+// A strided [rows, cols] matrix over memory owned elsewhere (row stride ld),
+// for at::mm_out: no copy, no allocation.
+at::Tensor view_of(const void* p, int64_t rows, int64_t cols, int64_t ld, const at::TensorOptions& o) {
+  return at::from_blob(const_cast<void*>(p), {rows, cols}, {ld, 1}, o);
+}
+
+// The shapes of one call, and the key span [k0, k1) each (row, block) may
+// attend to: the union of its query rows' allowed keys.
+struct Layout {
+  int64_t B, T, heads, kv_heads, D, blocks;
+  std::vector<int64_t> span;  // [B, blocks, 2]
+
+  Layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& allowed)
+      : B(q.size(0)), T(q.size(1)), heads(q.size(2)), kv_heads(k.size(2)), D(q.size(3)),
+        blocks((T + kBlockRows - 1) / kBlockRows), span(static_cast<size_t>(B * blocks * 2)) {
+    const bool* m = allowed.data_ptr<bool>();
+    at::parallel_for(0, B * blocks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t row = i / blocks, r0 = (i % blocks) * kBlockRows, r1 = std::min(T, r0 + kBlockRows);
+        int64_t lo = T, hi = 0;
+        for (int64_t r = r0; r < r1; ++r) {
+          const bool* a = m + (row * T + r) * T;
+          int64_t j = 0;
+          while (j < T && !a[j]) ++j;
+          TORCH_CHECK(j < T, "attention: query ", r, " of row ", row, " may attend to no key");
+          lo = std::min(lo, j);
+          int64_t l = T;
+          while (l > j && !a[l - 1]) --l;
+          hi = std::max(hi, l);
+        }
+        span[static_cast<size_t>(2 * i)] = lo;
+        span[static_cast<size_t>(2 * i + 1)] = hi;
+      }
+    });
+  }
+  int64_t k0(int64_t row, int64_t blk) const { return span[static_cast<size_t>(2 * (row * blocks + blk))]; }
+  int64_t k1(int64_t row, int64_t blk) const { return span[static_cast<size_t>(2 * (row * blocks + blk) + 1)]; }
+};
+
+// P = softmax(S * scale, masked) in place over a block's [n, kn] scores;
+// returns each row's logsumexp of the scaled, masked scores in lse.
+template <typename T>
+void softmax_block(T* S, int64_t n, int64_t kn, const bool* mask, int64_t mask_ld, T scale, T* lse) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    T* s = S + i * kn;
+    const bool* a = mask + i * mask_ld;
+    T mx = neg_inf;
+    for (int64_t j = 0; j < kn; ++j) {
+      s[j] = a[j] ? s[j] * scale : neg_inf;
+      mx = std::max(mx, s[j]);
+    }
+    T sum = 0;
+    for (int64_t j = 0; j < kn; ++j) {
+      s[j] = a[j] ? std::exp(s[j] - mx) : T{0};
+      sum += s[j];
+    }
+    const T inv = T{1} / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < kn; ++j) s[j] *= inv;
+    lse[i] = mx + std::log(sum);
+  }
+}
+
+// One query row of the backward pass: p holds its scores q.k, d its dP =
+// dO.v. P again from the saved logsumexp; then with delta = sum_j P dP
+// (= dO . O), dS = P (dP - delta) scale, into d.
+template <typename T>
+void score_gradients_row(T* p, T* d, const bool* a, int64_t kn, T scale, T lse) {
+  T delta = 0;
+  for (int64_t j = 0; j < kn; ++j) {
+    p[j] = a[j] ? std::exp(p[j] * scale - lse) : T{0};
+    delta += p[j] * d[j];
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < kn; ++j) d[j] = p[j] * (d[j] - delta) * scale;
+}
+
+struct AttentionFn : torch::autograd::Function<AttentionFn> {
+  // q [B, T, H, D], k and v [B, T, KV, D], allowed [B, T, T] -> [B, T, H, D].
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& allowed, double scale) {
+    Layout L{q, k, allowed};
+    const int64_t group = L.heads / L.kv_heads;
+    auto out = at::empty_like(q);
+    auto lse = at::empty({L.B, L.heads, L.T}, q.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention", [&] {
+      const auto* qp = q.data_ptr<scalar_t>();
+      const auto* kp = k.data_ptr<scalar_t>();
+      const auto* vp = v.data_ptr<scalar_t>();
+      auto* op = out.data_ptr<scalar_t>();
+      auto* lp = lse.data_ptr<scalar_t>();
+      const bool* mp = allowed.data_ptr<bool>();
+      const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
+      const auto o = q.options();
+      at::parallel_for(0, L.B * L.heads * L.blocks, 1, [&](int64_t b, int64_t e) {
+        std::vector<scalar_t> buf(static_cast<size_t>(kBlockRows * L.T));
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t row = t / (L.heads * L.blocks), h = t / L.blocks % L.heads, blk = t % L.blocks;
+          const int64_t r0 = blk * kBlockRows, n = std::min(L.T, r0 + kBlockRows) - r0;
+          const int64_t k0 = L.k0(row, blk), kn = L.k1(row, blk) - k0, kh = h / group;
+          auto Q = view_of(qp + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
+          auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+          auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+          auto S = view_of(buf.data(), n, kn, kn, o);
+          at::mm_out(S, Q, K.t());
+          softmax_block(buf.data(), n, kn, mp + (row * L.T + r0) * L.T + k0, L.T, static_cast<scalar_t>(scale),
+                        lp + (row * L.heads + h) * L.T + r0);
+          auto O = view_of(op + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
+          at::mm_out(O, S, V);
+        }
+      });
+    });
+    ctx->save_for_backward({q, k, v, allowed, lse});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &allowed = saved[3], &lse = saved[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    auto dout = grads[0].contiguous();
+    Layout L{q, k, allowed};
+    const int64_t group = L.heads / L.kv_heads;
+    // dQ is written whole block by block; dK and dV sum over the query
+    // blocks and the heads that share them, so each task owns one kv head of
+    // one row and everything that adds into it.
+    auto dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
+      const auto* qp = q.data_ptr<scalar_t>();
+      const auto* kp = k.data_ptr<scalar_t>();
+      const auto* vp = v.data_ptr<scalar_t>();
+      const auto* gp = dout.data_ptr<scalar_t>();
+      const auto* lp = lse.data_ptr<scalar_t>();
+      const bool* mp = allowed.data_ptr<bool>();
+      auto *dqp = dq.data_ptr<scalar_t>(), *dkp = dk.data_ptr<scalar_t>(), *dvp = dv.data_ptr<scalar_t>();
+      const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
+      const auto o = q.options();
+      const auto sc = static_cast<scalar_t>(scale);
+      at::parallel_for(0, L.B * L.kv_heads, 1, [&](int64_t b, int64_t e) {
+        std::vector<scalar_t> pbuf(static_cast<size_t>(kBlockRows * L.T)), dbuf(pbuf.size());
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t row = t / L.kv_heads, kh = t % L.kv_heads;
+          for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+            for (int64_t blk = 0; blk < L.blocks; ++blk) {
+              const int64_t r0 = blk * kBlockRows, n = std::min(L.T, r0 + kBlockRows) - r0;
+              const int64_t k0 = L.k0(row, blk), kn = L.k1(row, blk) - k0;
+              const scalar_t* Qp = qp + (row * L.T + r0) * ldq + h * L.D;
+              const scalar_t* Gp = gp + (row * L.T + r0) * ldq + h * L.D;
+              auto Q = view_of(Qp, n, L.D, ldq, o), G = view_of(Gp, n, L.D, ldq, o);
+              auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+              auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+              auto dK = view_of(dkp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+              auto dV = view_of(dvp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+              auto P = view_of(pbuf.data(), n, kn, kn, o), dP = view_of(dbuf.data(), n, kn, kn, o);
+              at::mm_out(P, Q, K.t());
+              at::mm_out(dP, G, V.t());
+              const scalar_t* l = lp + (row * L.heads + h) * L.T + r0;
+              const bool* mask = mp + (row * L.T + r0) * L.T + k0;
+              for (int64_t i = 0; i < n; ++i)
+                score_gradients_row(pbuf.data() + i * kn, dbuf.data() + i * kn, mask + i * L.T, kn, sc, l[i]);
+              at::addmm_out(dV, dV, P.t(), G);
+              auto dQ = view_of(dqp + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
+              at::mm_out(dQ, dP, K);
+              at::addmm_out(dK, dK, dP.t(), Q);
+            }
+          }
+        }
+      });
+    });
+    return {dq, dk, dv, at::Tensor{}, at::Tensor{}};
+  }
+};
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                     double scale) {
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) cpu::check_floating_cpu(*t, "attention", name);
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, T, heads, D], not ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes(), "attention: k is ", k.sizes(), ", v ", v.sizes());
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  TORCH_CHECK(k.size(0) == B && k.size(1) == T && k.size(3) == D, "attention: q is ", q.sizes(), ", k ", k.sizes());
+  TORCH_CHECK(k.size(2) > 0 && H % k.size(2) == 0, "attention: ", H, " query heads are not a multiple of ", k.size(2),
+              " kv heads");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "attention: q is ",
+              q.scalar_type(), ", k ", k.scalar_type(), ", v ", v.scalar_type());
+  TORCH_CHECK(allowed.defined() && allowed.scalar_type() == at::kBool && allowed.dim() == 3 && allowed.size(0) == B &&
+                  allowed.size(1) == T && allowed.size(2) == T,
+              "attention: allowed must be bool [", B, ", ", T, ", ", T, "]");
+  auto out = AttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous(), allowed.contiguous(), scale);
+  return out.view({B, T, H * D});
+}
+
+}  // namespace glint::components::kernels

@@ -52,6 +52,12 @@ Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id) {
   return detail::pad_rows(rows, pad_id);
 }
 
+Result<Batch> padding_free_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows) {
+  size_t longest = 1;
+  for (const auto& r : rows) longest = std::max(longest, r.input_ids.size());
+  return packed_batch_of(rows, pad_id, static_cast<int64_t>(longest), std::max<int64_t>(min_rows, 1));
+}
+
 Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows) {
   if (rows.empty()) return make_error(errc::invalid_argument, "no rows to make a training batch of");
   if (row_tokens < 1) return make_error(errc::invalid_argument, "packing needs row_tokens >= 1");

@@ -168,6 +168,11 @@ Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id);
 /// row as one sequence: do not pack for them.
 Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows = 1);
 
+/// packed_batch_of with rows as long as the longest of `rows`: what the
+/// SFT examples and `glint sft` train on by default (padding-free batches
+/// that never cost more than padded ones).
+Result<Batch> padding_free_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows = 1);
+
 GLINT_REGISTER_MESSAGE_TYPE(dataloader_spec, DataLoaderSpec, "glint.dataloader_spec");
 GLINT_REGISTER_MESSAGE_TYPE(loader_state, LoaderState, "glint.loader_state");
 GLINT_REGISTER_MESSAGE_TYPE(data_batch, DataBatch, "glint.data_batch");

@@ -58,7 +58,7 @@ struct SftArgs : RecipeArgs {
   std::string layout = "auto";        ///< components::preprocess::layout_names()
   int64_t max_length = 0;             ///< 0: the model's context
   std::string truncation = "refuse";  ///< refuse (skip the row), left or right
-  bool packing = false;
+  bool packing = true;                ///< padding-free batches (--no-packing: padded)
   int64_t batch_size = 8;
   int64_t grad_accum = 1;
 };

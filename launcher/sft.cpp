@@ -142,7 +142,8 @@ CLI::App* add_sft(CLI::App& app, SftArgs& a) {
   c->add_option("--truncation", a.truncation, "Rows over --max-length: refuse (skip them), left or right")
       ->capture_default_str()
       ->check(CLI::IsMember({"refuse", "left", "right"}));
-  c->add_flag("--packing,!--no-packing", a.packing, "Pack rows end to end without padding (padding-free batches)");
+  c->add_flag("--packing,!--no-packing", a.packing, "Pack each batch's rows end to end without padding (padding-free batches; the default: the same loss, less "
+              "compute); --no-packing pads every row to the longest");
   c->add_option("--batch-size", a.batch_size, "Rows per micro-batch (the global batch, over --dp ranks)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -154,7 +155,7 @@ CLI::App* add_sft(CLI::App& app, SftArgs& a) {
   c->footer(
       "Examples:\n"
       "  glint sft --model models/qwen --dataset data/chat.jsonl --output runs/chat\n"
-      "  glint sft --model models/qwen --dataset a.jsonl:0.5 --dataset b.jsonl --val-split 0.05 --packing\n"
+      "  glint sft --model models/qwen --dataset a.jsonl:0.5 --dataset b.jsonl --val-split 0.05 --no-packing\n"
       "  glint sft --config run.toml            (the same flags as a TOML file; docs/recipes.md)\n"
       "  glint run --nproc 2 -- glint sft --model models/qwen --dataset d.jsonl --dp 2");
   return c;
@@ -273,10 +274,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
 
     auto batch_of = [&](const std::vector<actors::DataRow>& rows, bool pack) {
       // Packed rows as long as the longest row: never more attention than padding.
-      size_t longest = 0;
-      for (const auto& r : rows) longest = std::max(longest, r.input_ids.size());
-      return pack ? actors::packed_batch_of(rows, pad, static_cast<int64_t>(longest), a.dp)
-                  : actors::train_batch_of(rows, pad);
+      return pack ? actors::padding_free_batch_of(rows, pad, a.dp) : actors::train_batch_of(rows, pad);
     };
     auto evaluate = [&]() { return validation_loss(model, *loaders->val, loaders->val_batches, pad, a.dp); };
     const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;

@@ -171,7 +171,8 @@ int main(int argc, char** argv) {
     for (int step = 1; step <= a.steps; ++step) {
       auto b = train->next_batch().take();
       if (!b) return fail("reading a batch", b.error());
-      auto batch = actors::train_batch_of(b->rows, pad);
+      // Padding-free: the rows end to end, told apart by segment ids.
+      auto batch = actors::padding_free_batch_of(b->rows, pad, model.info().dp_size());
       if (!batch) return fail("making a batch", batch.error());
       auto m = model.forward_backward(*batch).take();
       if (!m) return fail("forward_backward", m.error());

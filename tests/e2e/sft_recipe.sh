@@ -3,7 +3,7 @@
 # mixed datasets with a validation split (the loss falls, last/ and best/
 # are PEFT adapter directories), the config file and the flags are
 # interchangeable, a resumed run writes the same metrics as an uninterrupted
-# one, packing gives the padded batch's loss, full training writes a Hugging
+# one, packing (the default) gives the padded batch's loss, full training writes a Hugging
 # Face model directory, and bad input ends with one error line, a non-zero
 # exit and no run directory.
 #   sft_recipe.sh GLINT_BINARY
@@ -79,9 +79,9 @@ code=0; "$glint" sft "${args[@]/3e-3/1e-2}" --output runs/cut --resume > changed
 code=0; "$glint" sft "${args[@]}" --output runs/cut > again.log 2>&1 || code=$?
 [[ $code != 0 ]] && grep -q -- "--overwrite" again.log || fail "a second run into the same --output was not refused"
 
-# 4. Packing: the same rows, the same loss.
-"$glint" sft "${args[@]/20/1}" --packing --output runs/packed > /dev/null 2>&1 || fail "--packing"
-a=$(mean runs/whole/metrics.jsonl 1 1) b=$(mean runs/packed/metrics.jsonl 1 1)
+# 4. Packing (the default): the same rows, the same loss as padded ones.
+"$glint" sft "${args[@]/20/1}" --no-packing --output runs/padded > /dev/null 2>&1 || fail "--no-packing"
+a=$(mean runs/padded/metrics.jsonl 1 1) b=$(mean runs/whole/metrics.jsonl 1 1)
 awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(d < 1e-4 && d > -1e-4)}' || fail "packed loss $b != padded $a"
 
 # 4b. A 2-process job, one model rank in each, packed batches split over the ranks.

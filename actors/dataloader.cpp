@@ -59,67 +59,7 @@ Result<Batch> padding_free_batch_of(const std::vector<DataRow>& rows, int64_t pa
 }
 
 Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows) {
-  if (rows.empty()) return make_error(errc::invalid_argument, "no rows to make a training batch of");
-  if (row_tokens < 1) return make_error(errc::invalid_argument, "packing needs row_tokens >= 1");
-  std::vector<size_t> order(rows.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  // Longest first; ties in row order, so the packing is deterministic.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return rows[a].input_ids.size() > rows[b].input_ids.size(); });
-  int64_t total = 0;
-  for (const auto& r : rows) total += static_cast<int64_t>(r.input_ids.size());
-  const auto bins_wanted = std::min<int64_t>(static_cast<int64_t>(rows.size()),
-                                             std::max<int64_t>(min_rows, (total + row_tokens - 1) / row_tokens));
-  std::vector<std::vector<size_t>> bins(static_cast<size_t>(bins_wanted));
-  std::vector<int64_t> fill(bins.size(), 0);
-  size_t placed = 0;
-  for (size_t i : order) {
-    const auto n = static_cast<int64_t>(rows[i].input_ids.size());
-    // The longest rows start the rows wanted; each later one goes to the
-    // emptiest row it fits in (so the rows, and the ranks they feed, get
-    // even shares), or starts a new one.
-    size_t at = bins.size();
-    if (placed < bins.size()) {
-      at = placed;
-    } else {
-      for (size_t b = 0; b < bins.size(); ++b)
-        if (fill[b] + n <= row_tokens && (at == bins.size() || fill[b] < fill[at])) at = b;
-      if (at == bins.size()) {
-        bins.emplace_back();
-        fill.push_back(0);
-      }
-    }
-    ++placed;
-    bins[at].push_back(i);
-    fill[at] += n;
-  }
-  // Each bin, in the order its rows came, becomes one row of the batch.
-  std::vector<components::EncodedRow> packed;
-  std::vector<std::vector<float>> segments;
-  for (auto& bin : bins) {
-    std::sort(bin.begin(), bin.end());
-    components::EncodedRow row;
-    std::vector<float> seg;
-    float id = 1;
-    for (size_t i : bin) {
-      row.input_ids.insert(row.input_ids.end(), rows[i].input_ids.begin(), rows[i].input_ids.end());
-      row.loss_mask.insert(row.loss_mask.end(), rows[i].loss_mask.begin(), rows[i].loss_mask.end());
-      seg.insert(seg.end(), rows[i].input_ids.size(), id);
-      id += 1;
-    }
-    packed.push_back(std::move(row));
-    segments.push_back(std::move(seg));
-  }
-  auto batch = detail::pad_rows(packed, pad_id, {{"segment_ids", &segments}});
-  if (!batch) return batch.error();
-  // segment_ids are indices, not floats.
-  auto seg = batch->tensors.at("segment_ids").values<float>();
-  if (!seg) return seg.error();
-  std::vector<int64_t> ids(seg->begin(), seg->end());
-  auto t = Tensor::from_values(ids, batch->tensors.at("segment_ids").shape());
-  if (!t) return t.error();
-  batch->tensors["segment_ids"] = std::move(*t);
-  return batch;
+  return detail::pack_rows(rows, pad_id, row_tokens, min_rows);
 }
 
 }  // namespace glint::actors

@@ -62,6 +62,18 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
       old_logps[i][p - 1 + j] = s.logprobs.chosen[j];
     }
   }
+  if (o.pack) {
+    size_t longest = 1;
+    for (const auto& r : rows) longest = std::max(longest, r.input_ids.size());
+    const auto row_tokens = static_cast<int64_t>(longest);
+    if (o.advantages.empty())
+      return detail::pack_rows(rows, o.pad_id, row_tokens, std::max<int64_t>(o.min_rows, 1), {{"old_logps", &old_logps}});
+    // Per token: a packed row holds several sequences' advantages.
+    std::vector<std::vector<float>> adv(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) adv[i].assign(rows[i].input_ids.size(), static_cast<float>(o.advantages[i]));
+    return detail::pack_rows(rows, o.pad_id, row_tokens, std::max<int64_t>(o.min_rows, 1),
+                             {{"old_logps", &old_logps}, {"advantages", &adv}});
+  }
   auto batch = detail::pad_rows(rows, o.pad_id, {{"old_logps", &old_logps}});
   if (!batch || o.advantages.empty()) return batch;
   std::vector<float> adv(o.advantages.begin(), o.advantages.end());

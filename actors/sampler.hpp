@@ -148,9 +148,16 @@ using sample_listener = caf::typed_actor<caf::reacts_to<SampleChunk>>;
 struct TrainingBatchOptions {
   int64_t pad_id = 0;               ///< fills input_ids past a sequence's end
   std::vector<double> advantages{};  ///< one per sequence (GRPO, RLOO); empty: none in the batch
+  /// Padding-free: the sequences end to end in rows as long as the longest
+  /// one, told apart by segment_ids, at least `min_rows` rows (a model
+  /// group's data-parallel size), with the advantages per token. The
+  /// trainer's per-sequence losses read (row, segment) as the sequence, so
+  /// the loss is the padded batch's.
+  bool pack = false;
+  int64_t min_rows = 1;
 };
 
-/// The right-padded [B, T] training batch of `seqs` that the model's
+/// The right-padded [B, T] (or, with options.pack, packed) training batch of `seqs` that the model's
 /// forward_backward reads: each row is a sequence's prompt
 /// (prompts[seq.index], as requests_of numbers them) and its completion;
 /// input_ids, attention_mask, loss_mask (1 where the target is a completion

@@ -179,6 +179,9 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
                 "decoupled_ppo: docs/rl.md)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{8}));
+  c->add_flag("--packing,!--no-packing", a.packing,
+              "Train on the completions packed end to end without padding (padding-free batches; the default: the "
+              "same loss, per sequence, less compute); --no-packing pads every sequence to the longest");
   c->add_option("--sampler-dp", a.sampler_dp, "Sampler ranks (each with its own copy of the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -519,7 +522,9 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
         return fail("the reward metrics", ok.error());
       auto adv = components::rl::advantages(scores->at("total"), {.group_size = a.num_generations, .scale = *scale});
       if (!adv) return fail("the advantages", adv.error());
-      auto inputs = actors::training_batch(prompts, sampled, {.pad_id = pad, .advantages = *adv});
+      auto inputs = actors::training_batch(
+          prompts, sampled,
+          {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size()});
       if (!inputs) return fail("making the training batch", inputs.error());
       auto m = model.forward_backward(*inputs).take();
       if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());

@@ -94,6 +94,7 @@ struct GrpoArgs : RecipeArgs {
   int64_t max_staleness = 0;          ///< asynchronous: batches sample this many updates ahead
   int sampler_dp = 1;
   int64_t sampler_cache_mib = 256;
+  bool packing = true;                ///< padding-free training batches (--no-packing: padded)
 };
 
 struct DpoArgs : RecipeArgs {

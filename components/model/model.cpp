@@ -149,6 +149,7 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
     auto s = as_index_matrix(b.segment_ids, "segment_ids", B, T);
     if (!s) return s.error();
     seg = *s;
+    p.segments = seg;
   }
   if (auto e = check_vocab(p.ids, mask, "input_ids")) return e;
   p.ids = p.ids.masked_fill(mask.logical_not(), 0);  // padding may hold any id

@@ -150,8 +150,15 @@ struct Slice {
 Slice rows_of(const Slice& all, int64_t begin, int64_t n) {
   auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, n) : t; };
   const auto& p = all.prepared;
-  return {{rows(p.ids), rows(p.positions), rows(p.allowed), rows(p.targets), rows(p.target_mask)},
+  return {{rows(p.ids), rows(p.positions), rows(p.allowed), rows(p.targets), rows(p.target_mask), rows(p.segments)},
           rows(all.mask), rows(all.old_logps), rows(all.ref_logps), rows(all.advantages), rows(all.weights)};
+}
+
+// The sequences with a counted token in `mask` [B, T]: its rows, or in a
+// packed batch the (row, segment) pairs (rl::sequences_of).
+double counted_sequences(const at::Tensor& mask, const at::Tensor& segments) {
+  if (!segments.defined()) return mask.any(1).sum().item<double>();
+  return static_cast<double>(rl::sequences_of(mask, segments).counted);
 }
 
 }  // namespace
@@ -317,6 +324,7 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& 
   in.ref_logps = s.ref_logps;
   in.advantages = s.advantages;
   in.entropies = out.entropies;
+  in.sequences = s.prepared.segments;
   rl::PolicyOptions po;
   po.epsilon = spec.epsilon;
   po.epsilon_high = spec.epsilon_high;
@@ -333,15 +341,17 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& 
       break;
     case LossKind::grpo:
       loss = rl::grpo(in, po);
-      count = s.mask.any(1).sum().item<double>();
+      count = counted_sequences(s.mask, s.prepared.segments);
       break;
     case LossKind::gspo:
       loss = rl::gspo(in, po);
-      count = s.mask.any(1).sum().item<double>();
+      count = counted_sequences(s.mask, s.prepared.segments);
       break;
     case LossKind::dr_grpo:
       loss = rl::dr_grpo(in, po);
-      count = static_cast<double>(s.mask.size(0));
+      // Every row counts in a padded batch; every sequence in a packed one.
+      count = s.prepared.segments.defined() ? counted_sequences(s.mask, s.prepared.segments)
+                                            : static_cast<double>(s.mask.size(0));
       break;
     case LossKind::cispo:
       loss = rl::cispo(in, po);
@@ -453,11 +463,12 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
   return rows;
 }
 
-Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec, Tensor* logps_out) try {
-  if (auto ok = spec.validate(); !ok) return ok.error();
+Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& asked, Tensor* logps_out) try {
+  if (auto ok = asked.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
   if (!prepared) return prepared.error();
+  LossSpec spec = asked;
   int64_t B = prepared->ids.size(0), T = prepared->ids.size(1);
   auto dtype = m.param("model.embed_tokens.weight").scalar_type();
   at::Tensor mask = prepared->target_mask;
@@ -466,6 +477,12 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
       return make_error(errc::invalid_argument, "loss_mask is " + b.loss_mask.describe() + " but the batch is [" +
                                                     std::to_string(B) + ", " + std::to_string(T) + "]");
     mask = mask.logical_and(to_torch(b.loss_mask).to(at::kBool));
+  }
+  if (spec.kind == LossKind::dr_grpo && spec.max_tokens == 0 && prepared->segments.defined() && mask.any().item<bool>()) {
+    // DR-GRPO's length is a padded batch's row length, its longest
+    // sequence: in packed rows the whole batch's, fixed here so that every
+    // slice divides by the same.
+    spec.max_tokens = rl::sequences_of(mask, prepared->segments).longest;
   }
   // The loss's inputs in f32 (f64 for an f64 model) whatever the model's
   // dtype: a bf16 model must not round the sampler's log-probs, the
@@ -492,6 +509,10 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   const bool pairwise = is_pairwise(spec.kind);
   bool policy = spec.kind != LossKind::cross_entropy && !pairwise;
   if (pairwise) {
+    if (prepared->segments.defined())
+      return make_error(errc::invalid_argument,
+                        std::string{to_string(spec.kind)} + " reads whole rows in pairs (chosen, rejected); the batch "
+                                                            "packs rows (segment_ids): give it padded rows");
     // Rows in pairs, each with a counted token, against the reference.
     if (B % 2 != 0)
       return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} + " reads rows in pairs (chosen, rejected) but the batch has " +
@@ -545,7 +566,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
       mix_seed(static_cast<uint64_t>(impl_->opt->steps()), static_cast<uint64_t>(impl_->micro_batches), dp_rank));
   pass->dropout_rng = &rng;
   const auto tokens = mask.sum().item<double>();
-  const auto sequences = mask.any(1).sum().item<double>();
+  const auto sequences = counted_sequences(mask, prepared->segments);
   const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv, *weights};
   // The target log-probs, when asked: f32 [B, T], 0 where no target.
   auto answer_logps = [&](std::vector<at::Tensor> parts) -> Result<void> {

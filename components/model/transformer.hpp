@@ -26,6 +26,7 @@ struct Prepared {
   at::Tensor allowed;      ///< bool [B, T, T]: query i may attend to key j
   at::Tensor targets;      ///< i64 [B, T] (0 where target_mask is false)
   at::Tensor target_mask;  ///< bool [B, T]
+  at::Tensor segments;     ///< i64 [B, T]: segment_ids, undefined when the batch has none
 };
 
 Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);

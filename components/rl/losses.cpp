@@ -49,7 +49,24 @@ struct Prepared {
   at::Tensor ref_logps;   // detached, undefined when not given
   at::Tensor advantages;  // [B, T] detached, undefined for cross_entropy
   at::Tensor entropies;   // keeps its graph, undefined when not given
+  // Packed rows (LossInputs::sequences): each token's sequence in [0, S)
+  // (flat, [B * T]), the number of sequences with a counted token, and the
+  // tokens of the longest such sequence. Undefined seq: a sequence per row.
+  at::Tensor seq;
+  int64_t S = 0, counted_sequences = 0, longest = 0;
 };
+
+// Per sequence: the sum of x [B, T] over each sequence's tokens ([B] or [S]).
+at::Tensor per_sequence_sum(const at::Tensor& x, const Prepared& p) {
+  if (!p.seq.defined()) return x.sum(1);
+  return at::zeros({p.S}, x.options()).index_add(0, p.seq, x.reshape({-1}));
+}
+
+// A value per sequence ([B] or [S]) at each of its tokens, [B, T].
+at::Tensor at_tokens(const at::Tensor& v, const Prepared& p) {
+  if (!p.seq.defined()) return v.unsqueeze(1).expand({p.B, p.T});
+  return v.index_select(0, p.seq).view({p.B, p.T});
+}
 
 caf::error check_like(std::string_view fn, const char* name, const at::Tensor& t, const at::Tensor& logps) {
   if (t.sizes() != logps.sizes())
@@ -58,6 +75,26 @@ caf::error check_like(std::string_view fn, const char* name, const at::Tensor& t
     return bad(fn, std::string{name} + " is on " + t.device().str() + " but logps is on " + logps.device().str());
   return {};
 }
+
+}  // namespace
+
+Sequences sequences_of(const at::Tensor& mask, const at::Tensor& ids) {
+  c10::NoGradGuard no_grad;
+  auto id = ids.to(at::kLong);
+  // (row, id) as one key, numbered in row order, then id order.
+  auto key = at::arange(id.size(0), id.options()).unsqueeze(1) * (id.max().item<int64_t>() + 1) + id;
+  auto [unique, inverse, counts] = at::_unique2(key.reshape({-1}), /*sorted=*/true, /*return_inverse=*/true,
+                                                /*return_counts=*/true);
+  Sequences s;
+  s.index = inverse.reshape({-1});
+  s.count = unique.size(0);
+  auto counted = at::zeros({s.count}, at::kInt).index_add(0, s.index, mask.reshape({-1}).to(at::kInt)).gt(0);
+  s.counted = counted.sum().item<int64_t>();
+  s.longest = s.counted > 0 ? counts.masked_select(counted).max().item<int64_t>() : 0;
+  return s;
+}
+
+namespace {
 
 // `policy`: also read old_logps, ref_logps, entropies and the (required) advantages.
 Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy) {
@@ -86,6 +123,18 @@ Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy)
     p.tokens = p.maskf.sum();
     if (p.tokens.item<double>() == 0) return bad(fn, "mask " + shape_of(mask) + " selects no token");
   }
+  if (in.sequences.defined()) {
+    if (auto err = check_like(fn, "sequences", in.sequences, in.logps)) return err;
+    if (at::isFloatingType(in.sequences.scalar_type()) || in.sequences.is_complex())
+      return bad(fn, std::string{"sequences must hold integers, not "} + c10::toString(in.sequences.scalar_type()));
+    c10::NoGradGuard no_grad;
+    if (in.sequences.lt(0).any().item<bool>()) return bad(fn, "sequences holds negative ids");
+    auto seqs = sequences_of(p.mask, in.sequences.detach());
+    p.seq = seqs.index;
+    p.S = seqs.count;
+    p.counted_sequences = seqs.counted;
+    p.longest = seqs.longest;
+  }
   auto zero = at::zeros({}, in.logps.options().dtype(dtype));
   auto clean = [&](const at::Tensor& t) { return at::where(p.mask, t.to(dtype), zero); };
   p.logps = clean(in.logps);
@@ -109,6 +158,10 @@ Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy)
   const auto& a = in.advantages;
   if (!a.defined()) return bad(fn, "advantages are missing");
   bool per_sequence = a.dim() == 1 && a.size(0) == p.B;
+  // [B] advantages with sequence ids are fine while each row is one sequence.
+  if (per_sequence && p.seq.defined() && p.S > p.B)
+    return bad(fn, "advantages are " + shape_of(a) + ", one per row, but the rows pack several sequences "
+                   "(sequences is given): give them per token, [B, T]");
   if (!per_sequence && a.sizes() != in.logps.sizes())
     return bad(fn, "advantages are " + shape_of(a) + " but must be [B] or [B, T] with logps " + shape_of(in.logps));
   if (a.device() != in.logps.device())
@@ -164,9 +217,9 @@ at::Tensor token_mean(const at::Tensor& x, const Prepared& p) { return (x * p.ma
 
 // Mean over each sequence's counted tokens, then over the sequences that have one.
 at::Tensor seq_mean(const at::Tensor& x, const Prepared& p) {
-  auto n = p.maskf.sum(1);
+  auto n = per_sequence_sum(p.maskf, p);
   auto has = n.gt(0).to(n.scalar_type());
-  return ((x * p.maskf).sum(1) / n.clamp_min(1) * has).sum() / has.sum();
+  return (per_sequence_sum(x * p.maskf, p) / n.clamp_min(1) * has).sum() / has.sum();
 }
 
 at::Tensor aggregate(const at::Tensor& x, const Prepared& p, Aggregation agg, int64_t max_tokens) {
@@ -174,7 +227,10 @@ at::Tensor aggregate(const at::Tensor& x, const Prepared& p, Aggregation agg, in
     case Aggregation::seq_mean_token_mean: return seq_mean(x, p);
     case Aggregation::token_mean: return token_mean(x, p);
     case Aggregation::token_sum_norm:
-      return (x * p.maskf).sum() / static_cast<double>(p.B * (max_tokens > 0 ? max_tokens : p.T));
+      // Packed: the sequences and the longest one's tokens, as the padded
+      // batch's rows and row length would count them.
+      return (x * p.maskf).sum() / static_cast<double>((p.seq.defined() ? p.counted_sequences : p.B) *
+                                                        (max_tokens > 0 ? max_tokens : p.seq.defined() ? p.longest : p.T));
   }
   return seq_mean(x, p);
 }
@@ -256,10 +312,12 @@ Result<LossOutput> gspo(const LossInputs& in, const PolicyOptions& o) try {
   at::Tensor seq_log_ratio;
   {
     c10::NoGradGuard no_grad;
-    auto n = p->maskf.sum(1).clamp_min(1);
-    seq_log_ratio = ((p->logps - p->old_logps) * p->maskf).sum(1).div(n).clamp(-o.log_ratio_clamp, o.log_ratio_clamp);
+    auto n = per_sequence_sum(p->maskf, *p).clamp_min(1);
+    seq_log_ratio = per_sequence_sum((p->logps - p->old_logps) * p->maskf, *p)
+                        .div(n)
+                        .clamp(-o.log_ratio_clamp, o.log_ratio_clamp);
   }
-  auto ratio = at::exp(seq_log_ratio.unsqueeze(1) + p->logps - p->logps.detach());
+  auto ratio = at::exp(at_tokens(seq_log_ratio, *p) + p->logps - p->logps.detach());
   const auto& a = p->advantages;
   auto per_token = -at::minimum(ratio * a, ratio.clamp(1 - o.epsilon, 1 + o.epsilon_high) * a);
   LossOutput out;
@@ -268,7 +326,7 @@ Result<LossOutput> gspo(const LossInputs& in, const PolicyOptions& o) try {
   c10::NoGradGuard no_grad;
   out.metrics["clip_fraction"] = item(token_mean(clipped(ratio, *p, o).to(ratio.scalar_type()), *p));
   // The ratio is per sequence, so its mean is over sequences (with a counted token), not tokens.
-  auto has = p->maskf.sum(1).gt(0);
+  auto has = per_sequence_sum(p->maskf, *p).gt(0);
   out.metrics["ratio_mean"] = item(seq_log_ratio.exp().masked_select(has).mean());
   out.weights["clip_fraction"] = item(p->tokens);
   out.weights["ratio_mean"] = item(has.sum());

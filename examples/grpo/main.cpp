@@ -396,7 +396,10 @@ int main(int argc, char** argv) {
 
       // Train on the completions, then hand the new weights to the sampler.
       const auto train_start = clock::now();
-      auto inputs = actors::training_batch(rollout->batch.prompts, sequences, {.pad_id = pad, .advantages = *advantages});
+      // Padding-free: the completions end to end, told apart by segment ids.
+      auto inputs = actors::training_batch(
+          rollout->batch.prompts, sequences,
+          {.pad_id = pad, .advantages = *advantages, .pack = true, .min_rows = model->info().dp_size()});
       if (!inputs) return fail("making the training batch", inputs.error());
       auto m = model->forward_backward(*inputs).take();
       if (!m) return fail("forward_backward", m.error());

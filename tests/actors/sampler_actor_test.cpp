@@ -406,6 +406,64 @@ TEST_P(SamplerActorTest, AbortAnswersTheCallsInFlight) {
   EXPECT_EQ((*next)[0].weight_version, 3);
 }
 
+// Packed: every sequence whole in one segment of one row, with the padded
+// row's loss mask and old log-probs, its advantage at each of its tokens,
+// and at least min_rows rows.
+TEST(TrainingBatch, PackedHoldsEachSequenceWholeWithItsAdvantagePerToken) {
+  const Prompts prompts = {{1, 2}, {3, 4, 5}};
+  auto seq = [](int64_t index, std::vector<int64_t> tokens, std::vector<float> chosen) {
+    SampledSequence s;
+    s.index = index;
+    s.tokens = std::move(tokens);
+    s.logprobs.chosen = std::move(chosen);
+    return s;
+  };
+  const std::vector<SampledSequence> seqs = {seq(0, {6, 7, 8}, {-.1f, -.2f, -.3f}), seq(1, {9}, {-.4f}),
+                                             seq(0, {10, 11}, {-.5f, -.6f}), seq(1, {12, 13, 14, 15, 16, 17, 18, 19}, {-.7f, -.8f, -.9f, -1.f, -1.1f, -1.2f, -1.3f, -1.4f})};
+  const std::vector<double> adv = {1.0, -1.0, 0.5, 2.0};
+  auto padded = actors::training_batch(prompts, seqs, {.pad_id = 0, .advantages = adv});
+  auto packed = actors::training_batch(prompts, seqs, {.pad_id = 0, .advantages = adv, .pack = true, .min_rows = 2});
+  ASSERT_TRUE(padded && packed) << describe(packed ? padded.error() : packed.error());
+  const auto& shape = packed->tensors.at("input_ids").shape();
+  ASSERT_GE(shape[0], 2);
+  EXPECT_LT(shape[0] * shape[1], padded->tensors.at("input_ids").shape()[0] * padded->tensors.at("input_ids").shape()[1]);
+  EXPECT_EQ(packed->tensors.at("advantages").shape(), shape) << "per token";
+  EXPECT_EQ(packed->tensors.at("segment_ids").dtype(), Dtype::i64);
+  auto column = [](const Batch& b, const char* name) { return *b.tensors.at(name).values<float>(); };
+  auto ids = *packed->tensors.at("input_ids").values<int64_t>();
+  auto segs = *packed->tensors.at("segment_ids").values<int64_t>();
+  auto mask = column(*packed, "loss_mask"), old = column(*packed, "old_logps"), a = column(*packed, "advantages");
+  const auto T = padded->tensors.at("input_ids").shape()[1];
+  auto pids = *padded->tensors.at("input_ids").values<int64_t>();
+  auto pmask = column(*padded, "loss_mask"), pold = column(*padded, "old_logps");
+  std::set<size_t> found;
+  for (int64_t r = 0; r < shape[0]; ++r)
+    for (int64_t at = 0; at < shape[1];) {
+      const auto i = static_cast<size_t>(r * shape[1] + at);
+      if (segs[i] == 0) break;  // padding ends the row
+      size_t n = 0;
+      while (at + static_cast<int64_t>(n) < shape[1] && segs[i + n] == segs[i]) ++n;
+      // Which sequence: the padded row with these tokens.
+      bool matched = false;
+      for (size_t s = 0; s < seqs.size() && !matched; ++s) {
+        const size_t len = prompts[static_cast<size_t>(seqs[s].index)].size() + seqs[s].tokens.size();
+        if (len != n) continue;
+        bool same = true;
+        for (size_t t = 0; t < n; ++t) same = same && pids[s * static_cast<size_t>(T) + t] == ids[i + t];
+        if (!same) continue;
+        matched = found.insert(s).second;
+        for (size_t t = 0; t < n; ++t) {
+          EXPECT_EQ(mask[i + t], pmask[s * static_cast<size_t>(T) + t]) << "sequence " << s << " token " << t;
+          EXPECT_EQ(old[i + t], pold[s * static_cast<size_t>(T) + t]) << "sequence " << s << " token " << t;
+          EXPECT_EQ(a[i + t], static_cast<float>(adv[s])) << "sequence " << s << " token " << t;
+        }
+      }
+      EXPECT_TRUE(matched) << "row " << r << " at " << at << " holds no sequence whole";
+      at += static_cast<int64_t>(n);
+    }
+  EXPECT_EQ(found.size(), seqs.size());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SamplerActorTest, ::testing::Values(Mode::local, Mode::cluster),
                          [](const auto& info) { return info.param == Mode::local ? "local" : "cluster"; });
 

@@ -198,6 +198,109 @@ TEST(Training, ABatchInSlicesTrainsAsTheWholeBatch) {
   }
 }
 
+// Sequences packed end to end in rows (segment_ids) train as the same
+// sequences one per padded row, for every loss, whole and in slices: the
+// per-sequence reductions (GRPO's mean per sequence, GSPO's ratio,
+// DR-GRPO's count and length) work per (row, segment).
+TEST(Training, APackedBatchTrainsAsItsPaddedOne) {
+  auto cfg = small();
+  struct Seq {
+    std::vector<int64_t> ids;
+    std::vector<int64_t> mask;  // counted tokens
+    float advantage;
+  };
+  const std::vector<Seq> seqs = {{{1, 2, 3, 4, 5, 6}, {0, 0, 1, 1, 1, 0}, 1.f},
+                                 {{7, 8, 9}, {0, 1, 0}, -0.5f},
+                                 {{4, 4, 4, 4, 2}, {0, 0, 1, 1, 0}, 2.f},
+                                 {{9, 8}, {1, 0}, -1.f},
+                                 {{3, 1, 4, 1, 5, 9, 2}, {0, 1, 1, 1, 1, 1, 0}, 0.25f}};
+  // Per-token behaviour and reference log-probs of each sequence.
+  auto lp = [](size_t s, size_t t, float shift) { return -1.5f + shift * static_cast<float>((3 * s + t) % 7) / 7.f; };
+  // Rows of sequence indices: padded (one each) and packed (two rows).
+  auto build = [&](const std::vector<std::vector<size_t>>& rows, bool packed) {
+    size_t T = 0;
+    for (const auto& r : rows) {
+      size_t n = 0;
+      for (size_t s : r) n += seqs[s].ids.size();
+      T = std::max(T, n);
+    }
+    const auto B = rows.size();
+    std::vector<int64_t> ids(B * T, 0), attention(B * T, 0), segments(B * T, 0);
+    std::vector<float> mask(B * T, 0), adv(B * T, 0), old_lp(B * T, 0), ref_lp(B * T, 0);
+    for (size_t r = 0; r < B; ++r) {
+      size_t at = r * T;
+      int64_t segment = 1;
+      for (size_t s : rows[r]) {
+        for (size_t t = 0; t < seqs[s].ids.size(); ++t, ++at) {
+          ids[at] = seqs[s].ids[t];
+          attention[at] = 1;
+          segments[at] = segment;
+          mask[at] = static_cast<float>(seqs[s].mask[t]);
+          adv[at] = seqs[s].advantage;
+          old_lp[at] = lp(s, t, 0.4f);
+          ref_lp[at] = lp(s, t, -0.3f);
+        }
+        ++segment;
+      }
+    }
+    const std::vector<int64_t> shape{static_cast<int64_t>(B), static_cast<int64_t>(T)};
+    TrainBatch b{.tokens = {.input_ids = *Tensor::from_values(ids, shape),
+                            .attention_mask = *Tensor::from_values(attention, shape)},
+                 .loss_mask = *Tensor::from_values(mask, shape)};
+    if (packed) b.tokens.segment_ids = *Tensor::from_values(segments, shape);
+    b.old_logps = *Tensor::from_values(old_lp, shape);
+    b.ref_logps = *Tensor::from_values(ref_lp, shape);
+    b.advantages = *Tensor::from_values(adv, shape);
+    return b;
+  };
+  const auto padded = build({{0}, {1}, {2}, {3}, {4}}, false);
+  const auto packed = build({{0, 1, 3}, {2, 4}}, true);
+  for (const auto& spec : {LossSpec{}, LossSpec{.kind = LossKind::grpo, .beta = 0.1, .entropy_coef = 0.01},
+                           LossSpec{.kind = LossKind::gspo}, LossSpec{.kind = LossKind::dr_grpo, .max_tokens = 8},
+                           LossSpec{.kind = LossKind::dr_grpo}, LossSpec{.kind = LossKind::cispo, .epsilon_high = 0.1}}) {
+    SCOPED_TRACE(std::string{to_string(spec.kind)});
+    auto make = [&](int64_t rows) {
+      return *Trainer::create(*CausalLM::init_random(cfg, 9),
+                              {.optimizer = {.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}, .micro_batch_rows = rows});
+    };
+    auto strip = [&](TrainBatch b) {
+      if (spec.kind == LossKind::cross_entropy) b.old_logps = b.ref_logps = b.advantages = Tensor{};
+      return b;
+    };
+    auto reference = make(0), whole = make(0), sliced = make(1);
+    auto want = reference.forward_backward(strip(padded), spec);
+    ASSERT_TRUE(want) << describe(want.error());
+    for (auto* t : {&whole, &sliced}) {
+      auto got = t->forward_backward(strip(packed), spec);
+      ASSERT_TRUE(got) << describe(got.error());
+      for (const auto& [name, value] : *want) {
+        if (name == "loss_count" && t == &sliced) continue;  // slices count their own
+        ASSERT_TRUE(got->count(name)) << name;
+        EXPECT_NEAR(got->at(name), value, 1e-5 * std::max(1.0, std::abs(value))) << name;
+      }
+      ASSERT_TRUE(t->clip_grad_and_step());
+    }
+    ASSERT_TRUE(reference.clip_grad_and_step());
+    for (auto& [n, p] : reference.model().impl().params) {
+      EXPECT_TRUE(at::allclose(p, whole.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+      EXPECT_TRUE(at::allclose(p, sliced.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+    }
+  }
+  // One advantage per row cannot be right for rows of several sequences.
+  auto t = *Trainer::create(*CausalLM::init_random(cfg, 9), {});
+  auto per_row = packed;
+  per_row.advantages = *Tensor::from_values(std::vector<float>{1.f, 2.f}, {2});
+  auto r = t.forward_backward(per_row, {.kind = LossKind::grpo});
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("per token"), std::string::npos) << describe(r.error());
+  // Pairwise losses read whole rows.
+  auto pairs = packed;
+  pairs.advantages = pairs.old_logps = Tensor{};
+  auto d = t.forward_backward(pairs, {.kind = LossKind::dpo, .beta = 0.1});
+  ASSERT_FALSE(d);
+  EXPECT_NE(describe(d.error()).find("segment_ids"), std::string::npos) << describe(d.error());
+}
+
 // A slice that fails after others have added their gradients puts back
 // what was accumulated before the call: the next step is as if the call
 // had not happened.

@@ -106,6 +106,20 @@ for x, y in zip(a, b):
     assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * max(1, x["grad_norm"]), (x["step"], x["grad_norm"], y["grad_norm"])
 EOF
 
+# 4a. Packing (the default) trains as padded batches: the first step's rows agree.
+one=(--model runs/sft/last "${common[@]}" --train-type full --prompts-per-step 8 --num-generations 4 --lr 1e-4 --max-steps 1)
+"$glint" grpo "${one[@]}" --output runs/packed > /dev/null 2>&1 || fail "the packed step"
+"$glint" grpo "${one[@]}" --no-packing --output runs/padded > /dev/null 2>&1 || fail "the --no-packing step"
+python3 - runs/packed/metrics.jsonl runs/padded/metrics.jsonl <<'EOF' || fail "a packed step differs from a padded one"
+import json, sys
+(a,), (b,) = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+for k in a:
+    if k.startswith("reward/") or k.startswith("completion_length/"):
+        assert a[k] == b[k], (k, a[k], b[k])
+for k in ("loss", "grad_norm"):
+    assert abs(a[k] - b[k]) <= 1e-4 * max(1, abs(b[k])), (k, a[k], b[k])
+EOF
+
 # 4b. Asynchronous: --max-staleness 2 with decoupled_ppo, evaluations in
 #     between; every row within the bound; a resume continues the run.
 async=(--model runs/sft/last "${common[@]}" --train-type full --prompts-per-step 8 --num-generations 4 --lr 1e-4

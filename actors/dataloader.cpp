@@ -52,10 +52,17 @@ Result<Batch> train_batch_of(const std::vector<DataRow>& rows, int64_t pad_id) {
   return detail::pad_rows(rows, pad_id);
 }
 
-Result<Batch> padding_free_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows) {
+Result<Batch> padding_free_batch_of(
+    const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows,
+    std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns) {
   size_t longest = 1;
   for (const auto& r : rows) longest = std::max(longest, r.input_ids.size());
-  return packed_batch_of(rows, pad_id, static_cast<int64_t>(longest), std::max<int64_t>(min_rows, 1));
+  for (const auto& [name, column] : columns)
+    if (column->size() != rows.size())
+      return make_error(errc::invalid_argument, std::string{"column "} + name + " has " +
+                                                    std::to_string(column->size()) + " rows for " +
+                                                    std::to_string(rows.size()));
+  return detail::pack_rows(rows, pad_id, static_cast<int64_t>(longest), std::max<int64_t>(min_rows, 1), columns);
 }
 
 Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows) {

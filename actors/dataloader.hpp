@@ -35,7 +35,9 @@
 
 #include <cstdint>
 #include <map>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace glint::components {
@@ -171,7 +173,11 @@ Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, 
 /// packed_batch_of with rows as long as the longest of `rows`: what the
 /// SFT examples and `glint sft` train on by default (padding-free batches
 /// that never cost more than padded ones).
-Result<Batch> padding_free_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows = 1);
+/// `columns`: more per-token float columns (one vector per row, as long as
+/// the row), joined and padded (with 0) as the rows are.
+Result<Batch> padding_free_batch_of(
+    const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows = 1,
+    std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns = {});
 
 GLINT_REGISTER_MESSAGE_TYPE(dataloader_spec, DataLoaderSpec, "glint.dataloader_spec");
 GLINT_REGISTER_MESSAGE_TYPE(loader_state, LoaderState, "glint.loader_state");

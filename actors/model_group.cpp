@@ -23,8 +23,7 @@ public:
 
   Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) override {
     const auto ranks = static_cast<double>(info_.dp_size());
-    // A pairwise loss's batch is sliced in whole pairs (chosen, rejected).
-    const auto& g = pairwise(adapter) ? paired_ : g_;
+    const auto& g = group_for(batch, adapter);
     return g.call<Collect::mean>(Dispatch::slice_dp, forward_backward_atom_v, batch, adapter)
         .then([ranks](const Result<Metrics>& r) -> Result<Metrics> {
           if (!r) return r.error();
@@ -33,7 +32,7 @@ public:
   }
   Future<TrainOutput> forward_backward_with_logps(const Batch& batch, const std::string& adapter) override {
     const auto ranks = static_cast<double>(info_.dp_size());
-    const auto& g = pairwise(adapter) ? paired_ : g_;
+    const auto& g = group_for(batch, adapter);
     return g.call<Collect::flatten>(Dispatch::slice_dp, forward_backward_logps_atom_v, batch, adapter)
         .then([ranks](const Result<std::vector<TrainOutput>>& r) -> Result<TrainOutput> {
           if (!r) return r.error();
@@ -111,6 +110,11 @@ public:
   }
 
 private:
+  // A pairwise loss's padded batch is sliced in whole pairs of rows (chosen,
+  // rejected); a packed one holds whole pairs in each row.
+  const Group<model_actor>& group_for(const Batch& batch, const std::string& adapter) const {
+    return pairwise(adapter) && !batch.tensors.count("segment_ids") ? paired_ : g_;
+  }
   bool pairwise(const std::string& adapter) const {
     std::lock_guard lock{pairwise_->mu};
     return pairwise_->adapters.count(adapter) > 0;

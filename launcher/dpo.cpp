@@ -75,11 +75,27 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
 }
 
 /// Rows 2i and 2i + 1 of the batch: pair `which[i]`'s chosen and rejected
-/// responses.
-Result<Batch> pair_batch(const std::vector<EncodedPair>& pairs, const std::vector<int64_t>& which, int64_t pad) {
+/// responses. `min_rows` > 0: packed instead (padding-free), each pair whole
+/// in one row as segments 2k - 1 (chosen) and 2k (rejected), at least
+/// min_rows rows.
+Result<Batch> pair_batch(const std::vector<EncodedPair>& pairs, const std::vector<int64_t>& which, int64_t pad,
+                         int64_t min_rows = 0) {
   std::vector<actors::DataRow> rows;
+  std::vector<std::vector<float>> rejected;  // packed: 1 on a pair's rejected tokens
   for (auto i : which) {
     const auto& p = pairs[static_cast<size_t>(i)];
+    if (min_rows > 0) {
+      actors::DataRow r;
+      for (const auto* e : {&p.chosen, &p.rejected}) {
+        r.input_ids.insert(r.input_ids.end(), e->input_ids.begin(), e->input_ids.end());
+        r.loss_mask.insert(r.loss_mask.end(), e->loss_mask.begin(), e->loss_mask.end());
+      }
+      std::vector<float> half(p.chosen.input_ids.size(), 0.f);
+      half.resize(r.input_ids.size(), 1.f);
+      rejected.push_back(std::move(half));
+      rows.push_back(std::move(r));
+      continue;
+    }
     for (const auto* e : {&p.chosen, &p.rejected}) {
       actors::DataRow r;
       r.input_ids = e->input_ids;
@@ -87,7 +103,21 @@ Result<Batch> pair_batch(const std::vector<EncodedPair>& pairs, const std::vecto
       rows.push_back(std::move(r));
     }
   }
-  return actors::train_batch_of(rows, pad);
+  if (min_rows == 0) return actors::train_batch_of(rows, pad);
+  // A pair per segment, then each segment split in two: k -> 2k - 1, 2k.
+  auto batch = actors::padding_free_batch_of(rows, pad, min_rows, {{"rejected", &rejected}});
+  if (!batch) return batch;
+  auto seg = batch->tensors.at("segment_ids").values<int64_t>();
+  auto half = batch->tensors.at("rejected").values<float>();
+  if (!seg || !half) return make_error(errc::internal, "a packed pair batch without its segment ids");
+  std::vector<int64_t> ids(seg->begin(), seg->end());
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] > 0) ids[i] = 2 * ids[i] - 1 + ((*half)[i] > 0 ? 1 : 0);
+  auto t = Tensor::from_values(ids, batch->tensors.at("segment_ids").shape());
+  if (!t) return t.error();
+  batch->tensors["segment_ids"] = std::move(*t);
+  batch->tensors.erase("rejected");
+  return batch;
 }
 
 /// Per row of `batch`, the sum of `logps` over its loss_mask (`mean`: their
@@ -242,7 +272,7 @@ Result<std::map<std::string, double>> train_step(Task& t, const actors::ModelGro
     std::vector<int64_t> which;
     const int64_t first = ((step - 1) * a.grad_accum + micro) * a.batch_size;
     for (int64_t i = 0; i < a.batch_size; ++i) which.push_back(t.pair_at(first + i, a.seed));
-    auto batch = pair_batch(t.train, which, pad);
+    auto batch = pair_batch(t.train, which, pad, a.packing ? std::max(1, t.model->info().dp_size()) : 0);
     if (!batch) return with_context(batch.error(), "making a batch");
     auto ref = reference.forward_only(*batch).take();
     if (!ref) return with_context(ref.error(), "the reference log-probs");
@@ -314,6 +344,9 @@ CLI::App* add_dpo(CLI::App& app, DpoArgs& a) {
                 "Pairs over --max-length: refuse (skip them), left (drop the prompt's start) or right (the response's end)")
       ->capture_default_str()
       ->check(CLI::IsMember({"refuse", "left", "right"}));
+  c->add_flag("--packing,!--no-packing", a.packing,
+              "Train on the pairs packed end to end without padding, each pair whole in a row (padding-free "
+              "batches; the default: the same loss, less compute); --no-packing pads every response to the longest");
   c->add_option("--batch-size", a.batch_size, "Pairs per micro-batch (the global batch, over --dp ranks)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

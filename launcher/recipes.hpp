@@ -112,6 +112,7 @@ struct DpoArgs : RecipeArgs {
   double beta = 0.1;
   double label_smoothing = 0.0;       ///< sigmoid only
   std::vector<std::string> adapters{};  ///< NAME=FILE[:RATIO]: several adapters, each on its files
+  bool packing = true;                ///< padding-free training batches, each pair whole in a row
 };
 
 /// Adds `glint sft` to `app`, its flags bound to `args`.

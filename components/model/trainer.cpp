@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <functional>
 
 namespace glint::components {
 
@@ -375,12 +376,26 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pairwise_loss(const Sli
   // Summed in f32 (f64 for an f64 model) whatever the model's dtype.
   const auto dtype = logps.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto skip = s.mask.logical_not();
-  auto policy = logps.to(dtype).masked_fill(skip, 0).sum(1);
-  auto ref = s.ref_logps.to(dtype).masked_fill(skip, 0).sum(1);
+  // Per response: a row's sum, or in packed rows each (row, segment)'s, in
+  // order, those with a counted token (forward_backward checked that they
+  // come in whole pairs per row).
+  std::function<at::Tensor(const at::Tensor&)> per_response = [](const at::Tensor& x) { return x.sum(1); };
+  if (s.prepared.segments.defined()) {
+    auto seqs = rl::sequences_of(s.mask, s.prepared.segments);
+    auto counted = at::zeros({seqs.count}, at::kLong).index_add(0, seqs.index, s.mask.reshape({-1}).to(at::kLong))
+                       .gt(0)
+                       .nonzero()
+                       .reshape({-1});
+    per_response = [seqs, counted](const at::Tensor& x) {
+      return at::zeros({seqs.count}, x.options()).index_add(0, seqs.index, x.reshape({-1})).index_select(0, counted);
+    };
+  }
+  auto policy = per_response(logps.to(dtype).masked_fill(skip, 0));
+  auto ref = per_response(s.ref_logps.to(dtype).masked_fill(skip, 0));
   if (spec.kind == LossKind::ipo) {
     // IPO compares mean log-probs per response token (as TRL does), so
     // that its target margin 1 / (2 beta) does not scale with length.
-    auto tokens = s.mask.sum(1).to(dtype);
+    auto tokens = per_response(s.mask.to(dtype));
     policy = policy / tokens;
     ref = ref / tokens;
   }
@@ -508,15 +523,30 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
                           ": step (clip_grad_and_step) or zero_grad first");
   const bool pairwise = is_pairwise(spec.kind);
   bool policy = spec.kind != LossKind::cross_entropy && !pairwise;
-  if (pairwise) {
-    if (prepared->segments.defined())
+  const bool packed = prepared->segments.defined();
+  if (pairwise && packed) {
+    // Packed: each row holds whole pairs, a pair being two consecutive
+    // segments with a counted token (chosen, then rejected).
+    auto seqs = rl::sequences_of(mask, prepared->segments);
+    auto key = at::arange(B, at::kLong).unsqueeze(1) * (prepared->segments.max().item<int64_t>() + 1) + prepared->segments;
+    auto responses = std::get<0>(at::_unique2(key.masked_select(mask)));
+    auto per_row = at::bincount(responses.div(prepared->segments.max().item<int64_t>() + 1, "floor"), {}, B);
+    auto odd = per_row.remainder(2).nonzero();
+    if (odd.size(0) > 0 || seqs.counted == 0) {
+      const auto row = odd.size(0) > 0 ? odd[0][0].item<int64_t>() : 0;
       return make_error(errc::invalid_argument,
-                        std::string{to_string(spec.kind)} + " reads whole rows in pairs (chosen, rejected); the batch "
-                                                            "packs rows (segment_ids): give it padded rows");
-    // Rows in pairs, each with a counted token, against the reference.
-    if (B % 2 != 0)
-      return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} + " reads rows in pairs (chosen, rejected) but the batch has " +
-                                                    std::to_string(B) + " rows");
+                        std::string{to_string(spec.kind)} + " reads responses in pairs (chosen, rejected), and in "
+                                                            "packed rows each row must hold whole pairs; row " +
+                            std::to_string(row) + " holds " + std::to_string(per_row[row].item<int64_t>()) +
+                            " responses with a counted token");
+    }
+  }
+  if (pairwise && !packed && B % 2 != 0)
+    return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} +
+                                                  " reads rows in pairs (chosen, rejected) but the batch has " +
+                                                  std::to_string(B) + " rows");
+  if (pairwise) {
+    // Pairs, each response with a counted token, against the reference.
     if (!ref_lp->defined())
       return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} +
                                                     " needs ref_logps: the reference model's log-probs of the same rows "
@@ -525,7 +555,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
       if (t->defined())
         return make_error(errc::invalid_argument, std::string{"the batch has "} + name + ", which " +
                                                       std::string{to_string(spec.kind)} + " does not read; leave it out");
-    auto empty = mask.any(1).logical_not().nonzero();
+    auto empty = packed ? at::zeros({0, 1}, at::kLong) : mask.any(1).logical_not().nonzero();
     if (empty.size(0) > 0) {
       auto row = empty[0][0].item<int64_t>();
       return make_error(errc::invalid_argument, "row " + std::to_string(row) + " (the " +
@@ -579,7 +609,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
   };
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   const bool entropies = spec.entropy_coef != 0;
-  auto rows = impl_->rows_per_pass(B, T, elem, entropies, false, pairwise);
+  auto rows = impl_->rows_per_pass(B, T, elem, entropies, false, pairwise && !packed);
   if (!rows) return rows.error();
   c10::AutoGradMode grad(true);
 
@@ -602,7 +632,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
   // back if a slice fails (with none before, zeros are put back).
   const bool had = impl_->micro_batches > 0;
   if (had) {
-    rows = impl_->rows_per_pass(B, T, elem, entropies, true, pairwise);
+    rows = impl_->rows_per_pass(B, T, elem, entropies, true, pairwise && !packed);
     if (!rows) return rows.error();
   }
   auto params = impl_->params();

@@ -16,6 +16,7 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
+#include <set>
 
 namespace glint::components {
 namespace {
@@ -198,6 +199,34 @@ TEST(Training, ABatchInSlicesTrainsAsTheWholeBatch) {
   }
 }
 
+// The same step on `packed` as on `padded` (fresh models, SGD): the same
+// metrics (but `skip`) and weights after it, whole and one row per pass.
+void expect_packed_trains_as_padded(const ModelConfig& cfg, const TrainBatch& padded, const TrainBatch& packed,
+                                    const LossSpec& spec, const std::set<std::string>& skip) {
+  auto make = [&](int64_t rows) {
+    return *Trainer::create(*CausalLM::init_random(cfg, 9),
+                            {.optimizer = {.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}, .micro_batch_rows = rows});
+  };
+  auto reference = make(0), whole = make(0), sliced = make(1);
+  auto want = reference.forward_backward(padded, spec);
+  ASSERT_TRUE(want) << describe(want.error());
+  for (auto* t : {&whole, &sliced}) {
+    auto got = t->forward_backward(packed, spec);
+    ASSERT_TRUE(got) << describe(got.error());
+    for (const auto& [name, value] : *want) {
+      if (skip.count(name) || (name == "loss_count" && t == &sliced)) continue;  // slices count their own
+      ASSERT_TRUE(got->count(name)) << name;
+      EXPECT_NEAR(got->at(name), value, 1e-5 * std::max(1.0, std::abs(value))) << name;
+    }
+    ASSERT_TRUE(t->clip_grad_and_step());
+  }
+  ASSERT_TRUE(reference.clip_grad_and_step());
+  for (auto& [n, p] : reference.model().impl().params) {
+    EXPECT_TRUE(at::allclose(p, whole.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+    EXPECT_TRUE(at::allclose(p, sliced.model().impl().params.at(n), 1e-5, 1e-6)) << n;
+  }
+}
+
 // Sequences packed end to end in rows (segment_ids) train as the same
 // sequences one per padded row, for every loss, whole and in slices: the
 // per-sequence reductions (GRPO's mean per sequence, GSPO's ratio,
@@ -259,32 +288,11 @@ TEST(Training, APackedBatchTrainsAsItsPaddedOne) {
                            LossSpec{.kind = LossKind::gspo}, LossSpec{.kind = LossKind::dr_grpo, .max_tokens = 8},
                            LossSpec{.kind = LossKind::dr_grpo}, LossSpec{.kind = LossKind::cispo, .epsilon_high = 0.1}}) {
     SCOPED_TRACE(std::string{to_string(spec.kind)});
-    auto make = [&](int64_t rows) {
-      return *Trainer::create(*CausalLM::init_random(cfg, 9),
-                              {.optimizer = {.kind = OptimizerConfig::Kind::sgd, .lr = 0.5}, .micro_batch_rows = rows});
-    };
     auto strip = [&](TrainBatch b) {
       if (spec.kind == LossKind::cross_entropy) b.old_logps = b.ref_logps = b.advantages = Tensor{};
       return b;
     };
-    auto reference = make(0), whole = make(0), sliced = make(1);
-    auto want = reference.forward_backward(strip(padded), spec);
-    ASSERT_TRUE(want) << describe(want.error());
-    for (auto* t : {&whole, &sliced}) {
-      auto got = t->forward_backward(strip(packed), spec);
-      ASSERT_TRUE(got) << describe(got.error());
-      for (const auto& [name, value] : *want) {
-        if (name == "loss_count" && t == &sliced) continue;  // slices count their own
-        ASSERT_TRUE(got->count(name)) << name;
-        EXPECT_NEAR(got->at(name), value, 1e-5 * std::max(1.0, std::abs(value))) << name;
-      }
-      ASSERT_TRUE(t->clip_grad_and_step());
-    }
-    ASSERT_TRUE(reference.clip_grad_and_step());
-    for (auto& [n, p] : reference.model().impl().params) {
-      EXPECT_TRUE(at::allclose(p, whole.model().impl().params.at(n), 1e-5, 1e-6)) << n;
-      EXPECT_TRUE(at::allclose(p, sliced.model().impl().params.at(n), 1e-5, 1e-6)) << n;
-    }
+    expect_packed_trains_as_padded(cfg, strip(padded), strip(packed), spec, {});
   }
   // One advantage per row cannot be right for rows of several sequences.
   auto t = *Trainer::create(*CausalLM::init_random(cfg, 9), {});
@@ -293,12 +301,74 @@ TEST(Training, APackedBatchTrainsAsItsPaddedOne) {
   auto r = t.forward_backward(per_row, {.kind = LossKind::grpo});
   ASSERT_FALSE(r);
   EXPECT_NE(describe(r.error()).find("per token"), std::string::npos) << describe(r.error());
-  // Pairwise losses read whole rows.
+  // Pairwise losses read whole pairs in each row: not 3 responses.
   auto pairs = packed;
   pairs.advantages = pairs.old_logps = Tensor{};
   auto d = t.forward_backward(pairs, {.kind = LossKind::dpo, .beta = 0.1});
   ASSERT_FALSE(d);
-  EXPECT_NE(describe(d.error()).find("segment_ids"), std::string::npos) << describe(d.error());
+  EXPECT_NE(describe(d.error()).find("whole pairs"), std::string::npos) << describe(d.error());
+}
+
+// DPO and IPO on pairs packed whole into rows (chosen, rejected as
+// consecutive segments) train as the same pairs in padded rows 2i, 2i + 1.
+TEST(Dpo, PackedPairsTrainAsPaddedOnes) {
+  auto cfg = small();
+  struct Response {
+    std::vector<int64_t> ids, mask;
+  };
+  // Three pairs: prompt then response; the mask counts the response.
+  const std::vector<std::pair<Response, Response>> pairs = {
+      {{{1, 2, 3, 4}, {0, 1, 1, 0}}, {{1, 2, 5}, {0, 1, 0}}},
+      {{{7, 8, 9, 10, 11}, {0, 0, 1, 1, 0}}, {{7, 8, 12, 13, 14}, {0, 0, 1, 1, 0}}},
+      {{{4, 4, 6}, {0, 1, 0}}, {{4, 4, 9, 9}, {0, 1, 1, 0}}}};
+  auto ref_lp = [](size_t r, size_t t) { return -1.0f - 0.1f * static_cast<float>((5 * r + 3 * t) % 9); };
+  // rows: lists of responses (pair * 2 + 0 chosen / 1 rejected).
+  auto build = [&](const std::vector<std::vector<size_t>>& rows, bool packed) {
+    auto response = [&](size_t r) -> const Response& { return r % 2 == 0 ? pairs[r / 2].first : pairs[r / 2].second; };
+    size_t T = 0;
+    for (const auto& row : rows) {
+      size_t n = 0;
+      for (size_t r : row) n += response(r).ids.size();
+      T = std::max(T, n);
+    }
+    const auto B = rows.size();
+    std::vector<int64_t> ids(B * T, 0), attention(B * T, 0), segments(B * T, 0);
+    std::vector<float> mask(B * T, 0), ref(B * T, 0);
+    for (size_t b = 0; b < B; ++b) {
+      size_t at = b * T;
+      int64_t segment = 1;
+      for (size_t r : rows[b]) {
+        const auto& x = response(r);
+        for (size_t t = 0; t < x.ids.size(); ++t, ++at) {
+          ids[at] = x.ids[t];
+          attention[at] = 1;
+          segments[at] = segment;
+          mask[at] = static_cast<float>(x.mask[t]);
+          ref[at] = ref_lp(r, t);
+        }
+        ++segment;
+      }
+    }
+    const std::vector<int64_t> shape{static_cast<int64_t>(B), static_cast<int64_t>(T)};
+    TrainBatch batch{.tokens = {.input_ids = *Tensor::from_values(ids, shape),
+                                .attention_mask = *Tensor::from_values(attention, shape)},
+                     .loss_mask = *Tensor::from_values(mask, shape)};
+    if (packed) batch.tokens.segment_ids = *Tensor::from_values(segments, shape);
+    batch.ref_logps = *Tensor::from_values(ref, shape);
+    return batch;
+  };
+  const auto padded = build({{0}, {1}, {2}, {3}, {4}, {5}}, false);
+  const auto packed = build({{0, 1, 4, 5}, {2, 3}}, true);
+  for (const auto& spec : {LossSpec{.kind = LossKind::dpo, .beta = 0.1}, LossSpec{.kind = LossKind::ipo, .beta = 0.5}}) {
+    SCOPED_TRACE(std::string{to_string(spec.kind)});
+    // sequences and loss_count: rows there, responses here.
+    expect_packed_trains_as_padded(cfg, padded, packed, spec, {"sequences", "loss_count"});
+  }
+  // A row must hold whole pairs.
+  auto t = *Trainer::create(*CausalLM::init_random(cfg, 9), {});
+  auto r = t.forward_backward(build({{0, 1, 2}, {3, 4, 5}}, true), {.kind = LossKind::dpo, .beta = 0.1});
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("whole pairs"), std::string::npos) << describe(r.error());
 }
 
 // A slice that fails after others have added their gradients puts back

@@ -81,6 +81,11 @@ grep -q "resumed at step 6" resume.log || fail "the run did not resume at step 6
 [[ $(wc -l < runs/cut/metrics.jsonl) == 12 ]] || fail "the resumed run has not 12 rows"
 same_rows runs/whole/metrics.jsonl runs/cut/metrics.jsonl || fail "the resumed run's metrics differ"
 
+# 3a. Packing (the default, each pair whole in a row) trains as padded pairs: the same rows.
+"$glint" dpo "${args[@]/12/4}" --no-packing --output runs/padded > /dev/null 2>&1 || fail "the --no-packing run"
+"$glint" dpo "${args[@]/12/4}" --output runs/packed > /dev/null 2>&1 || fail "the packed run"
+same_rows runs/padded/metrics.jsonl runs/packed/metrics.jsonl || fail "packed pairs train otherwise than padded ones"
+
 # 4. Full training with IPO against a frozen copy: a Hugging Face model directory.
 "$glint" dpo --model model --dataset pairs.jsonl --train-type full --loss ipo --beta 0.5 --lr 1e-4 --max-steps 4 \
   --output runs/full > full.log 2>&1 || { cat full.log; fail "full training"; }

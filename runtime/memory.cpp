@@ -1,9 +1,15 @@
 #include "runtime/memory.hpp"
 
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -75,6 +81,18 @@ Result<void> check_memory(double bytes, std::string_view what) {
   return make_error(errc::resource_exhausted, std::string{what} + " needs " + format_bytes(bytes) +
                                                   ", more than this machine's " +
                                                   format_bytes(static_cast<double>(limit)) + " of memory");
+}
+
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* v = std::getenv("GLINT_MALLOC_TUNING");
+    if (v && std::strcmp(v, "0") == 0) return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
+#endif
 }
 
 }  // namespace glint

@@ -222,6 +222,7 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
                       "micro_batch_rows is " + std::to_string(cfg.micro_batch_rows) + "; use 0 (as many as fit) or more");
   if (auto ok = cfg.optimizer.validate(); !ok) return ok.error();
   if (auto ok = cfg.scheduler.validate(); !ok) return ok.error();
+  keep_freed_memory();  // every step allocates what the last one freed
   auto impl = std::make_shared<Impl>();
   impl->model = std::move(model);
   impl->cfg = cfg;

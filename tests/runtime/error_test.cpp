@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <cstdlib>
 #include <new>
 #include <stdexcept>
 
@@ -70,5 +75,24 @@ TEST(Memory, CheckMemoryRefusesWhatTheMachineCannotHoldAndSaysHowMuch) {
   EXPECT_EQ(format_bytes(1.5 * 1024 * 1024), "1.5 MiB");
   EXPECT_EQ(format_bytes(24.0 * (uint64_t{1} << 30)), "24.0 GiB");
 }
+
+#if defined(__GLIBC__)
+// After keep_freed_memory, a 16 MiB block comes from the heap (glibc's
+// default threshold, 128 KiB at first, would map it): freed, it stays for
+// the next step instead of being faulted in again.
+TEST(Memory, KeepFreedMemoryServesStepSizedBlocksFromTheHeap) {
+  keep_freed_memory();
+  keep_freed_memory();  // once per process; a second call changes nothing
+  const auto mapped = mallinfo2().hblks;
+  void* block = std::malloc(16 << 20);
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(mallinfo2().hblks, mapped) << "the block was mapped on its own";
+  std::free(block);
+  void* huge = std::malloc(64 << 20);  // over 32 MiB: still mapped
+  ASSERT_NE(huge, nullptr);
+  EXPECT_EQ(mallinfo2().hblks, mapped + 1);
+  std::free(huge);
+}
+#endif
 
 }  // namespace glint

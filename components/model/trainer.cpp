@@ -479,12 +479,11 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
   return rows;
 }
 
-Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& asked, Tensor* logps_out) try {
-  if (auto ok = asked.validate(); !ok) return ok.error();
+Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec, Tensor* logps_out) try {
+  if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
   if (!prepared) return prepared.error();
-  LossSpec spec = asked;
   int64_t B = prepared->ids.size(0), T = prepared->ids.size(1);
   auto dtype = m.param("model.embed_tokens.weight").scalar_type();
   at::Tensor mask = prepared->target_mask;
@@ -493,12 +492,6 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
       return make_error(errc::invalid_argument, "loss_mask is " + b.loss_mask.describe() + " but the batch is [" +
                                                     std::to_string(B) + ", " + std::to_string(T) + "]");
     mask = mask.logical_and(to_torch(b.loss_mask).to(at::kBool));
-  }
-  if (spec.kind == LossKind::dr_grpo && spec.max_tokens == 0 && prepared->segments.defined() && mask.any().item<bool>()) {
-    // DR-GRPO's length is a padded batch's row length, its longest
-    // sequence: in packed rows the whole batch's, fixed here so that every
-    // slice divides by the same.
-    spec.max_tokens = rl::sequences_of(mask, prepared->segments).longest;
   }
   // The loss's inputs in f32 (f64 for an f64 model) whatever the model's
   // dtype: a bf16 model must not round the sampler's log-probs, the
@@ -528,18 +521,25 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
   if (pairwise && packed) {
     // Packed: each row holds whole pairs, a pair being two consecutive
     // segments with a counted token (chosen, then rejected).
-    auto seqs = rl::sequences_of(mask, prepared->segments);
-    auto key = at::arange(B, at::kLong).unsqueeze(1) * (prepared->segments.max().item<int64_t>() + 1) + prepared->segments;
-    auto responses = std::get<0>(at::_unique2(key.masked_select(mask)));
-    auto per_row = at::bincount(responses.div(prepared->segments.max().item<int64_t>() + 1, "floor"), {}, B);
-    auto odd = per_row.remainder(2).nonzero();
-    if (odd.size(0) > 0 || seqs.counted == 0) {
-      const auto row = odd.size(0) > 0 ? odd[0][0].item<int64_t>() : 0;
-      return make_error(errc::invalid_argument,
-                        std::string{to_string(spec.kind)} + " reads responses in pairs (chosen, rejected), and in "
-                                                            "packed rows each row must hold whole pairs; row " +
-                            std::to_string(row) + " holds " + std::to_string(per_row[row].item<int64_t>()) +
-                            " responses with a counted token");
+    // Each row's segments with a counted token, in order, must pair up as
+    // (id, id + 1): a response without one would otherwise shift every
+    // later pairing by one.
+    const int64_t ids = prepared->segments.max().item<int64_t>() + 1;
+    auto key = at::arange(B, at::kLong).unsqueeze(1) * ids + prepared->segments;
+    auto responses = std::get<0>(at::_unique2(key.masked_select(mask)));  // sorted
+    if (responses.numel() == 0)
+      return make_error(errc::invalid_argument, std::string{to_string(spec.kind)} +
+                                                    ": the batch has no counted token in loss_mask");
+    const auto* r = responses.data_ptr<int64_t>();
+    for (int64_t i = 0; i < responses.numel(); i += 2) {
+      const bool whole = i + 1 < responses.numel() && r[i + 1] == r[i] + 1 && r[i] / ids == r[i + 1] / ids;
+      if (!whole)
+        return make_error(errc::invalid_argument,
+                          std::string{to_string(spec.kind)} +
+                              " reads responses in pairs (chosen, rejected); in packed rows each row must hold whole "
+                              "pairs as consecutive segments, each with a counted token, but segment " +
+                              std::to_string(r[i] % ids) + " of row " + std::to_string(r[i] / ids) +
+                              " has no rejected response after it in its row");
     }
   }
   if (pairwise && !packed && B % 2 != 0)
@@ -671,8 +671,9 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& a
           lps.push_back(impl_->model.impl().run(slice.prepared, false, false, plain).logprobs);
         }
         // No counted token: no gradient, but DR-GRPO's normaliser (and so
-        // its mean loss) counts rows.
-        if (spec.kind == LossKind::dr_grpo) {
+        // its mean loss) counts rows (a packed batch's sequences without a
+        // counted token are not told from padding and count nothing).
+        if (spec.kind == LossKind::dr_grpo && !all.prepared.segments.defined()) {
           count += static_cast<double>(n);
           rl::LossOutput none;
           none.metrics["loss"] = 0;

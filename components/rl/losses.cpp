@@ -50,10 +50,10 @@ struct Prepared {
   at::Tensor advantages;  // [B, T] detached, undefined for cross_entropy
   at::Tensor entropies;   // keeps its graph, undefined when not given
   // Packed rows (LossInputs::sequences): each token's sequence in [0, S)
-  // (flat, [B * T]), the number of sequences with a counted token, and the
-  // tokens of the longest such sequence. Undefined seq: a sequence per row.
+  // (flat, [B * T]) and the number of sequences with a counted token.
+  // Undefined seq: a sequence per row.
   at::Tensor seq;
-  int64_t S = 0, counted_sequences = 0, longest = 0;
+  int64_t S = 0, counted_sequences = 0;
 };
 
 // Per sequence: the sum of x [B, T] over each sequence's tokens ([B] or [S]).
@@ -83,14 +83,12 @@ Sequences sequences_of(const at::Tensor& mask, const at::Tensor& ids) {
   auto id = ids.to(at::kLong);
   // (row, id) as one key, numbered in row order, then id order.
   auto key = at::arange(id.size(0), id.options()).unsqueeze(1) * (id.max().item<int64_t>() + 1) + id;
-  auto [unique, inverse, counts] = at::_unique2(key.reshape({-1}), /*sorted=*/true, /*return_inverse=*/true,
-                                                /*return_counts=*/true);
+  auto [unique, inverse, counts] = at::_unique2(key.reshape({-1}), /*sorted=*/true, /*return_inverse=*/true);
   Sequences s;
   s.index = inverse.reshape({-1});
   s.count = unique.size(0);
   auto counted = at::zeros({s.count}, at::kInt).index_add(0, s.index, mask.reshape({-1}).to(at::kInt)).gt(0);
   s.counted = counted.sum().item<int64_t>();
-  s.longest = s.counted > 0 ? counts.masked_select(counted).max().item<int64_t>() : 0;
   return s;
 }
 
@@ -133,7 +131,6 @@ Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy)
     p.seq = seqs.index;
     p.S = seqs.count;
     p.counted_sequences = seqs.counted;
-    p.longest = seqs.longest;
   }
   auto zero = at::zeros({}, in.logps.options().dtype(dtype));
   auto clean = [&](const at::Tensor& t) { return at::where(p.mask, t.to(dtype), zero); };
@@ -159,7 +156,7 @@ Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy)
   if (!a.defined()) return bad(fn, "advantages are missing");
   bool per_sequence = a.dim() == 1 && a.size(0) == p.B;
   // [B] advantages with sequence ids are fine while each row is one sequence.
-  if (per_sequence && p.seq.defined() && p.S > p.B)
+  if (per_sequence && p.seq.defined() && p.counted_sequences > p.mask.any(1).sum().item<int64_t>())
     return bad(fn, "advantages are " + shape_of(a) + ", one per row, but the rows pack several sequences "
                    "(sequences is given): give them per token, [B, T]");
   if (!per_sequence && a.sizes() != in.logps.sizes())
@@ -227,10 +224,11 @@ at::Tensor aggregate(const at::Tensor& x, const Prepared& p, Aggregation agg, in
     case Aggregation::seq_mean_token_mean: return seq_mean(x, p);
     case Aggregation::token_mean: return token_mean(x, p);
     case Aggregation::token_sum_norm:
-      // Packed: the sequences and the longest one's tokens, as the padded
-      // batch's rows and row length would count them.
+      // Packed: the sequences, as the padded batch's rows would count them;
+      // T is the rows' length, the longest sequence's when rows are packed
+      // as glint packs them (no longer than it), as in the padded batch.
       return (x * p.maskf).sum() / static_cast<double>((p.seq.defined() ? p.counted_sequences : p.B) *
-                                                        (max_tokens > 0 ? max_tokens : p.seq.defined() ? p.longest : p.T));
+                                                        (max_tokens > 0 ? max_tokens : p.T));
   }
   return seq_mean(x, p);
 }

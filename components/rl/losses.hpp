@@ -38,7 +38,7 @@ struct LossInputs {
   /// [B, T] integer, optional: the sequence each token belongs to within
   /// its row, for rows that pack several sequences end to end (a packed
   /// batch's segment_ids). Per-sequence reductions (seq_mean_token_mean,
-  /// GSPO's ratio, token_sum_norm's count) then work per (row, id) instead
+  /// GSPO's ratio, token_sum_norm's count, not its T) then work per (row, id) instead
   /// of per row, so a packed batch gives its padded batch's loss; the
   /// advantages must then be per token. A sequence without a counted token
   /// is not told apart from padding and does not count. Undefined: each row
@@ -51,11 +51,10 @@ struct Sequences {
   at::Tensor index;     ///< i64 [B * T]: each token's sequence, numbered by row, then id
   int64_t count = 0;    ///< sequences, padding's included
   int64_t counted = 0;  ///< sequences with a token in the mask
-  int64_t longest = 0;  ///< tokens of the longest of those (0: none)
 };
 /// `ids` [B, T] (non-negative integers) read per row; `mask` [B, T] bool
 /// the counted tokens. A sequence without a counted token is not told
-/// apart from padding: it is neither counted nor measured.
+/// apart from padding: it is not counted.
 Sequences sequences_of(const at::Tensor& mask, const at::Tensor& ids);
 
 /// A scalar loss (0-dim, with its autograd graph) and detached metrics.

@@ -242,7 +242,8 @@ TEST(Training, APackedBatchTrainsAsItsPaddedOne) {
                                  {{7, 8, 9}, {0, 1, 0}, -0.5f},
                                  {{4, 4, 4, 4, 2}, {0, 0, 1, 1, 0}, 2.f},
                                  {{9, 8}, {1, 0}, -1.f},
-                                 {{3, 1, 4, 1, 5, 9, 2}, {0, 1, 1, 1, 1, 1, 0}, 0.25f}};
+                                 {{3, 1, 4, 1, 5, 9, 2}, {0, 1, 1, 1, 1, 1, 0}, 0.25f},
+                                 {{5, 5, 5}, {0, 0, 0}, 0.5f}};  // no counted token (packed only)
   // Per-token behaviour and reference log-probs of each sequence.
   auto lp = [](size_t s, size_t t, float shift) { return -1.5f + shift * static_cast<float>((3 * s + t) % 7) / 7.f; };
   // Rows of sequence indices: padded (one each) and packed (two rows).
@@ -283,7 +284,9 @@ TEST(Training, APackedBatchTrainsAsItsPaddedOne) {
     return b;
   };
   const auto padded = build({{0}, {1}, {2}, {3}, {4}}, false);
-  const auto packed = build({{0, 1, 3}, {2, 4}}, true);
+  // As glint packs them: no row longer than the longest sequence (DR-GRPO's
+  // T is the rows' length, the padded batch's).
+  const auto packed = build({{4}, {0}, {1, 3}, {2}}, true);
   for (const auto& spec : {LossSpec{}, LossSpec{.kind = LossKind::grpo, .beta = 0.1, .entropy_coef = 0.01},
                            LossSpec{.kind = LossKind::gspo}, LossSpec{.kind = LossKind::dr_grpo, .max_tokens = 8},
                            LossSpec{.kind = LossKind::dr_grpo}, LossSpec{.kind = LossKind::cispo, .epsilon_high = 0.1}}) {
@@ -294,10 +297,16 @@ TEST(Training, APackedBatchTrainsAsItsPaddedOne) {
     };
     expect_packed_trains_as_padded(cfg, strip(padded), strip(packed), spec, {});
   }
+  // A packed row whose sequence has no counted token adds nothing, whole or
+  // one row per pass (DR-GRPO counts sequences there, not rows).
+  for (const auto& spec : {LossSpec{.kind = LossKind::dr_grpo}, LossSpec{.kind = LossKind::grpo}}) {
+    SCOPED_TRACE("an empty row, " + std::string{to_string(spec.kind)});
+    expect_packed_trains_as_padded(cfg, packed, build({{4}, {0}, {1, 3}, {5}, {2}}, true), spec, {});
+  }
   // One advantage per row cannot be right for rows of several sequences.
   auto t = *Trainer::create(*CausalLM::init_random(cfg, 9), {});
   auto per_row = packed;
-  per_row.advantages = *Tensor::from_values(std::vector<float>{1.f, 2.f}, {2});
+  per_row.advantages = *Tensor::from_values(std::vector<float>{1.f, 2.f, 3.f, 4.f}, {4});
   auto r = t.forward_backward(per_row, {.kind = LossKind::grpo});
   ASSERT_FALSE(r);
   EXPECT_NE(describe(r.error()).find("per token"), std::string::npos) << describe(r.error());
@@ -369,6 +378,16 @@ TEST(Dpo, PackedPairsTrainAsPaddedOnes) {
   auto r = t.forward_backward(build({{0, 1, 2}, {3, 4, 5}}, true), {.kind = LossKind::dpo, .beta = 0.1});
   ASSERT_FALSE(r);
   EXPECT_NE(describe(r.error()).find("whole pairs"), std::string::npos) << describe(r.error());
+  // Pair 0's rejected and pair 1's chosen without a counted token: an even
+  // count of responses, but pairing what is left would match pair 0's chosen
+  // with pair 1's rejected.
+  auto gaps = build({{0, 1, 2, 3}}, true);
+  auto mask = to_torch(gaps.loss_mask).clone();
+  mask[0].narrow(0, 4, 8).zero_();  // segments 2 (3 tokens) and 3 (5 tokens)
+  gaps.loss_mask = *from_torch(mask);
+  auto g = t.forward_backward(gaps, {.kind = LossKind::dpo, .beta = 0.1});
+  ASSERT_FALSE(g);
+  EXPECT_NE(describe(g.error()).find("segment 1 of row 0"), std::string::npos) << describe(g.error());
 }
 
 // A slice that fails after others have added their gradients puts back

@@ -378,8 +378,10 @@ int sample(const SampleBenchArgs& a) {
   }
   if (py) py->send("quit\n");
   const double rate = median(glint_rate);
-  std::printf("# glint's matmuls: %s (the faster here; GLINT_MATMUL=aten|onednn overrides)\n",
-              onednn_matmul_enabled() ? "oneDNN" : "ATen (the system BLAS)");
+  std::printf("# glint's matmuls: %s for decoding steps, %s for prefills of %lld rows or more (each the faster "
+              "here; GLINT_MATMUL=aten|onednn overrides)\n",
+              onednn_matmul_enabled(1) ? "oneDNN" : "ATen (the system BLAS)",
+              onednn_matmul_enabled() ? "oneDNN" : "ATen", static_cast<long long>(kLargeProductRows));
   print_metric("sample_tokens_per_s", rate, 1);
   if (py) {
     print_metric("sample_python_tokens_per_s", median(python_rate), 1);

@@ -21,8 +21,9 @@ at::Tensor dnnl_mm_nt(const at::Tensor& a, const at::Tensor& b) {
   return at::mkldnn_linear(a.contiguous().to_mkldnn(), b.contiguous().to_mkldnn(), {}).to_dense();
 }
 
-bool wanted(const at::Tensor& x) {
-  return x.scalar_type() == at::kFloat && x.device().is_cpu() && onednn_matmul_enabled();
+// Whether an f32 product with `rows` rows goes to oneDNN.
+bool wanted(const at::Tensor& x, int64_t rows) {
+  return x.scalar_type() == at::kFloat && x.device().is_cpu() && onednn_matmul_enabled(rows);
 }
 
 struct DnnlLinear : torch::autograd::Function<DnnlLinear> {
@@ -82,13 +83,16 @@ bool onednn_available() { return at::hasMKLDNN(); }
 
 namespace {
 
-// -1: not decided yet; 0: ATen; 1: oneDNN.
-std::atomic<int> use_onednn{-1};
+// Per size class (0: small, 1: large products): -1 not decided yet; 0:
+// ATen; 1: oneDNN.
+std::atomic<int> use_onednn[2] = {-1, -1};
+
+int size_class(int64_t rows) { return rows >= kLargeProductRows ? 1 : 0; }
 
 // Seconds of the best of a few runs of `f`.
 double best_seconds(const std::function<void()>& f) {
   double best = 1e9;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 5; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     f();
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -96,16 +100,19 @@ double best_seconds(const std::function<void()>& f) {
   return best;
 }
 
-bool decide() {
+bool decide(int cls) {
   if (!onednn_available()) return false;
   if (const char* env = std::getenv("GLINT_MATMUL")) {
     if (std::strcmp(env, "aten") == 0) return false;
     if (std::strcmp(env, "onednn") == 0) return true;
   }
-  // A model-sized product: [256, 512] x [512, 1536], with oneDNN's per-call
-  // conversions included, as fast_linear pays them.
+  // A product of the class's size, [rows, 512] x [512, 1536], with oneDNN's
+  // per-call conversions included, as fast_linear pays them. The two differ:
+  // on an AVX-512 VM, oneDNN took 1.75x ATen's (OpenBLAS's) time at 256 rows
+  // and 0.6 to 0.76x at 2048, so one answer for both was wrong for one, and
+  // a measurement at 256 rows flipped from run to run.
   c10::InferenceMode guard;
-  auto x = at::randn({256, 512}), w = at::randn({1536, 512});
+  auto x = at::randn({cls == 1 ? 2048 : 256, 512}), w = at::randn({1536, 512});
   (void)at::linear(x, w);
   (void)dnnl_mm_nt(x, w);
   const double aten = best_seconds([&] { (void)at::linear(x, w); });
@@ -115,25 +122,28 @@ bool decide() {
 
 }  // namespace
 
-bool onednn_matmul_enabled() {
-  int v = use_onednn.load(std::memory_order_relaxed);
+bool onednn_matmul_enabled(int64_t rows) {
+  auto& choice = use_onednn[size_class(rows)];
+  int v = choice.load(std::memory_order_relaxed);
   if (v < 0) {
     // Two threads may both measure; either answer is a valid choice.
     int expected = -1;
-    use_onednn.compare_exchange_strong(expected, decide() ? 1 : 0);
-    v = use_onednn.load();
+    choice.compare_exchange_strong(expected, decide(size_class(rows)) ? 1 : 0);
+    v = choice.load();
   }
   return v == 1;
 }
 
-bool set_onednn_matmul(bool on) {
-  if (on && !onednn_available()) return false;
-  use_onednn.store(on ? 1 : 0);
+bool set_onednn_matmul(bool small, bool large) {
+  if ((small || large) && !onednn_available()) return false;
+  use_onednn[0].store(small ? 1 : 0);
+  use_onednn[1].store(large ? 1 : 0);
   return true;
 }
 
 at::Tensor pack_linear_weight(const at::Tensor& w) {
-  if (!wanted(w) || w.dim() != 2) return w;
+  // Packed for decoding: products of a few rows each step.
+  if (w.dim() != 2 || !wanted(w, 1)) return w;
   return w.contiguous().to_mkldnn();
 }
 
@@ -145,14 +155,15 @@ at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
     return b && b->defined() ? y + *b : y;
   }
   // Below ~64k multiply-adds the conversions cost more than they save.
-  if (!wanted(x) || w.scalar_type() != at::kFloat || x.numel() / x.size(-1) * w.numel() < (1 << 16))
+  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (w.scalar_type() != at::kFloat || rows * w.numel() < (1 << 16) || !wanted(x, rows))
     return at::linear(x, w, b);
   auto y = DnnlLinear::apply(x, w);
   return b && b->defined() ? y + *b : y;
 }
 
 at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b) {
-  if (!wanted(a) || b.scalar_type() != at::kFloat || a.size(1) * a.size(2) * b.size(2) < (1 << 16))
+  if (b.scalar_type() != at::kFloat || a.size(1) * a.size(2) * b.size(2) < (1 << 16) || !wanted(a, a.size(1)))
     return at::matmul(a, b);
   return DnnlBmm::apply(a, b);
 }

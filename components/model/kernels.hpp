@@ -5,13 +5,15 @@
 /// implementation unless an optimised one is installed, about 2 GFLOP/s on
 /// one core of the 2-core VM this was measured on, against ~70 for OpenBLAS.
 /// The same LibTorch ships oneDNN (~70 too, but its tensors are converted on
-/// every call). So the first product times both on a model-sized matmul and
-/// keeps oneDNN only when it is clearly faster (a reference BLAS); otherwise
-/// these are ATen's own functions. GLINT_MATMUL=aten or =onednn decides
+/// every call). So the first product of each size class (kLargeProductRows)
+/// times both on a product of that size and keeps oneDNN only where it is
+/// clearly faster; otherwise these are ATen's own functions. GLINT_MATMUL=aten or =onednn decides
 /// instead. oneDNN runs f32 only, with autograd; other dtypes (f64 in the
 /// gradient tests) and tiny products always go to ATen.
 
 #include <ATen/ATen.h>
+
+#include <cstdint>
 
 namespace glint::components {
 
@@ -27,12 +29,18 @@ at::Tensor pack_linear_weight(const at::Tensor& w);
 /// Batched a [N, M, K] @ b [N, K, P], like at::matmul on 3-d tensors.
 at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b);
 
-/// Whether fast_linear/fast_bmm use oneDNN for f32 in this process.
-bool onednn_matmul_enabled();
+/// Products of at least this many rows (training batches) are measured and
+/// chosen apart from smaller ones (decoding steps): oneDNN's per-call
+/// conversions weigh more on small products.
+constexpr int64_t kLargeProductRows = 1024;
+/// Whether fast_linear/fast_bmm use oneDNN for f32 products of `rows` rows
+/// in this process (measured once per size class, on first use).
+bool onednn_matmul_enabled(int64_t rows = kLargeProductRows);
 /// Whether this LibTorch has oneDNN at all.
 bool onednn_available();
-/// Overrides the choice (tests and benchmarks); false when oneDNN is
-/// missing and `on` asks for it.
-bool set_onednn_matmul(bool on);
+/// Overrides the choice for small and large products (tests and
+/// benchmarks); false when oneDNN is missing and either asks for it.
+bool set_onednn_matmul(bool small, bool large);
+inline bool set_onednn_matmul(bool on) { return set_onednn_matmul(on, on); }
 
 }  // namespace glint::components

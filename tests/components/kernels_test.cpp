@@ -11,15 +11,28 @@ namespace {
 class Kernels : public ::testing::Test {
 protected:
   void SetUp() override {
-    before_ = onednn_matmul_enabled();
+    small_ = onednn_matmul_enabled(1);
+    large_ = onednn_matmul_enabled();
     if (!set_onednn_matmul(true)) GTEST_SKIP() << "this LibTorch has no oneDNN";
   }
-  void TearDown() override { set_onednn_matmul(before_); }
-  bool before_ = false;
+  void TearDown() override { set_onednn_matmul(small_, large_); }
+  bool small_ = false, large_ = false;
 };
 
 void expect_close(const at::Tensor& a, const at::Tensor& b, const char* what) {
   EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-4)) << what << ": max difference " << (a - b).abs().max().item<double>();
+}
+
+// Small and large products are chosen apart, and each choice holds.
+TEST(KernelsChoice, SmallAndLargeProductsAreChosenApart) {
+  const bool small = onednn_matmul_enabled(1), large = onednn_matmul_enabled(kLargeProductRows);
+  if (!set_onednn_matmul(false, true)) GTEST_SKIP() << "this LibTorch has no oneDNN";
+  EXPECT_FALSE(onednn_matmul_enabled(kLargeProductRows - 1));
+  EXPECT_TRUE(onednn_matmul_enabled(kLargeProductRows));
+  ASSERT_TRUE(set_onednn_matmul(true, false));
+  EXPECT_TRUE(onednn_matmul_enabled(8));
+  EXPECT_FALSE(onednn_matmul_enabled(4096));
+  set_onednn_matmul(small, large);
 }
 
 TEST_F(Kernels, LinearMatchesATenWithGradients) {

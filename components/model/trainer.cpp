@@ -382,13 +382,8 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pairwise_loss(const Sli
   // come in whole pairs per row).
   std::function<at::Tensor(const at::Tensor&)> per_response = [](const at::Tensor& x) { return x.sum(1); };
   if (s.prepared.segments.defined()) {
-    auto seqs = rl::sequences_of(s.mask, s.prepared.segments);
-    auto counted = at::zeros({seqs.count}, at::kLong).index_add(0, seqs.index, s.mask.reshape({-1}).to(at::kLong))
-                       .gt(0)
-                       .nonzero()
-                       .reshape({-1});
-    per_response = [seqs, counted](const at::Tensor& x) {
-      return at::zeros({seqs.count}, x.options()).index_add(0, seqs.index, x.reshape({-1})).index_select(0, counted);
+    per_response = [seqs = rl::sequences_of(s.mask, s.prepared.segments)](const at::Tensor& x) {
+      return rl::sum_per_sequence(x, seqs).index_select(0, seqs.counted_ids);
     };
   }
   auto policy = per_response(logps.to(dtype).masked_fill(skip, 0));

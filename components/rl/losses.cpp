@@ -49,23 +49,19 @@ struct Prepared {
   at::Tensor ref_logps;   // detached, undefined when not given
   at::Tensor advantages;  // [B, T] detached, undefined for cross_entropy
   at::Tensor entropies;   // keeps its graph, undefined when not given
-  // Packed rows (LossInputs::sequences): each token's sequence in [0, S)
-  // (flat, [B * T]) and the number of sequences with a counted token.
-  // Undefined seq: a sequence per row.
-  at::Tensor seq;
-  int64_t S = 0, counted_sequences = 0;
+  // Packed rows (LossInputs::sequences); undefined index: a sequence per row.
+  Sequences seqs;
 };
 
-// Per sequence: the sum of x [B, T] over each sequence's tokens ([B] or [S]).
+// Per sequence: the sum of x [B, T] over each sequence's tokens ([B] or [count]).
 at::Tensor per_sequence_sum(const at::Tensor& x, const Prepared& p) {
-  if (!p.seq.defined()) return x.sum(1);
-  return at::zeros({p.S}, x.options()).index_add(0, p.seq, x.reshape({-1}));
+  return p.seqs.index.defined() ? sum_per_sequence(x, p.seqs) : x.sum(1);
 }
 
-// A value per sequence ([B] or [S]) at each of its tokens, [B, T].
+// A value per sequence ([B] or [count]) at each of its tokens, [B, T].
 at::Tensor at_tokens(const at::Tensor& v, const Prepared& p) {
-  if (!p.seq.defined()) return v.unsqueeze(1).expand({p.B, p.T});
-  return v.index_select(0, p.seq).view({p.B, p.T});
+  if (!p.seqs.index.defined()) return v.unsqueeze(1).expand({p.B, p.T});
+  return v.index_select(0, p.seqs.index).view({p.B, p.T});
 }
 
 caf::error check_like(std::string_view fn, const char* name, const at::Tensor& t, const at::Tensor& logps) {
@@ -88,8 +84,13 @@ Sequences sequences_of(const at::Tensor& mask, const at::Tensor& ids) {
   s.index = inverse.reshape({-1});
   s.count = unique.size(0);
   auto counted = at::zeros({s.count}, at::kInt).index_add(0, s.index, mask.reshape({-1}).to(at::kInt)).gt(0);
-  s.counted = counted.sum().item<int64_t>();
+  s.counted_ids = counted.nonzero().reshape({-1});
+  s.counted = s.counted_ids.size(0);
   return s;
+}
+
+at::Tensor sum_per_sequence(const at::Tensor& x, const Sequences& s) {
+  return at::zeros({s.count}, x.options()).index_add(0, s.index, x.reshape({-1}));
 }
 
 namespace {
@@ -127,10 +128,7 @@ Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy)
       return bad(fn, std::string{"sequences must hold integers, not "} + c10::toString(in.sequences.scalar_type()));
     c10::NoGradGuard no_grad;
     if (in.sequences.lt(0).any().item<bool>()) return bad(fn, "sequences holds negative ids");
-    auto seqs = sequences_of(p.mask, in.sequences.detach());
-    p.seq = seqs.index;
-    p.S = seqs.count;
-    p.counted_sequences = seqs.counted;
+    p.seqs = sequences_of(p.mask, in.sequences.detach());
   }
   auto zero = at::zeros({}, in.logps.options().dtype(dtype));
   auto clean = [&](const at::Tensor& t) { return at::where(p.mask, t.to(dtype), zero); };
@@ -156,7 +154,7 @@ Result<Prepared> prepare(std::string_view fn, const LossInputs& in, bool policy)
   if (!a.defined()) return bad(fn, "advantages are missing");
   bool per_sequence = a.dim() == 1 && a.size(0) == p.B;
   // [B] advantages with sequence ids are fine while each row is one sequence.
-  if (per_sequence && p.seq.defined() && p.counted_sequences > p.mask.any(1).sum().item<int64_t>())
+  if (per_sequence && p.seqs.index.defined() && p.seqs.counted > p.mask.any(1).sum().item<int64_t>())
     return bad(fn, "advantages are " + shape_of(a) + ", one per row, but the rows pack several sequences "
                    "(sequences is given): give them per token, [B, T]");
   if (!per_sequence && a.sizes() != in.logps.sizes())
@@ -227,7 +225,7 @@ at::Tensor aggregate(const at::Tensor& x, const Prepared& p, Aggregation agg, in
       // Packed: the sequences, as the padded batch's rows would count them;
       // T is the rows' length, the longest sequence's when rows are packed
       // as glint packs them (no longer than it), as in the padded batch.
-      return (x * p.maskf).sum() / static_cast<double>((p.seq.defined() ? p.counted_sequences : p.B) *
+      return (x * p.maskf).sum() / static_cast<double>((p.seqs.index.defined() ? p.seqs.counted : p.B) *
                                                         (max_tokens > 0 ? max_tokens : p.T));
   }
   return seq_mean(x, p);

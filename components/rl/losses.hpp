@@ -51,11 +51,14 @@ struct Sequences {
   at::Tensor index;     ///< i64 [B * T]: each token's sequence, numbered by row, then id
   int64_t count = 0;    ///< sequences, padding's included
   int64_t counted = 0;  ///< sequences with a token in the mask
+  at::Tensor counted_ids;  ///< i64 [counted]: those sequences' numbers, in order
 };
 /// `ids` [B, T] (non-negative integers) read per row; `mask` [B, T] bool
 /// the counted tokens. A sequence without a counted token is not told
 /// apart from padding: it is not counted.
 Sequences sequences_of(const at::Tensor& mask, const at::Tensor& ids);
+/// Per sequence of `s`, the sum of x [B, T] over its tokens: [s.count].
+at::Tensor sum_per_sequence(const at::Tensor& x, const Sequences& s);
 
 /// A scalar loss (0-dim, with its autograd graph) and detached metrics.
 struct LossOutput {

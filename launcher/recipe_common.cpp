@@ -273,8 +273,12 @@ std::string changed_since(const std::string& out, const std::string& resolved, c
     std::erase(v, std::string{});
     return v;
   };
+  // Flags added after runs were started, with the value every run before
+  // them had: a config.toml without the key resumes with that value.
+  static const std::map<std::string, std::string> added_later = {{"packing", "false"}};
   std::map<std::string, std::vector<std::string>> was;
   for (const auto& [k, v] : *before) was[k] = norm(v);
+  for (const auto& [k, v] : added_later) was.try_emplace(k, std::vector<std::string>{v});
   std::string changed;
   for (const auto& [k, v] : *now)
     if (!common.count(k) && !resumable.count(k) && (!was.count(k) || was.at(k) != norm(v)))

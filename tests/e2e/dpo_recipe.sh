@@ -85,6 +85,12 @@ same_rows runs/whole/metrics.jsonl runs/cut/metrics.jsonl || fail "the resumed r
 "$glint" dpo "${args[@]/12/4}" --no-packing --output runs/padded > /dev/null 2>&1 || fail "the --no-packing run"
 "$glint" dpo "${args[@]/12/4}" --output runs/packed > /dev/null 2>&1 || fail "the packed run"
 same_rows runs/padded/metrics.jsonl runs/packed/metrics.jsonl || fail "packed pairs train otherwise than padded ones"
+# A run from before the flag (no packing key in its config.toml) trained padded: it resumes so.
+sed -i '/^packing/d' runs/padded/config.toml
+code=0; "$glint" dpo "${args[@]/12/4}" --output runs/padded --resume > old.log 2>&1 || code=$?
+[[ $code != 0 ]] && grep -q "other values of packing" old.log || { cat old.log; fail "an older padded run resumed packed"; }
+"$glint" dpo "${args[@]/12/4}" --no-packing --output runs/padded --resume > old.log 2>&1 \
+  || { cat old.log; fail "an older padded run did not resume with --no-packing"; }
 
 # 4. Full training with IPO against a frozen copy: a Hugging Face model directory.
 "$glint" dpo --model model --dataset pairs.jsonl --train-type full --loss ipo --beta 0.5 --lr 1e-4 --max-steps 4 \

@@ -83,6 +83,9 @@ code=0; "$glint" sft "${args[@]}" --output runs/cut > again.log 2>&1 || code=$?
 "$glint" sft "${args[@]/20/1}" --no-packing --output runs/padded > /dev/null 2>&1 || fail "--no-packing"
 a=$(mean runs/padded/metrics.jsonl 1 1) b=$(mean runs/whole/metrics.jsonl 1 1)
 awk -v a="$a" -v b="$b" 'BEGIN {d = a - b; exit !(d < 1e-4 && d > -1e-4)}' || fail "packed loss $b != padded $a"
+# config.toml records what ran (a replay with --config must pack as the run did).
+grep -qx "packing = true" runs/whole/config.toml || fail "the packed run's config.toml does not say packing = true"
+grep -qx "packing = false" runs/padded/config.toml || fail "the padded run's config.toml does not say packing = false"
 
 # 4b. A 2-process job, one model rank in each, packed batches split over the ranks.
 "$glint" run --nproc 2 -- "$glint" sft --model model --dataset qr.jsonl --val-split 0.1 --lr 3e-3 --max-steps 6 \

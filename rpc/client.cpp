@@ -128,6 +128,19 @@ public:
     auto state = std::make_shared<glint::detail::FutureState<T>>();
     Future<T> out{state};
     bool posted = false;
+    // KJ 0.9's executeSync never returns once the target loop has exited
+    // (the event it refuses stays UNUSED and its destructor waits for DONE;
+    // fixed upstream after 0.9.2). So the loop stays alive while a call is
+    // inside: a call enters only while the connection is open, and the I/O
+    // thread, once it closes, runs its loop until the calls inside have left.
+    {
+      std::lock_guard<std::mutex> guard{gate_mx_};
+      if (closed_) {
+        state->set(make_error(errc::unavailable, "the connection to the server " + url_ + " is closed"));
+        return out;
+      }
+      ++inside_;
+    }
     try {
       executor_->executeSync([&] {
         if (!session_) return;
@@ -146,6 +159,10 @@ public:
       });
     } catch (const kj::Exception&) {
       // The I/O loop has ended: the connection is closed.
+    }
+    {
+      std::lock_guard<std::mutex> guard{gate_mx_};
+      --inside_;
     }
     if (!posted)
       state->set(make_error(errc::unavailable, "the connection to the server " + url_ + " is closed"));
@@ -170,6 +187,14 @@ private:
   kj::Own<const kj::Executor> executor_;
   std::mutex stop_mx_;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop_;
+  /// Whether calls may still enter the I/O loop, and how many are inside it.
+  std::mutex gate_mx_;
+  bool closed_ = false;
+  int inside_ = 0;
+  /// Ends the connection on the I/O thread, its loop still alive: no call
+  /// enters any more, the calls inside leave, and those sent and not
+  /// answered fail.
+  void close(kj::WaitScope& ws);
   // I/O thread only:
   /// Fingerprints of local model directories already checked (a driver
   /// opens the model and the sampler of one directory: hashed once).
@@ -198,6 +223,8 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
   try {
     auto io = kj::setupAsyncIo();
     executor_ = kj::getCurrentThreadExecutor().addRef();
+    // Runs last in this scope (after the connection's objects, before the loop goes).
+    KJ_DEFER(close(io.waitScope));
     auto addr = io.provider->getNetwork().parseAddress(endpoint_.host, endpoint_.port).wait(io.waitScope);
     kj::Own<kj::AsyncIoStream> stream;
     kj::Own<kj::TlsContext> tls;
@@ -226,6 +253,7 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     capnp::TwoPartyVatNetwork network(*stream, capnp::rpc::twoparty::Side::CLIENT,
                                       detail::reader_options(kClientMaxMessageBytes));
     auto rpc = capnp::makeRpcClient(network);
+    KJ_DEFER(session_.reset());  // the session's capability goes before the RPC system
     capnp::MallocMessageBuilder vat;
     auto vat_id = vat.initRoot<capnp::rpc::twoparty::VatId>();
     vat_id.setSide(capnp::rpc::twoparty::Side::SERVER);
@@ -259,6 +287,7 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     } ignore;
     kj::TaskSet tasks{ignore};
     tasks_ = &tasks;
+    KJ_DEFER(tasks_ = nullptr);
     auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
     {
       std::lock_guard<std::mutex> guard{stop_mx_};
@@ -274,17 +303,31 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     paf.promise.exclusiveJoin(network.onDisconnect()).exclusiveJoin(beat().catch_([](kj::Exception&&) -> kj::Promise<void> {
       return kj::NEVER_DONE;
     })).wait(io.waitScope);
-    session_.reset();
-    fail_pending();
-    tasks_ = nullptr;
   } catch (const kj::Exception& e) {
-    fail_pending();
     report(make_error(errc::unavailable, "cannot reach the glint server at " + url_ + ": " +
                                              std::string{e.getDescription().cStr()} +
                                              " (is `glint serve` running there?)"));
   }
+}
+
+void Connection::close(kj::WaitScope& ws) {
+  {
+    std::lock_guard<std::mutex> guard{gate_mx_};
+    closed_ = true;
+  }
   session_.reset();
-  tasks_ = nullptr;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> guard{gate_mx_};
+      if (inside_ == 0) break;
+    }
+    try {
+      ws.poll();  // runs the calls' queued events: without a session they post nothing
+    } catch (const kj::Exception&) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  fail_pending();
 }
 
 Result<void> Connection::check_base(const std::string& model_dir, const std::string& config_json,

@@ -1205,6 +1205,11 @@ private:
   /// calls in flight are at the limit), or none. Methods that reserve a
   /// name or write an upload ask first, so a refusal leaves nothing behind.
   caf::error admission(bool heartbeat = false) {
+    // The grace period is for the calls in flight when the stop came: a
+    // driver calling in a loop would otherwise hold the server to its end.
+    if (s_.shutting_down)
+      return make_error(errc::unavailable, "the server is shutting down: it finishes the calls in flight and takes "
+                                           "no new ones; attach again when it is back");
     if (auto valid = s_.keys->check(key_id_); !valid) return valid.error();
     if (!heartbeat)
       if (auto err = exclusive_gate()) return err;

@@ -28,9 +28,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -857,6 +859,67 @@ TEST(RemoteOrder, ASyncSentBehindAStepSyncsTheSteppedWeights) {
   auto first = chosen();
   ASSERT_TRUE((actors::CheckpointEngine{a, as}.sync_weights()));  // nothing queued now
   EXPECT_EQ(first, chosen()) << "the first sync sent the weights from before the step";
+}
+
+// Runs `fn` on a thread of its own and says whether it returned within
+// `limit`; a call that hangs is left behind (the test fails instead of
+// hanging until ctest's timeout).
+bool returns_within(std::chrono::seconds limit, std::function<void()> fn) {
+  struct Done {
+    std::mutex mx;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto d = std::make_shared<Done>();
+  std::thread([d, fn = std::move(fn)] {
+    fn();
+    std::lock_guard<std::mutex> guard{d->mx};
+    d->done = true;
+    d->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock{d->mx};
+  return d->cv.wait_for(lock, limit, [&] { return d->done; });
+}
+
+// When the server goes, every call fails with `unavailable` and returns:
+// the calls in flight as the connection ends, and those made long after
+// (KJ 0.9's executeSync never returned once the client's I/O loop had
+// exited; a driver calling after its server died hung for good).
+TEST(RemoteLost, CallsDuringAndAfterTheServersEndFailAndReturn) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 16, 32, 1, 4, 2);
+  OwnServer s{"remote-lost", cfg, [](ServeConfig&) {}};
+  ASSERT_TRUE(s.server);
+  auto rt = s.attach("alice");
+  ASSERT_TRUE(rt);
+  auto m = OwnServer::model(*rt);
+  ASSERT_TRUE(m.add_adapter("a", kLora, 1).get());
+  auto a = m.with_adapter("a");
+  ASSERT_TRUE(a.forward_only(rows_of(1, 4)).get());
+  // Three threads call without pause while the server shuts down.
+  auto unavailable = std::make_shared<std::atomic<int>>(0);
+  auto hammer = [a, unavailable]() mutable {
+    for (;;) {
+      auto r = a.forward_only(rows_of(1, 4)).get();
+      if (!r) {
+        if (code_of(r.error()) == errc::unavailable) ++*unavailable;
+        return;
+      }
+    }
+  };
+  std::vector<std::future<bool>> callers;
+  for (int t = 0; t < 3; ++t)
+    callers.push_back(std::async(std::launch::async, [hammer] { return returns_within(std::chrono::seconds(30), hammer); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  s.server.reset();  // its connections close with it
+  for (auto& c : callers) ASSERT_TRUE(c.get()) << "a call in flight when the server stopped never returned";
+  EXPECT_EQ(unavailable->load(), 3) << "every caller ends on `unavailable`";
+  // Long after the connection ended: the I/O thread is gone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto later = std::make_shared<Result<Tensor>>(make_error(errc::internal, "not called"));
+  ASSERT_TRUE(returns_within(std::chrono::seconds(30), [a, later]() mutable { *later = a.forward_only(rows_of(1, 4)).get(); }))
+      << "a call made after the connection ended never returned";
+  ASSERT_FALSE(*later);
+  EXPECT_EQ(code_of(later->error()), errc::unavailable) << describe(later->error());
 }
 
 // A message larger than the server reads would end the whole connection

@@ -132,7 +132,8 @@ private:
 Result<SamplerGroup> open_sampler_group(Runtime& rt, const placement::DeviceGroup& group,
                                         const placement::DeviceMesh& mesh, SamplerSpec spec);
 
-/// A client over an existing CAF group of sampler actors.
-SamplerGroup sampler_group_of(Runtime& rt, Group<sampler_actor> group);
+/// A client over an existing CAF group of sampler actors; calls without a
+/// seed draw theirs from a stream seeded with `sampling_seed`.
+SamplerGroup sampler_group_of(Runtime& rt, Group<sampler_actor> group, uint64_t sampling_seed = 0);
 
 }  // namespace glint::actors

@@ -3,6 +3,8 @@
 // trainer reads it; per-request errors, streaming, weight updates,
 // sleep/wake, abort, and calls that share engine steps.
 #include "actors/sampler.hpp"
+#include "actors/sampler_group.hpp"
+#include "placement/service.hpp"
 #include "components/model/model.hpp"
 #include "components/sampler/engine.hpp"
 #include "support/cluster.hpp"
@@ -14,6 +16,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
+
+#include <signal.h>
 
 namespace glint {
 namespace {
@@ -462,6 +467,60 @@ TEST(TrainingBatch, PackedHoldsEachSequenceWholeWithItsAdvantagePerToken) {
       at += static_cast<int64_t>(n);
     }
   EXPECT_EQ(found.size(), seqs.size());
+}
+
+// A sampler rank lost in the middle of a call costs nothing: its slice goes
+// to the live rank and the call answers what an uninterrupted one does
+// (draws are keyed by request, not by rank); later calls sample on the
+// ranks left. Calls without a seed draw theirs from the group's stream, so
+// a group sampling alone gives the same answer whatever rank serves.
+TEST(SamplerFailover, ARankKilledMidCallHasItsRequestsServedByALiveOne) {
+  auto job = testing::TestJob::start(Mode::cluster, 2);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  ASSERT_TRUE(placement::service(rt, {.strategy = placement::Strategy::spread}));
+  auto dir = glint::testing::fresh_dir("sampler-failover");
+  ASSERT_TRUE(sharp_model(3).save(dir));
+  auto sg = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 2),
+                                       *placement::DeviceMesh::from_sizes({.dp = 2}),
+                                       {.model_dir = dir, .sampling_seed = 5, .cache_bytes = 1 << 20});
+  ASSERT_TRUE(sg) << describe(sg.error());
+  ASSERT_EQ(sg->info().ranks[1].node, 1);
+  Prompts prompts;
+  for (int64_t i = 0; i < 8; ++i) prompts.push_back({1 + i, 2 + i, 3 + i});
+  const SamplingParams p{.num_samples = 2, .max_tokens = 200, .temperature = 1.0, .seed = 7, .ignore_eos = true};
+  auto want = sg->sample(prompts, p).get();
+  ASSERT_TRUE(want) << describe(want.error());
+  auto running = sg->sample(prompts, p);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_FALSE(running.ready()) << "the call ended before the kill; make it longer";
+  job->nodes[0].signal(SIGKILL);
+  auto expect_same = [&](const Result<std::vector<SampledSequence>>& got, const char* what) {
+    ASSERT_TRUE(got) << what << ": " << describe(got.error());
+    ASSERT_EQ(got->size(), want->size()) << what;
+    for (size_t i = 0; i < want->size(); ++i) {
+      EXPECT_EQ((*got)[i].index, (*want)[i].index) << what;
+      EXPECT_EQ((*got)[i].sample, (*want)[i].sample) << what;
+      EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << what << ": sequence " << i;
+    }
+  };
+  expect_same(running.get(), "the call in flight when rank 1's node died");
+  expect_same(sg->sample(prompts, p).get(), "a call after rank 1's node died");
+  // Unseeded: the group's stream, not the rank, decides the draws.
+  auto fresh = actors::open_sampler_group(rt, placement::DeviceGroup::of("again", 1),
+                                          *placement::DeviceMesh::from_sizes({.dp = 1}),
+                                          {.model_dir = dir, .sampling_seed = 5, .cache_bytes = 1 << 20});
+  ASSERT_TRUE(fresh) << describe(fresh.error());
+  auto unseeded = p;
+  unseeded.seed = -1;
+  auto a = fresh->sample(prompts, unseeded).get();
+  auto b = sg->sample(prompts, unseeded).get();
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->size(), b->size());
+  // Both groups' first unseeded call: the same seed from the same stream.
+  for (size_t i = 0; i < a->size(); ++i) EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens) << "sequence " << i;
+  rt.shutdown();
+  EXPECT_EQ(job->nodes[0].wait_for(std::chrono::seconds(5)), std::optional<int>{128 + SIGKILL});
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SamplerActorTest, ::testing::Values(Mode::local, Mode::cluster),

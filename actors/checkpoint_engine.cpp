@@ -1,6 +1,8 @@
 #include "actors/checkpoint_engine.hpp"
 
 #include "actors/remote.hpp"
+#include "actors/weight_sync/stream.hpp"
+#include "runtime/log.hpp"
 #include "runtime/process.hpp"
 
 #include <optional>
@@ -31,15 +33,36 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
     return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights: "
                                               "give the engine model.with_adapter(name)");
   const auto* model = model_.backend().actor_group();
-  const auto* sampler = sampler_.backend().actor_group();
-  if (auto* remote = dynamic_cast<RemoteWeightSync*>(&model_.backend()); remote && !model && !sampler) {
+  const auto* all_samplers = sampler_.backend().actor_group();
+  if (auto* remote = dynamic_cast<RemoteWeightSync*>(&model_.backend()); remote && !model && !all_samplers) {
     auto r = remote->sync_to(sampler_.backend(), model_.adapter(), target(), o);
     if (r) version_ = r->version;
     return r;
   }
-  if (!model || !sampler)
+  if (!model || !all_samplers)
     return make_error(errc::unimplemented, "sync_weights moves weights between actor groups of this runtime; these "
                                            "groups are served elsewhere (remote mode syncs on the server)");
+  // The sampler ranks whose node is alive take the weights; a rank lost
+  // during the sync fails it, and the sync runs again over the rest (the
+  // survivors may apply both: each carries its own version).
+  for (;;) {
+    auto sampler = all_samplers->live();
+    if (sampler.size() == 0)
+      return make_error(errc::unavailable, "sync_weights: every rank of sampler group '" + all_samplers->name() +
+                                               "' was lost with its node process");
+    auto done = sync_to(*model, sampler, o);
+    if (!done && all_samplers->live().size() < sampler.size()) {
+      log::warn(describe(done.error()) + "; syncing again to the sampler ranks left");
+      continue;
+    }
+    return done;
+  }
+}
+
+Result<SyncReport> CheckpointEngine::sync_to(const Group<model_actor>& model_group,
+                                             const Group<sampler_actor>& sampler_group, const SyncOptions& o) {
+  const auto* model = &model_group;
+  const auto* sampler = &sampler_group;
   // auto: in one process, messages share the live weights (no copy); the
   // collective pays off with NCCL between GPUs; on CPU across processes the
   // stream measured 1.53 GB/s for 1.2 GB against 0.67 (messages) and 0.54
@@ -152,6 +175,19 @@ Result<SyncReport> CheckpointEngine::by_stream(const Group<model_actor>& model, 
   std::vector<Future<bool>> received;
   for (int s = 0; s < sampler.size(); ++s)
     received.push_back(sampler.with_timeout(sampler.timeout() * 2).call_rank(s, stream_recv_atom::value, *manifest, update, at));
+  // The sender waits for every receiver to connect: for a rank lost before
+  // it did (its call fails `unavailable`), the driver connects and closes in
+  // its place, so the send fails now instead of at its deadline.
+  std::vector<char> declined(received.size(), 0);
+  while (!sent.wait_for(std::chrono::milliseconds(20))) {
+    for (size_t s = 0; s < received.size(); ++s) {
+      if (declined[s] || !received[s].ready()) continue;
+      if (auto ok = received[s].get(); !ok && code_of(ok.error()) == errc::unavailable) {
+        declined[s] = 1;
+        (void)weight_sync::decline(host, *port, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      }
+    }
+  }
   auto bytes = sent.get();
   std::optional<caf::error> failed;
   if (!bytes) failed = with_context(bytes.error(), "sync_weights: streaming from the model");

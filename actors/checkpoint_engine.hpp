@@ -99,6 +99,8 @@ public:
   int64_t version() const { return version_; }
 
 private:
+  /// One sync to the ranks of `sampler` (the live ones).
+  Result<SyncReport> sync_to(const Group<model_actor>& model, const Group<sampler_actor>& sampler, const SyncOptions& o);
   Result<SyncReport> by_messages(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
                                  const SyncOptions& options, SyncReport r);
   Result<SyncReport> by_collective(const Group<model_actor>& model, const Group<sampler_actor>& sampler,

@@ -32,32 +32,32 @@ public:
   Result<std::vector<SampledSequence>> sample_streaming(const std::vector<SampleRequest>& requests,
                                                         const SamplingParams& params, const std::string& adapter,
                                                         std::function<void(const SampleChunk&)> on_chunk) override {
-    return actors::sample_streaming(rt_, g_, requests, with_call_seed(params), adapter, std::move(on_chunk));
+    return actors::sample_streaming(rt_, g_.live(), requests, with_call_seed(params), adapter, std::move(on_chunk));
   }
   Future<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               components::UpdatePolicy policy) override {
     return done_of(
-        g_.call<Collect::first>(Dispatch::all, update_weights_atom::value, weights,
+        g_.live().call<Collect::first>(Dispatch::all, update_weights_atom::value, weights,
                                            WeightUpdate{adapter, version, policy}));
   }
   Future<void> add_adapter(const std::string& name, const LoraConfig& lora) override {
     if (name.empty())
       return detail::failed<void>(make_error(errc::invalid_argument, "add_adapter needs a name for the adapter"));
-    return done_of(g_.call<Collect::first>(Dispatch::all, add_adapter_atom::value, name, lora));
+    return done_of(g_.live().call<Collect::first>(Dispatch::all, add_adapter_atom::value, name, lora));
   }
   Future<void> load_adapter(const std::string& name, const std::string& dir) override {
-    return done_of(g_.call<Collect::first>(Dispatch::all, load_adapter_atom::value, name, dir));
+    return done_of(g_.live().call<Collect::first>(Dispatch::all, load_adapter_atom::value, name, dir));
   }
   Future<void> remove_adapter(const std::string& name) override {
-    return done_of(g_.call<Collect::first>(Dispatch::all, remove_adapter_atom::value, name));
+    return done_of(g_.live().call<Collect::first>(Dispatch::all, remove_adapter_atom::value, name));
   }
   Future<void> reset_prefix_cache() override {
-    return done_of(g_.call<Collect::first>(Dispatch::all, reset_prefix_cache_atom::value));
+    return done_of(g_.live().call<Collect::first>(Dispatch::all, reset_prefix_cache_atom::value));
   }
-  Future<void> sleep() override { return done_of(g_.call<Collect::first>(Dispatch::all, sleep_atom::value)); }
-  Future<void> wake() override { return done_of(g_.call<Collect::first>(Dispatch::all, wake_atom::value)); }
-  Future<int64_t> abort() override { return g_.call<Collect::sum>(Dispatch::all, abort_atom::value); }
-  Future<std::vector<Metrics>> stats() override { return g_.call<Collect::flatten>(Dispatch::all, stats_atom::value); }
+  Future<void> sleep() override { return done_of(g_.live().call<Collect::first>(Dispatch::all, sleep_atom::value)); }
+  Future<void> wake() override { return done_of(g_.live().call<Collect::first>(Dispatch::all, wake_atom::value)); }
+  Future<int64_t> abort() override { return g_.live().call<Collect::sum>(Dispatch::all, abort_atom::value); }
+  Future<std::vector<Metrics>> stats() override { return g_.live().call<Collect::flatten>(Dispatch::all, stats_atom::value); }
 
 private:
   /// `params` with a seed: a call without one gets the next of the group's
@@ -70,9 +70,6 @@ private:
     p.seed = static_cast<int64_t>(seeds_() & 0x7fffffffffffffffull);
     return p;
   }
-
-  /// Whether rank r can take work: its node is not lost.
-  bool alive(int r) const { return !rt_.node(g_.rank(r).ctx.node).lost; }
 
   struct Call;
   /// Sends part `part` of the call to the next live rank from `from`.
@@ -116,7 +113,7 @@ void ActorSamplerBackend::send_part(const std::shared_ptr<Call>& call, size_t pa
     std::lock_guard<std::mutex> guard{call->mx};
     for (int k = 0; k < n && target < 0; ++k) {
       int r = (from + k) % n;
-      if (!call->failed[static_cast<size_t>(r)] && alive(r)) target = r;
+      if (!call->failed[static_cast<size_t>(r)] && g_.alive(r)) target = r;
     }
     if (target < 0) {
       if (call->done) return;
@@ -176,7 +173,7 @@ Future<std::vector<SampledSequence>> ActorSamplerBackend::sample_with_failover(
     const std::vector<SampleRequest>& requests, const SamplingParams& params, const std::string& adapter) {
   std::vector<int> live;
   for (int r = 0; r < g_.size(); ++r)
-    if (alive(r)) live.push_back(r);
+    if (g_.alive(r)) live.push_back(r);
   if (live.empty())
     return detail::failed<std::vector<SampledSequence>>(
         make_error(errc::unavailable, "every rank of sampler group '" + g_.name() + "' was lost"));

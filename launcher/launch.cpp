@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 namespace glint::launcher {
@@ -60,6 +61,7 @@ Result<int> launch(LaunchSpec spec) {
   sigaction(SIGTERM, &sa, nullptr);
 
   std::vector<ChildProcess> children;
+  std::vector<std::map<std::string, std::string>> environments;
   for (int local = 0; local < spec.nproc; ++local) {
     ClusterEnv c;
     c.rank = spec.node_rank * spec.nproc + local;
@@ -70,10 +72,13 @@ Result<int> launch(LaunchSpec spec) {
     c.nnodes = spec.nnodes;
     c.master_addr = spec.master_addr;
     c.master_port = spec.master_port;
-    auto child = ChildProcess::start(spec.command, c.to_environment(), {.die_with_parent = true});
+    environments.push_back(c.to_environment());
+    auto child = ChildProcess::start(spec.command, environments.back(), {.die_with_parent = true});
     if (!child) return with_context(child.error(), "starting process " + std::to_string(c.rank));
     children.push_back(std::move(*child));
   }
+  int restarts = 0;
+  std::vector<char> restarted(children.size(), 0);
   const bool has_driver = spec.node_rank == 0;
   std::vector<std::optional<int>> codes(children.size());
   std::optional<std::chrono::steady_clock::time_point> stopping;  // since the driver exited or a process failed
@@ -98,6 +103,21 @@ Result<int> launch(LaunchSpec spec) {
         // registers, say) is reported at once and ends the job, instead of
         // leaving the others to wait out their connect timeout.
         const bool is_driver = has_driver && i == 0;
+        if (codes[i] && *codes[i] != 0 && !forwarded && !stopping && !is_driver && restarts < spec.max_restarts) {
+          ++restarts;
+          std::fprintf(stderr, "glint run: process %d (pid %d) %s; starting it again (restart %d of %d)\n", rank_of(i),
+                       static_cast<int>(children[i].pid()), what_ended(i).c_str(), restarts, spec.max_restarts);
+          auto again = ChildProcess::start(spec.command, environments[i], {.die_with_parent = true});
+          if (again) {
+            children[i] = std::move(*again);
+            restarted[i] = 1;
+            codes[i].reset();
+            all_done = false;
+            continue;
+          }
+          std::fprintf(stderr, "glint run: cannot start process %d again: %s\n", rank_of(i),
+                       describe(again.error()).c_str());
+        }
         if (codes[i] && *codes[i] != 0 && !forwarded && !stopping) {
           std::fprintf(stderr, "glint run: %s %d (pid %d) %s; stopping the job\n", is_driver ? "the driver, process" : "process",
                        rank_of(i), static_cast<int>(children[i].pid()), what_ended(i).c_str());
@@ -106,6 +126,10 @@ Result<int> launch(LaunchSpec spec) {
           for (auto& c : children) c.signal(SIGTERM);
         } else if (codes[i] && is_driver && !stopping) {
           stopping = std::chrono::steady_clock::now();
+          // A process started again may still be waiting to join a driver
+          // that is gone: it has nothing to finish.
+          for (size_t k = 0; k < children.size(); ++k)
+            if (restarted[k] && !codes[k]) children[k].signal(SIGTERM);
         }
       }
       all_done = all_done && codes[i].has_value();

@@ -21,6 +21,9 @@ struct LaunchSpec {
   std::vector<std::string> command;
   /// How long processes may run on after the driver exits before they are killed.
   int grace_seconds = 15;
+  /// Node processes (not the driver) that die are started again, this many
+  /// times in all on this machine, torchrun-elastic style; 0: a death ends the job.
+  int max_restarts = 0;
 
   /// Fills unset values from Slurm's and torchrun's variables and checks them.
   Result<void> resolve();

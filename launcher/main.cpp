@@ -43,6 +43,11 @@ int main(int argc, char** argv) {
   run->add_option("--grace", spec.grace_seconds, "Seconds processes may outlive the driver")
       ->capture_default_str()
       ->check(CLI::Range(0, 3600));
+  run->add_option("--max-restarts", spec.max_restarts,
+                  "Start a node process that dies again, up to this many times in all; the driver admits it in its "
+                  "old place (the driver itself is never restarted)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   run->add_option("command", spec.command, "The program and its arguments, after --")->required();
   run->footer("Example: glint run --nproc 2 -- glint demo");
 

@@ -143,6 +143,9 @@ public:
     caf::weak_actor_ptr actor;
     RankContext ctx;
     std::string label;  ///< "rank 1 of group 'model' on node 1 (host, pid 42)"
+    /// NodeInfo::restarts of its node when it was spawned: a restarted node
+    /// process does not hold the ranks its predecessor did.
+    int node_restarts = 0;
     /// A strong handle, or an invalid one once the actor is gone. Do not keep
     /// it past `Runtime::shutdown()`.
     Handle handle() const { return caf::actor_cast<Handle>(actor.lock()); }
@@ -168,9 +171,10 @@ public:
         for (auto& done : *ranks) caf::anon_send_exit(done.handle(), caf::exit_reason::user_shutdown);
         return with_context(h.error(), "rank " + std::to_string(r) + " of group '" + name + "'");
       }
-      auto label = "rank " + std::to_string(r) + " of group '" + name + "' on " + rt.node(s.node).describe();
+      const auto node = rt.node(s.node);
+      auto label = "rank " + std::to_string(r) + " of group '" + name + "' on " + node.describe();
       auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
-      ranks->push_back(Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label)});
+      ranks->push_back(Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label), node.restarts});
     }
     auto labels = std::make_shared<std::vector<std::string>>();
     for (const auto& r : *ranks) labels->push_back(r.label);
@@ -212,6 +216,39 @@ public:
     return g;
   }
 
+  /// Whether rank r's node process is alive and the one it was spawned in.
+  bool alive(int r) const {
+    const auto node = rt_->node(rank(r).ctx.node);
+    return !node.lost && node.restarts == rank(r).node_restarts;
+  }
+
+  /// The same group without the ranks whose node process was lost (empty
+  /// if none is left), also where a restarted process took its place. Ranks keep their numbers and labels; in a purely
+  /// data-parallel group the survivors' dp coordinates are renumbered, so
+  /// that Dispatch::slice_dp spreads a call over them.
+  Group live() const {
+    Group g = *this;
+    if (!ranks_) return g;
+    auto kept = std::make_shared<std::vector<Rank>>();
+    auto labels = std::make_shared<std::vector<std::string>>();
+    for (int r = 0; r < size(); ++r)
+      if (alive(r)) {
+        kept->push_back(rank(r));
+        labels->push_back(rank(r).label);
+      }
+    if (kept->size() == ranks_->size()) return g;
+    bool pure_dp = true;
+    for (const auto& r : *ranks_) pure_dp = pure_dp && r.ctx.dp_size == size();
+    if (pure_dp)
+      for (size_t k = 0; k < kept->size(); ++k) {
+        (*kept)[k].ctx.dp_rank = static_cast<int>(k);
+        (*kept)[k].ctx.dp_size = static_cast<int>(kept->size());
+      }
+    g.ranks_ = std::move(kept);
+    g.labels_ = std::move(labels);
+    return g;
+  }
+
   /// Calls the ranks chosen by `d` with `xs...` and folds the answers by `C`.
   template <Collect C = Collect::none, class... Ts>
   auto call(Dispatch d, const Ts&... xs) const {
@@ -221,8 +258,10 @@ public:
     using FutOut = std::conditional_t<std::is_same_v<Out, caf::unit_t>, void, Out>;
     static_assert(!(std::is_void_v<R> && C != Collect::none && C != Collect::first),
                   "this call answers nothing; use Collect::none");
-    if (!ranks_ || ranks_->empty())
-      return Future<FutOut>::ready_with(make_error(errc::failed_precondition, "call on an empty group"));
+    if (!ranks_) return Future<FutOut>::ready_with(make_error(errc::failed_precondition, "call on an empty group"));
+    if (ranks_->empty())  // a live() view
+      return Future<FutOut>::ready_with(
+          make_error(errc::unavailable, "every rank of group '" + name_ + "' was lost with its node process"));
     std::vector<int> targets;
     if (d == Dispatch::first) targets = {0};
     else

@@ -1,4 +1,5 @@
 #include "runtime/runtime.hpp"
+#include "runtime/log.hpp"
 #include "runtime/text.hpp"
 
 #include "runtime/batch.hpp"
@@ -331,15 +332,30 @@ caf::behavior rendezvous_fn(caf::event_based_actor* self, std::shared_ptr<Runtim
           return make_error(errc::invalid_argument, "process rank " + std::to_string(r) + " is outside this job of " +
                                                         std::to_string(world) + " processes");
         auto& slot = impl->nodes[static_cast<size_t>(r)];
-        if (slot.agent)
-          return make_error(errc::failed_precondition,
-                            "process rank " + std::to_string(r) + " registered twice (already " + slot.describe() + ")");
+        // A process of a lost node's rank (`glint run --max-restarts`
+        // started it again) takes the node's place; the ranks that lived
+        // there stay lost until a group spawns them again. While the old one
+        // still counts as alive (its loss not seen yet), the new one is told
+        // to retry.
+        if (slot.agent && !slot.lost)
+          return make_error(errc::unavailable, "process rank " + std::to_string(r) + " is registered already (" +
+                                                   slot.describe() + "); a restarted process is admitted once the "
+                                                   "old one is seen to end");
+        const bool rejoin = static_cast<bool>(slot.agent);
         self->monitor(agent);
         slot.index = r;
         slot.hello = std::move(hello);
         slot.agent = agent;
         slot.id = agent.node();
-        ++impl->registered;
+        if (rejoin) {
+          slot.lost = false;
+          slot.lost_reason.clear();
+          ++slot.restarts;
+          log::info("node " + std::to_string(r) + " rejoined the job (" + slot.describe() + ", restart " +
+                    std::to_string(slot.restarts) + ")");
+        } else {
+          ++impl->registered;
+        }
         impl->cv.notify_all();
         return r;
       },
@@ -603,8 +619,20 @@ int serve_node(const Options& opts) {
     caf::scoped_actor self{sys};
     self->monitor(agent);
     std::string err;
-    self->request(*driver, opts.connect_timeout, join_atom::value, hello, agent)
-        .receive([](int) {}, [&](caf::error& e) { err = describe(e); });
+    // A restarted process may come before the driver saw its predecessor
+    // end: the driver answers `unavailable` until then.
+    for (;;) {
+      bool again = false;
+      err.clear();
+      self->request(*driver, opts.connect_timeout, join_atom::value, hello, agent)
+          .receive([](int) {},
+                   [&](caf::error& e) {
+                     err = describe(e);
+                     again = code_of(e) == errc::unavailable && std::chrono::steady_clock::now() < deadline;
+                   });
+      if (!again) break;
+      std::this_thread::sleep_for(50ms);
+    }
     if (!err.empty()) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
       return fail("the driver refused this node: " + err);

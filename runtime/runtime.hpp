@@ -46,6 +46,7 @@ struct NodeInfo {
   caf::actor agent;        ///< the node's agent (invalid for node 0)
   bool lost = false;       ///< the process exited or its connection broke
   std::string lost_reason;
+  int restarts = 0;        ///< times a restarted process took this rank's place
   /// "node 1 (host, pid 4242)".
   std::string describe() const;
 };

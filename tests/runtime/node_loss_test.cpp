@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 namespace glint {
 namespace {
@@ -70,6 +71,43 @@ TEST(NodeLoss, PendingAndNewCallsFailFastNamingTheNode) {
   rt.shutdown();
   EXPECT_EQ(job->nodes[1].wait_for(10s), std::optional<int>{0});
   EXPECT_EQ(job->nodes[0].wait_for(1s), std::optional<int>{128 + SIGKILL});
+}
+
+// A process started again for a lost node's rank (`glint run
+// --max-restarts`) is admitted in its place: the node serves again, and
+// the ranks that lived in the dead process stay out of every live() view.
+TEST(NodeLoss, ARestartedNodeProcessIsAdmittedInItsPlace) {
+  auto job = testing::TestJob::start(Mode::cluster, 2);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  ASSERT_TRUE(placement::service(rt, {.strategy = placement::Strategy::spread}));
+  auto g = placement::spawn_group<probe_actor>(rt, placement::DeviceGroup::of("probe", 2), actors::probe_type);
+  ASSERT_TRUE(g) << describe(g.error());
+  ASSERT_EQ(g->rank(1).ctx.node, 1);
+  EXPECT_EQ(g->live().size(), 2);
+  job->nodes[0].signal(SIGKILL);
+  auto until = [](auto pred) {
+    for (int i = 0; i < 300 && !pred(); ++i) std::this_thread::sleep_for(100ms);
+    return pred();
+  };
+  ASSERT_TRUE(until([&] { return rt.node(1).lost; })) << "the kill was not seen within 30 s";
+  ASSERT_EQ(g->live().size(), 1);
+  EXPECT_EQ(g->live().rank(0).ctx.dp_rank, 0);
+  ASSERT_TRUE(job->restart_node(1));
+  ASSERT_TRUE(until([&] { return !rt.node(1).lost; })) << "the restarted process was not admitted within 30 s";
+  EXPECT_EQ(rt.node(1).restarts, 1);
+  EXPECT_EQ(g->live().size(), 1) << "the old process's rank came back to life";
+  auto late = g->live().call<Collect::flatten>(Dispatch::all, actors::echo_atom::value, int64_t{4}).get();
+  EXPECT_TRUE(late) << describe(late.error());
+  // The node takes new actors again.
+  auto again = placement::spawn_group<probe_actor>(rt, placement::DeviceGroup::of("again", 2), actors::probe_type);
+  ASSERT_TRUE(again) << describe(again.error());
+  ASSERT_EQ(again->rank(1).ctx.node, 1);
+  auto echo = again->call_rank(1, actors::echo_atom::value, int64_t{5}).get();
+  ASSERT_TRUE(echo) << describe(echo.error());
+  EXPECT_EQ(again->live().size(), 2);
+  rt.shutdown();
+  EXPECT_EQ(job->nodes[0].wait_for(10s), std::optional<int>{0});
 }
 
 TEST(DriverLoss, NodeProcessesExitWhenTheDriverIsKilled) {

@@ -35,6 +35,22 @@ const bool driver_role_set = (driver_role = &run_test_driver, true);
 
 }  // namespace
 
+Result<ChildProcess> start_node(const Options& opts, int rank) {
+  auto c = opts.cluster;
+  c.rank = rank;
+  c.local_rank = rank;
+  auto env = c.to_environment();
+  env["GLINT_MAX_MESSAGE_BYTES"] = std::to_string(opts.max_message_bytes);
+  return ChildProcess::start({self_executable()}, env);
+}
+
+Result<void> TestJob::restart_node(int rank) {
+  auto child = start_node(options, rank);
+  if (!child) return child.error();
+  nodes.at(static_cast<size_t>(rank - 1)) = std::move(*child);
+  return {};
+}
+
 Result<TestJob> TestJob::start(Mode mode, int world, Options opts) {
   TestJob job;
   opts.mode = mode;
@@ -46,13 +62,9 @@ Result<TestJob> TestJob::start(Mode mode, int world, Options opts) {
     opts.cluster.master_port = *port;
     opts.cluster.source = "test";
     opts.connect_timeout = std::chrono::seconds(30);
+    job.options = opts;
     for (int r = 1; r < world; ++r) {
-      auto c = opts.cluster;
-      c.rank = r;
-      c.local_rank = r;
-      auto env = c.to_environment();
-      env["GLINT_MAX_MESSAGE_BYTES"] = std::to_string(opts.max_message_bytes);
-      auto child = ChildProcess::start({self_executable()}, env);
+      auto child = start_node(opts, r);
       if (!child) return child.error();
       job.nodes.push_back(std::move(*child));
     }

@@ -16,8 +16,13 @@ struct TestJob {
   std::unique_ptr<Runtime> rt;
   std::vector<ChildProcess> nodes;  // nodes[i] is process rank i + 1
 
+  Options options;  // the driver's
+
   /// mode local: just a runtime; cluster: a driver plus world - 1 nodes.
   static Result<TestJob> start(Mode mode, int world = 2, Options base = {});
+  /// Starts process `rank` (> 0) again, as `glint run --max-restarts` does
+  /// after it died; it replaces nodes[rank - 1].
+  Result<void> restart_node(int rank);
 };
 
 /// A fixture run once per Mode (local, cluster): a job of two processes in

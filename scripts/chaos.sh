@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Kills a sampler's node process in the middle of a GRPO run, N times, and
+# says for each run whether it finished, and with the metrics of an
+# uninterrupted run.
+#
+#   scripts/chaos.sh [N]          (default 5; GLINT_BUILD_DIR picks the build, default build/)
+#
+# The job: `glint run --nproc 2 --max-restarts 1 -- glint grpo --sampler-dp 2`
+# on a tiny model warmed up with `glint sft`: the model and sampler rank 0
+# run in the driver (process 0), sampler rank 1 in process 1. Each run gets
+# SIGKILL on process 1 after a random step (between 1 and 14 of 20); the
+# sampler rank there is lost, its requests go to rank 0, `glint run`
+# starts process 1 again and the driver admits it. metrics.jsonl must equal
+# the uninterrupted run's, row by row (rewards, lengths and counts exactly;
+# loss and grad_norm to 1e-5 relative, the sampler's batches differing
+# after the kill), and no run may take longer than 120 s.
+# Prints one line per run, then chaos_runs, chaos_hangs, chaos_mismatches
+# and chaos_failures; exits non-zero if any run hung, failed or differed.
+set -uo pipefail
+runs=${1:-5}
+here=$(cd "$(dirname "$0")/.." && pwd)
+glint=${GLINT:-$here/${GLINT_BUILD_DIR:-build}/launcher/glint}
+[[ -x $glint ]] || { echo "chaos: no glint binary at $glint; build first (scripts/build.sh)" >&2; exit 2; }
+root=$(mktemp -d /tmp/glint-chaos-XXXXXX)
+trap 'rm -rf "$root"' EXIT
+cd "$root"
+
+"$glint" init-data arithmetic arith.jsonl --rows 300 --max-operand 9 --seed 1 > /dev/null
+"$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
+  --max-positions 256 --tokenizer-from arith.jsonl > setup.log 2>&1 || { cat setup.log; exit 1; }
+"$glint" sft --model model --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 100 \
+  --lr-scheduler constant --output sft >> setup.log 2>&1 || { cat setup.log; exit 1; }
+steps=20
+grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
+      --num-generations 4 --lr 1e-3 --max-steps $steps --sampler-dp 2)
+
+"$glint" run --nproc 2 -- "$glint" "${grpo[@]}" --output reference > reference.log 2>&1 \
+  || { cat reference.log; echo "chaos: the uninterrupted run failed" >&2; exit 1; }
+
+# same A B: whether two metrics.jsonl agree (timing fields aside).
+same() {
+  python3 - "$1" "$2" <<'EOF'
+import json, math, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+timing = ("tokens_per_second", "weight_sync_seconds", "step_seconds", "seconds")
+def differs(x, y, key):
+    if isinstance(x, float) or isinstance(y, float):
+        tol = 1e-5 * max(1.0, abs(x), abs(y)) if key in ("loss", "grad_norm") else 1e-9 * max(1.0, abs(x))
+        return not math.isclose(x, y, rel_tol=0, abs_tol=tol)
+    return x != y
+if len(a) != len(b):
+    print(f"{len(b)} rows against {len(a)}"); sys.exit(1)
+for ra, rb in zip(a, b):
+    for k in sorted(set(ra) | set(rb)):
+        if k in timing or any(k.endswith(t) for t in timing):
+            continue
+        if k not in ra or k not in rb or differs(ra[k], rb[k], k):
+            print(f"step {ra.get('step')}: {k} {ra.get(k)} against {rb.get(k)}"); sys.exit(1)
+EOF
+}
+
+hangs=0 mismatches=0 failures=0
+for ((i = 1; i <= runs; i++)); do
+  at=$((1 + RANDOM % 14))
+  out=run$i
+  timeout -s KILL 120 "$glint" run --nproc 2 --max-restarts 1 -- "$glint" "${grpo[@]}" --output $out > $out.log 2>&1 &
+  job=$!
+  # Wait for step `at`, then kill process 1 (found by its GLINT_RANK).
+  victim=""
+  for ((t = 0; t < 1200; t++)); do
+    grep -q "^grpo $at/$steps" $out.log 2>/dev/null && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.05
+  done
+  for p in $(pgrep -f -- "--output $out" || true); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "GLINT_RANK=1"; then victim=$p; fi
+  done
+  [[ -n $victim ]] && kill -KILL "$victim"
+  wait $job
+  code=$?
+  if [[ -z $victim ]]; then
+    outcome="NOT KILLED (the run ended first)"; failures=$((failures + 1))
+  elif [[ $code == 137 ]]; then
+    outcome="HUNG (killed after 120 s)"; hangs=$((hangs + 1))
+  elif [[ $code != 0 ]]; then
+    outcome="FAILED (exit $code): $(grep -m1 -i "error\|glint:" $out.log)"; failures=$((failures + 1))
+  elif why=$(same reference/metrics.jsonl $out/metrics.jsonl); then
+    outcome="same metrics as the uninterrupted run"
+  else
+    outcome="DIFFERENT metrics: $why"; mismatches=$((mismatches + 1))
+  fi
+  echo "chaos run $i: SIGKILL to process 1 after step $at: $outcome"
+done
+echo "chaos_runs: $runs"
+echo "chaos_hangs: $hangs"
+echo "chaos_mismatches: $mismatches"
+echo "chaos_failures: $failures"
+[[ $hangs == 0 && $mismatches == 0 && $failures == 0 ]]

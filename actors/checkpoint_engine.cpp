@@ -6,6 +6,7 @@
 #include "runtime/process.hpp"
 
 #include <optional>
+#include <thread>
 
 namespace glint::actors {
 
@@ -51,7 +52,11 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
       return make_error(errc::unavailable, "sync_weights: every rank of sampler group '" + all_samplers->name() +
                                                "' was lost with its node process");
     auto done = sync_to(*model, sampler, o);
-    if (!done && all_samplers->live().size() < sampler.size()) {
+    // A rank's failure can reach the driver before its node is marked lost.
+    auto shrank = [&] { return all_samplers->live().size() < sampler.size(); };
+    if (!done && code_of(done.error()) == errc::unavailable)
+      for (int i = 0; i < 100 && !shrank(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!done && shrank()) {
       log::warn(describe(done.error()) + "; syncing again to the sampler ranks left");
       continue;
     }
@@ -175,17 +180,16 @@ Result<SyncReport> CheckpointEngine::by_stream(const Group<model_actor>& model, 
   std::vector<Future<bool>> received;
   for (int s = 0; s < sampler.size(); ++s)
     received.push_back(sampler.with_timeout(sampler.timeout() * 2).call_rank(s, stream_recv_atom::value, *manifest, update, at));
-  // The sender waits for every receiver to connect: for a rank lost before
-  // it did (its call fails `unavailable`), the driver connects and closes in
-  // its place, so the send fails now instead of at its deadline.
+  // The sender waits for every receiver to connect: for a rank whose node
+  // was lost (its call failed), the driver connects and closes in its place,
+  // so the send fails now instead of at its deadline.
   std::vector<char> declined(received.size(), 0);
   while (!sent.wait_for(std::chrono::milliseconds(20))) {
     for (size_t s = 0; s < received.size(); ++s) {
-      if (declined[s] || !received[s].ready()) continue;
-      if (auto ok = received[s].get(); !ok && code_of(ok.error()) == errc::unavailable) {
-        declined[s] = 1;
-        (void)weight_sync::decline(host, *port, std::chrono::steady_clock::now() + std::chrono::seconds(5));
-      }
+      if (declined[s] || !received[s].ready() || received[s].get() || sampler.alive(static_cast<int>(s))) continue;
+      declined[s] = 1;
+      if (!sent.ready())
+        (void)weight_sync::decline(host, *port, std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
     }
   }
   auto bytes = sent.get();

@@ -103,7 +103,11 @@ Result<int> launch(LaunchSpec spec) {
         // registers, say) is reported at once and ends the job, instead of
         // leaving the others to wait out their connect timeout.
         const bool is_driver = has_driver && i == 0;
-        if (codes[i] && *codes[i] != 0 && !forwarded && !stopping && !is_driver && restarts < spec.max_restarts) {
+        // Restarted: a node process that a signal killed (a crash, the OOM
+        // killer, a kill). One that exits with a code decided to: it lost
+        // the driver or could not join, which starting it again would not mend.
+        if (codes[i] && children[i].term_signal() && !forwarded && !g_signal.load() && !stopping && !is_driver &&
+            restarts < spec.max_restarts) {
           ++restarts;
           std::fprintf(stderr, "glint run: process %d (pid %d) %s; starting it again (restart %d of %d)\n", rank_of(i),
                        static_cast<int>(children[i].pid()), what_ended(i).c_str(), restarts, spec.max_restarts);

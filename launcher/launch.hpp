@@ -21,8 +21,10 @@ struct LaunchSpec {
   std::vector<std::string> command;
   /// How long processes may run on after the driver exits before they are killed.
   int grace_seconds = 15;
-  /// Node processes (not the driver) that die are started again, this many
-  /// times in all on this machine, torchrun-elastic style; 0: a death ends the job.
+  /// Node processes (not the driver) that a signal kills are started again,
+  /// this many times in all on this machine, torchrun-elastic style; 0: a
+  /// death ends the job. One that exits with a code (it lost the driver, it
+  /// could not join) is not restarted.
   int max_restarts = 0;
 
   /// Fills unset values from Slurm's and torchrun's variables and checks them.

@@ -141,6 +141,13 @@ public:
       }
       ++inside_;
     }
+    struct Leave {
+      Connection& c;
+      ~Leave() {
+        std::lock_guard<std::mutex> guard{c.gate_mx_};
+        --c.inside_;
+      }
+    } leave{*this};
     try {
       executor_->executeSync([&] {
         if (!session_) return;
@@ -159,10 +166,6 @@ public:
       });
     } catch (const kj::Exception&) {
       // The I/O loop has ended: the connection is closed.
-    }
-    {
-      std::lock_guard<std::mutex> guard{gate_mx_};
-      --inside_;
     }
     if (!posted)
       state->set(make_error(errc::unavailable, "the connection to the server " + url_ + " is closed"));
@@ -209,8 +212,10 @@ private:
   void fail_pending() {
     auto pending = std::move(pending_);
     pending_.clear();
-    for (auto& [_, fail] : pending)
-      fail(make_error(errc::unavailable, "the connection to the server " + url_ + " was lost before it answered"));
+    // A call's continuation may release the last handle on this connection:
+    // nothing of `this` is read once the first one runs.
+    const auto why = make_error(errc::unavailable, "the connection to the server " + url_ + " was lost before it answered");
+    for (auto& [_, fail] : pending) fail(why);
   }
 };
 

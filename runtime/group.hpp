@@ -166,12 +166,12 @@ public:
     for (int r = 0; r < world; ++r) {
       const auto& s = slots[static_cast<size_t>(r)];
       RankContext ctx{name, r, world, s.node, s.device, s.cpus, s.dp_rank, s.dp_size};
+      const auto node = rt.node(s.node);  // before the spawn: a restart in between must not count as its home
       auto h = rt.spawn<Handle>(s.node, type, caf::make_message(ctx, args...));
       if (!h) {
         for (auto& done : *ranks) caf::anon_send_exit(done.handle(), caf::exit_reason::user_shutdown);
         return with_context(h.error(), "rank " + std::to_string(r) + " of group '" + name + "'");
       }
-      const auto node = rt.node(s.node);
       auto label = "rank " + std::to_string(r) + " of group '" + name + "' on " + node.describe();
       auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
       ranks->push_back(Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label), node.restarts});
@@ -223,7 +223,9 @@ public:
   }
 
   /// The same group without the ranks whose node process was lost (empty
-  /// if none is left), also where a restarted process took its place. Ranks keep their numbers and labels; in a purely
+  /// if none is left), also where a restarted process took its place.
+  /// `rank(i)`, `handle(i)` and `call_rank(i)` of the view index its
+  /// survivors by position. Ranks keep their numbers and labels; in a purely
   /// data-parallel group the survivors' dp coordinates are renumbered, so
   /// that Dispatch::slice_dp spreads a call over them.
   Group live() const {

@@ -331,6 +331,7 @@ caf::behavior rendezvous_fn(caf::event_based_actor* self, std::shared_ptr<Runtim
         if (r < 1 || r >= world)
           return make_error(errc::invalid_argument, "process rank " + std::to_string(r) + " is outside this job of " +
                                                         std::to_string(world) + " processes");
+        if (impl->shut) return make_error(errc::failed_precondition, "the driver is shutting down");
         auto& slot = impl->nodes[static_cast<size_t>(r)];
         // A process of a lost node's rank (`glint run --max-restarts`
         // started it again) takes the node's place; the ranks that lived

@@ -73,8 +73,9 @@ for ((i = 1; i <= runs; i++)); do
     kill -0 $job 2>/dev/null || break
     sleep 0.05
   done
-  for p in $(pgrep -f -- "--output $out" || true); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "GLINT_RANK=1"; then victim=$p; fi
+  for d in /proc/[0-9]*; do  # /proc, not pgrep: procps is not on every machine
+    tr '\0' ' ' < "$d/cmdline" 2>/dev/null | grep -q -- "--output $out " || continue
+    tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "GLINT_RANK=1" && victim=${d#/proc/}
   done
   [[ -n $victim ]] && kill -KILL "$victim"
   wait $job

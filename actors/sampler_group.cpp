@@ -19,7 +19,8 @@ using detail::done_of;
 // one place its dispatch and collect modes are chosen.
 class ActorSamplerBackend final : public SamplerBackend, public std::enable_shared_from_this<ActorSamplerBackend> {
 public:
-  ActorSamplerBackend(Runtime& rt, Group<sampler_actor> g) : rt_(rt), g_(std::move(g)), info_(g_.info()) {}
+  ActorSamplerBackend(Runtime& rt, Group<sampler_actor> g, uint64_t sampling_seed)
+      : rt_(rt), g_(std::move(g)), info_(g_.info()), seeds_(sampling_seed) {}
 
   const GroupInfo& info() const override { return info_; }
   const Group<sampler_actor>* actor_group() const override { return &g_; }
@@ -87,9 +88,6 @@ private:
   GroupInfo info_;
   std::mutex seed_mx_;
   std::mt19937_64 seeds_;
-
-public:
-  void seed(uint64_t s) { seeds_.seed(s); }
 };
 
 struct ActorSamplerBackend::Call {
@@ -197,9 +195,7 @@ Future<std::vector<SampledSequence>> ActorSamplerBackend::sample_with_failover(
 }  // namespace
 
 SamplerGroup sampler_group_of(Runtime& rt, Group<sampler_actor> group, uint64_t sampling_seed) {
-  auto backend = std::make_shared<ActorSamplerBackend>(rt, std::move(group));
-  backend->seed(sampling_seed);
-  return SamplerGroup{std::move(backend)};
+  return SamplerGroup{std::make_shared<ActorSamplerBackend>(rt, std::move(group), sampling_seed)};
 }
 
 Result<SamplerGroup> open_sampler_group(Runtime& rt, const placement::DeviceGroup& group,

@@ -344,10 +344,9 @@ CLI::App* add_dpo(CLI::App& app, DpoArgs& a) {
                 "Pairs over --max-length: refuse (skip them), left (drop the prompt's start) or right (the response's end)")
       ->capture_default_str()
       ->check(CLI::IsMember({"refuse", "left", "right"}));
-  c->add_flag("--packing,!--no-packing", a.packing,
+  recipe::add_packing_flag(c, a.packing,
               "Train on the pairs packed end to end without padding, each pair whole in a row (padding-free "
-              "batches; the default: the same loss, less compute); --no-packing pads every response to the longest")
-      ->default_str(a.packing ? "true" : "false");  // add_flag captures no default: config.toml records it
+              "batches; the default: the same loss, less compute); --no-packing pads every response to the longest");
   c->add_option("--batch-size", a.batch_size, "Pairs per micro-batch (the global batch, over --dp ranks)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

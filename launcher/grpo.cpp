@@ -179,10 +179,9 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
                 "decoupled_ppo: docs/rl.md)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{8}));
-  c->add_flag("--packing,!--no-packing", a.packing,
+  recipe::add_packing_flag(c, a.packing,
               "Train on the completions packed end to end without padding (padding-free batches; the default: the "
-              "same loss, per sequence, less compute); --no-packing pads every sequence to the longest")
-      ->default_str(a.packing ? "true" : "false");  // add_flag captures no default: config.toml records it
+              "same loss, per sequence, less compute); --no-packing pads every sequence to the longest");
   c->add_option("--sampler-dp", a.sampler_dp, "Sampler ranks (each with its own copy of the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));

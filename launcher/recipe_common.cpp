@@ -87,6 +87,11 @@ void add_optim_flags(CLI::App* c, RecipeArgs& a) {
       ->check(CLI::Range(0.0, 1.0));
 }
 
+void add_packing_flag(CLI::App* c, bool& packing, const std::string& help) {
+  // add_flag captures no default: without default_str, config.toml would record packing = false.
+  c->add_flag("--packing,!--no-packing", packing, help)->default_str(packing ? "true" : "false");
+}
+
 void add_run_flags(CLI::App* c, RecipeArgs& a) {
   c->add_option("--eval-every", a.eval_every, "Steps between evaluations; 0: at the end only")
       ->capture_default_str()

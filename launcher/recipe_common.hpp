@@ -45,6 +45,9 @@ void add_model_flags(CLI::App* c, RecipeArgs& a);
 void add_data_flags(CLI::App* c, RecipeArgs& a, const std::string& rows);
 /// --max-steps, --epochs, the optimizer and the schedule.
 void add_optim_flags(CLI::App* c, RecipeArgs& a);
+/// --packing / --no-packing (default on) with the recipe's `help`; the
+/// default is stated, so config.toml records what the run did.
+void add_packing_flag(CLI::App* c, bool& packing, const std::string& help);
 /// --eval-every, --save-every, --output, --resume, --overwrite,
 /// --max-shard-mib, --dp, --seed, --config.
 void add_run_flags(CLI::App* c, RecipeArgs& a);

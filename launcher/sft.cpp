@@ -142,9 +142,8 @@ CLI::App* add_sft(CLI::App& app, SftArgs& a) {
   c->add_option("--truncation", a.truncation, "Rows over --max-length: refuse (skip them), left or right")
       ->capture_default_str()
       ->check(CLI::IsMember({"refuse", "left", "right"}));
-  c->add_flag("--packing,!--no-packing", a.packing, "Pack each batch's rows end to end without padding (padding-free batches; the default: the same loss, less "
-              "compute); --no-packing pads every row to the longest")
-      ->default_str(a.packing ? "true" : "false");  // add_flag captures no default: config.toml records it
+  recipe::add_packing_flag(c, a.packing, "Pack each batch's rows end to end without padding (padding-free batches; the default: the same loss, less "
+              "compute); --no-packing pads every row to the longest");
   c->add_option("--batch-size", a.batch_size, "Rows per micro-batch (the global batch, over --dp ranks)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -320,14 +320,14 @@ void Connection::close(kj::WaitScope& ws) {
     std::lock_guard<std::mutex> guard{gate_mx_};
     closed_ = true;
   }
-  session_.reset();
+  // session_ is already reset (before the RPC system went): a queued call finds none and posts nothing.
   for (;;) {
     {
       std::lock_guard<std::mutex> guard{gate_mx_};
       if (inside_ == 0) break;
     }
     try {
-      ws.poll();  // runs the calls' queued events: without a session they post nothing
+      ws.poll();  // runs the calls' queued events
     } catch (const kj::Exception&) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

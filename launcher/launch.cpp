@@ -73,6 +73,8 @@ Result<int> launch(LaunchSpec spec) {
     c.master_addr = spec.master_addr;
     c.master_port = spec.master_port;
     environments.push_back(c.to_environment());
+    if (spec.peer_timeout_seconds > 0)
+      environments.back()["GLINT_PEER_TIMEOUT_MS"] = std::to_string(static_cast<int64_t>(spec.peer_timeout_seconds * 1000));
     auto child = ChildProcess::start(spec.command, environments.back(), {.die_with_parent = true});
     if (!child) return with_context(child.error(), "starting process " + std::to_string(c.rank));
     children.push_back(std::move(*child));

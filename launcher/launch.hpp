@@ -26,6 +26,11 @@ struct LaunchSpec {
   /// death ends the job. One that exits with a code (it lost the driver, it
   /// could not join) is not restarted.
   int max_restarts = 0;
+  /// Seconds of silence (no data, no heartbeat) after which a process
+  /// declares a peer lost: GLINT_PEER_TIMEOUT_MS in every process; 0 keeps
+  /// the runtime's default (Options::peer_timeout, 5 s) or the caller's
+  /// environment.
+  double peer_timeout_seconds = 0;
 
   /// Fills unset values from Slurm's and torchrun's variables and checks them.
   Result<void> resolve();

@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
                   "in all; the driver admits it in its old place (the driver itself is never restarted)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
+  run->add_option("--peer-timeout", spec.peer_timeout_seconds,
+                  "Seconds a process may send nothing, not even a heartbeat (frozen, its link cut), before the others "
+                  "declare it lost (default: $GLINT_PEER_TIMEOUT_MS or 5)")
+      ->check(CLI::Range(1.0, 3600.0));
   run->add_option("command", spec.command, "The program and its arguments, after --")->required();
   run->footer("Example: glint run --nproc 2 -- glint demo");
 

@@ -145,6 +145,17 @@ Result<Options> Options::from_environment() {
   if (const char* c = std::getenv("GLINT_REMOTE_CA"); c && *c) o.remote_ca_file = c;
   const char* mode_env = std::getenv("GLINT_MODE");
   if (!o.remote_endpoint.empty() && (!mode_env || !*mode_env) && o.mode == Mode::local) o.mode = Mode::remote;
+  {
+    Env env;
+    for (const char* name : {"GLINT_HEARTBEAT_MS", "GLINT_PEER_TIMEOUT_MS"})
+      if (const char* v = std::getenv(name)) env[name] = v;
+    auto heartbeat = read_int(env, "GLINT_HEARTBEAT_MS", static_cast<int>(o.heartbeat.count()), 1);
+    if (!heartbeat) return heartbeat.error();
+    auto peer = read_int(env, "GLINT_PEER_TIMEOUT_MS", static_cast<int>(o.peer_timeout.count()), 1);
+    if (!peer) return peer.error();
+    o.heartbeat = std::chrono::milliseconds(*heartbeat);
+    o.peer_timeout = std::chrono::milliseconds(*peer);
+  }
   if (const char* m = std::getenv("GLINT_MAX_MESSAGE_BYTES"); m && *m) {
     uint64_t v = 0;
     auto [p, ec] = std::from_chars(m, m + std::strlen(m), v);
@@ -159,6 +170,10 @@ Result<void> Options::validate() const {
   using namespace std::chrono_literals;
   if (call_timeout <= 0ms || connect_timeout <= 0ms || spawn_timeout <= 0ms || heartbeat <= 0ms || exit_grace <= 0ms)
     return make_error(errc::invalid_argument, "timeouts and the heartbeat must be positive");
+  if (peer_timeout < 2 * heartbeat)
+    return make_error(errc::invalid_argument,
+                      "the peer timeout (" + std::to_string(peer_timeout.count()) + " ms, GLINT_PEER_TIMEOUT_MS) must be at least two heartbeats (" +
+                          std::to_string(heartbeat.count()) + " ms each, GLINT_HEARTBEAT_MS)");
   if (max_message_bytes == 0) return make_error(errc::invalid_argument, "max_message_bytes must be positive");
   if (threads < 0) return make_error(errc::invalid_argument, "threads must be >= 0");
   if (mode == Mode::cluster) return cluster.validate();

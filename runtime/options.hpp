@@ -66,8 +66,15 @@ struct Options {
   /// busy (a long call its driver gave up on) before it leaves without them,
   /// with the driver's exit code. Embedded runtimes (Runtime::shutdown) wait.
   std::chrono::milliseconds exit_grace{std::chrono::seconds(30)};
-  /// Heartbeat between processes; a silent peer is declared lost after a few.
+  /// Heartbeat between processes (GLINT_HEARTBEAT_MS).
   std::chrono::milliseconds heartbeat{std::chrono::milliseconds(500)};
+  /// A peer process that sends nothing for this long, not even a heartbeat
+  /// (frozen, SIGSTOPped, its link cut without a reset), is declared lost
+  /// (GLINT_PEER_TIMEOUT_MS). At least two heartbeats. Data counts as a
+  /// sign of life, so a long transfer does not trip it; a process whose
+  /// network thread is busy longer than this (deserialising one message
+  /// of several GB) can, so raise it for such jobs.
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(5)};
   /// Largest tensor a process accepts from the network.
   uint64_t max_message_bytes = uint64_t{2} << 30;
   /// Threads of CAF's shared scheduler, which runs the actors that are not

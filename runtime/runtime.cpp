@@ -55,7 +55,9 @@ std::unique_ptr<caf::actor_system_config> make_config(const Options& opts) {
     // round trip 400 us instead of 1.2-1.7 ms, 1 MiB tensors 1.0 GB/s
     // instead of 0.55.
     cfg->set("middleman.workers", size_t{0});
-    cfg->set("middleman.connection-timeout", caf::timespan{std::max<std::chrono::milliseconds>(4 * opts.heartbeat, 2s)});
+    // CAF closes a connection that received nothing (data or heartbeat) for
+    // this long; the peer's actors go down with it and the node is lost.
+    cfg->set("middleman.connection-timeout", caf::timespan{opts.peer_timeout});
   }
   // Shared scheduler threads: one per core but one, so the thread that
   // drives the job (and waits on futures) keeps a core. Compute-heavy ranks

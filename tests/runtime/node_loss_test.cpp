@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 namespace glint {
@@ -71,6 +72,57 @@ TEST(NodeLoss, PendingAndNewCallsFailFastNamingTheNode) {
   rt.shutdown();
   EXPECT_EQ(job->nodes[1].wait_for(10s), std::optional<int>{0});
   EXPECT_EQ(job->nodes[0].wait_for(1s), std::optional<int>{128 + SIGKILL});
+}
+
+// A frozen node process (SIGSTOP: its sockets stay open, it answers
+// nothing) is found by the heartbeat: the driver declares it lost once the
+// set peer timeout passes (3 s here; the tick that sees it comes within a
+// heartbeat) and fails the call in flight to it. Continued, the process
+// finds its driver gone and exits.
+TEST(NodeLoss, AFrozenNodeIsLostWithinThePeerTimeout) {
+  Options base;
+  base.peer_timeout = 3s;
+  auto job = testing::TestJob::start(Mode::cluster, 2, base);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  ASSERT_TRUE(placement::service(rt, {.strategy = placement::Strategy::spread}));
+  auto g = placement::spawn_group<probe_actor>(rt, placement::DeviceGroup::of("probe", 2), actors::probe_type);
+  ASSERT_TRUE(g) << describe(g.error());
+  ASSERT_EQ(g->rank(1).ctx.node, 1);
+  ASSERT_TRUE(g->call_rank(1, actors::echo_atom::value, int64_t{1}).get());
+
+  job->nodes[0].signal(SIGSTOP);
+  auto frozen_at = std::chrono::steady_clock::now();
+  // The stop takes effect when the kernel next schedules the process; wait
+  // for /proc to show it stopped, so no call is answered after this point.
+  auto state = [pid = job->nodes[0].pid()] {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(f, line);
+    auto close = line.rfind(')');
+    return close == std::string::npos || close + 2 >= line.size() ? '?' : line[close + 2];
+  };
+  for (int i = 0; i < 200 && state() != 'T'; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(state(), 'T') << "the node process did not stop";
+  auto pending = g->call_rank(1, actors::echo_atom::value, int64_t{2});
+  ASSERT_TRUE(pending.wait_for(10s)) << "the frozen node was not detected within 10 s";
+  auto took = std::chrono::steady_clock::now() - frozen_at;
+  auto r = pending.get();
+  ASSERT_FALSE(r) << "a frozen node answered";
+  EXPECT_EQ(code_of(r.error()), errc::unavailable) << describe(r.error());
+  EXPECT_NE(describe(r.error()).find("node 1 ("), std::string::npos) << describe(r.error());
+  // The call fails when its rank's actor is seen down; the node's own
+  // mark follows from the same dropped connection a moment later.
+  for (int i = 0; i < 50 && !rt.node(1).lost; ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(rt.node(1).lost);
+  EXPECT_GE(took, 2500ms) << "lost before the peer timeout: something else than the heartbeat found it";
+  EXPECT_LT(took, 5s);
+  std::printf("frozen node lost after %.2f s\n", std::chrono::duration<double>(took).count());
+  EXPECT_TRUE(g->call_rank(0, actors::echo_atom::value, int64_t{3}).get());
+
+  job->nodes[0].signal(SIGCONT);
+  EXPECT_EQ(job->nodes[0].wait_for(15s), std::optional<int>{1}) << "the thawed node did not leave";
+  rt.shutdown();
 }
 
 // A process started again for a lost node's rank (`glint run

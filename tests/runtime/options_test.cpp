@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace glint {
 namespace {
 
@@ -64,6 +66,36 @@ TEST(Options, RejectsNonPositiveTimeouts) {
   Options o;
   o.call_timeout = std::chrono::milliseconds(0);
   EXPECT_FALSE(o.validate());
+}
+
+// The bound on finding a frozen peer: 10 s at most by default, set from
+// the environment, and never shorter than two heartbeats.
+TEST(Options, PeerTimeoutDefaultsWithinTenSecondsAndIsReadAndChecked) {
+  Options o;
+  EXPECT_LE(o.peer_timeout, std::chrono::seconds(10));
+  EXPECT_GE(o.peer_timeout, 2 * o.heartbeat);
+  EXPECT_TRUE(o.validate());
+
+  setenv("GLINT_PEER_TIMEOUT_MS", "1500", 1);
+  setenv("GLINT_HEARTBEAT_MS", "250", 1);
+  auto read = Options::from_environment();
+  ASSERT_TRUE(read) << describe(read.error());
+  EXPECT_EQ(read->peer_timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(read->heartbeat, std::chrono::milliseconds(250));
+
+  setenv("GLINT_PEER_TIMEOUT_MS", "400", 1);
+  auto short_one = Options::from_environment();
+  ASSERT_TRUE(short_one);
+  auto bad = short_one->validate();
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("GLINT_PEER_TIMEOUT_MS"), std::string::npos) << describe(bad.error());
+
+  setenv("GLINT_PEER_TIMEOUT_MS", "soon", 1);
+  auto garbled = Options::from_environment();
+  ASSERT_FALSE(garbled);
+  EXPECT_NE(describe(garbled.error()).find("GLINT_PEER_TIMEOUT_MS='soon'"), std::string::npos) << describe(garbled.error());
+  unsetenv("GLINT_PEER_TIMEOUT_MS");
+  unsetenv("GLINT_HEARTBEAT_MS");
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ Result<ChildProcess> start_node(const Options& opts, int rank) {
   c.local_rank = rank;
   auto env = c.to_environment();
   env["GLINT_MAX_MESSAGE_BYTES"] = std::to_string(opts.max_message_bytes);
+  env["GLINT_HEARTBEAT_MS"] = std::to_string(opts.heartbeat.count());
+  env["GLINT_PEER_TIMEOUT_MS"] = std::to_string(opts.peer_timeout.count());
   return ChildProcess::start({self_executable()}, env);
 }
 

@@ -1,6 +1,7 @@
 #include "runtime/registry.hpp"
 
 #include <algorithm>
+#include <thread>
 
 namespace glint {
 
@@ -23,6 +24,15 @@ void remember_local_actor(const caf::strong_actor_ptr& p) {
   if (v.size() > 64 && v.size() % 64 == 0)
     v.erase(std::remove_if(v.begin(), v.end(), [](const caf::weak_actor_ptr& w) { return !w.lock(); }), v.end());
   v.emplace_back(p.get());
+}
+
+bool await_local_actors_released(std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (local_actors().empty()) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 std::vector<caf::actor_addr> local_actors() {

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ namespace detail {
 /// Remembers every actor spawned through the registry in this process, so a
 /// node can stop them all on shutdown.
 void remember_local_actor(const caf::strong_actor_ptr& p);
+/// Waits up to `limit` until no actor spawned through glint in this process
+/// is referenced any more; whether none is.
+bool await_local_actors_released(std::chrono::milliseconds limit);
 std::vector<caf::actor_addr> local_actors();
 }  // namespace detail
 

@@ -523,6 +523,11 @@ void Runtime::shutdown() {
     impl_->rendezvous = nullptr;
     for (auto& n : impl_->nodes) n.agent = nullptr;
   }
+  // The same race as at a node's exit (serve_node): a rank a node process
+  // monitors must be released while the middleman still runs. Bounded, and
+  // short, because a caller may still hold a handle it was told not to keep.
+  if (opts_.mode == Mode::cluster)
+    detail::await_local_actors_released(std::min<std::chrono::milliseconds>(opts_.exit_grace, 3s));
   sys_.reset();  // waits for every actor of this process
 }
 
@@ -642,17 +647,24 @@ int serve_node(const Options& opts) {
     }
     // Serve until the agent stops: the driver said so, or the driver is gone.
     self->receive([](const caf::down_msg&) {});
-    // CAF's actor_system waits at exit until every detached actor is released.
-    // Now and then (about 1 run in 20 under load) a remote-spawned actor stays
-    // referenced inside CAF after its connection closed, and the wait never
-    // ends. A node process must not outlive its job: give the actors a few
-    // seconds, then leave with the code we would have returned anyway.
-    std::thread([exit_code, rank = opts.cluster.rank] {
-      std::this_thread::sleep_for(5s);
-      std::fprintf(stderr, "glint: node %d: actors still held 5 s after shutdown; exiting without waiting for them\n",
-                   rank);
+    // Let the ranks finish exiting while the middleman still runs. A rank
+    // the driver monitors is monitored here by CAF's BASP broker; its exit
+    // sends the broker a down message whose sender is a strong reference to
+    // the rank, and CAF runs the monitors after it counts the actor as done.
+    // If ~actor_system stops the middleman in between, that message stays in
+    // the broker's mailbox for good (CAF 0.17's abstract_broker::cleanup never
+    // closes it), the rank is never destroyed, and ~actor_system waits on its
+    // thread forever: the hang behind this process's old 5 s watchdog
+    // (docs/architecture.md). Waiting here until every rank is released lets
+    // the broker consume those messages.
+    // The last resort: a rank still busy in a long compute step past the
+    // grace holds its thread, and a node process must not outlive its job.
+    if (!detail::await_local_actors_released(opts.exit_grace)) {
+      std::fprintf(stderr, "glint: node %d: actors still busy %lld ms after shutdown; exiting without them\n",
+                   opts.cluster.rank, static_cast<long long>(opts.exit_grace.count()));
+      std::fflush(stderr);
       std::_Exit(*exit_code);
-    }).detach();
+    }
   }
   return *exit_code;
 }

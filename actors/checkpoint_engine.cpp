@@ -34,7 +34,10 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
     return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights: "
                                               "give the engine model.with_adapter(name)");
   const auto* model = model_.backend().actor_group();
-  const auto* all_samplers = sampler_.backend().actor_group();
+  // A supervised sampler group respawns the ranks it lost first; they take
+  // this sync and then serve.
+  sampler_.backend().heal();
+  const auto all_samplers = sampler_.backend().actor_group();
   if (auto* remote = dynamic_cast<RemoteWeightSync*>(&model_.backend()); remote && !model && !all_samplers) {
     auto r = remote->sync_to(sampler_.backend(), model_.adapter(), target(), o);
     if (r) version_ = r->version;
@@ -59,6 +62,11 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
     if (!done && shrank()) {
       log::warn(describe(done.error()) + "; syncing again to the sampler ranks left");
       continue;
+    }
+    if (done) {
+      std::vector<int> reached;
+      for (int s = 0; s < sampler.size(); ++s) reached.push_back(sampler.rank(s).ctx.rank);
+      sampler_.backend().synced(o.merge_and_sync ? std::string{} : target(), reached);
     }
     return done;
   }

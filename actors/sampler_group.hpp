@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ namespace glint::actors {
 class SamplerBackend {
 public:
   virtual ~SamplerBackend() = default;
+  /// The layout the group was opened with (a respawned rank's new home is
+  /// in actor_group()).
   virtual const GroupInfo& info() const = 0;
   virtual Future<std::vector<SampledSequence>> sample(const std::vector<SampleRequest>& requests,
                                                       const SamplingParams& params, const std::string& adapter) = 0;
@@ -50,8 +53,19 @@ public:
   virtual Future<void> wake() = 0;
   virtual Future<int64_t> abort() = 0;
   virtual Future<std::vector<Metrics>> stats() = 0;
-  /// The CAF group behind a local or cluster backend; null where there is none.
-  virtual const Group<sampler_actor>* actor_group() const { return nullptr; }
+  /// The CAF group behind a local or cluster backend, as it stands now (a
+  /// supervised group replaces ranks it respawns); none where there is none.
+  virtual std::optional<Group<sampler_actor>> actor_group() const { return std::nullopt; }
+  /// A supervised group (RestartPolicy) respawns the ranks it lost, if its
+  /// policy allows, before a weight sync and a sample call. The respawned
+  /// ranks take no sample until they hold the current weights (ready()).
+  virtual void heal() {}
+  /// Rank `rank` (of actor_group()) holds the current weights: a weight sync
+  /// of `target` (the adapter, "" for the base) reached it.
+  virtual void synced(const std::string& target, const std::vector<int>& ranks) {
+    (void)target;
+    (void)ranks;
+  }
   /// The runtime of actor_group(); null where there is none.
   virtual Runtime* runtime() const { return nullptr; }
 };
@@ -128,12 +142,20 @@ private:
 
 /// The one way to get a SamplerGroup: places and spawns a sampler group
 /// (local, cluster), or attaches to a server's samplers (remote mode;
-/// docs/remote.md).
+/// docs/remote.md). With `restart.max_restarts` > 0 the group respawns the
+/// ranks it loses (docs/faults.md): on the rank's own node once a restarted
+/// process took its place there, else on the live node with the fewest of
+/// its ranks; the new rank replays the adapters and weight updates the group
+/// was given and takes samples once it holds the model's current weights
+/// (at once if no weight sync ever ran, else after the next one). Remote
+/// mode refuses a policy: the server supervises its samplers.
 Result<SamplerGroup> open_sampler_group(Runtime& rt, const placement::DeviceGroup& group,
-                                        const placement::DeviceMesh& mesh, SamplerSpec spec);
+                                        const placement::DeviceMesh& mesh, SamplerSpec spec,
+                                        RestartPolicy restart = {});
 
 /// A client over an existing CAF group of sampler actors; calls without a
 /// seed draw theirs from a stream seeded with `sampling_seed`.
-SamplerGroup sampler_group_of(Runtime& rt, Group<sampler_actor> group, uint64_t sampling_seed = 0);
+SamplerGroup sampler_group_of(Runtime& rt, Group<sampler_actor> group, uint64_t sampling_seed = 0,
+                              RestartPolicy restart = {});
 
 }  // namespace glint::actors

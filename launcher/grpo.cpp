@@ -185,6 +185,12 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
   c->add_option("--sampler-dp", a.sampler_dp, "Sampler ranks (each with its own copy of the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  c->add_option("--sampler-max-restarts", a.sampler_max_restarts,
+                "Sampler ranks lost with their process (glint run --max-restarts restarts it) are spawned again, up "
+                "to this many times in the run: on their restarted node, else on a live one; a new rank samples once "
+                "the next weight sync reaches it (docs/faults.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   c->add_option("--sampler-cache-mib", a.sampler_cache_mib, "KV cache per sampler rank, MiB")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -297,7 +303,7 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
   std::vector<Row> train_rows, val_rows;
   int64_t planned_steps = a.max_steps;
   if (resuming) {
-    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-cache-mib"});
+    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-max-restarts", "sampler-cache-mib"});
         !changed.empty())
       return refuse("--resume: the run in " + out + " was started with other values of " + changed +
                     " (see its config.toml); use them, or start another --output");
@@ -359,7 +365,8 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
     auto sampler_base = actors::open_sampler_group(
         rt, placement::DeviceGroup::of("sampler", a.sampler_dp), *mesh,
         {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = a.sampler_cache_mib << 20,
-         .max_model_len = a.max_prompt_length + a.max_tokens});
+         .max_model_len = a.max_prompt_length + a.max_tokens},
+        RestartPolicy{.max_restarts = a.sampler_max_restarts});
     if (!sampler_base) return fail("opening the sampler group", sampler_base.error());
     auto sampler = *sampler_base;
     auto nodes = [](const GroupInfo& info) {

@@ -1,4 +1,5 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
+#include "bench/faults_bench.hpp"
 #include "bench/remote_bench.hpp"
 #include "bench/rl_bench.hpp"
 #include "bench/sample_bench.hpp"
@@ -225,6 +226,19 @@ int main(int argc, char** argv) {
       "a baseline generates different tokens. The baselines are bench/python/sample_baseline.py and "
       "bench/llamacpp/llamacpp_child.mjs in the source tree glint was built from.");
 
+  glint::bench::FaultsBenchArgs faults_args;
+  auto* bench_faults = bench->add_subcommand(
+      "faults", "How fast a cluster job finds a killed or frozen process and replaces a lost sampler rank");
+  bench_faults->add_option("--repeats", faults_args.repeats, "Runs per measurement (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_faults->add_option("--chaos", faults_args.chaos,
+                           "GRPO runs whose sampler process is killed at a random step (scripts/chaos.sh; 0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  bench_faults->footer("Prints kill_detect_s, freeze_detect_s, peer_timeout_s, sampler_spawn_s, sampler_respawn_s, "
+                       "then chaos_runs, chaos_hangs, chaos_mismatches and chaos_failures. Runs from the build tree "
+                       "(scripts/chaos.sh).");
   glint::bench::SyncBenchArgs sync_args;
   auto* bench_sync = bench->add_subcommand(
       "sync", "Weight sync GB/s of the checkpoint engine (model group -> sampler group) for ~30M and ~300M-parameter "
@@ -330,6 +344,7 @@ int main(int argc, char** argv) {
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_sync) return glint::bench::sync(sync_args);
+  if (*bench_faults) return glint::bench::faults(faults_args);
   if (*bench_remote) return glint::bench::remote(remote_args);
   if (*bench_rl) return glint::bench::rl(rl_args);
   if (*bench_train) {

@@ -93,6 +93,7 @@ struct GrpoArgs : RecipeArgs {
   int64_t sync_every = 1;             ///< steps between weight syncs to the sampler
   int64_t max_staleness = 0;          ///< asynchronous: batches sample this many updates ahead
   int sampler_dp = 1;
+  int sampler_max_restarts = 0;       ///< respawns of lost sampler ranks over the run
   int64_t sampler_cache_mib = 256;
   bool packing = true;                ///< padding-free training batches (--no-packing: padded)
 };

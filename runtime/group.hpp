@@ -19,6 +19,7 @@
 #include <caf/send.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -34,6 +35,14 @@ struct GroupInfo {
   std::vector<std::string> labels;  ///< "rank 1 of group 'model' on node 1 (host, pid 42)"
   int size() const { return static_cast<int>(ranks.size()); }
   int dp_size() const { return ranks.empty() ? 0 : ranks.front().dp_size; }
+};
+
+/// How a supervised group replaces ranks it lost: at most `max_restarts`
+/// respawns over the group's life (0: none; the group serves on the ranks
+/// left), at least `backoff` apart.
+struct RestartPolicy {
+  int max_restarts = 0;
+  std::chrono::milliseconds backoff{std::chrono::milliseconds(500)};
 };
 
 namespace detail {
@@ -153,6 +162,37 @@ public:
 
   Group() = default;
 
+  /// Spawns the actor of rank `r` again on `node` from the spec it was
+  /// first spawned with (its type and arguments), in a replacement group:
+  /// rank r's context, label and node restart count are the new actor's;
+  /// the other ranks are shared. `cpus` binds it (empty: unbound); `device`
+  /// is its device index there. This group, and views taken of it, keep the
+  /// old rank.
+  Result<Group> respawned(int r, int node, int device, std::vector<int> cpus) const {
+    if (!ranks_ || r < 0 || r >= size())
+      return make_error(errc::invalid_argument, "group '" + name_ + "' has no rank " + std::to_string(r));
+    if (!respawn_)
+      return make_error(errc::failed_precondition, "group '" + name_ + "' was not spawned by Group::spawn; it cannot respawn a rank");
+    auto ctx = rank(r).ctx;
+    ctx.node = node;
+    ctx.device = device;
+    ctx.cpus = std::move(cpus);
+    const auto info = rt_->node(node);
+    auto h = (*respawn_)(ctx);
+    if (!h) return with_context(h.error(), "respawning rank " + std::to_string(r) + " of group '" + name_ + "'");
+    auto ranks = std::make_shared<std::vector<Rank>>(*ranks_);
+    auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
+    (*ranks)[static_cast<size_t>(r)] =
+        Rank{caf::weak_actor_ptr{strong.get()}, ctx,
+             "rank " + std::to_string(r) + " of group '" + name_ + "' on " + info.describe(), info.restarts};
+    auto labels = std::make_shared<std::vector<std::string>>();
+    for (const auto& k : *ranks) labels->push_back(k.label);
+    Group g = *this;
+    g.ranks_ = std::move(ranks);
+    g.labels_ = std::move(labels);
+    return g;
+  }
+
   /// Spawns one actor of registered type `type` per slot; rank i gets a
   /// RankContext built from slots[i], then `args...`. On failure, the ranks
   /// already spawned are stopped.
@@ -179,6 +219,11 @@ public:
     auto labels = std::make_shared<std::vector<std::string>>();
     for (const auto& r : *ranks) labels->push_back(r.label);
     Group g;
+    g.respawn_ = std::make_shared<const std::function<Result<Handle>(const RankContext&)>>(
+        [rt = &rt, type, args = std::make_tuple(args...)](const RankContext& ctx) -> Result<Handle> {
+          auto msg = std::apply([&](const auto&... xs) { return caf::make_message(ctx, xs...); }, args);
+          return rt->spawn<Handle>(ctx.node, type, std::move(msg));
+        });
     g.rt_ = &rt;
     g.name_ = std::move(name);
     g.ranks_ = std::move(ranks);
@@ -229,12 +274,20 @@ public:
   /// data-parallel group the survivors' dp coordinates are renumbered, so
   /// that Dispatch::slice_dp spreads a call over them.
   Group live() const {
+    return subset([this](int r) { return alive(r); });
+  }
+
+  /// The same group with only the ranks r for which keep(r) holds, indexed
+  /// by position as live() is (dp coordinates renumbered in a purely
+  /// data-parallel group).
+  template <class Keep>
+  Group subset(Keep keep) const {
     Group g = *this;
     if (!ranks_) return g;
     auto kept = std::make_shared<std::vector<Rank>>();
     auto labels = std::make_shared<std::vector<std::string>>();
     for (int r = 0; r < size(); ++r)
-      if (alive(r)) {
+      if (keep(r)) {
         kept->push_back(rank(r));
         labels->push_back(rank(r).label);
       }
@@ -345,6 +398,9 @@ private:
   }
 
   Runtime* rt_ = nullptr;
+  /// Spawns one rank of this group again from its spec (Group::spawn's type
+  /// and arguments) with the context given.
+  std::shared_ptr<const std::function<Result<Handle>(const RankContext&)>> respawn_;
   std::string name_;
   int64_t row_unit_ = 1;
   std::shared_ptr<const std::vector<Rank>> ranks_;

@@ -10,7 +10,9 @@
 # run in the driver (process 0), sampler rank 1 in process 1. Each run gets
 # SIGKILL on process 1 after a random step (between 1 and 14 of 20); the
 # sampler rank there is lost, its requests go to rank 0, `glint run`
-# starts process 1 again and the driver admits it. metrics.jsonl must equal
+# starts process 1 again and the driver admits it, and the sampler group
+# (--sampler-max-restarts 1) spawns rank 1 again, on node 1 if it is back by
+# the next weight sync, else on node 0; it samples once that sync reached it. metrics.jsonl must equal
 # the uninterrupted run's, row by row (rewards, lengths and counts exactly;
 # loss and grad_norm to 1e-5 relative, the sampler's batches differing
 # after the kill), and no run may take longer than 120 s.
@@ -32,7 +34,7 @@ cd "$root"
   --lr-scheduler constant --output sft >> setup.log 2>&1 || { cat setup.log; exit 1; }
 steps=20
 grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
-      --num-generations 4 --lr 1e-3 --max-steps $steps --sampler-dp 2)
+      --num-generations 4 --lr 1e-3 --max-steps $steps --sampler-dp 2 --sampler-max-restarts 1)
 
 "$glint" run --nproc 2 -- "$glint" "${grpo[@]}" --output reference > reference.log 2>&1 \
   || { cat reference.log; echo "chaos: the uninterrupted run failed" >&2; exit 1; }
@@ -60,16 +62,17 @@ for ra, rb in zip(a, b):
 EOF
 }
 
-hangs=0 mismatches=0 failures=0
+hangs=0 mismatches=0 failures=0 respawned=0
 for ((i = 1; i <= runs; i++)); do
   at=$((1 + RANDOM % 14))
   out=run$i
   timeout -s KILL 120 "$glint" run --nproc 2 --max-restarts 1 -- "$glint" "${grpo[@]}" --output $out > $out.log 2>&1 &
   job=$!
-  # Wait for step `at`, then kill process 1 (found by its GLINT_RANK).
+  # Wait for step `at` to end, then kill process 1 (found by its GLINT_RANK).
   victim=""
   for ((t = 0; t < 1200; t++)); do
-    grep -q "^grpo $at/$steps" $out.log 2>/dev/null && break
+    # metrics.jsonl gets a row per step as it ends (the log is buffered).
+    (($(cat $out/metrics.jsonl 2>/dev/null | wc -l) >= at)) && break
     kill -0 $job 2>/dev/null || break
     sleep 0.05
   done
@@ -88,6 +91,12 @@ for ((i = 1; i <= runs; i++)); do
     outcome="FAILED (exit $code): $(grep -m1 -i "error\|glint:" $out.log)"; failures=$((failures + 1))
   elif why=$(same reference/metrics.jsonl $out/metrics.jsonl); then
     outcome="same metrics as the uninterrupted run"
+    if where=$(grep -m1 -o "respawned as rank 1 of group 'sampler' on node [0-9]*" $out.log); then
+      outcome+="; sampler rank 1 respawned on ${where##* on }"
+      respawned=$((respawned + 1))
+    else
+      outcome+="; sampler rank 1 not respawned (the run ended first)"
+    fi
   else
     outcome="DIFFERENT metrics: $why"; mismatches=$((mismatches + 1))
   fi
@@ -97,4 +106,5 @@ echo "chaos_runs: $runs"
 echo "chaos_hangs: $hangs"
 echo "chaos_mismatches: $mismatches"
 echo "chaos_failures: $failures"
+echo "chaos_respawns: $respawned"
 [[ $hangs == 0 && $mismatches == 0 && $failures == 0 ]]

@@ -523,6 +523,74 @@ TEST(SamplerFailover, ARankKilledMidCallHasItsRequestsServedByALiveOne) {
   EXPECT_EQ(job->nodes[0].wait_for(std::chrono::seconds(5)), std::optional<int>{128 + SIGKILL});
 }
 
+// A supervised sampler group (RestartPolicy) replaces a rank it lost: on
+// the rank's own node once a restarted process took its place there, else
+// on a live node. The new rank replays the group's adapters and weight
+// updates before it samples, so the answers (and their weight version) are
+// those the group gave before the loss.
+TEST(SamplerRespawn, ALostRankIsRespawnedWithTheGroupsWeightsOnItsRestartedNodeThenOnALiveOne) {
+  auto job = testing::TestJob::start(Mode::cluster, 2);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  ASSERT_TRUE(placement::service(rt, {.strategy = placement::Strategy::spread}));
+  auto dir = glint::testing::fresh_dir("sampler-respawn");
+  ASSERT_TRUE(sharp_model(3).save(dir));
+  auto sg = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 2),
+                                       *placement::DeviceMesh::from_sizes({.dp = 2}),
+                                       {.model_dir = dir, .sampling_seed = 5, .cache_bytes = 1 << 20},
+                                       RestartPolicy{.max_restarts = 2, .backoff = std::chrono::milliseconds(0)});
+  ASSERT_TRUE(sg) << describe(sg.error());
+  ASSERT_EQ(sg->info().ranks[1].node, 1);
+  ASSERT_TRUE(sg->update_weights(weights_of(sharp_model(8)), 4).get());
+  ASSERT_TRUE(sg->add_adapter("a", components::LoraConfig{}).get());
+  Prompts prompts;
+  for (int64_t i = 0; i < 8; ++i) prompts.push_back({1 + i, 2 + i, 3 + i});
+  const SamplingParams p{.num_samples = 2, .max_tokens = 12, .temperature = 1.0, .seed = 7, .ignore_eos = true};
+  auto want = sg->sample(prompts, p).get();
+  ASSERT_TRUE(want) << describe(want.error());
+  for (const auto& q : *want) ASSERT_EQ(q.weight_version, 4);
+  auto expect_same = [&](const Result<std::vector<SampledSequence>>& got, const std::string& what) {
+    ASSERT_TRUE(got) << what << ": " << describe(got.error());
+    ASSERT_EQ(got->size(), want->size()) << what;
+    for (size_t i = 0; i < want->size(); ++i) {
+      EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << what << ": sequence " << i;
+      EXPECT_EQ((*got)[i].weight_version, 4) << what << ": sequence " << i;
+    }
+  };
+  auto until = [](auto pred) {
+    for (int i = 0; i < 300 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return pred();
+  };
+  auto stats_ranks = [&] {
+    auto st = sg->stats().get();
+    return st ? static_cast<int>(st->size()) : -1;
+  };
+
+  // 1. Node 1 dies and `glint run --max-restarts` starts it again: the rank
+  //    comes back there, with the weights of version 4 and adapter "a".
+  job->nodes[0].signal(SIGKILL);
+  ASSERT_TRUE(until([&] { return rt.node(1).lost; }));
+  ASSERT_TRUE(job->restart_node(1));
+  ASSERT_TRUE(until([&] { return !rt.node(1).lost; }));
+  expect_same(sg->sample(prompts, p).get(), "after the respawn on the restarted node");
+  auto now = sg->backend().actor_group();
+  ASSERT_TRUE(now);
+  EXPECT_EQ(now->rank(1).ctx.node, 1);
+  EXPECT_TRUE(now->alive(1)) << "rank 1 was not respawned";
+  EXPECT_EQ(stats_ranks(), 2);
+  expect_same(sg->with_adapter("a").sample(prompts, p).get(), "adapter 'a' (B zero) on the respawned rank");
+
+  // 2. Node 1 dies again and stays dead: the rank is respawned on node 0.
+  job->nodes[0].signal(SIGKILL);
+  ASSERT_TRUE(until([&] { return rt.node(1).lost; }));
+  expect_same(sg->sample(prompts, p).get(), "after the respawn on the live node");
+  now = sg->backend().actor_group();
+  EXPECT_EQ(now->rank(1).ctx.node, 0);
+  EXPECT_TRUE(now->alive(1));
+  EXPECT_EQ(stats_ranks(), 2);
+  rt.shutdown();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SamplerActorTest, ::testing::Values(Mode::local, Mode::cluster),
                          [](const auto& info) { return info.param == Mode::local ? "local" : "cluster"; });
 

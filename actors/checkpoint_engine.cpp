@@ -145,7 +145,12 @@ Result<SyncReport> CheckpointEngine::by_collective(const Group<model_actor>& mod
   const std::string target = o.merge_and_sync ? std::string{} : this->target();
   const int32_t world = 1 + sampler.size();
   // Every member blocks in the collective until all have joined: send to all, then wait.
-  SyncGroupAddress at{o.store_host, store_port_, 0, world, o.bucket_bytes};
+  // The store lives with model rank 0: by default at its node's address as
+  // the runtime knows it (loopback on one machine).
+  auto* rt = sampler_.backend().runtime();
+  const auto store_host =
+      o.store_host == SyncOptions{}.store_host && rt ? address_of_node(*rt, model.rank(0).ctx.node) : o.store_host;
+  SyncGroupAddress at{store_host, store_port_, 0, world, o.bucket_bytes};
   auto sent = model.call_rank(0, sync_send_atom::value, adapter, o.merge_and_sync, at);
   std::vector<Future<bool>> received;
   const WeightUpdate update{target, r.version, o.policy};

@@ -64,9 +64,10 @@ struct SyncOptions {
   /// What happens to requests in flight: finish on the old weights, or stop now.
   components::UpdatePolicy policy = components::UpdatePolicy::finish_old;
   SyncTransport transport = SyncTransport::automatic;
-  /// The collective's store, hosted by model rank 0. The port is picked on
-  /// this machine at the first sync: a job on several machines sets the
-  /// model node's address and a port free there.
+  /// The collective's store, hosted by model rank 0: by default at the
+  /// address of model rank 0's node as the runtime knows it (its route to
+  /// the driver). The port is picked on the driver's machine at the first
+  /// sync: a job on several machines sets a port free on the model's.
   std::string store_host = "127.0.0.1";
   int32_t store_port = 0;
 };

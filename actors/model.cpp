@@ -105,7 +105,11 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
 std::string address_of_node(Runtime& rt, int node) {
   if (rt.mode() == Mode::local) return "127.0.0.1";
   // Node 0 is this process: the address the node processes reach it by.
-  return node == 0 ? rt.options().cluster.master_addr : rt.node(node).hello.host;
+  // Another node: the address of its route to this one (its host name may
+  // resolve to a loopback address there), else its host name.
+  if (node == 0) return rt.options().cluster.master_addr;
+  const auto n = rt.node(node);
+  return n.hello.address.empty() ? n.hello.host : n.hello.address;
 }
 
 Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,

@@ -1,6 +1,7 @@
 #include "runtime/process.hpp"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -14,6 +15,8 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
 
 extern char** environ;
@@ -179,6 +182,33 @@ std::string self_executable() {
   auto n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) return {};
   return std::string(buf, static_cast<size_t>(n));
+}
+
+/// The address of this machine's interface that packets to host:port leave
+/// by (a UDP socket's connect sends nothing; it only picks the route).
+Result<std::string> local_address_towards(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port == 0 ? 9 : port).c_str(), &hints, &found); rc != 0 || !found)
+    return make_error(errc::unavailable, "cannot resolve the store's host " + host + ": " + ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard{found, ::freeaddrinfo};
+  int fd = ::socket(found->ai_family, SOCK_DGRAM, 0);
+  if (fd < 0) return make_error(errc::unavailable, std::string{"a socket to find this host's address: "} + std::strerror(errno));
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  const bool ok = ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return make_error(errc::unavailable, "no route from this host to the store's host " + host + ": " + std::strerror(err));
+  char text[INET6_ADDRSTRLEN] = {0};
+  const void* a = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+  if (!::inet_ntop(local.ss_family, a, text, sizeof(text)))
+    return make_error(errc::internal, "formatting this host's address");
+  return std::string{text};
 }
 
 Result<uint16_t> pick_free_port() {

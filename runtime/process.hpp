@@ -69,4 +69,8 @@ std::string self_executable();
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 Result<uint16_t> pick_free_port();
 
+/// The address of this machine's interface that packets to host:port leave
+/// by: the address processes there can reach this one by. Sends nothing.
+Result<std::string> local_address_towards(const std::string& host, uint16_t port);
+
 }  // namespace glint

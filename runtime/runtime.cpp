@@ -1,5 +1,6 @@
 #include "runtime/runtime.hpp"
 #include "runtime/log.hpp"
+#include "runtime/process.hpp"
 #include "runtime/text.hpp"
 
 #include "runtime/batch.hpp"
@@ -41,6 +42,7 @@ NodeHello self_hello(const ClusterEnv& c) {
   if (gethostname(host, sizeof(host) - 1) == 0) h.host = host;
   h.pid = static_cast<int32_t>(getpid());
   h.cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (auto a = local_address_towards(c.master_addr, c.master_port)) h.address = *a;
   return h;
 }
 

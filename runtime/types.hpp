@@ -59,12 +59,15 @@ struct NodeHello {
   std::string host;
   int32_t pid = 0;
   int cores = 0;
+  /// The address the driver and the other processes reach this one by (its
+  /// route to the driver); empty where it could not be found.
+  std::string address;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, NodeHello& x) {
   return f(caf::meta::type_name("glint.node_hello"), x.process_rank, x.node_rank, x.local_rank, x.local_world_size,
-           x.host, x.pid, x.cores);
+           x.host, x.pid, x.cores, x.address);
 }
 
 // Atoms of the runtime protocol (CAF 0.17 atoms: at most 10 characters).

@@ -8,6 +8,11 @@
 
 #include <c10/core/GradMode.h>
 
+#include "runtime/process.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
 namespace glint::components {
 
 namespace {
@@ -63,12 +68,19 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.store_host, so);
     impl.store = c10::make_intrusive<c10d::PrefixStore>(cfg.prefix, tcp);
     auto opts = c10d::ProcessGroupGloo::Options::create(cfg.timeout);
-    // Gloo binds to this machine: loopback when the whole group is on one
-    // machine (the store is on loopback), else the address this host's name
-    // resolves to, so that ranks on other machines reach it.
-    bool loopback = cfg.store_host == "127.0.0.1" || cfg.store_host == "localhost";
-    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    // Gloo binds to the address the other ranks reach this one by: the
+    // interface GLOO_SOCKET_IFNAME names (PyTorch's setting), else the
+    // local address of the route to the store's host (loopback when the
+    // store is on loopback). Not this host's name: on many machines (and in
+    // a network namespace) it resolves to a loopback address that ranks on
+    // other machines cannot reach.
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else {
+      auto local = local_address_towards(cfg.store_host, cfg.store_port);
+      if (!local) throw std::runtime_error(describe(local.error()));
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(*local));
+    }
     opts->threads = 1;
     impl.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl.store, cfg.rank, cfg.world_size, opts);
   });

@@ -19,6 +19,10 @@
 # Prints one line per run, then chaos_runs, chaos_hangs, chaos_mismatches
 # and chaos_failures; exits non-zero if any run hung, failed or differed.
 set -uo pipefail
+# Each process picks its matmul backend by timing both (kernels.cpp); on a
+# loaded machine two runs can pick differently and round differently (a grad
+# norm 1e-5 apart). Pin it: what is compared here is the fault, not the backend.
+export GLINT_MATMUL=aten
 runs=${1:-5}
 here=$(cd "$(dirname "$0")/.." && pwd)
 glint=${GLINT:-$here/${GLINT_BUILD_DIR:-build}/launcher/glint}
@@ -62,24 +66,35 @@ for ra, rb in zip(a, b):
 EOF
 }
 
+# rows DIR: the steps DIR/metrics.jsonl has (0 before it exists).
+rows() { { wc -l < "$1/metrics.jsonl"; } 2>/dev/null || echo 0; }
+
 hangs=0 mismatches=0 failures=0 respawned=0
 for ((i = 1; i <= runs; i++)); do
   at=$((1 + RANDOM % 14))
   out=run$i
   timeout -s KILL 120 "$glint" run --nproc 2 --max-restarts 1 -- "$glint" "${grpo[@]}" --output $out > $out.log 2>&1 &
   job=$!
-  # Wait for step `at` to end, then kill process 1 (found by its GLINT_RANK).
+  # Find process 1 (by its GLINT_RANK) first: scanning /proc takes longer
+  # than a step. Then wait for step `at` to end and kill it at once.
   victim=""
-  for ((t = 0; t < 1200; t++)); do
-    # metrics.jsonl gets a row per step as it ends (the log is buffered).
-    (($(cat $out/metrics.jsonl 2>/dev/null | wc -l) >= at)) && break
+  for ((t = 0; t < 600; t++)); do
+    for d in /proc/[0-9]*; do  # /proc, not pgrep: procps is not on every machine
+      { tr '\0' ' ' < "$d/cmdline"; } 2>/dev/null | grep -q -- "--output $out " || continue
+      { tr '\0' '\n' < "$d/environ"; } 2>/dev/null | grep -qx "GLINT_RANK=1" && victim=${d#/proc/}
+    done
+    [[ -n $victim ]] && break
     kill -0 $job 2>/dev/null || break
     sleep 0.05
   done
-  for d in /proc/[0-9]*; do  # /proc, not pgrep: procps is not on every machine
-    tr '\0' ' ' < "$d/cmdline" 2>/dev/null | grep -q -- "--output $out " || continue
-    tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "GLINT_RANK=1" && victim=${d#/proc/}
+  for ((t = 0; t < 2400; t++)); do
+    # metrics.jsonl gets a row per step as it ends (the log is buffered).
+    (($(rows $out) >= at)) && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.02
   done
+  # The step the run was at (rows written) when the kill came.
+  killed_after=$(rows $out)
   [[ -n $victim ]] && kill -KILL "$victim"
   wait $job
   code=$?
@@ -100,7 +115,7 @@ for ((i = 1; i <= runs; i++)); do
   else
     outcome="DIFFERENT metrics: $why"; mismatches=$((mismatches + 1))
   fi
-  echo "chaos run $i: SIGKILL to process 1 after step $at: $outcome"
+  echo "chaos run $i: SIGKILL to process 1 after step $killed_after (aimed at $at): $outcome"
 done
 echo "chaos_runs: $runs"
 echo "chaos_hangs: $hangs"

@@ -25,7 +25,7 @@ class ActorSamplerBackend final : public SamplerBackend, public std::enable_shar
 public:
   ActorSamplerBackend(Runtime& rt, Group<sampler_actor> g, uint64_t sampling_seed, RestartPolicy policy)
       : rt_(rt), g_(std::move(g)), info_(g_.info()), seeds_(sampling_seed), policy_(policy),
-        waits_for_(static_cast<size_t>(g_.size())) {}
+        waits_for_(static_cast<size_t>(g_.size())), down_(static_cast<size_t>(g_.size()), 0) {}
 
   const GroupInfo& info() const override { return info_; }
   std::optional<Group<sampler_actor>> actor_group() const override { return group(); }
@@ -45,35 +45,35 @@ public:
   Future<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               components::UpdatePolicy policy) override {
     WeightUpdate u{adapter, version, policy};
-    return logged(done_of(group().live().call<Collect::first>(Dispatch::all, update_weights_atom::value, weights, u)),
+    return logged(done_of(reachable().call<Collect::first>(Dispatch::all, update_weights_atom::value, weights, u)),
                   Op{.kind = Op::update, .name = adapter, .weights = weights, .as = u});
   }
   Future<void> add_adapter(const std::string& name, const LoraConfig& lora) override {
     if (name.empty())
       return detail::failed<void>(make_error(errc::invalid_argument, "add_adapter needs a name for the adapter"));
-    return logged(done_of(group().live().call<Collect::first>(Dispatch::all, add_adapter_atom::value, name, lora)),
+    return logged(done_of(reachable().call<Collect::first>(Dispatch::all, add_adapter_atom::value, name, lora)),
                   Op{.kind = Op::add, .name = name, .lora = lora});
   }
   Future<void> load_adapter(const std::string& name, const std::string& dir) override {
-    return logged(done_of(group().live().call<Collect::first>(Dispatch::all, load_adapter_atom::value, name, dir)),
+    return logged(done_of(reachable().call<Collect::first>(Dispatch::all, load_adapter_atom::value, name, dir)),
                   Op{.kind = Op::load, .name = name, .dir = dir});
   }
   Future<void> remove_adapter(const std::string& name) override {
-    return logged(done_of(group().live().call<Collect::first>(Dispatch::all, remove_adapter_atom::value, name)),
+    return logged(done_of(reachable().call<Collect::first>(Dispatch::all, remove_adapter_atom::value, name)),
                   Op{.kind = Op::remove, .name = name});
   }
   Future<void> reset_prefix_cache() override {
-    return done_of(group().live().call<Collect::first>(Dispatch::all, reset_prefix_cache_atom::value));
+    return done_of(reachable().call<Collect::first>(Dispatch::all, reset_prefix_cache_atom::value));
   }
   Future<void> sleep() override {
-    return logged(done_of(group().live().call<Collect::first>(Dispatch::all, sleep_atom::value)), Op{.kind = Op::sleep});
+    return logged(done_of(reachable().call<Collect::first>(Dispatch::all, sleep_atom::value)), Op{.kind = Op::sleep});
   }
   Future<void> wake() override {
-    return logged(done_of(group().live().call<Collect::first>(Dispatch::all, wake_atom::value)), Op{.kind = Op::wake});
+    return logged(done_of(reachable().call<Collect::first>(Dispatch::all, wake_atom::value)), Op{.kind = Op::wake});
   }
-  Future<int64_t> abort() override { return group().live().call<Collect::sum>(Dispatch::all, abort_atom::value); }
+  Future<int64_t> abort() override { return reachable().call<Collect::sum>(Dispatch::all, abort_atom::value); }
   Future<std::vector<Metrics>> stats() override {
-    return group().live().call<Collect::flatten>(Dispatch::all, stats_atom::value);
+    return reachable().call<Collect::flatten>(Dispatch::all, stats_atom::value);
   }
 
   void heal() override;
@@ -104,10 +104,24 @@ private:
   /// Whether rank r's node is alive and the rank holds the current weights.
   bool serves(const Group<sampler_actor>& g, int r) const {
     std::lock_guard<std::mutex> guard{mx_};
-    return g.alive(r) && waits_for_[static_cast<size_t>(r)].empty();
+    return g.alive(r) && !down_[static_cast<size_t>(r)] && waits_for_[static_cast<size_t>(r)].empty();
+  }
+  /// Whether rank r of `g` is still the actor the group holds now (not one
+  /// since respawned in its place). Under mx_.
+  bool same_rank(const Group<sampler_actor>& g, int r) const {
+    return g.rank(r).actor == g_.rank(r).actor;
   }
   /// The ranks that take samples, as a group view.
   Group<sampler_actor> serving() const;
+  /// The ranks whose node is alive and whose actor was not seen down (those
+  /// still catching up included): where calls to every rank go.
+  Group<sampler_actor> reachable() const {
+    auto g = group();
+    return g.subset([&](int r) {
+      std::lock_guard<std::mutex> guard{mx_};
+      return g.alive(r) && !down_[static_cast<size_t>(r)];
+    });
+  }
 
   /// `f`, whose success records `op` for replay.
   Future<void> logged(Future<void> f, Op op) {
@@ -182,6 +196,9 @@ private:
   /// Per rank: the sync targets whose next weight sync it waits for before
   /// it takes samples (empty: it serves).
   std::vector<std::set<std::string>> waits_for_;
+  /// Per rank: its actor went down (a slice failed with `unavailable`) while
+  /// its node may live on: a crashed rank, respawned like a lost one.
+  std::vector<char> down_;
   std::set<std::string> synced_targets_;  ///< every target a weight sync reached
   std::vector<Op> log_;
   bool asleep_ = false;
@@ -232,8 +249,11 @@ void ActorSamplerBackend::heal() {
   for (;;) {
     auto g = group();
     int lost = -1;
-    for (int r = 0; r < g.size() && lost < 0; ++r)
-      if (!g.alive(r)) lost = r;
+    {
+      std::lock_guard<std::mutex> guard{mx_};
+      for (int r = 0; r < g.size() && lost < 0; ++r)
+        if (!g.alive(r) || down_[static_cast<size_t>(r)]) lost = r;
+    }
     if (lost < 0) return;
     if (restarts_ >= policy_.max_restarts) {
       if (!told_exhausted_)
@@ -277,6 +297,7 @@ void ActorSamplerBackend::heal() {
     std::lock_guard<std::mutex> guard{mx_};
     g_ = std::move(*fresh);
     waits_for_[static_cast<size_t>(lost)] = std::move(waits);
+    down_[static_cast<size_t>(lost)] = 0;
   }
 }
 
@@ -331,6 +352,12 @@ void ActorSamplerBackend::send_part(const std::shared_ptr<Call>& call, size_t pa
           call->failed[static_cast<size_t>(target)] = 1;
           call->why.push_back(describe(r.error()));
         }
+      }
+      {
+        // The rank's actor is gone, whether or not its node is: later calls
+        // skip it, and a supervised group respawns it.
+        std::lock_guard<std::mutex> guard{mx_};
+        if (same_rank(g, target)) down_[static_cast<size_t>(target)] = 1;
       }
       log::warn("sampler group '" + g.name() + "': " + describe(r.error()) + "; its " +
                 std::to_string(call->parts[part].size()) + " requests go to another rank");

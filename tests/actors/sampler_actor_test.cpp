@@ -591,6 +591,45 @@ TEST(SamplerRespawn, ALostRankIsRespawnedWithTheGroupsWeightsOnItsRestartedNodeT
   rt.shutdown();
 }
 
+// A rank whose actor dies while its process lives on (a crash, an exit) is
+// respawned as a lost one is; without a policy the group stops sending it
+// work after the first failure.
+TEST(SamplerRespawn, ACrashedRankIsRespawnedInItsLiveProcess) {
+  auto job = testing::TestJob::start(Mode::local);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  const actors::SamplerSpec spec{.config_json = tiny().to_json(), .seed = 3, .sampling_seed = 5, .cache_bytes = 1 << 20};
+  auto mesh = placement::DeviceMesh::from_sizes({.dp = 2});
+  auto sg = actors::open_sampler_group(rt, placement::DeviceGroup::of("crashy", 2), *mesh, spec,
+                                       RestartPolicy{.max_restarts = 1, .backoff = std::chrono::milliseconds(0)});
+  auto plain = actors::open_sampler_group(rt, placement::DeviceGroup::of("plain", 2), *mesh, spec);
+  ASSERT_TRUE(sg && plain);
+  Prompts prompts;
+  for (int64_t i = 0; i < 6; ++i) prompts.push_back({1 + i, 2 + i});
+  const SamplingParams p{.num_samples = 2, .max_tokens = 6, .temperature = 1.0, .seed = 7, .ignore_eos = true};
+  auto want = sg->sample(prompts, p).get();
+  ASSERT_TRUE(want) << describe(want.error());
+  for (auto* group : {&*sg, &*plain}) {
+    const auto before = group->backend().actor_group()->rank(1).actor;
+    caf::anon_send_exit(group->backend().actor_group()->handle(1), caf::exit_reason::kill);
+    // Until rank 1 is seen gone (the kill is a message too).
+    for (int i = 0; i < 200 && group->backend().actor_group()->call_rank(1, actors::stats_atom::value).get(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int call = 0; call < 2; ++call) {
+      auto got = group->sample(prompts, p).get();
+      ASSERT_TRUE(got) << describe(got.error());
+      ASSERT_EQ(got->size(), want->size());
+      for (size_t i = 0; i < want->size(); ++i) EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "sequence " << i;
+    }
+    auto stats = group->stats().get();
+    ASSERT_TRUE(stats) << describe(stats.error());
+    const bool supervised = group == &*sg;
+    EXPECT_EQ(stats->size(), supervised ? 2u : 1u) << (supervised ? "rank 1 was not respawned" : "rank 1 still called");
+    EXPECT_EQ(group->backend().actor_group()->rank(1).actor != before, supervised);
+  }
+  rt.shutdown();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SamplerActorTest, ::testing::Values(Mode::local, Mode::cluster),
                          [](const auto& info) { return info.param == Mode::local ? "local" : "cluster"; });
 

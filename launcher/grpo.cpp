@@ -186,7 +186,7 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   c->add_option("--sampler-max-restarts", a.sampler_max_restarts,
-                "Sampler ranks lost with their process (glint run --max-restarts restarts it) are spawned again, up "
+                "Sampler ranks lost with their process (glint run --max-restarts restarts it) or crashed are spawned again, up "
                 "to this many times in the run: on their restarted node, else on a live one; a new rank samples once "
                 "the next weight sync reaches it (docs/faults.md)")
       ->capture_default_str()

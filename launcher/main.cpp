@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   bench_faults->footer("Prints kill_detect_s, freeze_detect_s, peer_timeout_s, sampler_spawn_s, sampler_respawn_s, "
-                       "then chaos_runs, chaos_hangs, chaos_mismatches and chaos_failures. Runs from the build tree "
+                       "then chaos_runs, chaos_hangs, chaos_mismatches, chaos_failures and chaos_respawns. Runs from the build tree "
                        "(scripts/chaos.sh).");
   glint::bench::SyncBenchArgs sync_args;
   auto* bench_sync = bench->add_subcommand(

@@ -72,6 +72,11 @@ Result<SyncReport> CheckpointEngine::sync_weights(const SyncOptions& o) {
   }
 }
 
+std::string CheckpointEngine::model_node_address(const Group<model_actor>& model) const {
+  auto* rt = sampler_.backend().runtime();
+  return rt ? address_of_node(*rt, model.rank(0).ctx.node) : "127.0.0.1";
+}
+
 Result<SyncReport> CheckpointEngine::sync_to(const Group<model_actor>& model, const Group<sampler_actor>& sampler,
                                              const SyncOptions& o) {
   // auto: in one process, messages share the live weights (no copy); the
@@ -145,12 +150,8 @@ Result<SyncReport> CheckpointEngine::by_collective(const Group<model_actor>& mod
   const std::string target = o.merge_and_sync ? std::string{} : this->target();
   const int32_t world = 1 + sampler.size();
   // Every member blocks in the collective until all have joined: send to all, then wait.
-  // The store lives with model rank 0: by default at its node's address as
-  // the runtime knows it (loopback on one machine).
-  auto* rt = sampler_.backend().runtime();
-  const auto store_host =
-      o.store_host == SyncOptions{}.store_host && rt ? address_of_node(*rt, model.rank(0).ctx.node) : o.store_host;
-  SyncGroupAddress at{store_host, store_port_, 0, world, o.bucket_bytes};
+  SyncGroupAddress at{o.store_host.empty() ? model_node_address(model) : o.store_host, store_port_, 0, world,
+                      o.bucket_bytes};
   auto sent = model.call_rank(0, sync_send_atom::value, adapter, o.merge_and_sync, at);
   std::vector<Future<bool>> received;
   const WeightUpdate update{target, r.version, o.policy};
@@ -178,8 +179,7 @@ Result<SyncReport> CheckpointEngine::by_stream(const Group<model_actor>& model, 
   if (!manifest) return with_context(manifest.error(), "sync_weights: the model's manifest");
   r.tensors = static_cast<int64_t>(manifest->tensors.size());
   // The samplers connect to the model node's address as the runtime knows it.
-  auto* rt = sampler_.backend().runtime();
-  const auto host = rt ? address_of_node(*rt, model.rank(0).ctx.node) : o.store_host;
+  const auto host = model_node_address(model);
   auto port = model.call_rank(0, stream_listen_atom::value, static_cast<int32_t>(sampler.size()), host).get();
   if (!port) return with_context(port.error(), "sync_weights: the model's weight stream");
   // Every side waits as long as a sampler call may take; the driver a little longer.

@@ -64,11 +64,12 @@ struct SyncOptions {
   /// What happens to requests in flight: finish on the old weights, or stop now.
   components::UpdatePolicy policy = components::UpdatePolicy::finish_old;
   SyncTransport transport = SyncTransport::automatic;
-  /// The collective's store, hosted by model rank 0: by default at the
-  /// address of model rank 0's node as the runtime knows it (its route to
-  /// the driver). The port is picked on the driver's machine at the first
-  /// sync: a job on several machines sets a port free on the model's.
-  std::string store_host = "127.0.0.1";
+  /// The collective's store, hosted by model rank 0. Empty: the address of
+  /// model rank 0's node as the runtime knows it (its route to the driver;
+  /// loopback on one machine). The port is picked on the driver's machine
+  /// at the first sync: a job on several machines sets a port free on the
+  /// model's.
+  std::string store_host;
   int32_t store_port = 0;
 };
 
@@ -100,6 +101,8 @@ public:
   int64_t version() const { return version_; }
 
 private:
+  /// Where the other processes reach model rank 0 (loopback without a runtime).
+  std::string model_node_address(const Group<model_actor>& model) const;
   /// One sync to the ranks of `sampler` (the live ones).
   Result<SyncReport> sync_to(const Group<model_actor>& model, const Group<sampler_actor>& sampler, const SyncOptions& o);
   Result<SyncReport> by_messages(const Group<model_actor>& model, const Group<sampler_actor>& sampler,

@@ -177,19 +177,13 @@ public:
     ctx.node = node;
     ctx.device = device;
     ctx.cpus = std::move(cpus);
-    const auto info = rt_->node(node);
-    auto h = (*respawn_)(ctx);
-    if (!h) return with_context(h.error(), "respawning rank " + std::to_string(r) + " of group '" + name_ + "'");
+    auto fresh = spawn_rank(*rt_, *respawn_, std::move(ctx));
+    if (!fresh) return with_context(fresh.error(), "respawning rank " + std::to_string(r) + " of group '" + name_ + "'");
     auto ranks = std::make_shared<std::vector<Rank>>(*ranks_);
-    auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
-    (*ranks)[static_cast<size_t>(r)] =
-        Rank{caf::weak_actor_ptr{strong.get()}, ctx,
-             "rank " + std::to_string(r) + " of group '" + name_ + "' on " + info.describe(), info.restarts};
-    auto labels = std::make_shared<std::vector<std::string>>();
-    for (const auto& k : *ranks) labels->push_back(k.label);
+    (*ranks)[static_cast<size_t>(r)] = std::move(*fresh);
     Group g = *this;
+    g.labels_ = labels_of(*ranks);
     g.ranks_ = std::move(ranks);
-    g.labels_ = std::move(labels);
     return g;
   }
 
@@ -201,33 +195,29 @@ public:
                              const Args&... args) {
     if (slots.empty())
       return make_error(errc::invalid_argument, "group '" + name + "' has no ranks; give it at least one");
-    auto ranks = std::make_shared<std::vector<Rank>>();
-    int world = static_cast<int>(slots.size());
-    for (int r = 0; r < world; ++r) {
-      const auto& s = slots[static_cast<size_t>(r)];
-      RankContext ctx{name, r, world, s.node, s.device, s.cpus, s.dp_rank, s.dp_size};
-      const auto node = rt.node(s.node);  // before the spawn: a restart in between must not count as its home
-      auto h = rt.spawn<Handle>(s.node, type, caf::make_message(ctx, args...));
-      if (!h) {
-        for (auto& done : *ranks) caf::anon_send_exit(done.handle(), caf::exit_reason::user_shutdown);
-        return with_context(h.error(), "rank " + std::to_string(r) + " of group '" + name + "'");
-      }
-      auto label = "rank " + std::to_string(r) + " of group '" + name + "' on " + node.describe();
-      auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
-      ranks->push_back(Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label), node.restarts});
-    }
-    auto labels = std::make_shared<std::vector<std::string>>();
-    for (const auto& r : *ranks) labels->push_back(r.label);
-    Group g;
-    g.respawn_ = std::make_shared<const std::function<Result<Handle>(const RankContext&)>>(
+    // How every rank is spawned, now and when a supervisor respawns one.
+    auto spawner = std::make_shared<const Spawner>(
         [rt = &rt, type, args = std::make_tuple(args...)](const RankContext& ctx) -> Result<Handle> {
           auto msg = std::apply([&](const auto&... xs) { return caf::make_message(ctx, xs...); }, args);
           return rt->spawn<Handle>(ctx.node, type, std::move(msg));
         });
+    auto ranks = std::make_shared<std::vector<Rank>>();
+    int world = static_cast<int>(slots.size());
+    for (int r = 0; r < world; ++r) {
+      const auto& s = slots[static_cast<size_t>(r)];
+      auto one = spawn_rank(rt, *spawner, RankContext{name, r, world, s.node, s.device, s.cpus, s.dp_rank, s.dp_size});
+      if (!one) {
+        for (auto& done : *ranks) caf::anon_send_exit(done.handle(), caf::exit_reason::user_shutdown);
+        return with_context(one.error(), "rank " + std::to_string(r) + " of group '" + name + "'");
+      }
+      ranks->push_back(std::move(*one));
+    }
+    Group g;
+    g.respawn_ = std::move(spawner);
     g.rt_ = &rt;
     g.name_ = std::move(name);
+    g.labels_ = labels_of(*ranks);
     g.ranks_ = std::move(ranks);
-    g.labels_ = std::move(labels);
     g.timeout_ = rt.options().call_timeout;
     return g;
   }
@@ -285,12 +275,8 @@ public:
     Group g = *this;
     if (!ranks_) return g;
     auto kept = std::make_shared<std::vector<Rank>>();
-    auto labels = std::make_shared<std::vector<std::string>>();
     for (int r = 0; r < size(); ++r)
-      if (keep(r)) {
-        kept->push_back(rank(r));
-        labels->push_back(rank(r).label);
-      }
+      if (keep(r)) kept->push_back(rank(r));
     if (kept->size() == ranks_->size()) return g;
     bool pure_dp = true;
     for (const auto& r : *ranks_) pure_dp = pure_dp && r.ctx.dp_size == size();
@@ -299,8 +285,8 @@ public:
         (*kept)[k].ctx.dp_rank = static_cast<int>(k);
         (*kept)[k].ctx.dp_size = static_cast<int>(kept->size());
       }
+    g.labels_ = labels_of(*kept);
     g.ranks_ = std::move(kept);
-    g.labels_ = std::move(labels);
     return g;
   }
 
@@ -375,6 +361,23 @@ public:
   }
 
 private:
+  using Spawner = std::function<Result<Handle>(const RankContext&)>;
+
+  /// Spawns the rank `ctx` describes and labels it with its node.
+  static Result<Rank> spawn_rank(Runtime& rt, const Spawner& spawn, RankContext ctx) {
+    const auto node = rt.node(ctx.node);  // before the spawn: a restart in between must not count as its home
+    auto h = spawn(ctx);
+    if (!h) return h.error();
+    auto label = "rank " + std::to_string(ctx.rank) + " of group '" + ctx.group + "' on " + node.describe();
+    auto strong = caf::actor_cast<caf::strong_actor_ptr>(*h);
+    return Rank{caf::weak_actor_ptr{strong.get()}, std::move(ctx), std::move(label), node.restarts};
+  }
+  static std::shared_ptr<const std::vector<std::string>> labels_of(const std::vector<Rank>& ranks) {
+    auto labels = std::make_shared<std::vector<std::string>>();
+    for (const auto& r : ranks) labels->push_back(r.label);
+    return labels;
+  }
+
   /// Refuses a message to another process that its decoder would reject.
   template <class Tuple>
   caf::error check_size(const Tuple& args, const Rank& target) const {
@@ -400,7 +403,7 @@ private:
   Runtime* rt_ = nullptr;
   /// Spawns one rank of this group again from its spec (Group::spawn's type
   /// and arguments) with the context given.
-  std::shared_ptr<const std::function<Result<Handle>(const RankContext&)>> respawn_;
+  std::shared_ptr<const Spawner> respawn_;
   std::string name_;
   int64_t row_unit_ = 1;
   std::shared_ptr<const std::vector<Rank>> ranks_;

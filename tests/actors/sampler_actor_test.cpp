@@ -557,10 +557,6 @@ TEST(SamplerRespawn, ALostRankIsRespawnedWithTheGroupsWeightsOnItsRestartedNodeT
       EXPECT_EQ((*got)[i].weight_version, 4) << what << ": sequence " << i;
     }
   };
-  auto until = [](auto pred) {
-    for (int i = 0; i < 300 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    return pred();
-  };
   auto stats_ranks = [&] {
     auto st = sg->stats().get();
     return st ? static_cast<int>(st->size()) : -1;
@@ -569,9 +565,9 @@ TEST(SamplerRespawn, ALostRankIsRespawnedWithTheGroupsWeightsOnItsRestartedNodeT
   // 1. Node 1 dies and `glint run --max-restarts` starts it again: the rank
   //    comes back there, with the weights of version 4 and adapter "a".
   job->nodes[0].signal(SIGKILL);
-  ASSERT_TRUE(until([&] { return rt.node(1).lost; }));
+  ASSERT_TRUE(testing::eventually([&] { return rt.node(1).lost; }));
   ASSERT_TRUE(job->restart_node(1));
-  ASSERT_TRUE(until([&] { return !rt.node(1).lost; }));
+  ASSERT_TRUE(testing::eventually([&] { return !rt.node(1).lost; }));
   expect_same(sg->sample(prompts, p).get(), "after the respawn on the restarted node");
   auto now = sg->backend().actor_group();
   ASSERT_TRUE(now);
@@ -582,7 +578,7 @@ TEST(SamplerRespawn, ALostRankIsRespawnedWithTheGroupsWeightsOnItsRestartedNodeT
 
   // 2. Node 1 dies again and stays dead: the rank is respawned on node 0.
   job->nodes[0].signal(SIGKILL);
-  ASSERT_TRUE(until([&] { return rt.node(1).lost; }));
+  ASSERT_TRUE(testing::eventually([&] { return rt.node(1).lost; }));
   expect_same(sg->sample(prompts, p).get(), "after the respawn on the live node");
   now = sg->backend().actor_group();
   EXPECT_EQ(now->rank(1).ctx.node, 0);

@@ -138,15 +138,11 @@ TEST(NodeLoss, ARestartedNodeProcessIsAdmittedInItsPlace) {
   ASSERT_EQ(g->rank(1).ctx.node, 1);
   EXPECT_EQ(g->live().size(), 2);
   job->nodes[0].signal(SIGKILL);
-  auto until = [](auto pred) {
-    for (int i = 0; i < 300 && !pred(); ++i) std::this_thread::sleep_for(100ms);
-    return pred();
-  };
-  ASSERT_TRUE(until([&] { return rt.node(1).lost; })) << "the kill was not seen within 30 s";
+  ASSERT_TRUE(testing::eventually([&] { return rt.node(1).lost; })) << "the kill was not seen within 30 s";
   ASSERT_EQ(g->live().size(), 1);
   EXPECT_EQ(g->live().rank(0).ctx.dp_rank, 0);
   ASSERT_TRUE(job->restart_node(1));
-  ASSERT_TRUE(until([&] { return !rt.node(1).lost; })) << "the restarted process was not admitted within 30 s";
+  ASSERT_TRUE(testing::eventually([&] { return !rt.node(1).lost; })) << "the restarted process was not admitted within 30 s";
   EXPECT_EQ(rt.node(1).restarts, 1);
   EXPECT_EQ(g->live().size(), 1) << "the old process's rank came back to life";
   auto late = g->live().call<Collect::flatten>(Dispatch::all, actors::echo_atom::value, int64_t{4}).get();

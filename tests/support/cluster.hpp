@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace glint::testing {
@@ -24,6 +26,13 @@ struct TestJob {
   /// after it died; it replaces nodes[rank - 1].
   Result<void> restart_node(int rank);
 };
+
+/// Polls `pred` every 100 ms for up to 30 s; its last value.
+template <class Pred>
+bool eventually(Pred pred) {
+  for (int i = 0; i < 300 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return pred();
+}
 
 /// A fixture run once per Mode (local, cluster): a job of two processes in
 /// cluster mode, with a placement service that spreads ranks (rank 0 in the

@@ -187,20 +187,21 @@ Result<SyncReport> CheckpointEngine::by_stream(const Group<model_actor>& model, 
   auto sent = model.with_timeout(sampler.timeout() * 2)
                   .call_rank(0, stream_send_atom::value, adapter, o.merge_and_sync, static_cast<int64_t>(timeout));
   const WeightUpdate update{o.merge_and_sync ? std::string{} : target(), r.version, o.policy};
-  const StreamAddress at{host, *port, timeout};
   std::vector<Future<bool>> received;
   for (int s = 0; s < sampler.size(); ++s)
-    received.push_back(sampler.with_timeout(sampler.timeout() * 2).call_rank(s, stream_recv_atom::value, *manifest, update, at));
-  // The sender waits for every receiver to connect: for a rank whose node
-  // was lost (its call failed), the driver connects and closes in its place,
-  // so the send fails now instead of at its deadline.
+    received.push_back(sampler.with_timeout(sampler.timeout() * 2)
+                           .call_rank(s, stream_recv_atom::value, *manifest, update, StreamAddress{host, *port, timeout, s}));
+  // For a rank whose node was lost (its call failed), the driver declines
+  // in its place, so the send fails now instead of at its deadline: whether
+  // the rank never connected, or its link was cut mid-send and neither its
+  // bytes nor its acknowledgement will come.
   std::vector<char> declined(received.size(), 0);
   while (!sent.wait_for(std::chrono::milliseconds(20))) {
     for (size_t s = 0; s < received.size(); ++s) {
       if (declined[s] || !received[s].ready() || received[s].get() || sampler.alive(static_cast<int>(s))) continue;
       declined[s] = 1;
       if (!sent.ready())
-        (void)weight_sync::decline(host, *port, std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
+        (void)weight_sync::decline(host, *port, static_cast<int32_t>(s), std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
     }
   }
   auto bytes = sent.get();

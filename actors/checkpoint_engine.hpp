@@ -69,7 +69,7 @@ struct SyncOptions {
   /// loopback on one machine). The port is picked on the driver's machine
   /// at the first sync: a job on several machines sets a port free on the
   /// model's.
-  std::string store_host;
+  std::string store_host{};
   int32_t store_port = 0;
 };
 

@@ -139,6 +139,7 @@ struct StreamAddress {
   std::string host = "127.0.0.1";
   int32_t port = 0;
   int64_t timeout_ms = 300000;
+  int32_t receiver = 0;  ///< which of the sync's receivers this rank is (0 .. sampler ranks - 1)
   friend bool operator==(const StreamAddress&, const StreamAddress&) = default;
 };
 
@@ -170,7 +171,7 @@ typename Inspector::result_type inspect(Inspector& f, WeightPush& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StreamAddress& x) {
-  return f(caf::meta::type_name("glint.stream_address"), x.host, x.port, x.timeout_ms);
+  return f(caf::meta::type_name("glint.stream_address"), x.host, x.port, x.timeout_ms, x.receiver);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SyncGroupAddress& x) {

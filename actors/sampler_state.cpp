@@ -200,10 +200,10 @@ Result<void> SamplerState::stream_recv(const SyncManifest& m, const WeightUpdate
   auto e = engine();
   auto tensors = e ? allocate(m) : Result<std::vector<Tensor>>{e.error()};
   if (!tensors) {
-    (void)weight_sync::decline(at.host, at.port, deadline);
+    (void)weight_sync::decline(at.host, at.port, at.receiver, deadline);
     return tensors.error();
   }
-  if (auto ok = weight_sync::recv_weights(at.host, at.port, *tensors, deadline); !ok) return ok;
+  if (auto ok = weight_sync::recv_weights(at.host, at.port, at.receiver, *tensors, deadline); !ok) return ok;
   return apply(m, std::move(*tensors), u);
 }
 

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -127,40 +128,98 @@ Listener::~Listener() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+
+/// What a connection says first: which receiver it is, and whether it
+/// takes the weights or declines them (for itself, or the driver for a
+/// receiver whose node was lost).
+struct Hello {
+  uint32_t magic = static_cast<uint32_t>(kMagic);
+  int32_t receiver = 0;
+  uint32_t declines = 0;
+};
+
+/// A connection to the listener, read up to its hello; false where it is
+/// not one of ours (closed, garbage, too slow): it is dropped and ignored.
+bool take_hello(const Listener& listener, Fd& c, Hello& h, int receivers) {
+  c.fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (c.fd < 0) return false;
+  // A hello is 12 bytes sent right after connecting: a second is plenty,
+  // and the sender never waits longer on a stranger.
+  auto ok = recv_all(c.fd, reinterpret_cast<std::byte*>(&h), sizeof h,
+                     std::chrono::steady_clock::now() + std::chrono::seconds(1), "weight stream: a hello");
+  return ok && h.magic == static_cast<uint32_t>(kMagic) && h.receiver >= 0 && h.receiver < receivers;
+}
+
+std::string receiver_name(int r, int receivers) {
+  return "receiver " + std::to_string(r + 1) + " of " + std::to_string(receivers);
+}
+
+caf::error declined(int r, int receivers) {
+  return make_error(errc::unavailable, "weight stream: " + receiver_name(r, receivers) +
+                                           " declined (it cannot take the weights, or its node was lost)");
+}
+
+}  // namespace
+
 Result<int64_t> send_weights(const Listener& listener, int receivers, const std::vector<Tensor>& tensors,
                              Deadline deadline) {
   if (receivers < 1) return make_error(errc::invalid_argument, "weight stream: no receivers");
-  std::vector<Fd> conns(static_cast<size_t>(receivers));
-  for (int r = 0; r < receivers; ++r) {
-    const auto what = "weight stream: waiting for receiver " + std::to_string(r + 1) + " of " + std::to_string(receivers);
+  const auto n = static_cast<size_t>(receivers);
+  std::vector<Fd> conns(n);
+  // Every receiver connects and says which it is; a decline fails the send at once.
+  for (size_t connected = 0; connected < n;) {
+    int first_missing = 0;
+    while (conns[static_cast<size_t>(first_missing)].fd >= 0) ++first_missing;
+    const auto what = "weight stream: waiting for " + receiver_name(first_missing, receivers);
     if (auto ok = wait(listener.fd(), POLLIN, deadline, what); !ok) return ok.error();
-    conns[static_cast<size_t>(r)].fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (conns[static_cast<size_t>(r)].fd < 0) return sys_error(what);
+    Fd c;
+    Hello h;
+    if (!take_hello(listener, c, h, receivers)) continue;
+    if (h.declines) return declined(h.receiver, receivers);
+    auto& slot = conns[static_cast<size_t>(h.receiver)];
+    if (slot.fd >= 0) continue;  // a second connection for one receiver: not ours
+    std::swap(slot.fd, c.fd);
+    ++connected;
   }
-  const Header h{kMagic, tensors.size(), static_cast<uint64_t>(total_bytes(tensors))};
-  std::vector<caf::error> failed(conns.size());
+  const Header header{kMagic, tensors.size(), static_cast<uint64_t>(total_bytes(tensors))};
+  std::vector<caf::error> failed(n);
+  std::vector<std::atomic<bool>> cancelled(n);
+  std::atomic<size_t> finished{0};
   auto send_to = [&](size_t r) {
     const int fd = conns[r].fd;
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    const auto what = "weight stream: sending to receiver " + std::to_string(r + 1);
-    auto ok = send_all(fd, reinterpret_cast<const std::byte*>(&h), sizeof h, deadline, what);
+    const auto what = "weight stream: sending to " + receiver_name(static_cast<int>(r), receivers);
+    auto ok = send_all(fd, reinterpret_cast<const std::byte*>(&header), sizeof header, deadline, what);
     for (size_t i = 0; ok && i < tensors.size(); ++i) ok = send_all(fd, tensors[i].data(), tensors[i].nbytes(), deadline, what);
     // The receiver answers one byte once it holds everything.
     char ack = 0;
     if (ok) ok = recv_all(fd, reinterpret_cast<std::byte*>(&ack), 1, deadline, what + " (its acknowledgement)");
-    if (!ok) failed[r] = ok.error();
+    if (!ok && !cancelled[r]) failed[r] = ok.error();
+    ++finished;
   };
-  if (conns.size() == 1) {
-    send_to(0);
-  } else {
-    std::vector<std::thread> threads;
-    for (size_t r = 0; r < conns.size(); ++r) threads.emplace_back(send_to, r);
-    for (auto& t : threads) t.join();
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < n; ++r) threads.emplace_back(send_to, r);
+  // Meanwhile the listener stays open for declines: a receiver lost mid-send
+  // (its link cut: no reset, its acknowledgement never comes) is declined by
+  // the driver, and its connection is shut, so the send fails now rather
+  // than at its deadline.
+  while (finished < n) {
+    pollfd p{listener.fd(), POLLIN, 0};
+    if (::poll(&p, 1, 20) <= 0) continue;
+    Fd c;
+    Hello h;
+    if (!take_hello(listener, c, h, receivers) || !h.declines) continue;
+    const auto r = static_cast<size_t>(h.receiver);
+    if (cancelled[r].exchange(true)) continue;
+    failed[r] = declined(h.receiver, receivers);
+    ::shutdown(conns[r].fd, SHUT_RDWR);  // wakes its thread: the send or the wait for the acknowledgement fails
   }
+  for (auto& t : threads) t.join();
   for (auto& e : failed)
     if (e) return e;
-  return static_cast<int64_t>(h.bytes);
+  return static_cast<int64_t>(header.bytes);
 }
 
 namespace {
@@ -192,16 +251,21 @@ Result<void> connect_to(Fd& c, const std::string& host, int32_t port, Deadline d
 
 }  // namespace
 
-Result<void> decline(const std::string& host, int32_t port, Deadline deadline) {
+Result<void> decline(const std::string& host, int32_t port, int32_t receiver, Deadline deadline) {
   Fd c;
-  return connect_to(c, host, port, deadline);  // and closed at once: the sender fails now, not at its deadline
+  if (auto ok = connect_to(c, host, port, deadline); !ok) return ok;
+  const Hello h{.receiver = receiver, .declines = 1};
+  return send_all(c.fd, reinterpret_cast<const std::byte*>(&h), sizeof h, deadline, "weight stream: declining");
 }
 
-Result<void> recv_weights(const std::string& host, int32_t port, std::vector<Tensor>& tensors, Deadline deadline) {
+Result<void> recv_weights(const std::string& host, int32_t port, int32_t receiver, std::vector<Tensor>& tensors,
+                          Deadline deadline) {
   const auto where = host + ":" + std::to_string(port);
   Fd c;
   if (auto ok = connect_to(c, host, port, deadline); !ok) return ok;
   const auto what = "weight stream: receiving from " + where;
+  const Hello hello{.receiver = receiver, .declines = 0};
+  if (auto ok = send_all(c.fd, reinterpret_cast<const std::byte*>(&hello), sizeof hello, deadline, what); !ok) return ok;
   Header h;
   if (auto ok = recv_all(c.fd, reinterpret_cast<std::byte*>(&h), sizeof h, deadline, what); !ok) return ok;
   const auto want = static_cast<uint64_t>(total_bytes(tensors));

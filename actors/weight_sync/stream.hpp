@@ -9,7 +9,7 @@
 ///   auto listener = Listener::open(host);                   // model rank 0: its node's address, a free port
 ///   ... the driver tells the samplers listener->port() ...
 ///   send_weights(*listener, receivers, tensors, deadline);  // to every receiver, one thread each
-///   recv_weights(host, port, tensors, deadline);            // a sampler rank, into its tensors
+///   recv_weights(host, port, r, tensors, deadline);         // sampler rank r of the sync, into its tensors
 ///
 /// A short header (magic, tensor count, total bytes) comes first, so that
 /// a receiver whose manifest does not match what is sent fails at once with
@@ -45,20 +45,25 @@ private:
   int32_t port_ = 0;
 };
 
-/// Accepts `receivers` connections on `listener` and sends `tensors` to
-/// each, every receiver on a thread of its own. Answers the bytes sent to
-/// each. Errors: a receiver that does not connect or read by `deadline`,
-/// a broken connection (the receiver named by its order of arrival).
+/// Accepts one connection from each of receivers 0 .. `receivers` - 1 on
+/// `listener` (each says which it is first) and sends `tensors` to each,
+/// every receiver on a thread of its own. Answers the bytes sent to each.
+/// Errors: a receiver that does not connect or read by `deadline`, a
+/// broken connection, a receiver declined (see `decline`): each names the
+/// receiver.
 Result<int64_t> send_weights(const Listener& listener, int receivers, const std::vector<Tensor>& tensors, Deadline deadline);
 
 /// Connects to host:port (retrying while nobody listens yet, until
-/// `deadline`) and reads the sent tensors into `tensors`, which must match
-/// them in number and sizes.
-Result<void> recv_weights(const std::string& host, int32_t port, std::vector<Tensor>& tensors, Deadline deadline);
+/// `deadline`) as receiver `receiver` and reads the sent tensors into
+/// `tensors`, which must match them in number and sizes.
+Result<void> recv_weights(const std::string& host, int32_t port, int32_t receiver, std::vector<Tensor>& tensors,
+                          Deadline deadline);
 
-/// Connects and closes at once: a receiver that cannot take the weights
-/// (its engine did not load, the manifest is bad) lets the sender fail
-/// now rather than wait for it until the deadline.
-Result<void> decline(const std::string& host, int32_t port, Deadline deadline);
+/// Declines the weights for receiver `receiver`: the sender fails now
+/// rather than at its deadline. A receiver that cannot take them (its engine
+/// did not load, the manifest is bad) declines before connecting; the
+/// driver declines for a receiver whose node was lost, before or while the
+/// sender sends to it (a link cut mid-send leaves no reset to fail on).
+Result<void> decline(const std::string& host, int32_t port, int32_t receiver, Deadline deadline);
 
 }  // namespace glint::actors::weight_sync

@@ -189,6 +189,7 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
   l->expected = requests.size() * static_cast<size_t>(std::max<int64_t>(params.num_samples, 0));
   if (l->expected == 0) l->all_seen.state()->set(true);
   // Detached: the callback is user code, and must not hold up CAF's workers.
+  glint::detail::CallerThreadScope on_caller;
   auto listener = rt.system().spawn<caf::detached>([l](sample_listener::pointer) -> sample_listener::behavior_type {
     return {[l](const SampleChunk& c) {
       std::lock_guard<std::mutex> guard{l->mx};

@@ -48,6 +48,7 @@ topology_actor::behavior_type topology_probe(topology_actor::pointer, RankContex
 Result<placement_actor> service(Runtime& rt, PlanOptions opts) {
   if (auto existing = rt.service("placement")) return caf::actor_cast<placement_actor>(existing);
   ClusterResources nodes;
+  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
   caf::scoped_actor self{rt.system()};
   for (int n = 0; n < rt.num_nodes(); ++n) {
     auto probe = rt.spawn<topology_actor>(n, "glint.topology", caf::make_message(RankContext{}));
@@ -66,6 +67,7 @@ Result<placement_actor> service(Runtime& rt, PlanOptions opts) {
 Result<ClusterResources> cluster_resources(Runtime& rt) {
   auto svc = service(rt);
   if (!svc) return svc.error();
+  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
   caf::scoped_actor self{rt.system()};
   Result<ClusterResources> out{ClusterResources{}};
   self->request(*svc, rt.options().call_timeout, topology_atom::value)
@@ -81,6 +83,7 @@ Result<std::vector<RankSlot>> place(Runtime& rt, const DeviceGroup& group, const
                                                   std::to_string(mesh.world_size()));
   auto svc = service(rt);
   if (!svc) return svc.error();
+  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
   caf::scoped_actor self{rt.system()};
   Result<std::vector<RankSlot>> slots{std::vector<RankSlot>{}};
   self->request(*svc, rt.options().call_timeout, place_atom::value, group)

@@ -10,6 +10,7 @@
 #include <caf/all.hpp>
 #include <caf/default_attachable.hpp>
 #include <caf/io/all.hpp>
+#include <caf/logger.hpp>
 
 #include <unistd.h>
 
@@ -335,7 +336,9 @@ caf::behavior rendezvous_fn(caf::event_based_actor* self, std::shared_ptr<Runtim
         if (r < 1 || r >= world)
           return make_error(errc::invalid_argument, "process rank " + std::to_string(r) + " is outside this job of " +
                                                         std::to_string(world) + " processes");
-        if (impl->shut) return make_error(errc::failed_precondition, "the driver is shutting down");
+        // The job is ending: a process started again late (a kill near the
+        // end) has nothing to join, and is told so, not failed.
+        if (impl->shut) return make_error(errc::aborted, "the driver is shutting down: the job is ending");
         auto& slot = impl->nodes[static_cast<size_t>(r)];
         // A process of a lost node's rank (`glint run --max-restarts`
         // started it again) takes the node's place; the ranks that lived
@@ -458,6 +461,12 @@ caf::error Runtime::spawn_failed(const NodeInfo& node, const std::string& type, 
   return with_context(err, where);
 }
 
+detail::CallerThreadScope::CallerThreadScope() : caf_thread_(caf::logger::current_logger() != nullptr) {}
+
+detail::CallerThreadScope::~CallerThreadScope() {
+  if (!caf_thread_) caf::logger::set_current_actor_system(nullptr);
+}
+
 void Runtime::remember(caf::actor a) {
   std::lock_guard<std::mutex> guard{impl_->mx};
   impl_->spawned.push_back(std::move(a));
@@ -559,6 +568,7 @@ Result<std::unique_ptr<Runtime>> initialize(Options opts) {
   auto impl = std::make_shared<Runtime::Impl>();
   rt->impl_ = impl;
   rt->cfg_ = make_config(opts);
+  detail::CallerThreadScope on_caller;  // the system's constructor and the spawns below
   rt->sys_ = std::make_unique<caf::actor_system>(*rt->cfg_);
   int world = opts.mode == Mode::cluster ? opts.cluster.world_size : 1;
   impl->nodes.resize(static_cast<size_t>(world));
@@ -629,6 +639,7 @@ int serve_node(const Options& opts) {
     caf::scoped_actor self{sys};
     self->monitor(agent);
     std::string err;
+    bool ended = false;
     // A restarted process may come before the driver saw its predecessor
     // end: the driver answers `unavailable` until then.
     for (;;) {
@@ -638,6 +649,7 @@ int serve_node(const Options& opts) {
           .receive([](int) {},
                    [&](caf::error& e) {
                      err = describe(e);
+                     ended = code_of(e) == errc::aborted;
                      again = code_of(e) == errc::unavailable && std::chrono::steady_clock::now() < deadline;
                    });
       if (!again) break;
@@ -645,6 +657,13 @@ int serve_node(const Options& opts) {
     }
     if (!err.empty()) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+      if (ended) {
+        // Not a failure: failing here would make `glint run` stop a driver
+        // that finished its work and is only shutting down.
+        std::fprintf(stderr, "glint: node %d: the job ended before this process could join (%s); nothing to do\n",
+                     opts.cluster.rank, err.c_str());
+        return 0;
+      }
       return fail("the driver refused this node: " + err);
     }
     // Serve until the agent stops: the driver said so, or the driver is gone.

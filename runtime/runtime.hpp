@@ -67,6 +67,23 @@ struct Reply {
   size_t slot = 0;
   void operator()(caf::expected<caf::message>&& answer) const { to->answer(slot, std::move(answer)); }
 };
+/// Undoes, at scope end, what CAF leaves on a thread that is not its own
+/// when that thread spawns or makes a scoped actor: CAF 0.17 keeps a
+/// reference to its logger in a thread-local of every such thread, and
+/// ~actor_system waits for the logger to be destroyed, so a runtime shut
+/// down on another thread than one that spawned waited, forever, for that
+/// thread to end. A CAF thread (a scheduler worker, an actor's own) keeps its
+/// reference. Every such entry of glint's on a caller's thread holds one.
+class CallerThreadScope {
+public:
+  CallerThreadScope();
+  ~CallerThreadScope();
+  CallerThreadScope(const CallerThreadScope&) = delete;
+  CallerThreadScope& operator=(const CallerThreadScope&) = delete;
+
+private:
+  bool caf_thread_;
+};
 }  // namespace detail
 
 class Runtime {
@@ -98,6 +115,7 @@ public:
     auto target = prepare_spawn(node, type);
     if (!target) return target.error();
     caf::expected<Handle> res{Handle{}};
+    detail::CallerThreadScope on_caller;
     if (node == 0)
       res = sys_->spawn<Handle>(type, std::move(args));
     else

@@ -55,5 +55,37 @@ TEST(DriverExit, ADriverWhoseActorIsStillBusyExitsWithItsCodeAfterTheGrace) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
 }
 
+// The child: a runtime made on this thread and shut down on another, with a
+// call answered first (so the actor system's threads ran). Exits 0 once the
+// shutdown returns.
+int shutdown_elsewhere() {
+  Options o;
+  o.mode = Mode::local;
+  auto rt = initialize(o);
+  if (!rt) return 4;
+  {
+    auto g = placement::spawn_group<actors::probe_actor>(**rt, placement::DeviceGroup::of("elsewhere", 1),
+                                                         actors::probe_type);
+    if (!g || !g->call_rank(0, actors::echo_atom::value, int64_t{1}).get()) return 5;
+  }
+  std::thread other{[&] { (*rt)->shutdown(); }};
+  other.join();
+  return 0;
+}
+const bool elsewhere_role = (testing::roles()["shutdown-elsewhere"] = &shutdown_elsewhere, true);
+
+// CAF 0.17 keeps a reference to its logger in a thread-local of the thread
+// that made the actor system, and ~actor_system waits for the logger to go:
+// shut down from another thread (a signal handler's, a supervisor's), it
+// waited forever while the first thread lived.
+TEST(DriverExit, ARuntimeShutDownFromAnotherThreadDoesNotHang) {
+  auto child = ChildProcess::start({self_executable()}, {{"GLINT_TEST_ROLE", "shutdown-elsewhere"}});
+  ASSERT_TRUE(child) << describe(child.error());
+  auto code = child->wait_for(30s);
+  if (!code) child->signal(SIGKILL);
+  ASSERT_TRUE(code.has_value()) << "the shutdown on another thread hung";
+  EXPECT_EQ(*code, 0);
+}
+
 }  // namespace
 }  // namespace glint

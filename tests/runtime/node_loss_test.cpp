@@ -158,6 +158,35 @@ TEST(NodeLoss, ARestartedNodeProcessIsAdmittedInItsPlace) {
   EXPECT_EQ(job->nodes[0].wait_for(10s), std::optional<int>{0});
 }
 
+// A node process started again just as the job ends (a kill near the last
+// step) finds the driver shutting down: it leaves with 0, not a failure,
+// which would make `glint run` stop the driver mid-shutdown (a chaos run
+// failed so: "the driver refused this node ... shutting down", exit 143).
+TEST(NodeLoss, ANodeRestartedAsTheJobEndsLeavesWithoutFailing) {
+  Options base;
+  base.peer_timeout = 3s;
+  auto job = testing::TestJob::start(Mode::cluster, 3, base);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto& rt = *job->rt;
+  job->nodes[0].signal(SIGKILL);
+  ASSERT_TRUE(testing::eventually([&] { return rt.node(1).lost; })) << "the kill was not seen within 30 s";
+  // A frozen node 2 holds the shutdown open (it waits for node 2 to leave
+  // or be lost, up to the peer timeout): the restarted node 1 comes then.
+  job->nodes[1].signal(SIGSTOP);
+  Result<void> restarted{caf::error{}};
+  std::thread restarter{[&] {
+    std::this_thread::sleep_for(100ms);
+    restarted = job->restart_node(1);
+  }};
+  rt.shutdown();
+  restarter.join();
+  ASSERT_TRUE(restarted) << describe(restarted.error());
+  auto code = job->nodes[0].wait_for(20s);
+  job->nodes[1].signal(SIGKILL);
+  (void)job->nodes[1].wait_for(10s);
+  EXPECT_EQ(code, std::optional<int>{0}) << "a node that came as the job ended failed it";
+}
+
 TEST(DriverLoss, NodeProcessesExitWhenTheDriverIsKilled) {
   auto port = pick_free_port();
   ASSERT_TRUE(port) << describe(port.error());

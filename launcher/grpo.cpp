@@ -196,6 +196,7 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   recipe::add_optim_flags(c, a);
   recipe::add_run_flags(c, a);
+  recipe::add_model_restart_flag(c, a);
   c->footer(
       "Examples:\n"
       "  glint grpo --model models/qwen --dataset gsm8k.jsonl --output runs/math\n"
@@ -303,7 +304,7 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
   std::vector<Row> train_rows, val_rows;
   int64_t planned_steps = a.max_steps;
   if (resuming) {
-    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-max-restarts", "sampler-cache-mib"});
+    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-max-restarts", "model-max-restarts", "sampler-cache-mib"});
         !changed.empty())
       return refuse("--resume: the run in " + out + " was started with other values of " + changed +
                     " (see its config.toml); use them, or start another --output");
@@ -356,253 +357,258 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
   const bool has_val = fs::exists(data_dir + "/val.jsonl");
 
   return run_main([&](Runtime& rt) -> int {
-    const bool use_lora = a.train_type == "lora";
-    auto opened = recipe::open_model(rt, a, model_dir, use_lora ? &*lora : nullptr);
-    if (!opened) return fail("the model", opened.error());
-    const auto& model = *opened;
-    auto mesh = placement::DeviceMesh::from_sizes({.dp = a.sampler_dp});
-    if (!mesh) return fail("the sampler mesh", mesh.error());
-    auto sampler_base = actors::open_sampler_group(
-        rt, placement::DeviceGroup::of("sampler", a.sampler_dp), *mesh,
-        {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = a.sampler_cache_mib << 20,
-         .max_model_len = a.max_prompt_length + a.max_tokens},
-        RestartPolicy{.max_restarts = a.sampler_max_restarts});
-    if (!sampler_base) return fail("opening the sampler group", sampler_base.error());
-    auto sampler = *sampler_base;
-    auto nodes = [](const GroupInfo& info) {
-      std::set<int> n;
-      for (const auto& r : info.ranks) n.insert(r.node);
-      std::string out;
-      for (int x : n) out += (out.empty() ? "" : ",") + std::to_string(x);
-      return out;
-    };
-    std::printf("glint grpo: %d model rank(s) on node %s, %d sampler rank(s) on node %s\n", a.dp,
-                nodes(model.info()).c_str(), a.sampler_dp, nodes(sampler.info()).c_str());
-    if (use_lora) {
-      // The sampler holds the same adapter; each sync replaces its tensors.
-      const auto name = model.adapter();
-      auto added = recipe::add_replacing(rt, sampler, name, [&] {
-        return a.adapter_from.empty() ? sampler.add_adapter(name, *lora).get()
-                                      : sampler.load_adapter(name, fs::absolute(a.adapter_from).string()).get();
-      });
-      if (!added) return fail("adding the adapter to the sampler", added.error());
-      sampler = sampler.with_adapter(name);
-    }
-    // The loss and the optimizer come before a resume: the checkpoint's
-    // optimizer state loads into them.
-    if (auto ok = model.set_loss(loss).get(); !ok) return fail("setting the loss", ok.error());
-    if (auto ok = model.set_optimizer(*opt).get(); !ok) return fail("setting the optimizer", ok.error());
-
-    actors::DataLoaderSpec spec{.dataset = data_dir + "/train.jsonl", .tokenizer = model_dir,
-                                .template_name = a.chat_template, .max_length = a.max_prompt_length,
-                                .truncation = a.truncation, .add_generation_prompt = true,
-                                .batch_size = a.prompts_per_step, .seed = a.seed, .epochs = 0};
-    auto loaders = recipe::open_loaders(rt, spec, has_val ? data_dir + "/val.jsonl" : "", 64);
-    if (!loaders) return fail("the prompts", loaders.error());
-    auto& train = loaders->train;
-    const auto& info = loaders->info;
-    const int64_t steps =
-        a.max_steps > 0 ? a.max_steps
-                        : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.epochs * static_cast<double>(info.batches_per_epoch))));
-    if (auto ok = model.set_lr_scheduler(recipe::schedule_of(a, steps)).get(); !ok)
-      return fail("setting the schedule", ok.error());
-    std::printf("glint grpo: %s training of %s on %lld prompts (%s), %lld steps of %lld prompts x %lld completions, "
-                "loss %s, rewards",
-                a.train_type.c_str(), model_dir.c_str(), static_cast<long long>(info.rows), info.skipped.c_str(),
-                static_cast<long long>(steps), static_cast<long long>(a.prompts_per_step),
-                static_cast<long long>(a.num_generations), a.loss.c_str());
-    for (size_t k = 0; k < rewards.names.size(); ++k) {
-      std::printf(" %s", rewards.names[k].c_str());
-      if (rewards.weights[k] != 1.0) std::printf(" x %g", rewards.weights[k]);
-    }
-    std::printf("\n");
-
-    auto position = recipe::resume_run(*checkpoints, resuming, model, &train, kName, "best_eval_reward");
-    if (!position) return fail("resuming", position.error());
-    auto& [start, best, best_step] = *position;
-    RunReport report{out, "grpo", resuming ? static_cast<int>(start) : -1};
-    const int64_t pad = recipe::pad_id(*files->tokenizer);
-    actors::CheckpointEngine engine{model, sampler};
-    int64_t synced_after = -1;  // the step whose weights the sampler holds
-    auto sync = [&](int64_t after) -> Result<double> {
-      if (synced_after == after) return 0.0;
-      auto s = engine.sync_weights();
-      if (!s) return s.error();
-      synced_after = after;
-      return s->seconds;
-    };
-
-    // The greedy mean reward of the validation prompts (and each reward's).
-    auto evaluate = [&](int64_t after) -> Result<std::map<std::string, double>> {
-      if (auto s = sync(after); !s) return s.error();
-      std::map<std::string, double> sums;
-      double n = 0;
-      for (int64_t i = 0; i < loaders->val_batches; ++i) {
-        auto b = loaders->val->next_batch().take();
-        if (!b) return b.error();
-        auto greedy = sampling;
-        greedy.num_samples = 1;
-        greedy.temperature = 0;
-        // A short last batch gets copies of its first prompt (their answers
-        // dropped), so every sampler rank has one.
-        auto prompts = prompt_ids(b->rows);
-        const size_t asked = prompts.size();
-        while (prompts.size() < static_cast<size_t>(a.sampler_dp)) prompts.push_back(prompts.front());
-        auto seqs = sampler.sample(prompts, greedy).take();
-        if (!seqs) return seqs.error();
-        seqs->resize(asked);
-        if (auto ok = check_sampled(*seqs); !ok) return ok.error();
-        auto scores = rewards.score(b->rows, 1, *seqs);
-        if (!scores) return scores.error();
-        for (const auto& [k, v] : *scores)
-          for (double x : v) sums[k] += x;
-        n += static_cast<double>(seqs->size());
+    return recipe::run_with_model_restarts(rt, kName, a.model_max_restarts, [&](recipe::Attempt& attempt) -> int {
+      const bool use_lora = a.train_type == "lora";
+      auto opened = recipe::open_model(rt, a, model_dir, use_lora ? &*lora : nullptr);
+      if (!opened) return fail("the model", opened.error());
+      const auto& model = *opened;
+      attempt.restart_on_loss_of(model.info());
+      // A try after a lost model rank resumes from the newest checkpoint.
+      const bool resumes = resuming || attempt.resumes();
+      auto mesh = placement::DeviceMesh::from_sizes({.dp = a.sampler_dp});
+      if (!mesh) return fail("the sampler mesh", mesh.error());
+      auto sampler_base = actors::open_sampler_group(
+          rt, placement::DeviceGroup::of("sampler", a.sampler_dp), *mesh,
+          {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = a.sampler_cache_mib << 20,
+           .max_model_len = a.max_prompt_length + a.max_tokens},
+          RestartPolicy{.max_restarts = a.sampler_max_restarts});
+      if (!sampler_base) return fail("opening the sampler group", sampler_base.error());
+      auto sampler = *sampler_base;
+      auto nodes = [](const GroupInfo& info) {
+        std::set<int> n;
+        for (const auto& r : info.ranks) n.insert(r.node);
+        std::string out;
+        for (int x : n) out += (out.empty() ? "" : ",") + std::to_string(x);
+        return out;
+      };
+      std::printf("glint grpo: %d model rank(s) on node %s, %d sampler rank(s) on node %s\n", a.dp,
+                  nodes(model.info()).c_str(), a.sampler_dp, nodes(sampler.info()).c_str());
+      if (use_lora) {
+        // The sampler holds the same adapter; each sync replaces its tensors.
+        const auto name = model.adapter();
+        auto added = recipe::add_replacing(rt, sampler, name, [&] {
+          return a.adapter_from.empty() ? sampler.add_adapter(name, *lora).get()
+                                        : sampler.load_adapter(name, fs::absolute(a.adapter_from).string()).get();
+        });
+        if (!added) return fail("adding the adapter to the sampler", added.error());
+        sampler = sampler.with_adapter(name);
       }
-      std::map<std::string, double> means;
-      for (const auto& [k, s] : sums) means["eval_reward" + (k == "total" ? std::string{} : "/" + k)] = s / n;
-      return means;
-    };
+      // The loss and the optimizer come before a resume: the checkpoint's
+      // optimizer state loads into them.
+      if (auto ok = model.set_loss(loss).get(); !ok) return fail("setting the loss", ok.error());
+      if (auto ok = model.set_optimizer(*opt).get(); !ok) return fail("setting the optimizer", ok.error());
 
-    if (has_val && start == 0) {
-      // Where the model starts: step 0 of the charts.
-      auto e = evaluate(0);
-      if (!e) return fail("evaluating before training", e.error());
-      report.add(0, "grpo", *e);
-      std::printf("glint grpo: greedy validation reward before training: %.4f\n", e->at("eval_reward"));
-    }
-    components::rl::CompletionRewardMetric metrics;
-    const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
-    const int64_t save_every = a.save_every > 0 ? a.save_every : eval_every;
-    Progress bar{"grpo", static_cast<int>(steps)};
-    // Each step's draws come from (seed, step), so a resumed run repeats them.
-    auto params_of = [&](int64_t step) {
-      auto p = sampling;
-      p.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
-      return p;
-    };
-    // --max-staleness: later steps' batches sample while this one trains.
-    std::optional<actors::RolloutPipeline> rollouts;
-    if (a.max_staleness > 0)
-      rollouts.emplace(
-          engine, sampler,
-          [&](int64_t step) -> Result<std::optional<actors::RolloutBatch>> {
-            auto b = train.next_batch().take();
-            if (!b) return b.error();
-            auto prompts = prompt_ids(b->rows);
-            return actors::RolloutBatch{.prompts = std::move(prompts), .params = params_of(step),
-                                        .rows = std::move(b->rows), .loader_state = b->state};
-          },
-          actors::RolloutOptions{.max_staleness = a.max_staleness, .first_batch = start + 1, .last_batch = steps});
-    for (int64_t step = start + 1; step <= steps; ++step) {
-      metrics.reset();
-      double sync_seconds = 0;
-      // The step's prompts and completions.
-      actors::RolloutBatch batch;
-      std::vector<actors::SampledSequence> sampled;
-      std::optional<actors::Rollout> rollout;
-      if (rollouts) {
-        auto r = rollouts->next();
-        if (!r) return fail("sampling at step " + std::to_string(step), r.error());
-        sampled = std::move(r->sequences);
-        batch = std::move(r->batch);
-        rollout = std::move(*r);
-      } else {
-        auto b = train.next_batch().take();
-        if (!b) return fail("reading prompts", b.error());
-        // Every --sync-every steps, and first thing in a process (a resume
-        // from a run's last step, extended, may start between syncs).
-        if ((step - 1) % a.sync_every == 0 || synced_after < 0) {
-          auto s = sync(step - 1);
-          if (!s) return fail("syncing weights", s.error());
-          sync_seconds = *s;
+      actors::DataLoaderSpec spec{.dataset = data_dir + "/train.jsonl", .tokenizer = model_dir,
+                                  .template_name = a.chat_template, .max_length = a.max_prompt_length,
+                                  .truncation = a.truncation, .add_generation_prompt = true,
+                                  .batch_size = a.prompts_per_step, .seed = a.seed, .epochs = 0};
+      auto loaders = recipe::open_loaders(rt, spec, has_val ? data_dir + "/val.jsonl" : "", 64);
+      if (!loaders) return fail("the prompts", loaders.error());
+      auto& train = loaders->train;
+      const auto& info = loaders->info;
+      const int64_t steps =
+          a.max_steps > 0 ? a.max_steps
+                          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.epochs * static_cast<double>(info.batches_per_epoch))));
+      if (auto ok = model.set_lr_scheduler(recipe::schedule_of(a, steps)).get(); !ok)
+        return fail("setting the schedule", ok.error());
+      std::printf("glint grpo: %s training of %s on %lld prompts (%s), %lld steps of %lld prompts x %lld completions, "
+                  "loss %s, rewards",
+                  a.train_type.c_str(), model_dir.c_str(), static_cast<long long>(info.rows), info.skipped.c_str(),
+                  static_cast<long long>(steps), static_cast<long long>(a.prompts_per_step),
+                  static_cast<long long>(a.num_generations), a.loss.c_str());
+      for (size_t k = 0; k < rewards.names.size(); ++k) {
+        std::printf(" %s", rewards.names[k].c_str());
+        if (rewards.weights[k] != 1.0) std::printf(" x %g", rewards.weights[k]);
+      }
+      std::printf("\n");
+
+      auto position = recipe::resume_run(*checkpoints, resumes, model, &train, kName, "best_eval_reward");
+      if (!position) return fail("resuming", position.error());
+      auto& [start, best, best_step] = *position;
+      RunReport report{out, "grpo", resumes ? static_cast<int>(start) : -1};
+      const int64_t pad = recipe::pad_id(*files->tokenizer);
+      actors::CheckpointEngine engine{model, sampler};
+      int64_t synced_after = -1;  // the step whose weights the sampler holds
+      auto sync = [&](int64_t after) -> Result<double> {
+        if (synced_after == after) return 0.0;
+        auto s = engine.sync_weights();
+        if (!s) return s.error();
+        synced_after = after;
+        return s->seconds;
+      };
+
+      // The greedy mean reward of the validation prompts (and each reward's).
+      auto evaluate = [&](int64_t after) -> Result<std::map<std::string, double>> {
+        if (auto s = sync(after); !s) return s.error();
+        std::map<std::string, double> sums;
+        double n = 0;
+        for (int64_t i = 0; i < loaders->val_batches; ++i) {
+          auto b = loaders->val->next_batch().take();
+          if (!b) return b.error();
+          auto greedy = sampling;
+          greedy.num_samples = 1;
+          greedy.temperature = 0;
+          // A short last batch gets copies of its first prompt (their answers
+          // dropped), so every sampler rank has one.
+          auto prompts = prompt_ids(b->rows);
+          const size_t asked = prompts.size();
+          while (prompts.size() < static_cast<size_t>(a.sampler_dp)) prompts.push_back(prompts.front());
+          auto seqs = sampler.sample(prompts, greedy).take();
+          if (!seqs) return seqs.error();
+          seqs->resize(asked);
+          if (auto ok = check_sampled(*seqs); !ok) return ok.error();
+          auto scores = rewards.score(b->rows, 1, *seqs);
+          if (!scores) return scores.error();
+          for (const auto& [k, v] : *scores)
+            for (double x : v) sums[k] += x;
+          n += static_cast<double>(seqs->size());
         }
-        batch = {.prompts = prompt_ids(b->rows), .params = params_of(step), .rows = std::move(b->rows)};
-        auto seqs = sampler.sample(batch.prompts, batch.params).take();
-        if (!seqs) return fail("sampling at step " + std::to_string(step), seqs.error());
-        sampled = std::move(*seqs);
-      }
-      const auto& prompts = batch.prompts;
-      if (auto ok = check_sampled(sampled); !ok) return fail("sampling at step " + std::to_string(step), ok.error());
-      auto scores = rewards.score(batch.rows, a.num_generations, sampled);
-      if (!scores) return fail("scoring at step " + std::to_string(step), scores.error());
-      if (auto ok = metrics.accumulate(completion_lengths(sampled), *scores); !ok)
-        return fail("the reward metrics", ok.error());
-      auto adv = components::rl::advantages(scores->at("total"), {.group_size = a.num_generations, .scale = *scale});
-      if (!adv) return fail("the advantages", adv.error());
-      auto inputs = actors::training_batch(
-          prompts, sampled,
-          {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size()});
-      if (!inputs) return fail("making the training batch", inputs.error());
-      auto m = model.forward_backward(*inputs).take();
-      if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
-      auto s = model.clip_grad_and_step().take();
-      if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
-      if (rollouts) {
-        auto synced = rollouts->weights_updated();
-        if (!synced) return fail("syncing weights after step " + std::to_string(step), synced.error());
-        sync_seconds = synced->seconds;
-        synced_after = step;  // an evaluation now needs no sync of its own
-      }
+        std::map<std::string, double> means;
+        for (const auto& [k, s] : sums) means["eval_reward" + (k == "total" ? std::string{} : "/" + k)] = s / n;
+        return means;
+      };
 
-      auto row = metrics.calculate();
-      for (const char* k : {"loss", "clip_fraction"})
-        if (m->count(k)) row[k] = m->at(k);
-      for (const char* k : {"grad_norm", "lr"})
-        if (s->count(k)) row[k] = s->at(k);
-      row["weight_sync_seconds"] = sync_seconds;
-      if (rollout) {
-        row["staleness/max"] = static_cast<double>(rollout->staleness_max);
-        row["staleness/mean"] = rollout->staleness_mean;
+      if (has_val && start == 0) {
+        // Where the model starts: step 0 of the charts.
+        auto e = evaluate(0);
+        if (!e) return fail("evaluating before training", e.error());
+        report.add(0, "grpo", *e);
+        std::printf("glint grpo: greedy validation reward before training: %.4f\n", e->at("eval_reward"));
       }
-      char status[128];
-      std::snprintf(status, sizeof status, "reward %.3f", row["reward/total/mean"]);
-      const bool eval_now = has_val && (step % eval_every == 0 || step == steps);
-      if (eval_now) {
-        auto e = evaluate(step);
-        if (!e) return fail("evaluating at step " + std::to_string(step), e.error());
-        row.insert(e->begin(), e->end());
-        std::snprintf(status, sizeof status, "reward %.3f  eval %.3f", row["reward/total/mean"], row["eval_reward"]);
-        if (position->improves(row["eval_reward"], true)) {
-          best = row["eval_reward"];
-          best_step = step;
+      components::rl::CompletionRewardMetric metrics;
+      const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
+      const int64_t save_every = a.save_every > 0 ? a.save_every : eval_every;
+      Progress bar{"grpo", static_cast<int>(steps)};
+      // Each step's draws come from (seed, step), so a resumed run repeats them.
+      auto params_of = [&](int64_t step) {
+        auto p = sampling;
+        p.seed = static_cast<int64_t>((a.seed * 1000003 + static_cast<uint64_t>(step)) & 0x7fffffffffff);
+        return p;
+      };
+      // --max-staleness: later steps' batches sample while this one trains.
+      std::optional<actors::RolloutPipeline> rollouts;
+      if (a.max_staleness > 0)
+        rollouts.emplace(
+            engine, sampler,
+            [&](int64_t step) -> Result<std::optional<actors::RolloutBatch>> {
+              auto b = train.next_batch().take();
+              if (!b) return b.error();
+              auto prompts = prompt_ids(b->rows);
+              return actors::RolloutBatch{.prompts = std::move(prompts), .params = params_of(step),
+                                          .rows = std::move(b->rows), .loader_state = b->state};
+            },
+            actors::RolloutOptions{.max_staleness = a.max_staleness, .first_batch = start + 1, .last_batch = steps});
+      for (int64_t step = start + 1; step <= steps; ++step) {
+        metrics.reset();
+        double sync_seconds = 0;
+        // The step's prompts and completions.
+        actors::RolloutBatch batch;
+        std::vector<actors::SampledSequence> sampled;
+        std::optional<actors::Rollout> rollout;
+        if (rollouts) {
+          auto r = rollouts->next();
+          if (!r) return fail("sampling at step " + std::to_string(step), r.error());
+          sampled = std::move(r->sequences);
+          batch = std::move(r->batch);
+          rollout = std::move(*r);
+        } else {
+          auto b = train.next_batch().take();
+          if (!b) return fail("reading prompts", b.error());
+          // Every --sync-every steps, and first thing in a process (a resume
+          // from a run's last step, extended, may start between syncs).
+          if ((step - 1) % a.sync_every == 0 || synced_after < 0) {
+            auto s = sync(step - 1);
+            if (!s) return fail("syncing weights", s.error());
+            sync_seconds = *s;
+          }
+          batch = {.prompts = prompt_ids(b->rows), .params = params_of(step), .rows = std::move(b->rows)};
+          auto seqs = sampler.sample(batch.prompts, batch.params).take();
+          if (!seqs) return fail("sampling at step " + std::to_string(step), seqs.error());
+          sampled = std::move(*seqs);
         }
-      }
-      report.add(static_cast<int>(step), "grpo", row);
-      if (eval_now || step % save_every == 0 || step == steps) {
-        std::map<std::string, double> kept = {{"reward", row["reward/total/mean"]}};
-        if (eval_now) kept["eval_reward"] = row["eval_reward"];
-        recipe::record_best(kept, *position, "best_eval_reward");
-        char summary[64];
-        std::snprintf(summary, sizeof summary, eval_now ? "eval reward %.4f" : "reward %.4f",
-                      eval_now ? row["eval_reward"] : row["reward/total/mean"]);
-        // Asynchronous: the loader is ahead by the batches in flight; the
-        // checkpoint keeps its position after this step's batch.
-        auto saved = checkpoints->save("checkpoint-" + std::to_string(step), model, rollouts ? nullptr : &train,
-                                       {.step = step, .consumed_samples = step * a.prompts_per_step, .seed = a.seed,
-                                        .phase = "grpo", .loader = batch.loader_state.value_or(actors::LoaderState{}),
-                                        .metrics = kept},
-                                       summary);
-        if (!saved) return fail("saving a checkpoint", saved.error());
-      }
-      bar.update(static_cast<int>(step), status);
-    }
-    bar.finish();
-    if (rollouts) rollouts->close();
+        const auto& prompts = batch.prompts;
+        if (auto ok = check_sampled(sampled); !ok) return fail("sampling at step " + std::to_string(step), ok.error());
+        auto scores = rewards.score(batch.rows, a.num_generations, sampled);
+        if (!scores) return fail("scoring at step " + std::to_string(step), scores.error());
+        if (auto ok = metrics.accumulate(completion_lengths(sampled), *scores); !ok)
+          return fail("the reward metrics", ok.error());
+        auto adv = components::rl::advantages(scores->at("total"), {.group_size = a.num_generations, .scale = *scale});
+        if (!adv) return fail("the advantages", adv.error());
+        auto inputs = actors::training_batch(
+            prompts, sampled,
+            {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size()});
+        if (!inputs) return fail("making the training batch", inputs.error());
+        auto m = model.forward_backward(*inputs).take();
+        if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
+        auto s = model.clip_grad_and_step().take();
+        if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
+        if (rollouts) {
+          auto synced = rollouts->weights_updated();
+          if (!synced) return fail("syncing weights after step " + std::to_string(step), synced.error());
+          sync_seconds = synced->seconds;
+          synced_after = step;  // an evaluation now needs no sync of its own
+        }
 
-    if (auto ok = recipe::publish_outputs(model, *checkpoints, a, out, model_dir, best_step); !ok)
-      return fail("the outputs", ok.error());
-    recipe::release_adapter(rt, model);
-    recipe::release_adapter(rt, sampler);
-    if (best_step > 0)
-      std::printf("best validation reward %.6f at step %lld: %s/best\n", best, static_cast<long long>(best_step), out.c_str());
-    std::vector<std::pair<std::string, std::string>> charts = {{"grpo", "reward/total/mean"}};
-    if (has_val) charts.push_back({"grpo", "eval_reward"});
-    for (const auto& n : rewards.names)
-      if (rewards.names.size() > 1) charts.push_back({"grpo", "reward/" + n + "/mean"});
-    for (const char* k : {"loss", "completion_length/mean", "grad_norm"}) charts.push_back({"grpo", k});
-    auto html = report.write_html("glint grpo: " + fs::path{model_dir}.filename().string(), charts);
-    std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", out.c_str(), html.c_str());
-    return 0;
+        auto row = metrics.calculate();
+        for (const char* k : {"loss", "clip_fraction"})
+          if (m->count(k)) row[k] = m->at(k);
+        for (const char* k : {"grad_norm", "lr"})
+          if (s->count(k)) row[k] = s->at(k);
+        row["weight_sync_seconds"] = sync_seconds;
+        if (rollout) {
+          row["staleness/max"] = static_cast<double>(rollout->staleness_max);
+          row["staleness/mean"] = rollout->staleness_mean;
+        }
+        char status[128];
+        std::snprintf(status, sizeof status, "reward %.3f", row["reward/total/mean"]);
+        const bool eval_now = has_val && (step % eval_every == 0 || step == steps);
+        if (eval_now) {
+          auto e = evaluate(step);
+          if (!e) return fail("evaluating at step " + std::to_string(step), e.error());
+          row.insert(e->begin(), e->end());
+          std::snprintf(status, sizeof status, "reward %.3f  eval %.3f", row["reward/total/mean"], row["eval_reward"]);
+          if (position->improves(row["eval_reward"], true)) {
+            best = row["eval_reward"];
+            best_step = step;
+          }
+        }
+        report.add(static_cast<int>(step), "grpo", row);
+        if (eval_now || step % save_every == 0 || step == steps) {
+          std::map<std::string, double> kept = {{"reward", row["reward/total/mean"]}};
+          if (eval_now) kept["eval_reward"] = row["eval_reward"];
+          recipe::record_best(kept, *position, "best_eval_reward");
+          char summary[64];
+          std::snprintf(summary, sizeof summary, eval_now ? "eval reward %.4f" : "reward %.4f",
+                        eval_now ? row["eval_reward"] : row["reward/total/mean"]);
+          // Asynchronous: the loader is ahead by the batches in flight; the
+          // checkpoint keeps its position after this step's batch.
+          auto saved = checkpoints->save("checkpoint-" + std::to_string(step), model, rollouts ? nullptr : &train,
+                                         {.step = step, .consumed_samples = step * a.prompts_per_step, .seed = a.seed,
+                                          .phase = "grpo", .loader = batch.loader_state.value_or(actors::LoaderState{}),
+                                          .metrics = kept},
+                                         summary);
+          if (!saved) return fail("saving a checkpoint", saved.error());
+        }
+        bar.update(static_cast<int>(step), status);
+      }
+      bar.finish();
+      if (rollouts) rollouts->close();
+
+      if (auto ok = recipe::publish_outputs(model, *checkpoints, a, out, model_dir, best_step); !ok)
+        return fail("the outputs", ok.error());
+      recipe::release_adapter(rt, model);
+      recipe::release_adapter(rt, sampler);
+      if (best_step > 0)
+        std::printf("best validation reward %.6f at step %lld: %s/best\n", best, static_cast<long long>(best_step), out.c_str());
+      std::vector<std::pair<std::string, std::string>> charts = {{"grpo", "reward/total/mean"}};
+      if (has_val) charts.push_back({"grpo", "eval_reward"});
+      for (const auto& n : rewards.names)
+        if (rewards.names.size() > 1) charts.push_back({"grpo", "reward/" + n + "/mean"});
+      for (const char* k : {"loss", "completion_length/mean", "grad_norm"}) charts.push_back({"grpo", k});
+      auto html = report.write_html("glint grpo: " + fs::path{model_dir}.filename().string(), charts);
+      std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", out.c_str(), html.c_str());
+      return 0;
+    });
   });
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 namespace glint::launcher::recipe {
 
@@ -90,6 +92,15 @@ void add_optim_flags(CLI::App* c, RecipeArgs& a) {
 void add_packing_flag(CLI::App* c, bool& packing, const std::string& help) {
   // add_flag captures no default: without default_str, config.toml would record packing = false.
   c->add_flag("--packing,!--no-packing", packing, help)->default_str(packing ? "true" : "false");
+}
+
+void add_model_restart_flag(CLI::App* c, RecipeArgs& a) {
+  c->add_option("--model-max-restarts", a.model_max_restarts,
+                "A model rank lost with its process poisons the model group's collective: the run starts again from "
+                "its newest checkpoint (--save-every) once glint run --max-restarts has the process back, up to this "
+                "many times, and ends with the weights of a run never interrupted (docs/faults.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
 }
 
 void add_run_flags(CLI::App* c, RecipeArgs& a) {
@@ -607,6 +618,60 @@ Result<Loaders> open_loaders(Runtime& rt, const actors::DataLoaderSpec& spec, co
   l.val_batches = vi->batches_per_epoch;
   l.val.emplace(std::move(*v));
   return l;
+}
+
+int run_with_model_restarts(Runtime& rt, const std::string& name, int max_restarts,
+                            const std::function<int(Attempt&)>& body) {
+  for (int number = 1;; ++number) {
+    Attempt attempt{number};
+    std::vector<int> restarts_before;
+    for (const auto& n : rt.nodes()) restarts_before.push_back(n.restarts);
+    const auto mark = rt.spawned_mark();
+    const int code = body(attempt);
+    if (code == 0) return 0;
+    // Was a node of the model group lost during this try (lost now, or
+    // lost and already back: restarted since it began)? A rank's failure
+    // can reach the driver a moment before its node is marked lost: give
+    // the mark up to 2 s.
+    std::vector<NodeInfo> lost;
+    for (int wait = 0; wait < 100 && lost.empty() && !attempt.nodes().empty(); ++wait) {
+      if (wait > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int n : attempt.nodes()) {
+        auto node = rt.node(n);
+        if (node.lost || node.restarts != restarts_before.at(static_cast<size_t>(n))) lost.push_back(node);
+      }
+    }
+    if (lost.empty()) return code;
+    std::string which;
+    for (const auto& n : lost)
+      which += (which.empty() ? "" : ", ") + n.describe() + (n.lost_reason.empty() ? "" : " (" + n.lost_reason + ")");
+    if (number > max_restarts) {
+      std::fprintf(stderr, "glint %s: the model group lost %s; %s\n", name.c_str(), which.c_str(),
+                   max_restarts == 0 ? "not restarting it (--model-max-restarts 0)"
+                                     : ("giving up after " + std::to_string(max_restarts) + " restart(s) of the "
+                                        "model group (--model-max-restarts)").c_str());
+      return code;
+    }
+    std::fprintf(stderr, "glint %s: the model group lost %s; restarting the run from its newest checkpoint "
+                 "(restart %d of %d)\n", name.c_str(), which.c_str(), number, max_restarts);
+    // The try's actors go, and the placement service with what it placed:
+    // the next try places afresh, over the nodes as they are then.
+    rt.stop_spawned_since(mark);
+    rt.set_service("placement", caf::actor{});
+    const auto limit = rt.options().connect_timeout;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (const auto& n : lost) {
+      while (rt.node(n.index).lost && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (rt.node(n.index).lost) {
+        std::fprintf(stderr, "glint %s: %s did not come back within %lld s, so the model group cannot be placed "
+                     "as before; run the job under `glint run --max-restarts N`, which starts a node process that "
+                     "dies again, or resume it later with --resume\n", name.c_str(), n.describe().c_str(),
+                     static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(limit).count()));
+        return code;
+      }
+    }
+  }
 }
 
 Result<RunPosition> resume_run(actors::Checkpointer& checkpoints, bool resuming, const actors::ModelGroup& model,

@@ -16,6 +16,7 @@
 #include "runtime/runtime.hpp"
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +52,9 @@ void add_packing_flag(CLI::App* c, bool& packing, const std::string& help);
 /// --eval-every, --save-every, --output, --resume, --overwrite,
 /// --max-shard-mib, --dp, --seed, --config.
 void add_run_flags(CLI::App* c, RecipeArgs& a);
+
+/// --model-max-restarts (sft, grpo): see run_with_model_restarts.
+void add_model_restart_flag(CLI::App* c, RecipeArgs& a);
 
 /// Applies the TOML file `path` (read with toml++: strings with TOML's
 /// escapes, numbers, booleans, arrays for repeated flags) to the flags of
@@ -177,6 +181,40 @@ Result<Loaders> open_loaders(Runtime& rt, const actors::DataLoaderSpec& spec, co
 
 /// Where a run continues: the step after `start`, and the best evaluation
 /// so far (its metric `best_key` and step, as save_metrics recorded them).
+/// One try of a run under `run_with_model_restarts`.
+class Attempt {
+public:
+  explicit Attempt(int number) : number_(number) {}
+  /// 1 for the first try, then 2, 3, ...
+  int number() const { return number_; }
+  /// A try after a lost model: it resumes from the run's newest checkpoint.
+  bool resumes() const { return number_ > 1; }
+  /// The nodes whose loss fails the try and starts it again: the model
+  /// group's (its collective is poisoned when one of its ranks goes).
+  void restart_on_loss_of(const GroupInfo& group) {
+    for (const auto& r : group.ranks) nodes_.insert(r.node);
+  }
+  const std::set<int>& nodes() const { return nodes_; }
+
+private:
+  int number_;
+  std::set<int> nodes_;
+};
+
+/// Runs `body` (a recipe's driver) and, when it fails after a node holding
+/// one of its model ranks was lost, runs it again, up to `max_restarts`
+/// times: the failed try's actors are stopped and its placement forgotten,
+/// the node is waited for (`glint run --max-restarts` starts its process
+/// again; up to the runtime's connect timeout), and the next try resumes
+/// from the run's newest checkpoint (`Attempt::resumes`). A body whose
+/// steps are keyed by (seed, step) ends with the weights of a run never
+/// interrupted. Any other failure, or one past `max_restarts`, is the
+/// answer: the body's exit code, after a line naming the node and why.
+/// The whole driver belongs in `body`: groups placed before it are
+/// forgotten by the placement service at a restart.
+int run_with_model_restarts(Runtime& rt, const std::string& name, int max_restarts,
+                            const std::function<int(Attempt&)>& body);
+
 struct RunPosition {
   int64_t start = 0;
   double best;

@@ -50,6 +50,7 @@ struct RecipeArgs {
   int dp = 1;                         ///< data-parallel model ranks
   uint64_t seed = 42;
   std::string config{};               ///< the TOML the flags came from, if any
+  int model_max_restarts = 0;         ///< sft, grpo: restarts from the newest checkpoint after a lost model rank
 };
 
 struct SftArgs : RecipeArgs {

@@ -152,6 +152,7 @@ CLI::App* add_sft(CLI::App& app, SftArgs& a) {
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   recipe::add_optim_flags(c, a);
   recipe::add_run_flags(c, a);
+  recipe::add_model_restart_flag(c, a);
   c->footer(
       "Examples:\n"
       "  glint sft --model models/qwen --dataset data/chat.jsonl --output runs/chat\n"
@@ -195,7 +196,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
       return refuse("the schedule flags: " + context_of(ok.error()));
   if (resuming) {
     // The run's own rows and flags: a resume computes what the run would have.
-    if (auto changed = recipe::changed_since(out, resolved, {}); !changed.empty())
+    if (auto changed = recipe::changed_since(out, resolved, {"model-max-restarts"}); !changed.empty())
       return refuse("--resume: the run in " + out + " was started with other values of " + changed +
                     " (see its config.toml); use them, or start another --output");
   } else {
@@ -242,105 +243,110 @@ int sft(const SftArgs& args, CLI::App& cmd) {
   const bool has_val = fs::exists(data_dir + "/val.jsonl");
 
   return run_main([&](Runtime& rt) -> int {
-    auto opened = recipe::open_model(rt, a, model_dir, a.train_type == "lora" ? &*lora : nullptr);
-    if (!opened) return fail("the model", opened.error());
-    const auto& model = *opened;
-    if (auto ok = model.set_optimizer(*opt).get(); !ok) return fail("setting the optimizer", ok.error());
+    return recipe::run_with_model_restarts(rt, kName, a.model_max_restarts, [&](recipe::Attempt& attempt) -> int {
+      auto opened = recipe::open_model(rt, a, model_dir, a.train_type == "lora" ? &*lora : nullptr);
+      if (!opened) return fail("the model", opened.error());
+      const auto& model = *opened;
+      attempt.restart_on_loss_of(model.info());
+      // A try after a lost model rank resumes from the newest checkpoint.
+      const bool resumes = resuming || attempt.resumes();
+      if (auto ok = model.set_optimizer(*opt).get(); !ok) return fail("setting the optimizer", ok.error());
 
-    actors::DataLoaderSpec spec{.dataset = data_dir + "/train.jsonl", .tokenizer = model_dir,
-                                .template_name = a.chat_template, .max_length = max_length,
-                                .truncation = a.truncation, .batch_size = a.batch_size, .min_batch_size = a.dp,
-                                .seed = a.seed, .epochs = 0};
-    auto loaders = recipe::open_loaders(rt, spec, has_val ? data_dir + "/val.jsonl" : "");
-    if (!loaders) return fail("the data", loaders.error());
-    auto& train = loaders->train;
-    const auto& info = loaders->info;
-    const int64_t steps =
-        a.max_steps > 0 ? a.max_steps
-                        : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.epochs * static_cast<double>(info.batches_per_epoch) /
-                                                                              static_cast<double>(a.grad_accum))));
-    if (auto ok = model.set_lr_scheduler(recipe::schedule_of(a, steps)).get(); !ok) return fail("setting the schedule", ok.error());
-    std::printf("glint sft: %s training of %s on %lld rows (%s), %lld steps of %lld x %lld rows%s\n",
-                a.train_type.c_str(), model_dir.c_str(), static_cast<long long>(info.rows), info.skipped.c_str(),
-                static_cast<long long>(steps), static_cast<long long>(a.grad_accum), static_cast<long long>(a.batch_size),
-                a.packing ? ", packed" : "");
+      actors::DataLoaderSpec spec{.dataset = data_dir + "/train.jsonl", .tokenizer = model_dir,
+                                  .template_name = a.chat_template, .max_length = max_length,
+                                  .truncation = a.truncation, .batch_size = a.batch_size, .min_batch_size = a.dp,
+                                  .seed = a.seed, .epochs = 0};
+      auto loaders = recipe::open_loaders(rt, spec, has_val ? data_dir + "/val.jsonl" : "");
+      if (!loaders) return fail("the data", loaders.error());
+      auto& train = loaders->train;
+      const auto& info = loaders->info;
+      const int64_t steps =
+          a.max_steps > 0 ? a.max_steps
+                          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.epochs * static_cast<double>(info.batches_per_epoch) /
+                                                                                static_cast<double>(a.grad_accum))));
+      if (auto ok = model.set_lr_scheduler(recipe::schedule_of(a, steps)).get(); !ok) return fail("setting the schedule", ok.error());
+      std::printf("glint sft: %s training of %s on %lld rows (%s), %lld steps of %lld x %lld rows%s\n",
+                  a.train_type.c_str(), model_dir.c_str(), static_cast<long long>(info.rows), info.skipped.c_str(),
+                  static_cast<long long>(steps), static_cast<long long>(a.grad_accum), static_cast<long long>(a.batch_size),
+                  a.packing ? ", packed" : "");
 
-    // Where a resume starts, and the best evaluation so far.
-    auto position = recipe::resume_run(*checkpoints, resuming, model, &train, kName, "best_eval_loss");
-    if (!position) return fail("resuming", position.error());
-    auto& [start, best, best_step] = *position;
-    RunReport report{out, "sft", resuming ? static_cast<int>(start) : -1};
-    const int64_t pad = pad_id(chat->tokenizer());
+      // Where a resume starts, and the best evaluation so far.
+      auto position = recipe::resume_run(*checkpoints, resumes, model, &train, kName, "best_eval_loss");
+      if (!position) return fail("resuming", position.error());
+      auto& [start, best, best_step] = *position;
+      RunReport report{out, "sft", resumes ? static_cast<int>(start) : -1};
+      const int64_t pad = pad_id(chat->tokenizer());
 
-    auto batch_of = [&](const std::vector<actors::DataRow>& rows, bool pack) {
-      // Packed rows as long as the longest row: never more attention than padding.
-      return pack ? actors::padding_free_batch_of(rows, pad, a.dp) : actors::train_batch_of(rows, pad);
-    };
-    auto evaluate = [&]() { return validation_loss(model, *loaders->val, loaders->val_batches, pad, a.dp); };
-    const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
-    const int64_t save_every = a.save_every > 0 ? a.save_every : eval_every;
+      auto batch_of = [&](const std::vector<actors::DataRow>& rows, bool pack) {
+        // Packed rows as long as the longest row: never more attention than padding.
+        return pack ? actors::padding_free_batch_of(rows, pad, a.dp) : actors::train_batch_of(rows, pad);
+      };
+      auto evaluate = [&]() { return validation_loss(model, *loaders->val, loaders->val_batches, pad, a.dp); };
+      const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
+      const int64_t save_every = a.save_every > 0 ? a.save_every : eval_every;
 
-    Progress bar{"sft", static_cast<int>(steps)};
-    for (int64_t step = start + 1; step <= steps; ++step) {
-      double loss_sum = 0, tokens = 0;
-      for (int64_t micro = 0; micro < a.grad_accum; ++micro) {
-        auto b = train.next_batch().take();
-        if (!b) return fail("reading a batch", b.error());
-        auto batch = batch_of(b->rows, a.packing);
-        if (!batch) return fail("making a batch", batch.error());
-        auto m = model.forward_backward(*batch).take();
-        if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
-        const double t = m->count("tokens") ? m->at("tokens") : 1.0;
-        loss_sum += m->at("loss") * t;
-        tokens += t;
-      }
-      auto s = model.clip_grad_and_step().take();
-      if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
-      std::map<std::string, double> row = {{"loss", loss_sum / std::max(tokens, 1.0)}, {"grad_norm", s->at("grad_norm")},
-                                           {"lr", s->at("lr")}, {"tokens", tokens}};
-      char status[96];
-      std::snprintf(status, sizeof status, "loss %.4f", row["loss"]);
-      const bool eval_now = has_val && (step % eval_every == 0 || step == steps);
-      if (eval_now) {
-        auto e = evaluate();
-        if (!e) return fail("evaluating at step " + std::to_string(step), e.error());
-        row["eval_loss"] = *e;
-        std::snprintf(status, sizeof status, "loss %.4f  eval %.4f", row["loss"], *e);
-        if (position->improves(*e, false)) {
-          best = *e;
-          best_step = step;
+      Progress bar{"sft", static_cast<int>(steps)};
+      for (int64_t step = start + 1; step <= steps; ++step) {
+        double loss_sum = 0, tokens = 0;
+        for (int64_t micro = 0; micro < a.grad_accum; ++micro) {
+          auto b = train.next_batch().take();
+          if (!b) return fail("reading a batch", b.error());
+          auto batch = batch_of(b->rows, a.packing);
+          if (!batch) return fail("making a batch", batch.error());
+          auto m = model.forward_backward(*batch).take();
+          if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
+          const double t = m->count("tokens") ? m->at("tokens") : 1.0;
+          loss_sum += m->at("loss") * t;
+          tokens += t;
         }
+        auto s = model.clip_grad_and_step().take();
+        if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
+        std::map<std::string, double> row = {{"loss", loss_sum / std::max(tokens, 1.0)}, {"grad_norm", s->at("grad_norm")},
+                                             {"lr", s->at("lr")}, {"tokens", tokens}};
+        char status[96];
+        std::snprintf(status, sizeof status, "loss %.4f", row["loss"]);
+        const bool eval_now = has_val && (step % eval_every == 0 || step == steps);
+        if (eval_now) {
+          auto e = evaluate();
+          if (!e) return fail("evaluating at step " + std::to_string(step), e.error());
+          row["eval_loss"] = *e;
+          std::snprintf(status, sizeof status, "loss %.4f  eval %.4f", row["loss"], *e);
+          if (position->improves(*e, false)) {
+            best = *e;
+            best_step = step;
+          }
+        }
+        report.add(static_cast<int>(step), "sft", row);
+        if (eval_now || step % save_every == 0 || step == steps) {
+          std::map<std::string, double> metrics = {{"loss", row["loss"]}};
+          if (eval_now) metrics["eval_loss"] = row["eval_loss"];
+          recipe::record_best(metrics, *position, "best_eval_loss");
+          char summary[64];
+          std::snprintf(summary, sizeof summary, eval_now ? "eval loss %.4f" : "loss %.4f",
+                        eval_now ? row["eval_loss"] : row["loss"]);
+          auto saved = checkpoints->save("checkpoint-" + std::to_string(step), model, &train,
+                                         {.step = step, .consumed_samples = step * a.batch_size * a.grad_accum,
+                                          .gradient_accumulation = a.grad_accum, .seed = a.seed, .phase = "sft",
+                                          .metrics = metrics},
+                                         summary);
+          if (!saved) return fail("saving a checkpoint", saved.error());
+        }
+        bar.update(static_cast<int>(step), status);
       }
-      report.add(static_cast<int>(step), "sft", row);
-      if (eval_now || step % save_every == 0 || step == steps) {
-        std::map<std::string, double> metrics = {{"loss", row["loss"]}};
-        if (eval_now) metrics["eval_loss"] = row["eval_loss"];
-        recipe::record_best(metrics, *position, "best_eval_loss");
-        char summary[64];
-        std::snprintf(summary, sizeof summary, eval_now ? "eval loss %.4f" : "loss %.4f",
-                      eval_now ? row["eval_loss"] : row["loss"]);
-        auto saved = checkpoints->save("checkpoint-" + std::to_string(step), model, &train,
-                                       {.step = step, .consumed_samples = step * a.batch_size * a.grad_accum,
-                                        .gradient_accumulation = a.grad_accum, .seed = a.seed, .phase = "sft",
-                                        .metrics = metrics},
-                                       summary);
-        if (!saved) return fail("saving a checkpoint", saved.error());
-      }
-      bar.update(static_cast<int>(step), status);
-    }
-    bar.finish();
+      bar.finish();
 
-    // The final weights, and the best checkpoint's.
-    if (auto ok = recipe::publish_outputs(model, *checkpoints, a, out, model_dir, best_step); !ok)
-      return fail("the outputs", ok.error());
-    recipe::release_adapter(rt, model);
-    if (best_step > 0)
-      std::printf("best validation loss %.6f at step %lld: %s/best\n", best, static_cast<long long>(best_step), out.c_str());
-    std::vector<std::pair<std::string, std::string>> charts = {{"sft", "loss"}, {"sft", "lr"}, {"sft", "grad_norm"}};
-    if (has_val) charts.insert(charts.begin() + 1, {"sft", "eval_loss"});
-    auto html = report.write_html("glint sft: " + fs::path{model_dir}.filename().string(), charts);
-    std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", out.c_str(), html.c_str());
-    return 0;
+      // The final weights, and the best checkpoint's.
+      if (auto ok = recipe::publish_outputs(model, *checkpoints, a, out, model_dir, best_step); !ok)
+        return fail("the outputs", ok.error());
+      recipe::release_adapter(rt, model);
+      if (best_step > 0)
+        std::printf("best validation loss %.6f at step %lld: %s/best\n", best, static_cast<long long>(best_step), out.c_str());
+      std::vector<std::pair<std::string, std::string>> charts = {{"sft", "loss"}, {"sft", "lr"}, {"sft", "grad_norm"}};
+      if (has_val) charts.insert(charts.begin() + 1, {"sft", "eval_loss"});
+      auto html = report.write_html("glint sft: " + fs::path{model_dir}.filename().string(), charts);
+      std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", out.c_str(), html.c_str());
+      return 0;
+    });
   });
 }
 

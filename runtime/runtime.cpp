@@ -493,8 +493,33 @@ caf::actor Runtime::service(const std::string& name) const {
 }
 
 void Runtime::set_service(const std::string& name, caf::actor a) {
+  caf::actor old;
+  {
+    std::lock_guard<std::mutex> guard{impl_->mx};
+    auto& slot = impl_->services[name];
+    if (!a) old = slot;
+    slot = std::move(a);
+    if (!slot) impl_->services.erase(name);
+  }
+  if (old) caf::anon_send_exit(old, caf::exit_reason::user_shutdown);
+}
+
+size_t Runtime::spawned_mark() const {
   std::lock_guard<std::mutex> guard{impl_->mx};
-  impl_->services[name] = std::move(a);
+  return impl_->spawned.size();
+}
+
+void Runtime::stop_spawned_since(size_t mark) {
+  std::vector<caf::actor> stopping;
+  {
+    std::lock_guard<std::mutex> guard{impl_->mx};
+    auto& all = impl_->spawned;
+    if (mark >= all.size()) return;
+    stopping.assign(std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(mark)),
+                    std::make_move_iterator(all.end()));
+    all.resize(mark);
+  }
+  for (auto& a : stopping) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 void Runtime::shutdown() {

@@ -136,9 +136,19 @@ public:
                detail::Reply reply);
 
   /// Named service actors of upper layers (e.g. "placement"), so they live
-  /// and die with this runtime.
+  /// and die with this runtime. A null `a` stops and forgets the service:
+  /// the next use starts it afresh.
   caf::actor service(const std::string& name) const;
   void set_service(const std::string& name, caf::actor a);
+
+  /// How many actors this runtime has spawned so far: a mark for
+  /// `stop_spawned_since`.
+  size_t spawned_mark() const;
+  /// Stops every actor spawned since `mark` and forgets them: one stretch
+  /// of a driver (a try of a run that starts again) ends without the
+  /// runtime. Their groups' calls fail as for a stopped actor; a lost
+  /// node's actors are gone already.
+  void stop_spawned_since(size_t mark);
 
   /// Stops every actor, releases node processes, waits for them. Idempotent.
   void shutdown();

@@ -43,28 +43,7 @@ grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-l
 "$glint" run --nproc 2 -- "$glint" "${grpo[@]}" --output reference > reference.log 2>&1 \
   || { cat reference.log; echo "chaos: the uninterrupted run failed" >&2; exit 1; }
 
-# same A B: whether two metrics.jsonl agree (timing fields aside).
-same() {
-  python3 - "$1" "$2" <<'EOF'
-import json, math, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-timing = ("tokens_per_second", "weight_sync_seconds", "step_seconds", "seconds")
-def differs(x, y, key):
-    if isinstance(x, float) or isinstance(y, float):
-        tol = 1e-5 * max(1.0, abs(x), abs(y)) if key in ("loss", "grad_norm") else 1e-9 * max(1.0, abs(x))
-        return not math.isclose(x, y, rel_tol=0, abs_tol=tol)
-    return x != y
-if len(a) != len(b):
-    print(f"{len(b)} rows against {len(a)}"); sys.exit(1)
-for ra, rb in zip(a, b):
-    for k in sorted(set(ra) | set(rb)):
-        if k in timing or any(k.endswith(t) for t in timing):
-            continue
-        if k not in ra or k not in rb or differs(ra[k], rb[k], k):
-            print(f"step {ra.get('step')}: {k} {ra.get(k)} against {rb.get(k)}"); sys.exit(1)
-EOF
-}
+source "$here/scripts/fault_lib.sh"
 
 # rows DIR: the steps DIR/metrics.jsonl has (0 before it exists).
 rows() { { wc -l < "$1/metrics.jsonl"; } 2>/dev/null || echo 0; }
@@ -77,16 +56,7 @@ for ((i = 1; i <= runs; i++)); do
   job=$!
   # Find process 1 (by its GLINT_RANK) first: scanning /proc takes longer
   # than a step. Then wait for step `at` to end and kill it at once.
-  victim=""
-  for ((t = 0; t < 600; t++)); do
-    for d in /proc/[0-9]*; do  # /proc, not pgrep: procps is not on every machine
-      { tr '\0' ' ' < "$d/cmdline"; } 2>/dev/null | grep -q -- "--output $out " || continue
-      { tr '\0' '\n' < "$d/environ"; } 2>/dev/null | grep -qx "GLINT_RANK=1" && victim=${d#/proc/}
-    done
-    [[ -n $victim ]] && break
-    kill -0 $job 2>/dev/null || break
-    sleep 0.05
-  done
+  victim=$(find_rank $out 1 $job)
   for ((t = 0; t < 2400; t++)); do
     # metrics.jsonl gets a row per step as it ends (the log is buffered).
     (($(rows $out) >= at)) && break
@@ -104,7 +74,7 @@ for ((i = 1; i <= runs; i++)); do
     outcome="HUNG (killed after 120 s)"; hangs=$((hangs + 1))
   elif [[ $code != 0 ]]; then
     outcome="FAILED (exit $code): $(grep -m1 -i "error\|glint:" $out.log)"; failures=$((failures + 1))
-  elif why=$(same reference/metrics.jsonl $out/metrics.jsonl); then
+  elif why=$(same_metrics reference/metrics.jsonl $out/metrics.jsonl); then
     outcome="same metrics as the uninterrupted run"
     if where=$(grep -m1 -o "respawned as rank 1 of group 'sampler' on node [0-9]*" $out.log); then
       outcome+="; sampler rank 1 respawned on ${where##* on }"

@@ -18,6 +18,7 @@
 # Only the namespaces and links this test makes, deleted at the end. Skips
 # (exit 77) where it cannot make them (not root, no netns or veth support).
 set -uo pipefail
+source "$(cd "$(dirname "$0")/../../scripts" && pwd)/fault_lib.sh"  # same_metrics, find_rank
 # Each process picks its matmul backend by timing both (kernels.cpp); on a
 # loaded machine two runs can pick differently and round differently (a grad
 # norm 1e-5 apart). Pin it: what is compared here is the fault, not the backend.
@@ -64,27 +65,6 @@ grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-l
 "$glint" run --nproc 2 -- "$glint" "${grpo[@]}" --dp 2 --output reference_dp > reference_dp.log 2>&1 \
   || { cat reference_dp.log; fail "the job with --dp 2 on loopback"; }
 
-same() {  # same A B: metrics.jsonl rows agree (timing aside; loss and grad norm to 1e-5)
-  python3 - "$1" "$2" << 'PY'
-import json, math, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-timing = ("tokens_per_second", "weight_sync_seconds", "step_seconds", "seconds")
-if len(a) != len(b):
-    print(f"{len(b)} rows against {len(a)}"); sys.exit(1)
-for ra, rb in zip(a, b):
-    for k in sorted(set(ra) | set(rb)):
-        if any(k.endswith(t) for t in timing):
-            continue
-        x, y = ra.get(k), rb.get(k)
-        if isinstance(x, float) or isinstance(y, float):
-            tol = 1e-5 * max(1.0, abs(x), abs(y)) if k in ("loss", "grad_norm") else 1e-9 * max(1.0, abs(x))
-            if x is None or y is None or not math.isclose(x, y, rel_tol=0, abs_tol=tol):
-                print(f"step {ra.get('step')}: {k} {x} against {y}"); sys.exit(1)
-        elif x != y:
-            print(f"step {ra.get('step')}: {k} {x} against {y}"); sys.exit(1)
-PY
-}
 
 # run NAME [EXTRA glint grpo FLAGS]: the job across the namespaces, in the
 # background; sets pid_a and pid_b.
@@ -116,7 +96,7 @@ hop() {
   ((code_a == 0 && code_b == 0)) || { tail -n 5 $name.a.log $name.b.log; fail "$name: the job across namespaces exited $code_a/$code_b"; }
   grep -q "$spread" $name.a.log || { cat $name.a.log; fail "$name: not spread over both namespaces ($spread)"; }
   local why
-  why=$(same $ref/metrics.jsonl $name/metrics.jsonl) || fail "$name: $why"
+  why=$(same_metrics $ref/metrics.jsonl $name/metrics.jsonl) || fail "$name: $why"
 }
 hop hop reference "2 sampler rank(s) on node 0,1"
 echo "netns_grpo: across a veth hop ($addr_a <-> $addr_b): the same metrics as on loopback"
@@ -130,7 +110,7 @@ if ip netns exec $A tc qdisc add dev ${tag}x root netem delay 5ms 2ms loss 1% 2>
   wait_for $pid_a 300; code_a=$?
   wait_for $pid_b 30; code_b=$?
   ((code_a == 0 && code_b == 0)) || { tail -n 5 lossy.a.log lossy.b.log; fail "with netem, the job exited $code_a/$code_b"; }
-  why=$(same reference/metrics.jsonl lossy/metrics.jsonl) || fail "with netem: $why"
+  why=$(same_metrics reference/metrics.jsonl lossy/metrics.jsonl) || fail "with netem: $why"
   ip netns exec $A tc qdisc del dev ${tag}x root
   ip netns exec $B tc qdisc del dev ${tag}y root
   echo "netns_grpo: with 5 ms +- 2 ms delay and 1% loss each way: the same metrics"
@@ -160,6 +140,6 @@ detect=$(python3 -c "print(f'{$seen_at - $cut_at:.2f}')")
 python3 -c "import sys; sys.exit(0 if $seen_at - $cut_at < 8 else 1)" \
   || { tail -n 8 cut.a.log; fail "the cut was seen after $detect s (peer timeout 3 s)"; }
 grep -q "respawned as rank 1 of group 'sampler' on node 0" cut.a.log || echo "netns_grpo: note: sampler rank 1 was not respawned (the run ended first)"
-why=$(same reference/metrics.jsonl cut/metrics.jsonl) || fail "after the cut: $why"
+why=$(same_metrics reference/metrics.jsonl cut/metrics.jsonl) || fail "after the cut: $why"
 ((code_b != 0 && code_b != 124)) || { tail -n 5 cut.b.log; fail "node 1, cut off, exited $code_b (want: it leaves, lost its driver)"; }
 echo "netns_grpo: link cut after step 3: seen in $detect s (peer timeout 3 s); the job finished with the same metrics; node 1 left with $code_b"

@@ -165,6 +165,38 @@ TEST_P(GroupTest, UnknownActorTypeIsNotFound) {
   EXPECT_NE(describe(g.error()).find("glint.probe"), std::string::npos) << describe(g.error());
 }
 
+// One stretch of a driver (a try of a run that starts again) ends without
+// the runtime: the actors spawned since the mark stop, the others serve on;
+// the placement service, dropped, starts afresh and places the same name again.
+TEST_P(GroupTest, ActorsSpawnedSinceAMarkStopAndThePlacementStartsAfresh) {
+  auto& rt = *job_.rt;
+  const auto mark = rt.spawned_mark();
+  auto later = placement::spawn_group<probe_actor>(rt, DeviceGroup::of("later", 2), actors::probe_type);
+  ASSERT_TRUE(later) << describe(later.error());
+  ASSERT_TRUE(later->call_rank(1, actors::echo_atom::value, int64_t{1}).get());
+  EXPECT_GT(rt.spawned_mark(), mark);
+  rt.stop_spawned_since(mark);
+  EXPECT_EQ(rt.spawned_mark(), mark);
+  for (int r = 0; r < 2; ++r) {
+    auto gone = later->call_rank(r, actors::echo_atom::value, int64_t{2}).get();
+    EXPECT_FALSE(gone) << "rank " << r << " of the stopped group still answers";
+  }
+  auto kept = group_.call<Collect::flatten>(Dispatch::all, actors::echo_atom::value, int64_t{3}).get();
+  ASSERT_TRUE(kept) << describe(kept.error());
+  EXPECT_EQ(*kept, (std::vector<int64_t>{3, 3}));
+  auto again = placement::spawn_group<probe_actor>(rt, DeviceGroup::of("later", 2), actors::probe_type);
+  EXPECT_FALSE(again) << "the service still holds 'later': placing it twice is refused";
+  auto old = rt.service("placement");
+  ASSERT_TRUE(old);
+  rt.set_service("placement", caf::actor{});
+  EXPECT_FALSE(rt.service("placement"));
+  again = placement::spawn_group<probe_actor>(rt, DeviceGroup::of("later", 2), actors::probe_type);
+  ASSERT_TRUE(again) << describe(again.error());
+  EXPECT_NE(rt.service("placement"), old);
+  auto echo = again->call_rank(1, actors::echo_atom::value, int64_t{4}).get();
+  ASSERT_TRUE(echo) << describe(echo.error());
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, GroupTest, ::testing::Values(Mode::local, Mode::cluster),
                          [](const auto& info) { return std::string{to_string(info.param)}; });
 

@@ -1,0 +1,49 @@
+# Shared by the fault tests (scripts/chaos.sh, tests/e2e/netns_grpo.sh,
+# tests/e2e/model_restart.sh). Source it; it defines:
+#
+#   same_metrics A B      0 when two metrics.jsonl agree row by row (timing
+#                         fields aside; loss and grad_norm to 1e-5, other
+#                         floats to 1e-9); else prints the first difference.
+#   find_rank OUT RANK JOB  the pid of process RANK of the `glint run` job
+#                         whose command has `--output OUT` (found by its
+#                         GLINT_RANK in /proc: procps is not on every
+#                         machine), waiting up to 30 s while JOB runs.
+
+same_metrics() {
+  python3 - "$1" "$2" << 'PY'
+import json, math, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+timing = ("tokens_per_second", "weight_sync_seconds", "step_seconds", "seconds")
+def differs(x, y, key):
+    if isinstance(x, float) or isinstance(y, float):
+        if x is None or y is None: return True
+        tol = 1e-5 * max(1.0, abs(x), abs(y)) if key in ("loss", "grad_norm") else 1e-9 * max(1.0, abs(x))
+        return not math.isclose(x, y, rel_tol=0, abs_tol=tol)
+    return x != y
+if len(a) != len(b):
+    print(f"{len(b)} rows against {len(a)}"); sys.exit(1)
+for ra, rb in zip(a, b):
+    for k in sorted(set(ra) | set(rb)):
+        if k in timing or any(k.endswith(t) for t in timing):
+            continue
+        if k not in ra or k not in rb or differs(ra[k], rb[k], k):
+            print(f"step {ra.get('step')}: {k} {ra.get(k)} against {rb.get(k)}"); sys.exit(1)
+PY
+}
+
+find_rank() {
+  local out=$1 rank=$2 job=$3 t d
+  for ((t = 0; t < 600; t++)); do
+    for d in /proc/[0-9]*; do
+      { tr '\0' ' ' < "$d/cmdline"; } 2> /dev/null | grep -q -- "--output $out " || continue
+      if { tr '\0' '\n' < "$d/environ"; } 2> /dev/null | grep -qx "GLINT_RANK=$rank"; then
+        echo "${d#/proc/}"
+        return 0
+      fi
+    done
+    kill -0 "$job" 2> /dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}

@@ -425,7 +425,9 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
       auto position = recipe::resume_run(*checkpoints, resumes, model, &train, kName, "best_eval_reward");
       if (!position) return fail("resuming", position.error());
       auto& [start, best, best_step] = *position;
-      RunReport report{out, "grpo", resumes ? static_cast<int>(start) : -1};
+      // No checkpoint yet (start 0): the run starts afresh, so its rows do too
+      // (a step-0 evaluation row would otherwise be written twice).
+      RunReport report{out, "grpo", resumes && start > 0 ? static_cast<int>(start) : -1};
       const int64_t pad = recipe::pad_id(*files->tokenizer);
       actors::CheckpointEngine engine{model, sampler};
       int64_t synced_after = -1;  // the step whose weights the sampler holds

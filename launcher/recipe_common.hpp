@@ -179,8 +179,6 @@ struct Loaders {
 Result<Loaders> open_loaders(Runtime& rt, const actors::DataLoaderSpec& spec, const std::string& val_path,
                              int64_t val_batch_size = 0);
 
-/// Where a run continues: the step after `start`, and the best evaluation
-/// so far (its metric `best_key` and step, as save_metrics recorded them).
 /// One try of a run under `run_with_model_restarts`.
 class Attempt {
 public:
@@ -215,6 +213,8 @@ private:
 int run_with_model_restarts(Runtime& rt, const std::string& name, int max_restarts,
                             const std::function<int(Attempt&)>& body);
 
+/// Where a run continues: the step after `start`, and the best evaluation
+/// so far (its metric `best_key` and step, as save_metrics recorded them).
 struct RunPosition {
   int64_t start = 0;
   double best;

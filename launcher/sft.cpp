@@ -274,7 +274,8 @@ int sft(const SftArgs& args, CLI::App& cmd) {
       auto position = recipe::resume_run(*checkpoints, resumes, model, &train, kName, "best_eval_loss");
       if (!position) return fail("resuming", position.error());
       auto& [start, best, best_step] = *position;
-      RunReport report{out, "sft", resumes ? static_cast<int>(start) : -1};
+      // No checkpoint yet (start 0): the run starts afresh, so its rows do too.
+      RunReport report{out, "sft", resumes && start > 0 ? static_cast<int>(start) : -1};
       const int64_t pad = pad_id(chat->tokenizer());
 
       auto batch_of = [&](const std::vector<actors::DataRow>& rows, bool pack) {

@@ -519,7 +519,24 @@ void Runtime::stop_spawned_since(size_t mark) {
                     std::make_move_iterator(all.end()));
     all.resize(mark);
   }
+  // An actor ends once the call it is in returns: wait for that, bounded, so
+  // what comes next (a new try placed on the same devices) does not start
+  // beside it. A lost node's actors are down at once.
+  detail::CallerThreadScope on_caller;
+  caf::scoped_actor self{*sys_};
+  for (auto& a : stopping) self->monitor(a);
   for (auto& a : stopping) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(opts_.exit_grace, 10s);
+  size_t down = 0;
+  bool late = false;
+  while (down < stopping.size() && !late) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    self->receive([&](const caf::down_msg&) { ++down; }, caf::after(left) >> [&] { late = true; });
+  }
+  if (down < stopping.size())
+    log::warn(std::to_string(stopping.size() - down) + " of " + std::to_string(stopping.size()) +
+              " stopped actors are still busy in a call; going on beside them");
 }
 
 void Runtime::shutdown() {

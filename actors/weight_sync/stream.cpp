@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 namespace glint::actors::weight_sync {
@@ -141,9 +142,13 @@ struct Hello {
 
 /// A connection to the listener, read up to its hello; false where it is
 /// not one of ours (closed, garbage, too slow): it is dropped and ignored.
-bool take_hello(const Listener& listener, Fd& c, Hello& h, int receivers) {
+/// An error where the listener itself fails (out of descriptors).
+Result<bool> take_hello(const Listener& listener, Fd& c, Hello& h, int receivers) {
   c.fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-  if (c.fd < 0) return false;
+  if (c.fd < 0)
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED
+               ? Result<bool>{false}
+               : Result<bool>{sys_error("weight stream: accepting a receiver")};
   // A hello is 12 bytes sent right after connecting: a second is plenty,
   // and the sender never waits longer on a stranger.
   auto ok = recv_all(c.fd, reinterpret_cast<std::byte*>(&h), sizeof h,
@@ -167,21 +172,35 @@ Result<int64_t> send_weights(const Listener& listener, int receivers, const std:
   if (receivers < 1) return make_error(errc::invalid_argument, "weight stream: no receivers");
   const auto n = static_cast<size_t>(receivers);
   std::vector<Fd> conns(n);
-  // Every receiver connects and says which it is; a decline fails the send at once.
-  for (size_t connected = 0; connected < n;) {
-    int first_missing = 0;
-    while (conns[static_cast<size_t>(first_missing)].fd >= 0) ++first_missing;
-    const auto what = "weight stream: waiting for " + receiver_name(first_missing, receivers);
+  std::vector<char> said_no(n, 0);
+  // Every receiver connects and says which it is, or is declined. All are
+  // heard before the send fails for a decline: closing the listener on the
+  // first would leave the others retrying to connect until their deadline.
+  std::optional<caf::error> refused;
+  for (size_t heard = 0; heard < n;) {
+    size_t first_missing = 0;
+    while (conns[first_missing].fd >= 0 || said_no[first_missing]) ++first_missing;
+    const auto what = "weight stream: waiting for " + receiver_name(static_cast<int>(first_missing), receivers);
     if (auto ok = wait(listener.fd(), POLLIN, deadline, what); !ok) return ok.error();
     Fd c;
     Hello h;
-    if (!take_hello(listener, c, h, receivers)) continue;
-    if (h.declines) return declined(h.receiver, receivers);
-    auto& slot = conns[static_cast<size_t>(h.receiver)];
-    if (slot.fd >= 0) continue;  // a second connection for one receiver: not ours
-    std::swap(slot.fd, c.fd);
-    ++connected;
+    auto ours = take_hello(listener, c, h, receivers);
+    if (!ours) return ours.error();
+    if (!*ours) continue;
+    const auto r = static_cast<size_t>(h.receiver);
+    if (said_no[r]) continue;
+    if (h.declines) {
+      said_no[r] = 1;
+      if (!refused) refused = declined(h.receiver, receivers);
+      if (conns[r].fd < 0) ++heard;
+      continue;
+    }
+    if (conns[r].fd >= 0) continue;  // a second connection for one receiver: not ours
+    std::swap(conns[r].fd, c.fd);
+    ++heard;
   }
+  // The others get a closed connection at once (their call fails too).
+  if (refused) return *refused;
   const Header header{kMagic, tensors.size(), static_cast<uint64_t>(total_bytes(tensors))};
   std::vector<caf::error> failed(n);
   std::vector<std::atomic<bool>> cancelled(n);
@@ -196,7 +215,8 @@ Result<int64_t> send_weights(const Listener& listener, int receivers, const std:
     // The receiver answers one byte once it holds everything.
     char ack = 0;
     if (ok) ok = recv_all(fd, reinterpret_cast<std::byte*>(&ack), 1, deadline, what + " (its acknowledgement)");
-    if (!ok && !cancelled[r]) failed[r] = ok.error();
+    // This thread alone writes failed[r]; the watcher below only cancels.
+    if (!ok) failed[r] = cancelled[r] ? declined(static_cast<int>(r), receivers) : ok.error();
     ++finished;
   };
   std::vector<std::thread> threads;
@@ -210,10 +230,11 @@ Result<int64_t> send_weights(const Listener& listener, int receivers, const std:
     if (::poll(&p, 1, 20) <= 0) continue;
     Fd c;
     Hello h;
-    if (!take_hello(listener, c, h, receivers) || !h.declines) continue;
+    auto ours = take_hello(listener, c, h, receivers);
+    if (!ours) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // out of descriptors: the threads end anyway
+    if (!ours || !*ours || !h.declines) continue;
     const auto r = static_cast<size_t>(h.receiver);
     if (cancelled[r].exchange(true)) continue;
-    failed[r] = declined(h.receiver, receivers);
     ::shutdown(conns[r].fd, SHUT_RDWR);  // wakes its thread: the send or the wait for the acknowledgement fails
   }
   for (auto& t : threads) t.join();

@@ -83,6 +83,30 @@ TEST(WeightStream, ADecliningReceiverFailsTheSenderAtOnce) {
   EXPECT_TRUE(declined.get());
 }
 
+// One receiver declines before another has connected: the sender hears
+// them all before it fails, so the late one is not left retrying to connect
+// to a closed listener until its deadline.
+TEST(WeightStream, ADeclineBeforeTheOthersConnectFailsEveryoneAtOnce) {
+  auto l = Listener::open();
+  ASSERT_TRUE(l);
+  const auto w = weights();
+  auto got = like(w);
+  auto declined = std::async(std::launch::async, [&] { return decline("127.0.0.1", l->port(), 1, in(30s)); });
+  auto late = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(300ms);
+    return recv_weights("127.0.0.1", l->port(), 0, got, in(30s));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto sent = send_weights(*l, 2, w, in(30s));
+  ASSERT_FALSE(sent);
+  EXPECT_NE(describe(sent.error()).find("receiver 2 of 2 declined"), std::string::npos) << describe(sent.error());
+  l = Listener::open();  // the model closes its listener after a send (stream_send)
+  auto r = late.get();
+  EXPECT_FALSE(r) << "the late receiver got weights from a failed send";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "a receiver waited for its deadline";
+  EXPECT_TRUE(declined.get());
+}
+
 // A receiver whose process froze (or whose link was cut) after connecting:
 // no reset comes, its acknowledgement never does. The driver, told its node
 // was lost, declines it, and the send fails then rather than at its deadline.

@@ -25,8 +25,9 @@ cd "$root"
   --max-positions 256 --tokenizer-from arith.jsonl > setup.log 2>&1 || { cat setup.log; fail "init-model"; }
 "$glint" sft --model model --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 40 \
   --lr-scheduler constant --output sft >> setup.log 2>&1 || { cat setup.log; fail "sft"; }
-grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
-      --num-generations 4 --lr 1e-3 --max-steps 8 --dp 2 --save-every 2)
+base=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
+      --num-generations 4 --lr 1e-3 --max-steps 8 --dp 2)
+grpo=("${base[@]}" --save-every 2)
 
 "$glint" run --nproc 2 -- "$glint" "${grpo[@]}" --output reference > reference.log 2>&1 \
   || { cat reference.log; fail "the uninterrupted run"; }
@@ -88,6 +89,17 @@ why=$(same_metrics reference/metrics.jsonl restarted/metrics.jsonl) || fail "met
 why=$(tensors reference/last/adapter_model.safetensors restarted/last/adapter_model.safetensors) \
   || fail "the final adapter after the restart: $why"
 echo "model_restart: process 1 killed after step 3: $(grep -o 'resumed at step [0-9]*' restarted.log | head -1); the same metrics and final adapter ($why)"
+
+# Killed before its first checkpoint, with a validation set: the second try
+# starts afresh, its step-0 evaluation row written once.
+early=("${base[@]}" --val-split 0.1 --eval-every 100 --save-every 100)
+"$glint" run --nproc 2 -- "$glint" "${early[@]}" --output early_reference > early_reference.log 2>&1 \
+  || { cat early_reference.log; fail "the uninterrupted run with a validation set"; }
+killed early 3 "${early[@]}" --model-max-restarts 1
+((code == 0)) || { tail -n 20 early.log; fail "killed before any checkpoint, the job exited $code"; }
+grep -q "restarting the run from its newest checkpoint" early.log || { cat early.log; fail "no restart before any checkpoint"; }
+why=$(same_metrics early_reference/metrics.jsonl early/metrics.jsonl) || fail "after a restart before any checkpoint: $why"
+echo "model_restart: killed before the first checkpoint (validation set on): the run started afresh, the same metrics"
 
 killed given_up 3 "${grpo[@]}" --model-max-restarts 0
 ((code != 0 && code != 137)) || { tail -n 20 given_up.log; fail "with --model-max-restarts 0 the job exited $code (want: it fails)"; }

@@ -1,5 +1,7 @@
 #include "components/comm/process_group_impl.hpp"
 
+#include "components/comm/peer_watch.hpp"
+
 #include "components/tensor/torch_bridge.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -10,15 +12,39 @@
 
 #include "runtime/process.hpp"
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 
 namespace glint::components {
 
 namespace {
 
+// GLINT_PEER_TIMEOUT_MS, the runtime's peer timeout (Options::peer_timeout),
+// which glint run hands every process of a job; else its default.
+Result<std::chrono::milliseconds> default_peer_timeout() {
+  const char* v = std::getenv("GLINT_PEER_TIMEOUT_MS");
+  if (!v || !*v) return std::chrono::milliseconds(5000);
+  char* end = nullptr;
+  const long long ms = std::strtoll(v, &end, 10);
+  if (*end != '\0' || ms < 1)
+    return make_error(errc::invalid_argument,
+                      std::string{"GLINT_PEER_TIMEOUT_MS='"} + v + "' is not a positive number of milliseconds");
+  return std::chrono::milliseconds(ms);
+}
+
 class GlooGroup final : public ProcessGroup {
 public:
+  ~GlooGroup() override {
+    // A collective given up on may still sit in Gloo's worker thread until
+    // Gloo's own timeout, and c10d's destructor would join it: let the
+    // broken group go without waiting (one group's memory, once).
+    if (!broken.empty()) {
+      (void)pg.release();
+      (void)store.release();
+    }
+  }
   int rank() const override { return cfg.rank; }
   int size() const override { return cfg.world_size; }
   Result<void> all_reduce_sum(std::vector<Tensor>& tensors) override;
@@ -29,9 +55,44 @@ public:
   CommConfig cfg;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  std::unique_ptr<PeerWatch> watch;
+  std::string broken;  ///< why an earlier collective was given up on
+
+  // Waits for a collective while its ranks are alive: fails once one has
+  // been silent for the peer timeout (Gloo would wait for its own timeout).
+  void wait(const c10::intrusive_ptr<c10d::Work>& work) {
+    if (watch) {
+      struct Done {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool done = false;
+      };
+      auto done = std::make_shared<Done>();
+      work->getFuture()->addCallback([done](c10::ivalue::Future&) {
+        {
+          std::lock_guard lock(done->mu);
+          done->done = true;
+        }
+        done->cv.notify_all();
+      });
+      const auto tick = std::max(watch->timeout() / 10, std::chrono::milliseconds(10));
+      std::unique_lock lock(done->mu);
+      while (!done->cv.wait_for(lock, tick, [&] { return done->done; })) {
+        if (auto why = watch->silent()) {
+          broken = *why;
+          throw std::runtime_error(*why);
+        }
+      }
+    }
+    work->wait();  // Gloo's error, if it failed
+  }
 
   template <class F>
   Result<void> run(const char* what, F&& f) {
+    if (!broken.empty())
+      return make_error(errc::unavailable, std::string{what} + " on rank " + std::to_string(cfg.rank) +
+                                               ": the process group is broken since an earlier collective gave up (" +
+                                               broken + ")");
     try {
       f();
       return {};
@@ -85,6 +146,29 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     impl.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl.store, cfg.rank, cfg.world_size, opts);
   });
   if (!ok) return ok.error();
+  if (cfg.world_size > 1) {
+    // Heartbeats: each rank's address goes through the store, as Gloo's do.
+    auto timeout = cfg.peer_timeout.count() > 0 ? Result<std::chrono::milliseconds>{cfg.peer_timeout}
+                                                : default_peer_timeout();
+    if (!timeout) return timeout.error();
+    auto local = local_address_towards(cfg.store_host, cfg.store_port);
+    if (!local) return with_context(local.error(), "the process group's heartbeats");
+    auto watch = PeerWatch::open(cfg.rank, *local, *timeout);
+    if (!watch) return with_context(watch.error(), "the process group's heartbeats");
+    std::vector<std::string> addresses(static_cast<size_t>(cfg.world_size));
+    auto shared = impl.run("exchanging heartbeat addresses", [&] {
+      const auto mine = (*watch)->address();
+      impl.store->set("peer_watch/" + std::to_string(cfg.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+      for (int r = 0; r < cfg.world_size; ++r) {
+        if (r == cfg.rank) continue;
+        auto v = impl.store->get("peer_watch/" + std::to_string(r));
+        addresses[static_cast<size_t>(r)] = std::string(v.begin(), v.end());
+      }
+    });
+    if (!shared) return shared.error();
+    if (auto started = (*watch)->start(addresses); !started) return started.error();
+    impl.watch = std::move(*watch);
+  }
   return std::shared_ptr<ProcessGroup>{std::move(pg)};
 }
 
@@ -100,13 +184,13 @@ Result<void> GlooGroup::all_reduce_sum(std::vector<Tensor>& tensors) {
     for (auto& [dtype, ts] : by_dtype) {
       if (ts.size() == 1) {  // reduced where it lies
         std::vector<at::Tensor> one{*ts.front()};
-        pg->allreduce(one)->wait();
+        wait(pg->allreduce(one));
         continue;
       }
       std::vector<at::Tensor> flat_parts;
       for (auto* t : ts) flat_parts.push_back(t->reshape({-1}));
       std::vector<at::Tensor> buf{at::cat(flat_parts)};
-      pg->allreduce(buf)->wait();
+      wait(pg->allreduce(buf));
       int64_t offset = 0;
       for (auto* t : ts) {
         auto n = t->numel();
@@ -157,7 +241,7 @@ Result<void> GlooGroup::broadcast(std::vector<Tensor>& tensors, int root) {
       std::vector<at::Tensor> one{t};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      pg->broadcast(one, o)->wait();
+      wait(pg->broadcast(one, o));
     }
   });
 }
@@ -189,7 +273,7 @@ Result<int64_t> GlooGroup::broadcast_buckets(std::vector<Tensor>& tensors, int r
                                                                                    part.front().options())};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      pg->broadcast(flat, o)->wait();
+      wait(pg->broadcast(flat, o));
       if (rank() != root) {
         int64_t at = 0;
         for (auto& t : part) {
@@ -205,7 +289,7 @@ Result<int64_t> GlooGroup::broadcast_buckets(std::vector<Tensor>& tensors, int r
 
 Result<void> GlooGroup::barrier() {
   if (size() == 1) return {};
-  return run("barrier", [&] { pg->barrier()->wait(); });
+  return run("barrier", [&] { wait(pg->barrier()); });
 }
 
 }  // namespace glint::components

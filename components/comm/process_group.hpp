@@ -10,7 +10,11 @@
 /// store_host:store_port (the placement service hands the address out). Ranks
 /// may be threads of one process or separate processes. Every call blocks
 /// until all ranks have joined it or `timeout` passes (then an error naming
-/// the collective). Not thread-safe: one caller per group, as c10d.
+/// the collective). A rank that goes silent (frozen, cut off) fails the
+/// others' collectives within `peer_timeout` instead, naming it (heartbeats
+/// over UDP, components/comm/peer_watch.hpp); the group is then broken and
+/// every later call fails at once. Not thread-safe: one caller per group, as
+/// c10d.
 
 #include "runtime/error.hpp"
 #include "runtime/tensor.hpp"
@@ -30,6 +34,9 @@ struct CommConfig {
   std::string backend = "gloo";  ///< "gloo" (CPU); "nccl" needs a CUDA build
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string prefix = "glint";  ///< keys in the store, so that several groups share one
+  /// A rank not heard from for this long fails the collectives that wait for
+  /// it. 0: the runtime's peer timeout (GLINT_PEER_TIMEOUT_MS), else 5 s.
+  std::chrono::milliseconds peer_timeout{0};
 };
 
 /// The collectives glint uses, as an interface: `create` makes the c10d

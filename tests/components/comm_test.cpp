@@ -1,5 +1,7 @@
 // Collectives over Gloo between threads, and data-parallel training: two
 // ranks on halves of a batch take the same steps as one rank on all of it.
+// A frozen rank fails the others' collectives within the peer timeout.
+#include "components/comm/peer_watch.hpp"
 #include "components/comm/process_group_impl.hpp"
 #include "components/model/trainer.hpp"
 #include "components/model/transformer.hpp"
@@ -9,7 +11,12 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <sstream>
 #include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace glint::components {
 namespace {
@@ -104,6 +111,103 @@ TEST(Comm, ARankWhoseBatchFailedStillJoinsTheStep) {
     for (auto& [n, p] : tr->model().impl().params) ranks[static_cast<size_t>(r)][n] = p.detach().clone();
   });
   for (auto& [n, p] : ranks[0]) EXPECT_TRUE(at::equal(p, ranks[1].at(n))) << n;
+}
+
+using namespace std::chrono_literals;
+
+TEST(PeerWatch, RanksHearEachOtherAndOneThatStopsIsNamed) {
+  std::vector<std::unique_ptr<PeerWatch>> w;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < 3; ++r) {
+    auto o = PeerWatch::open(r, "127.0.0.1", 400ms);
+    ASSERT_TRUE(o) << describe(o.error());
+    addresses.push_back((*o)->address());
+    w.push_back(std::move(*o));
+  }
+  for (auto& x : w) ASSERT_TRUE(x->start(addresses));
+  std::this_thread::sleep_for(700ms);
+  for (auto& x : w) EXPECT_FALSE(x->silent()) << *x->silent();
+  w[2].reset();  // rank 2 stops sending, as a frozen process would
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(w[0]->silent()) << "not before the timeout";
+  std::this_thread::sleep_for(400ms);
+  auto why = w[0]->silent();
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("rank 2 has sent no heartbeat"), std::string::npos) << *why;
+  EXPECT_TRUE(w[1]->silent());
+}
+
+// A rank never heard at all (UDP blocked between the machines) is not called
+// silent: that would end healthy runs; Gloo's timeout still bounds it. Nor
+// do a stranger's datagrams on the port count as the rank's.
+TEST(PeerWatch, ARankNeverHeardIsNotCalledSilentAndStrangersDoNotCount) {
+  auto a = PeerWatch::open(0, "127.0.0.1", 200ms);
+  auto b = PeerWatch::open(1, "127.0.0.1", 200ms);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE((*a)->start({(*a)->address(), (*b)->address()}));  // b never starts: never heard
+  std::this_thread::sleep_for(500ms);
+  EXPECT_FALSE((*a)->silent());
+  auto c = PeerWatch::open(1, "127.0.0.1", 200ms);  // claims rank 1, with another id
+  ASSERT_TRUE(c);
+  std::istringstream in((*a)->address());
+  std::string host, port;
+  in >> host >> port;
+  ASSERT_TRUE((*c)->start({host + " " + port + " 12345", (*c)->address()}));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE((*a)->silent()) << "a stranger's beats do not make rank 1 heard";
+  EXPECT_FALSE(PeerWatch::open(0, "127.0.0.1", 10ms));
+  EXPECT_FALSE((*b)->start({"nonsense", "x"}));
+}
+
+// Rank 0 (which also hosts the group's store) is frozen with SIGSTOP while
+// rank 1 waits in an all-reduce: rank 1 fails within the peer timeout, not
+// Gloo's minute, naming rank 0; the group is broken from then on, and
+// leaving it does not wait for Gloo's stuck worker.
+TEST(Comm, AFrozenRankFailsTheOthersCollectiveWithinThePeerTimeout) {
+  auto port = pick_free_port();
+  ASSERT_TRUE(port);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const CommConfig cfg{.store_port = *port, .world_size = 2, .timeout = 60s, .peer_timeout = 1s};
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // rank 0, to be frozen after one good collective
+    auto mine = cfg;
+    auto pg = ProcessGroup::create(mine);
+    if (!pg) ::_exit(2);
+    std::vector<Tensor> ts{glint::testing::vector_of(std::vector<float>{1.f})};
+    if (!(*pg)->all_reduce_sum(ts)) ::_exit(3);
+    (void)!::write(ready[1], "r", 1);
+    while (true) ::pause();
+  }
+  auto mine = cfg;
+  mine.rank = 1;
+  auto pg = ProcessGroup::create(mine);
+  ASSERT_TRUE(pg) << describe(pg.error());
+  std::vector<Tensor> ts{glint::testing::vector_of(std::vector<float>{2.f})};
+  ASSERT_TRUE((*pg)->all_reduce_sum(ts));
+  EXPECT_EQ(ts[0], glint::testing::vector_of(std::vector<float>{3.f}));
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::kill(child, SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = (*pg)->all_reduce_sum(ts);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r) << "rank 0 is frozen";
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 5s) << "waited for Gloo's timeout, not the peer timeout";
+  EXPECT_EQ(code_of(r.error()), errc::unavailable);
+  EXPECT_NE(describe(r.error()).find("rank 0 has sent no heartbeat"), std::string::npos) << describe(r.error());
+  auto again = (*pg)->barrier();
+  ASSERT_FALSE(again);
+  EXPECT_NE(describe(again.error()).find("broken"), std::string::npos) << describe(again.error());
+  const auto leave = std::chrono::steady_clock::now();
+  pg->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - leave, 2s);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
 }
 
 }  // namespace

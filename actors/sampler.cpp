@@ -1,6 +1,7 @@
 #include "actors/sampler.hpp"
 
 #include "actors/detail/answer.hpp"
+#include "actors/detail/chunk_stream.hpp"
 #include "actors/detail/pad.hpp"
 #include "actors/sampler_state.hpp"
 #include "placement/service.hpp"
@@ -174,56 +175,13 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
                                                       const std::vector<SampleRequest>& requests,
                                                       const SamplingParams& params, const std::string& adapter,
                                                       std::function<void(const SampleChunk&)> on_chunk) {
-  // Shared by this thread and the listener. The callback runs under `mx`, so
-  // once `closed` is set under it, no callback runs or will run.
-  struct Listener {
-    std::mutex mx;
-    std::function<void(const SampleChunk&)> on_chunk;
-    bool closed = false;
-    std::string failure;  ///< what the callback threw
-    size_t finished = 0, expected = 0;
-    Future<bool> all_seen;
-  };
-  auto l = std::make_shared<Listener>();
-  l->on_chunk = std::move(on_chunk);
-  l->expected = requests.size() * static_cast<size_t>(std::max<int64_t>(params.num_samples, 0));
-  if (l->expected == 0) l->all_seen.state()->set(true);
-  // Detached: the callback is user code, and must not hold up CAF's workers.
-  glint::detail::CallerThreadScope on_caller;
-  auto listener = rt.system().spawn<caf::detached>([l](sample_listener::pointer) -> sample_listener::behavior_type {
-    return {[l](const SampleChunk& c) {
-      std::lock_guard<std::mutex> guard{l->mx};
-      if (l->closed) return;
-      try {
-        l->on_chunk(c);
-      } catch (const std::exception& e) {
-        l->failure = e.what();
-        l->closed = true;
-        l->all_seen.state()->set(true);
-        return;
-      }
-      if (c.finished && ++l->finished == l->expected) l->all_seen.state()->set(true);
-    }};
-  });
+  auto expected = detail::ChunkStream::sequences_of(requests, params);
+  if (!expected) return expected.error();
+  detail::ChunkStream stream(rt, std::move(on_chunk), *expected);
   auto result = sampler.call<Collect::flatten>(Dispatch::slice_dp, sample_stream_atom_v, requests, params, adapter,
-                                               listener)
+                                               stream.listener())
                     .get();
-  // The answer and the chunks travel on different paths: wait for the last chunks.
-  bool all_seen = !result || l->all_seen.wait_for(sampler.timeout());
-  {
-    std::lock_guard<std::mutex> guard{l->mx};
-    l->closed = true;
-  }
-  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
-  if (!result) return result.error();
-  if (!l->failure.empty())
-    return make_error(errc::aborted, "the chunk callback of a streamed sample call threw: " + l->failure);
-  if (!all_seen)
-    return make_error(errc::deadline_exceeded, "a streamed sample call was answered but " +
-                                                   std::to_string(l->expected - l->finished) + " of its " +
-                                                   std::to_string(l->expected) + " sequences sent no last chunk within " +
-                                                   std::to_string(sampler.timeout().count()) + " ms");
-  return result;
+  return stream.finish(std::move(result), sampler.timeout());
 }
 
 }  // namespace glint::actors

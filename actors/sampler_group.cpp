@@ -1,5 +1,6 @@
 #include "actors/sampler_group.hpp"
 
+#include "actors/detail/chunk_stream.hpp"
 #include "actors/detail/clients.hpp"
 #include "actors/remote.hpp"
 #include "placement/service.hpp"
@@ -40,7 +41,11 @@ public:
                                                         const SamplingParams& params, const std::string& adapter,
                                                         std::function<void(const SampleChunk&)> on_chunk) override {
     heal();
-    return actors::sample_streaming(rt_, serving(), requests, with_call_seed(params), adapter, std::move(on_chunk));
+    auto expected = detail::ChunkStream::sequences_of(requests, params);
+    if (!expected) return expected.error();
+    auto stream = std::make_shared<detail::ChunkStream>(rt_, std::move(on_chunk), *expected);
+    auto result = sample_with_failover(requests, with_call_seed(params), adapter, stream).get();
+    return stream->finish(std::move(result), group().timeout());
   }
   Future<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               components::UpdatePolicy policy) override {
@@ -178,9 +183,12 @@ private:
   /// Contiguous slices of the requests over the serving ranks, joined in
   /// order. A rank that fails its slice with `unavailable` (its node process
   /// died, its actor stopped) is not used again by this call: its slice goes
-  /// to the next serving rank, and the call completes.
+  /// to the next serving rank, and the call completes. With a `stream`,
+  /// each attempt streams its chunks to a listener of its own, and the
+  /// stream hands each sequence's tokens on once.
   Future<std::vector<SampledSequence>> sample_with_failover(const std::vector<SampleRequest>& requests,
-                                                            const SamplingParams& params, const std::string& adapter);
+                                                            const SamplingParams& params, const std::string& adapter,
+                                                            std::shared_ptr<detail::ChunkStream> stream = nullptr);
 
   Runtime& rt_;
   mutable std::mutex mx_;  ///< guards g_ and the supervision state below
@@ -312,6 +320,7 @@ struct ActorSamplerBackend::Call {
   bool done = false;
   SamplingParams params;
   std::string adapter;
+  std::shared_ptr<detail::ChunkStream> stream;  ///< a streamed call's chunks; null otherwise
   std::shared_ptr<glint::detail::FutureState<std::vector<SampledSequence>>> out =
       std::make_shared<glint::detail::FutureState<std::vector<SampledSequence>>>();
 };
@@ -338,7 +347,9 @@ void ActorSamplerBackend::send_part(const std::shared_ptr<Call>& call, size_t pa
                                                      "' is left to sample on: " + (why.empty() ? "all were lost" : why)));
     return;
   }
-  auto f = g.call_rank(target, sample_atom_v, call->parts[part], call->params, call->adapter);
+  auto f = call->stream ? g.call_rank(target, sample_stream_atom_v, call->parts[part], call->params, call->adapter,
+                                      call->stream->listener())
+                        : g.call_rank(target, sample_atom_v, call->parts[part], call->params, call->adapter);
   auto* src = f.state().get();
   auto keep = f.state();
   src->on_ready([self = shared_from_this(), this, call, part, target, keep]() {
@@ -388,8 +399,10 @@ void ActorSamplerBackend::send_part(const std::shared_ptr<Call>& call, size_t pa
 }
 
 Future<std::vector<SampledSequence>> ActorSamplerBackend::sample_with_failover(
-    const std::vector<SampleRequest>& requests, const SamplingParams& params, const std::string& adapter) {
+    const std::vector<SampleRequest>& requests, const SamplingParams& params, const std::string& adapter,
+    std::shared_ptr<detail::ChunkStream> stream) {
   auto call = std::make_shared<Call>();
+  call->stream = std::move(stream);
   call->group = group();
   const auto& g = call->group;
   std::vector<int> live;

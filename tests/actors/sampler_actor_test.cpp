@@ -12,9 +12,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -474,20 +477,33 @@ TEST(TrainingBatch, PackedHoldsEachSequenceWholeWithItsAdvantagePerToken) {
 // (draws are keyed by request, not by rank); later calls sample on the
 // ranks left. Calls without a seed draw theirs from the group's stream, so
 // a group sampling alone gives the same answer whatever rank serves.
-TEST(SamplerFailover, ARankKilledMidCallHasItsRequestsServedByALiveOne) {
-  auto job = testing::TestJob::start(Mode::cluster, 2);
-  ASSERT_TRUE(job) << describe(job.error());
-  auto& rt = *job->rt;
-  ASSERT_TRUE(placement::service(rt, {.strategy = placement::Strategy::spread}));
-  auto dir = glint::testing::fresh_dir("sampler-failover");
-  ASSERT_TRUE(sharp_model(3).save(dir));
-  auto sg = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 2),
-                                       *placement::DeviceMesh::from_sizes({.dp = 2}),
-                                       {.model_dir = dir, .sampling_seed = 5, .cache_bytes = 1 << 20});
-  ASSERT_TRUE(sg) << describe(sg.error());
-  ASSERT_EQ(sg->info().ranks[1].node, 1);
+// Two processes, a two-rank sampler group spread over them (rank 1 on node
+// 1, the process tests kill), and eight prompts: requests 4..7 go to rank 1.
+class SamplerFailover : public ::testing::Test {
+protected:
+  void SetUp() override {
+    auto j = testing::TestJob::start(Mode::cluster, 2);
+    ASSERT_TRUE(j) << describe(j.error());
+    job.emplace(std::move(*j));
+    ASSERT_TRUE(placement::service(*job->rt, {.strategy = placement::Strategy::spread}));
+    dir = glint::testing::fresh_dir("sampler-failover");
+    ASSERT_TRUE(sharp_model(3).save(dir));
+    auto g = actors::open_sampler_group(*job->rt, placement::DeviceGroup::of("sampler", 2),
+                                        *placement::DeviceMesh::from_sizes({.dp = 2}),
+                                        {.model_dir = dir, .sampling_seed = 5, .cache_bytes = 1 << 20});
+    ASSERT_TRUE(g) << describe(g.error());
+    sg.emplace(std::move(*g));
+    ASSERT_EQ(sg->info().ranks[1].node, 1);
+    for (int64_t i = 0; i < 8; ++i) prompts.push_back({1 + i, 2 + i, 3 + i});
+  }
+  std::optional<testing::TestJob> job;
+  std::string dir;
+  std::optional<actors::SamplerGroup> sg;
   Prompts prompts;
-  for (int64_t i = 0; i < 8; ++i) prompts.push_back({1 + i, 2 + i, 3 + i});
+};
+
+TEST_F(SamplerFailover, ARankKilledMidCallHasItsRequestsServedByALiveOne) {
+  auto& rt = *job->rt;
   const SamplingParams p{.num_samples = 2, .max_tokens = 200, .temperature = 1.0, .seed = 7, .ignore_eos = true};
   auto want = sg->sample(prompts, p).get();
   ASSERT_TRUE(want) << describe(want.error());
@@ -521,6 +537,56 @@ TEST(SamplerFailover, ARankKilledMidCallHasItsRequestsServedByALiveOne) {
   for (size_t i = 0; i < a->size(); ++i) EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens) << "sequence " << i;
   rt.shutdown();
   EXPECT_EQ(job->nodes[0].wait_for(std::chrono::seconds(5)), std::optional<int>{128 + SIGKILL});
+}
+
+// The same for a streamed call: rank 1's node dies after its sequences
+// began to stream; the live rank samples them again from their first token
+// (the same tokens, keyed by request), and the callback sees each sequence
+// once, in order, with no token twice: what an uninterrupted call streams.
+TEST_F(SamplerFailover, AStreamedCallGoesOnWhenARankIsKilledMidCall) {
+  auto& rt = *job->rt;
+  const SamplingParams p{.num_samples = 2, .max_tokens = 200, .temperature = 1.0, .seed = 7, .ignore_eos = true,
+                         .logprobs = 0};
+  struct Heard {
+    std::mutex mx;
+    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> tokens;
+    std::map<std::pair<int64_t, int64_t>, size_t> logprobs, finished;
+  };
+  auto listen = [](Heard& h, std::atomic<bool>* rank1_began) {
+    return [&h, rank1_began](const actors::SampleChunk& c) {
+      std::lock_guard<std::mutex> guard{h.mx};
+      auto& t = h.tokens[{c.index, c.sample}];
+      t.insert(t.end(), c.tokens.begin(), c.tokens.end());
+      h.logprobs[{c.index, c.sample}] += c.logprobs.size();
+      if (c.finished) ++h.finished[{c.index, c.sample}];
+      if (rank1_began && c.index >= 4 && !c.tokens.empty()) *rank1_began = true;  // rank 1 holds requests 4..7
+    };
+  };
+  Heard whole;
+  auto want = sg->sample_streaming(prompts, p, listen(whole, nullptr));
+  ASSERT_TRUE(want) << describe(want.error());
+
+  Heard cut;
+  std::atomic<bool> rank1_began{false};
+  auto running = std::async(std::launch::async, [&] { return sg->sample_streaming(prompts, p, listen(cut, &rank1_began)); });
+  ASSERT_TRUE(testing::eventually([&] { return rank1_began.load(); }));
+  job->nodes[0].signal(SIGKILL);
+  auto got = running.get();
+  ASSERT_TRUE(got) << describe(got.error());
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t i = 0; i < want->size(); ++i) EXPECT_EQ((*got)[i].tokens, (*want)[i].tokens) << "sequence " << i;
+  std::lock_guard<std::mutex> guard{cut.mx};
+  ASSERT_EQ(cut.tokens.size(), whole.tokens.size());
+  for (const auto& [k, t] : whole.tokens) {
+    EXPECT_EQ(cut.tokens[k], t) << "request " << k.first << " sample " << k.second << " as streamed";
+    EXPECT_EQ(cut.logprobs[k], t.size()) << "request " << k.first << " sample " << k.second;
+    EXPECT_EQ(cut.finished[k], 1u) << "request " << k.first << " sample " << k.second << ": its last chunk";
+  }
+  // Chunks name requests by index: a streamed call refuses two with one.
+  auto twice = sg->backend().sample_streaming({{3, {1, 2}}, {3, {4, 5}}}, p, "", [](const actors::SampleChunk&) {});
+  ASSERT_FALSE(twice);
+  EXPECT_NE(describe(twice.error()).find("request index 3 appears twice"), std::string::npos) << describe(twice.error());
+  rt.shutdown();
 }
 
 // A supervised sampler group (RestartPolicy) replaces a rank it lost: on

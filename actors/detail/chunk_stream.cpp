@@ -1,0 +1,109 @@
+#include "actors/detail/chunk_stream.hpp"
+
+#include <caf/send.hpp>
+
+#include <algorithm>
+
+namespace glint::actors::detail {
+
+ChunkStream::ChunkStream(Runtime& rt, std::function<void(const SampleChunk&)> on_chunk, size_t expected) : rt_(rt) {
+  st_->on_chunk = std::move(on_chunk);
+  st_->expected = expected;
+  if (expected == 0) st_->all_seen.state()->set(true);
+}
+
+ChunkStream::~ChunkStream() { stop(); }
+
+Result<size_t> ChunkStream::sequences_of(const std::vector<SampleRequest>& requests, const SamplingParams& params) {
+  std::set<int64_t> seen;
+  for (const auto& r : requests)
+    if (!seen.insert(r.index).second)
+      return make_error(errc::invalid_argument, "request index " + std::to_string(r.index) +
+                                                    " appears twice in a streamed sample call: chunks name their "
+                                                    "request by index, so give each request its own");
+  return requests.size() * static_cast<size_t>(std::max<int64_t>(params.num_samples, 0));
+}
+
+void ChunkStream::State::take(const SampleChunk& c, size_t at) {
+  if (closed) return;
+  const Key k{c.index, c.sample};
+  if (finished.count(k)) return;  // heard in full from another attempt
+  auto& have = delivered[k];
+  const size_t end = at + c.tokens.size();
+  SampleChunk out = c;
+  if (have > at) {  // tokens handed on already, from an attempt that died
+    const auto skip = static_cast<std::ptrdiff_t>(std::min(have - at, c.tokens.size()));
+    out.tokens.erase(out.tokens.begin(), out.tokens.begin() + skip);
+    out.logprobs.erase(out.logprobs.begin(),
+                       out.logprobs.begin() + std::min<std::ptrdiff_t>(skip, static_cast<std::ptrdiff_t>(out.logprobs.size())));
+  }
+  have = std::max(have, end);
+  if (out.tokens.empty() && !out.finished) return;
+  try {
+    on_chunk(out);
+  } catch (const std::exception& e) {
+    failure = e.what();
+    closed = true;
+    all_seen.state()->set(true);
+    return;
+  }
+  if (c.finished) {
+    finished.insert(k);
+    if (finished.size() == expected) all_seen.state()->set(true);
+  }
+}
+
+sample_listener ChunkStream::listener() {
+  // Where this attempt's chunks are in each sequence (the listener's own).
+  auto at = std::make_shared<std::map<Key, size_t>>();
+  // Detached: the callback is user code, and must not hold up CAF's workers.
+  glint::detail::CallerThreadScope on_caller;
+  auto l = rt_.system().spawn<caf::detached>([st = st_, at](sample_listener::pointer) -> sample_listener::behavior_type {
+    return {[st, at](const SampleChunk& c) {
+      std::lock_guard<std::mutex> guard{st->mx};
+      auto& from = (*at)[{c.index, c.sample}];
+      const size_t start = from;
+      from += c.tokens.size();
+      st->take(c, start);
+    }};
+  });
+  std::lock_guard<std::mutex> guard{lmx_};
+  if (stopped_) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
+  else listeners_.push_back(caf::actor_cast<caf::actor>(l));
+  return l;
+}
+
+void ChunkStream::stop() {
+  std::lock_guard<std::mutex> lguard{lmx_};
+  if (stopped_) return;
+  stopped_ = true;
+  {
+    std::lock_guard<std::mutex> guard{st_->mx};
+    st_->closed = true;
+  }
+  for (auto& l : listeners_) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
+}
+
+Result<std::vector<SampledSequence>> ChunkStream::finish(Result<std::vector<SampledSequence>> answer,
+                                                         std::chrono::milliseconds wait) {
+  const bool all_seen = !answer || st_->all_seen.wait_for(wait);
+  stop();
+  if (!answer) return answer.error();
+  if (!st_->failure.empty())
+    return make_error(errc::aborted, "the chunk callback of a streamed sample call threw: " + st_->failure);
+  if (!all_seen) {
+    size_t finished = 0;
+    {
+      std::lock_guard<std::mutex> guard{st_->mx};
+      finished = st_->finished.size();
+    }
+    return make_error(errc::deadline_exceeded, "a streamed sample call was answered but " +
+                                                   std::to_string(st_->expected - finished) + " of its " +
+                                                   std::to_string(st_->expected) +
+                                                   " sequences sent no last chunk within " +
+                                                   std::to_string(wait.count()) + " ms");
+  }
+  return answer;
+}
+
+}  // namespace glint::actors::detail

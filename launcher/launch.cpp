@@ -90,6 +90,7 @@ Result<int> launch(LaunchSpec spec) {
   auto rank_of = [&](size_t i) { return spec.node_rank * spec.nproc + static_cast<int>(i); };
   auto what_ended = [&](size_t i) {
     if (auto sig = children[i].term_signal()) return "was killed by " + signal_name(*sig);
+    if (*codes[i] == kExitLostDriver) return "lost its driver (exit code " + std::to_string(*codes[i]) + ")";
     return "exited with code " + std::to_string(*codes[i]);
   };
   for (;;) {
@@ -106,10 +107,13 @@ Result<int> launch(LaunchSpec spec) {
         // leaving the others to wait out their connect timeout.
         const bool is_driver = has_driver && i == 0;
         // Restarted: a node process that a signal killed (a crash, the OOM
-        // killer, a kill). One that exits with a code decided to: it lost
-        // the driver or could not join, which starting it again would not mend.
-        if (codes[i] && children[i].term_signal() && !forwarded && !g_signal.load() && !stopping && !is_driver &&
-            restarts < spec.max_restarts) {
+        // killer, a kill), or one that lost its driver while the driver
+        // runs (the driver dropped it: frozen or cut off past the peer
+        // timeout, then back). One that exits with another code decided
+        // to (it could not join), which starting it again would not mend.
+        const bool lost_driver = codes[i] && !children[i].term_signal() && *codes[i] == kExitLostDriver;
+        if (codes[i] && (children[i].term_signal() || lost_driver) && !forwarded && !g_signal.load() && !stopping &&
+            !is_driver && restarts < spec.max_restarts) {
           ++restarts;
           std::fprintf(stderr, "glint run: process %d (pid %d) %s; starting it again (restart %d of %d)\n", rank_of(i),
                        static_cast<int>(children[i].pid()), what_ended(i).c_str(), restarts, spec.max_restarts);

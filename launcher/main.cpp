@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 3600));
   run->add_option("--max-restarts", spec.max_restarts,
-                  "Start a node process that a signal kills (a crash, the OOM killer) again, up to this many times "
-                  "in all; the driver admits it in its old place (the driver itself is never restarted)")
+                  "Start a node process that a signal kills (a crash, the OOM killer), or that the driver dropped "
+                  "(frozen or cut off past --peer-timeout, then back), again, up to this many times in all; the "
+                  "driver admits it in its old place (the driver itself is never restarted)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   run->add_option("--peer-timeout", spec.peer_timeout_seconds,

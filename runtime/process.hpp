@@ -60,6 +60,13 @@ private:
   std::optional<int> term_signal_;
 };
 
+/// The exit code of a node process that lost its driver: the driver dropped
+/// it (frozen or cut off past the peer timeout, then back) or went away.
+/// EX_TEMPFAIL: `glint run --max-restarts` starts such a process again while
+/// the job's driver runs, as it does one a signal killed, so a node thawed
+/// after a freeze rejoins the job.
+inline constexpr int kExitLostDriver = 75;
+
 /// "SIGSEGV (11)": a signal's name and number, for messages.
 std::string signal_name(int sig);
 

@@ -375,7 +375,7 @@ caf::behavior agent_fn(caf::event_based_actor* self, caf::actor driver, std::sha
   self->monitor(driver);
   self->set_down_handler([=](caf::down_msg&) {
     std::fprintf(stderr, "glint: node %d lost its driver; stopping its actors\n", hello.process_rank);
-    *exit_code = 1;
+    *exit_code = kExitLostDriver;
     stop_local_actors();
     self->quit();
   });

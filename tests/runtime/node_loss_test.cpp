@@ -121,7 +121,7 @@ TEST(NodeLoss, AFrozenNodeIsLostWithinThePeerTimeout) {
   EXPECT_TRUE(g->call_rank(0, actors::echo_atom::value, int64_t{3}).get());
 
   job->nodes[0].signal(SIGCONT);
-  EXPECT_EQ(job->nodes[0].wait_for(15s), std::optional<int>{1}) << "the thawed node did not leave";
+  EXPECT_EQ(job->nodes[0].wait_for(15s), std::optional<int>{kExitLostDriver}) << "the thawed node did not leave, as one that lost its driver";
   rt.shutdown();
 }
 
@@ -216,10 +216,10 @@ TEST(DriverLoss, NodeProcessesExitWhenTheDriverIsKilled) {
 
   driver->signal(SIGKILL);
   auto killed_at = std::chrono::steady_clock::now();
-  // The node stops its actors and exits with 1 ("lost its driver").
+  // The node stops its actors and exits with kExitLostDriver ("lost its driver").
   auto code = node->wait_for(15s);
   ASSERT_TRUE(code.has_value()) << "the node process outlived its driver by 15 s";
-  EXPECT_EQ(*code, 1);
+  EXPECT_EQ(*code, kExitLostDriver);
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 15s);
 }
 

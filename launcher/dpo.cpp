@@ -363,6 +363,7 @@ CLI::App* add_dpo(CLI::App& app, DpoArgs& a) {
       ->check(CLI::Range(0.0, 0.5));
   recipe::add_optim_flags(c, a);
   recipe::add_run_flags(c, a);
+  recipe::add_model_restart_flag(c, a);
   c->footer(
       "Examples:\n"
       "  glint dpo --model models/qwen --dataset data/pairs.jsonl --output runs/pref\n"
@@ -481,92 +482,100 @@ int dpo(const DpoArgs& args, CLI::App& cmd) {
   }
 
   return run_main([&](Runtime& rt) -> int {
-    const bool full = a.train_type == "full";
-    auto opened = recipe::open_model(rt, a, model_dir, full || multi ? nullptr : &*lora);
-    if (!opened) return fail("the model", opened.error());
-    // The reference: the same weights without the adapters, or a frozen copy.
-    actors::ModelGroup reference = opened->base();
-    if (full) {
-      auto mesh = placement::DeviceMesh::from_sizes({.dp = a.dp});
-      if (!mesh) return fail("the device mesh", mesh.error());
-      auto ref = actors::open_model_group(rt, placement::DeviceGroup::of("reference", a.dp), *mesh, {.model_dir = model_dir});
-      if (!ref) return fail("opening the reference model", ref.error());
-      reference = *ref;
-    }
-    for (size_t i = 0; i < tasks.size(); ++i) {
-      auto& t = tasks[i];
-      if (multi) {
-        // Each adapter its own A, drawn from the seed and its place.
-        const auto name = recipe::adapter_name(rt, a, t.name);
-        auto added = recipe::add_replacing(rt, *opened, name, [&] { return opened->add_adapter(name, *lora, a.seed + i).get(); });
-        if (!added) return fail("adding adapter " + t.name, added.error());
-        t.model.emplace(opened->with_adapter(name));
-      } else {
-        t.model.emplace(*opened);
+    return recipe::run_with_model_restarts(rt, kName, a.model_max_restarts, [&](recipe::Attempt& attempt) -> int {
+      const bool full = a.train_type == "full";
+      auto opened = recipe::open_model(rt, a, model_dir, full || multi ? nullptr : &*lora);
+      if (!opened) return fail("the model", opened.error());
+      attempt.restart_on_loss_of(opened->info());
+      // The reference: the same weights without the adapters, or a frozen copy.
+      actors::ModelGroup reference = opened->base();
+      if (full) {
+        auto mesh = placement::DeviceMesh::from_sizes({.dp = a.dp});
+        if (!mesh) return fail("the device mesh", mesh.error());
+        auto ref = actors::open_model_group(rt, placement::DeviceGroup::of("reference", a.dp), *mesh, {.model_dir = model_dir});
+        if (!ref) return fail("opening the reference model", ref.error());
+        reference = *ref;
+        attempt.restart_on_loss_of(reference.info());
       }
-      const auto& model = *t.model;
-      if (auto ok = model.set_optimizer(*opt).get(); !ok) return fail("setting the optimizer", ok.error());
-      if (auto ok = model.set_loss(loss).get(); !ok) return fail("setting the loss", ok.error());
-      if (auto ok = model.set_lr_scheduler(recipe::schedule_of(a, t.steps)).get(); !ok)
-        return fail("setting the schedule", ok.error());
-      std::printf("glint dpo: %s training of %s%s on %lld pairs (%s), %s loss with beta %g, %lld steps of %lld x %lld pairs\n",
-                  a.train_type.c_str(), model_dir.c_str(), multi ? (", adapter " + t.name).c_str() : "",
-                  static_cast<long long>(t.train.size()), t.skipped.c_str(), a.loss == "ipo" ? "ipo" : "dpo", a.beta,
-                  static_cast<long long>(t.steps), static_cast<long long>(a.grad_accum), static_cast<long long>(a.batch_size));
-      auto index = t.checkpoints();
-      if (!index) return fail("opening the run index", index.error());
-      auto position = recipe::resume_run(*index, t.resuming, model, nullptr, kName + (multi ? " " + t.name : ""),
-                                         "best_eval_loss");
-      if (!position) return fail("resuming", position.error());
-      t.position = *position;
-    }
-    // Each adapter continues from its own latest checkpoint: they share
-    // nothing but the base (own data, optimizer and steps).
-    int64_t start = tasks.front().position.start, steps = 0;
-    for (auto& t : tasks) {
-      start = std::min(start, t.position.start);
-      steps = std::max(steps, t.steps);
-      t.report.emplace(t.out, "dpo", t.resuming ? static_cast<int>(t.position.start) : -1);
-    }
-    const int64_t pad = recipe::pad_id(chat.tokenizer());
-
-    Progress bar{"dpo", static_cast<int>(steps)};
-    for (int64_t step = start + 1; step <= steps; ++step) {
-      std::string status;
+      // A try after a lost model rank resumes each run from its newest checkpoint.
+      const bool resumes_all = attempt.resumes();
+      for (size_t i = 0; i < tasks.size(); ++i) {
+        auto& t = tasks[i];
+        if (multi) {
+          // Each adapter its own A, drawn from the seed and its place.
+          const auto name = recipe::adapter_name(rt, a, t.name);
+          auto added = recipe::add_replacing(rt, *opened, name, [&] { return opened->add_adapter(name, *lora, a.seed + i).get(); });
+          if (!added) return fail("adding adapter " + t.name, added.error());
+          t.model.emplace(opened->with_adapter(name));
+        } else {
+          t.model.emplace(*opened);
+        }
+        const auto& model = *t.model;
+        if (auto ok = model.set_optimizer(*opt).get(); !ok) return fail("setting the optimizer", ok.error());
+        if (auto ok = model.set_loss(loss).get(); !ok) return fail("setting the loss", ok.error());
+        if (auto ok = model.set_lr_scheduler(recipe::schedule_of(a, t.steps)).get(); !ok)
+          return fail("setting the schedule", ok.error());
+        std::printf("glint dpo: %s training of %s%s on %lld pairs (%s), %s loss with beta %g, %lld steps of %lld x %lld pairs\n",
+                    a.train_type.c_str(), model_dir.c_str(), multi ? (", adapter " + t.name).c_str() : "",
+                    static_cast<long long>(t.train.size()), t.skipped.c_str(), a.loss == "ipo" ? "ipo" : "dpo", a.beta,
+                    static_cast<long long>(t.steps), static_cast<long long>(a.grad_accum), static_cast<long long>(a.batch_size));
+        auto index = t.checkpoints();
+        if (!index) return fail("opening the run index", index.error());
+        auto position = recipe::resume_run(*index, t.resuming || resumes_all, model, nullptr, kName + (multi ? " " + t.name : ""),
+                                           "best_eval_loss");
+        if (!position) return fail("resuming", position.error());
+        t.position = *position;
+      }
+      // Each adapter continues from its own latest checkpoint: they share
+      // nothing but the base (own data, optimizer and steps).
+      int64_t start = tasks.front().position.start, steps = 0;
       for (auto& t : tasks) {
-        if (step <= t.position.start || step > t.steps) continue;
-        auto row = train_step(t, reference, a, step, pad);
-        if (!row) return fail((multi ? "adapter " + t.name + ": " : std::string{}) + "step " + std::to_string(step), row.error());
-        char line[128];
-        std::snprintf(line, sizeof line, "%s%sloss %.4f  margin %.3f", status.empty() ? "" : "  |  ",
-                      multi ? (t.name + ": ").c_str() : "", (*row)["loss"], (*row)["reward_margin"]);
-        status += line;
-        if (auto ok = evaluate_and_save(t, reference, a, step, pad, *row); !ok)
-          return fail((multi ? "adapter " + t.name + ": " : std::string{}) + "step " + std::to_string(step), ok.error());
-        t.report->add(static_cast<int>(step), "dpo", *row);
+        start = std::min(start, t.position.start);
+        steps = std::max(steps, t.steps);
+        // No checkpoint yet (start 0): the run starts afresh, so its rows do too.
+        t.report.emplace(t.out, "dpo",
+                         (t.resuming || resumes_all) && t.position.start > 0 ? static_cast<int>(t.position.start) : -1);
       }
-      bar.update(static_cast<int>(step), status);
-    }
-    bar.finish();
+      const int64_t pad = recipe::pad_id(chat.tokenizer());
 
-    for (auto& t : tasks) {
-      auto index = t.checkpoints();
-      if (!index) return fail("opening the run index", index.error());
-      if (auto ok = recipe::publish_outputs(*t.model, *index, a, t.out, model_dir, t.position.best_step); !ok)
-        return fail("the outputs", ok.error());
-      recipe::release_adapter(rt, *t.model);
-      if (t.position.best_step > 0)
-        std::printf("best validation loss %.6f at step %lld: %s/best\n", t.position.best,
-                    static_cast<long long>(t.position.best_step), t.out.c_str());
-      std::vector<std::pair<std::string, std::string>> charts = {
-          {"dpo", "loss"}, {"dpo", "reward_margin"}, {"dpo", "reward_accuracy"}, {"dpo", "grad_norm"}};
-      if (!t.val.empty()) charts.insert(charts.begin() + 1, {"dpo", "eval_loss"});
-      auto html = t.report->write_html("glint dpo: " + fs::path{model_dir}.filename().string() +
-                                           (multi ? ", adapter " + t.name : ""),
-                                       charts);
-      std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", t.out.c_str(), html.c_str());
-    }
-    return 0;
+      Progress bar{"dpo", static_cast<int>(steps)};
+      for (int64_t step = start + 1; step <= steps; ++step) {
+        std::string status;
+        for (auto& t : tasks) {
+          if (step <= t.position.start || step > t.steps) continue;
+          auto row = train_step(t, reference, a, step, pad);
+          if (!row) return fail((multi ? "adapter " + t.name + ": " : std::string{}) + "step " + std::to_string(step), row.error());
+          char line[128];
+          std::snprintf(line, sizeof line, "%s%sloss %.4f  margin %.3f", status.empty() ? "" : "  |  ",
+                        multi ? (t.name + ": ").c_str() : "", (*row)["loss"], (*row)["reward_margin"]);
+          status += line;
+          if (auto ok = evaluate_and_save(t, reference, a, step, pad, *row); !ok)
+            return fail((multi ? "adapter " + t.name + ": " : std::string{}) + "step " + std::to_string(step), ok.error());
+          t.report->add(static_cast<int>(step), "dpo", *row);
+        }
+        bar.update(static_cast<int>(step), status);
+      }
+      bar.finish();
+
+      for (auto& t : tasks) {
+        auto index = t.checkpoints();
+        if (!index) return fail("opening the run index", index.error());
+        if (auto ok = recipe::publish_outputs(*t.model, *index, a, t.out, model_dir, t.position.best_step); !ok)
+          return fail("the outputs", ok.error());
+        recipe::release_adapter(rt, *t.model);
+        if (t.position.best_step > 0)
+          std::printf("best validation loss %.6f at step %lld: %s/best\n", t.position.best,
+                      static_cast<long long>(t.position.best_step), t.out.c_str());
+        std::vector<std::pair<std::string, std::string>> charts = {
+            {"dpo", "loss"}, {"dpo", "reward_margin"}, {"dpo", "reward_accuracy"}, {"dpo", "grad_norm"}};
+        if (!t.val.empty()) charts.insert(charts.begin() + 1, {"dpo", "eval_loss"});
+        auto html = t.report->write_html("glint dpo: " + fs::path{model_dir}.filename().string() +
+                                             (multi ? ", adapter " + t.name : ""),
+                                         charts);
+        std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", t.out.c_str(), html.c_str());
+      }
+      return 0;
+    });
   });
 }
 

@@ -24,6 +24,7 @@ packages=(
   libicu-dev                      # Unicode normalisation for tokenizer normalizers
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev           # libFuzzer and sanitizers for the parser fuzzers (fuzz/)
+  iproute2 iptables               # the fault tests' namespaces, links and packet loss (tests/e2e/netns_grpo.sh)
 )
 
 missing=()

@@ -161,8 +161,9 @@ private:
   }
   /// Replays the group's history on a new rank's actor.
   Result<void> replay(const Group<sampler_actor>& g, int r, const std::vector<Op>& log, bool asleep);
-  /// Where a lost rank goes: its own node if a restarted process took its
-  /// place there, else the live node holding the fewest of this group's ranks.
+  /// Where a lost rank of a group the placement service did not place goes:
+  /// its own node if a restarted process took its place there, else the live
+  /// node holding the fewest of this group's ranks.
   int home_for(const Group<sampler_actor>& g, int r) const;
 
   /// `params` with a seed: a call without one gets the next of the group's
@@ -201,6 +202,7 @@ private:
   int restarts_ = 0;
   std::chrono::steady_clock::time_point last_respawn_{};
   bool told_exhausted_ = false;
+  bool told_unplaceable_ = false;
   /// Per rank: the sync targets whose next weight sync it waits for before
   /// it takes samples (empty: it serves).
   std::vector<std::set<std::string>> waits_for_;
@@ -271,13 +273,31 @@ void ActorSamplerBackend::heal() {
       return;
     }
     if (std::chrono::steady_clock::now() < last_respawn_ + policy_.backoff) return;
-    const int node = home_for(g, lost);
-    if (node < 0) return;
+    // Where: the placement service plans the rank again (its own slot while
+    // its node lives, else a live node, with the devices and cores free
+    // there); a group the service did not place goes home or to the live
+    // node with the fewest of its ranks.
+    const auto& old = g.rank(lost).ctx;
+    RankSlot slot;
+    if (auto planned = placement::replace(rt_, g.name(), lost)) {
+      slot = *planned;
+    } else if (code_of(planned.error()) == errc::not_found) {
+      slot.node = home_for(g, lost);
+      if (slot.node < 0) return;
+      if (slot.node == old.node) {
+        slot.device = old.device;
+        slot.cpus = old.cpus;
+      }
+    } else {
+      if (!told_unplaceable_)
+        log::warn("sampler group '" + g.name() + "': " + g.rank(lost).label + " was lost and cannot be placed again: " +
+                  describe(planned.error()));
+      told_unplaceable_ = true;
+      return;
+    }
     last_respawn_ = std::chrono::steady_clock::now();
     ++restarts_;
-    const auto& old = g.rank(lost).ctx;
-    const bool same = node == old.node;
-    auto fresh = g.respawned(lost, node, same ? old.device : -1, same ? old.cpus : std::vector<int>{});
+    auto fresh = g.respawned(lost, slot.node, slot.device, slot.cpus);
     std::vector<Op> log;
     bool asleep = false;
     std::set<std::string> waits;

@@ -22,6 +22,68 @@ void Planner::release(const std::string& group) {
   for (auto i = listed_core_owner_.begin(); i != listed_core_owner_.end();)
     i = i->second == group ? listed_core_owner_.erase(i) : std::next(i);
   placed_.erase(group);
+  requests_.erase(group);
+}
+
+Result<RankSlot> Planner::replace(const std::string& group, int rank, const std::set<int>& lost) {
+  auto it = placed_.find(group);
+  if (it == placed_.end())
+    return make_error(errc::not_found, "group '" + group + "' was not placed by this placement service");
+  auto& slots = it->second;
+  if (rank < 0 || rank >= static_cast<int>(slots.size()))
+    return make_error(errc::invalid_argument, "group '" + group + "' has no rank " + std::to_string(rank) + " (it has " +
+                                                  std::to_string(slots.size()) + ")");
+  const auto& request = requests_.at(group);
+  const RankSlot old = slots[static_cast<size_t>(rank)];
+  if (!lost.count(old.node)) return old;  // its node lives (or came back): the same slot
+  if (!request.ranks.empty())
+    return make_error(errc::failed_precondition,
+                      "rank " + std::to_string(rank) + " of group '" + group + "' was put on node " +
+                          std::to_string(old.node) + " by its explicit device list, and that node is lost");
+  // The live nodes, those holding the fewest of the group's other ranks first.
+  std::vector<int> count(nodes_.size(), 0);
+  for (size_t r = 0; r < slots.size(); ++r)
+    if (static_cast<int>(r) != rank) ++count[static_cast<size_t>(slots[r].node)];
+  std::vector<int> order;
+  for (int n = 0; n < static_cast<int>(nodes_.size()); ++n)
+    if (!lost.count(n)) order.push_back(n);
+  if (order.empty()) return make_error(errc::unavailable, "every node of the job is lost");
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return count[static_cast<size_t>(a)] < count[static_cast<size_t>(b)]; });
+  RankSlot fresh = old;
+  fresh.cpus.clear();
+  if (old.device >= 0) {
+    gpu_owner_.erase({old.node, old.device});
+    fresh.node = -1;
+    for (int n : order) {
+      for (const auto& gpu : nodes_[static_cast<size_t>(n)].gpus)
+        if (!gpu_owner_.count({n, gpu.index})) {
+          fresh.node = n;
+          fresh.device = gpu.index;
+          break;
+        }
+      if (fresh.node >= 0) break;
+    }
+    if (fresh.node < 0) {
+      gpu_owner_[{old.node, old.device}] = group;
+      return make_error(errc::resource_exhausted, "no free cuda device on a live node for rank " +
+                                                      std::to_string(rank) + " of group '" + group + "'");
+    }
+    gpu_owner_[{fresh.node, fresh.device}] = group;
+  } else {
+    fresh.node = order.front();
+  }
+  // The node's cores that the group's other ranks there are not bound to.
+  std::set<int> taken;
+  for (size_t r = 0; r < slots.size(); ++r)
+    if (static_cast<int>(r) != rank && slots[r].node == fresh.node) taken.insert(slots[r].cpus.begin(), slots[r].cpus.end());
+  for (const auto& core : nodes_[static_cast<size_t>(fresh.node)].cores) {
+    bool free = true;
+    for (int pu : core.pus) free = free && !taken.count(pu);
+    if (free) fresh.cpus.insert(fresh.cpus.end(), core.pus.begin(), core.pus.end());
+  }
+  slots[static_cast<size_t>(rank)] = fresh;
+  return fresh;
 }
 
 Result<std::vector<RankSlot>> Planner::place(const DeviceGroup& g) {
@@ -33,6 +95,7 @@ Result<std::vector<RankSlot>> Planner::place(const DeviceGroup& g) {
   if (!slots) return slots;
   assign_cpus(*slots);
   placed_[g.name] = *slots;
+  requests_[g.name] = g;
   for (const auto& s : *slots)
     if (s.device >= 0) gpu_owner_[{s.node, s.device}] = g.name;
   if (g.device_type == DeviceType::cpu)

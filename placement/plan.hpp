@@ -19,6 +19,7 @@
 #include "runtime/types.hpp"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,14 @@ public:
   Result<std::vector<RankSlot>> place(const DeviceGroup& g);
   /// Frees a group's GPUs.
   void release(const std::string& group);
+  /// A new slot for rank `rank` of placed group `group`, whose node is in
+  /// `lost` or whose actor died (a supervised group respawning it): its own
+  /// slot when its node is not lost; else the live node holding the fewest
+  /// of the group's ranks (the lowest such node), on a free GPU of it for a
+  /// cuda group, bound to the node's cores the group's other ranks there
+  /// do not hold (unbound when they hold them all). Frees the old GPU. A
+  /// rank that an explicit device list put on a lost node is not moved.
+  Result<RankSlot> replace(const std::string& group, int rank, const std::set<int>& lost);
 
   const ClusterResources& nodes() const { return nodes_; }
   const PlanOptions& options() const { return opts_; }
@@ -60,6 +69,7 @@ private:
   std::map<std::pair<int, int>, std::string> gpu_owner_;  // (node, gpu) -> group
   std::map<int, std::string> listed_core_owner_;          // global core -> group that listed it
   std::map<std::string, std::vector<RankSlot>> placed_;
+  std::map<std::string, DeviceGroup> requests_;  // what each placed group asked for
 };
 
 /// Places every group at once; the result maps group name to slots, with

@@ -26,6 +26,12 @@ placement_actor::behavior_type service_fn(placement_actor::stateful_pointer<Serv
         self->state.planner->release(name);
         return true;
       },
+      [self](replace_atom, const std::string& group, int32_t rank,
+             const NodeSet& lost) -> caf::result<std::vector<RankSlot>> {
+        auto slot = self->state.planner->replace(group, rank, std::set<int>(lost.begin(), lost.end()));
+        if (!slot) return slot.error();
+        return std::vector<RankSlot>{std::move(*slot)};
+      },
       [self](topology_atom) { return self->state.planner->nodes(); },
   };
 }
@@ -91,6 +97,21 @@ Result<std::vector<RankSlot>> place(Runtime& rt, const DeviceGroup& group, const
   if (!slots) return slots;
   if (auto ok = apply_mesh(group.name, mesh, *slots); !ok) return ok.error();
   return slots;
+}
+
+Result<RankSlot> replace(Runtime& rt, const std::string& group, int rank) {
+  auto existing = rt.service("placement");
+  if (!existing) return make_error(errc::not_found, "no placement service placed group '" + group + "'");
+  NodeSet lost;
+  for (const auto& n : rt.nodes())
+    if (n.lost) lost.push_back(n.index);
+  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
+  caf::scoped_actor self{rt.system()};
+  Result<RankSlot> out{RankSlot{}};
+  self->request(caf::actor_cast<placement_actor>(existing), rt.options().call_timeout, replace_atom::value, group,
+                static_cast<int32_t>(rank), lost)
+      .receive([&](std::vector<RankSlot>& s) { out = std::move(s.at(0)); }, [&](caf::error& e) { out = e; });
+  return out;
 }
 
 }  // namespace glint::placement

@@ -27,9 +27,14 @@ namespace glint::placement {
 using place_atom = caf::atom_constant<caf::atom("gl_place")>;
 using release_atom = caf::atom_constant<caf::atom("gl_release")>;
 using topology_atom = caf::atom_constant<caf::atom("gl_topo")>;
+using replace_atom = caf::atom_constant<caf::atom("gl_replac")>;
+
+/// Node indexes, for replace_atom (the lost ones).
+using NodeSet = std::vector<int32_t>;
 
 using placement_actor = caf::typed_actor<caf::replies_to<place_atom, DeviceGroup>::with<std::vector<RankSlot>>,
                                          caf::replies_to<release_atom, std::string>::with<bool>,
+                                         caf::replies_to<replace_atom, std::string, int32_t, NodeSet>::with<std::vector<RankSlot>>,
                                          caf::replies_to<topology_atom>::with<std::vector<MachineTopology>>>;
 
 /// Runs on each node: answers that node's share of its machine.
@@ -40,6 +45,7 @@ GLINT_REGISTER_MESSAGE_TYPE(machine_topology, MachineTopology, "glint.machine_to
 GLINT_REGISTER_MESSAGE_TYPE(machine_topologies, std::vector<MachineTopology>, "glint.machine_topologies");
 GLINT_REGISTER_MESSAGE_TYPE(device_group, DeviceGroup, "glint.device_group");
 GLINT_REGISTER_MESSAGE_TYPE(rank_slots, std::vector<RankSlot>, "glint.rank_slots");
+GLINT_REGISTER_MESSAGE_TYPE(node_set, NodeSet, "glint.node_set");
 GLINT_REGISTER_ACTOR(topology_probe, "glint.topology", topology_probe, ActorOptions{.detached = false});
 
 /// The runtime's placement service, started on first use with `opts`
@@ -51,6 +57,13 @@ Result<ClusterResources> cluster_resources(Runtime& rt);
 
 /// Slots for `group`, dp coordinates from `mesh`.
 Result<std::vector<RankSlot>> place(Runtime& rt, const DeviceGroup& group, const DeviceMesh& mesh);
+
+/// A new slot for rank `rank` of `group`, placed earlier through the service,
+/// planned again with the nodes the runtime counts lost left out (Planner::
+/// replace): a supervised group respawns a lost rank there. `not_found` when
+/// the service did not place the group (a group spawned by hand, or placed
+/// before the service was dropped).
+Result<RankSlot> replace(Runtime& rt, const std::string& group, int rank);
 
 /// Places `group` and spawns one `type` actor per rank, each bound to its cpus.
 template <class Handle, class... Args>

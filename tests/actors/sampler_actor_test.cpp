@@ -648,6 +648,10 @@ TEST(SamplerRespawn, ALostRankIsRespawnedWithTheGroupsWeightsOnItsRestartedNodeT
   expect_same(sg->sample(prompts, p).get(), "after the respawn on the live node");
   now = sg->backend().actor_group();
   EXPECT_EQ(now->rank(1).ctx.node, 0);
+  // The placement service planned the move and holds the rank's new slot.
+  auto slot = placement::replace(rt, "sampler", 1);
+  ASSERT_TRUE(slot) << describe(slot.error());
+  EXPECT_EQ(slot->node, 0);
   EXPECT_TRUE(now->alive(1));
   EXPECT_EQ(stats_ranks(), 2);
   rt.shutdown();

@@ -102,6 +102,62 @@ TEST(Planner, PlanAllAppliesMeshesAndRejectsDuplicates) {
   EXPECT_NE(context_of(w.error()).find("has 3 ranks but its mesh"), std::string::npos);
 }
 
+// A supervised group respawning a rank asks the planner again: the same
+// slot while the rank's node lives; else the live node with the fewest of
+// the group's ranks, a GPU free there, the cores its other ranks there do
+// not hold; the lost GPU is freed.
+TEST(Planner, ReplacingALostRankPlansItOnALiveNode) {
+  auto three = ClusterResources{synthetic_topology("a", 4, 2), synthetic_topology("b", 4, 2),
+                                synthetic_topology("c", 4, 2)};
+  Planner p{three, {.strategy = Strategy::spread}};
+  auto s = p.place(DeviceGroup::of("sampler", 3, DeviceType::cuda));
+  ASSERT_TRUE(s);
+  ASSERT_EQ(nodes_of(*s), (std::vector<int>{0, 1, 2}));
+  auto same = p.replace("sampler", 1, {});
+  ASSERT_TRUE(same);
+  EXPECT_EQ(*same, (*s)[1]) << "its node lives: the same slot";
+  ASSERT_TRUE(p.place(DeviceGroup::of("model", 1, DeviceType::cuda)));  // takes node 0's gpu 1
+  auto moved = p.replace("sampler", 1, {1});
+  ASSERT_TRUE(moved) << describe(moved.error());
+  EXPECT_EQ(moved->node, 2) << "node 0 holds rank 0 and a full gpu list; node 2 holds only rank 2";
+  EXPECT_EQ(moved->device, 1);
+  EXPECT_TRUE(moved->cpus.empty()) << "rank 2 holds all of node 2's cores";
+  // Node 1's gpu 0 was freed: another group may take it.
+  Planner q{three, {.strategy = Strategy::pack}};
+  auto one = q.place(DeviceGroup::of("sampler", 1, DeviceType::cuda));
+  ASSERT_TRUE(one && (*one)[0].node == 0);
+  auto away = q.replace("sampler", 0, {0});
+  ASSERT_TRUE(away);
+  EXPECT_EQ(away->node, 1);
+  auto takes = q.place(DeviceGroup::of("other", 2, DeviceType::cuda));
+  ASSERT_TRUE(takes);
+  EXPECT_EQ(nodes_of(*takes), (std::vector<int>{0, 0})) << "the lost rank's gpus on node 0 are free again";
+  // CPU ranks: the free cores of the node.
+  Planner c{two_nodes(4, 0), {.strategy = Strategy::pack}};
+  auto cpu = c.place(DeviceGroup::of("loader", 1));
+  ASSERT_TRUE(cpu);
+  auto back = c.replace("loader", 0, {0});
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->node, 1);
+  EXPECT_EQ(back->cpus.size(), 4u) << "node 1's cores, none of them taken by the group";
+  // Refusals.
+  EXPECT_EQ(code_of(c.replace("nobody", 0, {}).error()), errc::not_found);
+  EXPECT_EQ(code_of(c.replace("loader", 3, {}).error()), errc::invalid_argument);
+  EXPECT_EQ(code_of(c.replace("loader", 0, {0, 1}).error()), errc::unavailable);
+  Planner e{two_nodes(4, 2), {}};
+  auto listed = e.place(DeviceGroup::on("pinned", {1}, DeviceType::cuda));
+  ASSERT_TRUE(listed);
+  auto pinned = e.replace("pinned", 0, {0});
+  ASSERT_FALSE(pinned);
+  EXPECT_NE(describe(pinned.error()).find("explicit device list"), std::string::npos) << describe(pinned.error());
+  Planner full{two_nodes(4, 1), {}};
+  ASSERT_TRUE(full.place(DeviceGroup::of("x", 2, DeviceType::cuda)));
+  auto none = full.replace("x", 0, {0});
+  ASSERT_FALSE(none);
+  EXPECT_EQ(code_of(none.error()), errc::resource_exhausted);
+  EXPECT_TRUE(full.replace("x", 0, {})) << "a refusal leaves the old slot in place";
+}
+
 TEST(Topology, ShareOfSplitsCoresAndGpusByLocalRank) {
   auto m = synthetic_topology("a", 4, 4);
   auto s1 = share_of(m, 1, 2);

@@ -12,10 +12,12 @@
 
 #include "runtime/process.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace glint::components {
 
@@ -51,8 +53,20 @@ public:
   Result<void> broadcast(std::vector<Tensor>& tensors, int root) override;
   Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) override;
   Result<void> barrier() override;
+  Result<void> all_gather(const Tensor& input, Tensor& output) override;
+  Result<void> reduce_scatter_sum(const Tensor& input, Tensor& output) override;
+  Result<void> send(const Tensor& t, int to, int tag) override;
+  Result<void> recv(Tensor& t, int from, int tag) override;
 
   CommConfig cfg;
+
+  Result<void> check_peer(const char* what, int peer) const {
+    if (peer < 0 || peer >= size() || peer == rank())
+      return make_error(errc::invalid_argument, std::string{what} + " on rank " + std::to_string(rank()) + ": rank " +
+                                                    std::to_string(peer) + " is not another rank of a group of " +
+                                                    std::to_string(size()));
+    return {};
+  }
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::unique_ptr<PeerWatch> watch;
@@ -60,22 +74,44 @@ public:
 
   // Waits for a collective while its ranks are alive: fails once one has
   // been silent for the peer timeout (Gloo would wait for its own timeout).
-  void wait(const c10::intrusive_ptr<c10d::Work>& work) {
-    if (watch) {
-      struct Done {
-        std::mutex mu;
-        std::condition_variable cv;
-        bool done = false;
-      };
-      auto done = std::make_shared<Done>();
-      work->getFuture()->addCallback([done](c10::ivalue::Future&) {
+  // Collectives say they are done through their future; send and recv have
+  // none (c10d's SendWork, RecvWork), and Gloo breaks the whole context when
+  // a timed wait on them expires, so a helper thread waits on those, and is
+  // left behind, until Gloo's own timeout, if the wait is given up on.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, bool has_future = true) {
+    if (!watch) {
+      work->wait();
+      return;
+    }
+    struct Done {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      std::exception_ptr error;
+      void set(std::exception_ptr e = nullptr) {
         {
-          std::lock_guard lock(done->mu);
-          done->done = true;
+          std::lock_guard lock(mu);
+          done = true;
+          error = std::move(e);
         }
-        done->cv.notify_all();
-      });
-      const auto tick = std::max(watch->timeout() / 10, std::chrono::milliseconds(10));
+        cv.notify_all();
+      }
+    };
+    auto done = std::make_shared<Done>();
+    if (has_future) {
+      work->getFuture()->addCallback([done](c10::ivalue::Future&) { done->set(); });
+    } else {
+      std::thread([work, done] {
+        try {
+          work->wait();
+          done->set();
+        } catch (...) {
+          done->set(std::current_exception());
+        }
+      }).detach();
+    }
+    const auto tick = std::max(watch->timeout() / 10, std::chrono::milliseconds(10));
+    {
       std::unique_lock lock(done->mu);
       while (!done->cv.wait_for(lock, tick, [&] { return done->done; })) {
         if (auto why = watch->silent()) {
@@ -83,8 +119,9 @@ public:
           throw std::runtime_error(*why);
         }
       }
+      if (done->error) std::rethrow_exception(done->error);
     }
-    work->wait();  // Gloo's error, if it failed
+    if (has_future) work->wait();  // Gloo's error, if it failed
   }
 
   template <class F>
@@ -285,6 +322,58 @@ Result<int64_t> GlooGroup::broadcast_buckets(std::vector<Tensor>& tensors, int r
   });
   if (!ok) return ok.error();
   return buckets;
+}
+
+Result<void> GlooGroup::all_gather(const Tensor& input, Tensor& output) {
+  if (input.dims() == 0 || output.dtype() != input.dtype() || output.dims() != input.dims() ||
+      output.size(0) != input.size(0) * size() ||
+      !std::equal(input.shape().begin() + 1, input.shape().end(), output.shape().begin() + 1))
+    return make_error(errc::invalid_argument, "all_gather: the output must be the input's shape with " +
+                                                  std::to_string(size()) + " times its first dimension, same dtype");
+  return run("all_gather", [&] {
+    c10::NoGradGuard no_grad;
+    auto out = to_torch(output);
+    std::vector<at::Tensor> in{to_torch(input)};
+    if (size() == 1) {
+      out.copy_(in[0]);
+      return;
+    }
+    // Each rank's part lands in its own slice of the output.
+    std::vector<std::vector<at::Tensor>> parts(1);
+    for (int r = 0; r < size(); ++r) parts[0].push_back(out.narrow(0, r * input.size(0), input.size(0)));
+    wait(pg->allgather(parts, in));
+  });
+}
+
+Result<void> GlooGroup::reduce_scatter_sum(const Tensor& input, Tensor& output) {
+  if (output.dtype() != input.dtype() || input.numel() != output.numel() * size())
+    return make_error(errc::invalid_argument, "reduce_scatter_sum: the input must hold " + std::to_string(size()) +
+                                                  " times the output's elements, same dtype (input " +
+                                                  std::to_string(input.numel()) + ", output " +
+                                                  std::to_string(output.numel()) + ")");
+  return run("reduce_scatter", [&] {
+    c10::NoGradGuard no_grad;
+    auto out = to_torch(output);
+    std::vector<at::Tensor> sum{to_torch(input).reshape({-1}).clone()};
+    if (size() > 1) wait(pg->allreduce(sum));
+    out.copy_(sum[0].narrow(0, rank() * output.numel(), output.numel()).view(out.sizes()));
+  });
+}
+
+Result<void> GlooGroup::send(const Tensor& t, int to, int tag) {
+  if (auto ok = check_peer("send", to); !ok) return ok;
+  return run("send", [&] {
+    std::vector<at::Tensor> one{to_torch(t).contiguous()};
+    wait(pg->send(one, to, tag), false);
+  });
+}
+
+Result<void> GlooGroup::recv(Tensor& t, int from, int tag) {
+  if (auto ok = check_peer("recv", from); !ok) return ok;
+  return run("recv", [&] {
+    std::vector<at::Tensor> one{to_torch(t)};
+    wait(pg->recv(one, from, tag), false);
+  });
 }
 
 Result<void> GlooGroup::barrier() {

@@ -60,6 +60,24 @@ public:
   /// shapes and dtypes, in the same order. Answers the buckets sent.
   virtual Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) = 0;
   virtual Result<void> barrier() = 0;
+
+  /// Every rank's `input` (one shape and dtype on all ranks), end to end in
+  /// rank order along dim 0, into `output` (size() x input's first dim).
+  virtual Result<void> all_gather(const Tensor& input, Tensor& output) = 0;
+  /// `input` (size() x output's elements on every rank) summed over ranks;
+  /// this rank's slice of the sum (elements [rank x n, (rank + 1) x n))
+  /// into `output`. Callers that want a mean divide: there is no AVG on
+  /// Gloo. Gloo has no native reduce-scatter: it runs as an all-reduce of a
+  /// copy, then the slice (twice the bytes of a native one; NCCL's would
+  /// serve it as is).
+  virtual Result<void> reduce_scatter_sum(const Tensor& input, Tensor& output) = 0;
+  /// Point to point, for pipeline stages: `send` hands `t` to rank `to`
+  /// and returns once `to` has received it (Gloo's send is a rendezvous: two
+  /// ranks that both send first wait for each other); `recv` fills `t` (its
+  /// shape and dtype agreed beforehand) from rank `from`. Messages between
+  /// two ranks with one tag arrive in order.
+  virtual Result<void> send(const Tensor& t, int to, int tag) = 0;
+  virtual Result<void> recv(Tensor& t, int from, int tag) = 0;
 };
 
 }  // namespace glint::components

@@ -58,6 +58,53 @@ TEST(Comm, AllReduceBroadcastAndBarrier) {
   EXPECT_FALSE(ProcessGroup::create({.backend = "mpi"}));
 }
 
+template <class T>
+std::vector<T> elements(const Tensor& t) {
+  auto v = *t.values<T>();
+  return {v.begin(), v.end()};
+}
+
+// The collectives sharded training needs (Gloo has no reduce-scatter: it is
+// an all-reduce, then the slice) and point to point for pipeline stages.
+TEST(Comm, AllGatherReduceScatterAndPointToPointOnThreeRanks) {
+  on_ranks(3, [](int r, ProcessGroup& pg) {
+    using glint::testing::vector_of;
+    auto in = Tensor::from_values(std::vector<float>{10.f * r, 10.f * r + 1, 10.f * r + 2, 10.f * r + 3}, {2, 2});
+    auto out = Tensor::zeros(Dtype::f32, {6, 2});
+    ASSERT_TRUE(in && out);
+    ASSERT_TRUE(pg.all_gather(*in, *out));
+    EXPECT_EQ(elements<float>(*out), (std::vector<float>{0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23}));
+    auto wrong = Tensor::zeros(Dtype::f32, {5, 2});
+    EXPECT_EQ(code_of(pg.all_gather(*in, *wrong).error()), errc::invalid_argument);
+
+    // Rank r contributes (r + 1) * [0 1 2 3 4 5]; the sum is 6 * [0..5].
+    std::vector<int64_t> vals;
+    for (int64_t i = 0; i < 6; ++i) vals.push_back((r + 1) * i);
+    auto full = Tensor::from_values(vals, {6});
+    auto mine = Tensor::zeros(Dtype::i64, {2});
+    ASSERT_TRUE(full && mine);
+    ASSERT_TRUE(pg.reduce_scatter_sum(*full, *mine));
+    EXPECT_EQ(elements<int64_t>(*mine), (std::vector<int64_t>{6 * (2 * r), 6 * (2 * r + 1)})) << "rank " << r;
+    EXPECT_EQ(elements<int64_t>(*full), vals) << "the input is left as it was";
+    auto odd = Tensor::zeros(Dtype::i64, {4});
+    EXPECT_EQ(code_of(pg.reduce_scatter_sum(*full, *odd).error()), errc::invalid_argument);
+
+    // A ring: each rank sends to the next and receives from the one before.
+    // A send returns once its receiver has taken it: odd ranks receive first.
+    auto msg = Tensor::from_values(std::vector<float>{1.f * r, 2.f * r}, {2});
+    auto got = Tensor::zeros(Dtype::f32, {2});
+    ASSERT_TRUE(msg && got);
+    if (r % 2 == 1) ASSERT_TRUE(pg.recv(*got, (r + 2) % 3, 7));
+    auto sent = pg.send(*msg, (r + 1) % 3, 7);
+    ASSERT_TRUE(sent) << describe(sent.error());
+    if (r % 2 == 0) ASSERT_TRUE(pg.recv(*got, (r + 2) % 3, 7));
+    const float from = static_cast<float>((r + 2) % 3);
+    EXPECT_EQ(elements<float>(*got), (std::vector<float>{from, 2 * from}));
+    EXPECT_EQ(code_of(pg.send(*msg, r, 7).error()), errc::invalid_argument) << "not to itself";
+    EXPECT_EQ(code_of(pg.recv(*got, 3, 7).error()), errc::invalid_argument);
+  });
+}
+
 TEST(Comm, DataParallelStepsEqualOneRankOnTheWholeBatch) {
   auto cfg = ModelConfig::make(Architecture::qwen3, 31, 16, 32, 2, 4, 2);
   auto batch = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 0, 0, 0}, {4, 4, 4, 4, 0, 0}, {9, 8, 7, 6, 5, 4}});

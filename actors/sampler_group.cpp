@@ -289,12 +289,15 @@ void ActorSamplerBackend::heal() {
         slot.cpus = old.cpus;
       }
     } else {
+      // Tried again after the backoff, and said once until it works.
+      last_respawn_ = std::chrono::steady_clock::now();
       if (!told_unplaceable_)
         log::warn("sampler group '" + g.name() + "': " + g.rank(lost).label + " was lost and cannot be placed again: " +
                   describe(planned.error()));
       told_unplaceable_ = true;
       return;
     }
+    told_unplaceable_ = false;
     last_respawn_ = std::chrono::steady_clock::now();
     ++restarts_;
     auto fresh = g.respawned(lost, slot.node, slot.device, slot.cpus);
@@ -355,10 +358,8 @@ void ActorSamplerBackend::send_part(const std::shared_ptr<Call>& call, size_t pa
       int r = (from + k) % n;
       if (!call->failed[static_cast<size_t>(r)] && serves(g, r)) target = r;
     }
-    if (target < 0) {
-      if (call->done) return;
-      call->done = true;
-    }
+    if (call->done) return;  // answered (or failed) meanwhile: nothing to send
+    if (target < 0) call->done = true;
   }
   if (target < 0) {
     std::string why;

@@ -304,7 +304,7 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
   std::vector<Row> train_rows, val_rows;
   int64_t planned_steps = a.max_steps;
   if (resuming) {
-    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-max-restarts", "model-max-restarts", "sampler-cache-mib"});
+    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-max-restarts", "sampler-cache-mib"});
         !changed.empty())
       return refuse("--resume: the run in " + out + " was started with other values of " + changed +
                     " (see its config.toml); use them, or start another --output");

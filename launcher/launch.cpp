@@ -128,6 +128,14 @@ Result<int> launch(LaunchSpec spec) {
           std::fprintf(stderr, "glint run: cannot start process %d again: %s\n", rank_of(i),
                        describe(again.error()).c_str());
         }
+        // A node the running driver dropped (frozen or cut off, then back)
+        // with no restarts left: the driver already carries on without it.
+        if (lost_driver && has_driver && !is_driver && !forwarded && !stopping && !codes[0]) {
+          std::fprintf(stderr, "glint run: process %d (pid %d) %s and has no restarts left (--max-restarts %d); the job "
+                               "goes on without it\n",
+                       rank_of(i), static_cast<int>(children[i].pid()), what_ended(i).c_str(), spec.max_restarts);
+          continue;
+        }
         if (codes[i] && *codes[i] != 0 && !forwarded && !stopping) {
           std::fprintf(stderr, "glint run: %s %d (pid %d) %s; stopping the job\n", is_driver ? "the driver, process" : "process",
                        rank_of(i), static_cast<int>(children[i].pid()), what_ended(i).c_str());

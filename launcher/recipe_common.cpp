@@ -276,7 +276,8 @@ std::string resolved_config(CLI::App& cmd, const RecipeArgs& a, const std::set<s
 std::string changed_since(const std::string& out, const std::string& resolved, const std::set<std::string>& resumable) {
   // Flags a resumed run may change: they do not change what was computed so far.
   static const std::set<std::string> common = {"resume", "overwrite", "max-steps", "epochs", "eval-every",
-                                               "save-every", "config", "max-shard-mib", "dp"};
+                                               "save-every", "config", "max-shard-mib", "dp",
+                                               "model-max-restarts"};
   auto text = read_text_file(out + "/config.toml");
   if (!text) return "(its config.toml does not read: " + context_of(text.error()) + ")";
   // Both read the same way, so 3e-3 and 0.003 are one value.

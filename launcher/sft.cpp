@@ -196,7 +196,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
       return refuse("the schedule flags: " + context_of(ok.error()));
   if (resuming) {
     // The run's own rows and flags: a resume computes what the run would have.
-    if (auto changed = recipe::changed_since(out, resolved, {"model-max-restarts"}); !changed.empty())
+    if (auto changed = recipe::changed_since(out, resolved, {}); !changed.empty())
       return refuse("--resume: the run in " + out + " was started with other values of " + changed +
                     " (see its config.toml); use them, or start another --output");
   } else {

@@ -31,18 +31,29 @@ void ChunkStream::State::take(const SampleChunk& c, size_t at) {
   auto& have = delivered[k];
   const size_t end = at + c.tokens.size();
   SampleChunk out = c;
-  if (have > at) {  // tokens handed on already, from an attempt that died
-    const auto skip = static_cast<std::ptrdiff_t>(std::min(have - at, c.tokens.size()));
-    out.tokens.erase(out.tokens.begin(), out.tokens.begin() + skip);
+  if (have.size() > at) {  // tokens handed on already, from an attempt that died
+    const size_t skip = std::min(have.size() - at, c.tokens.size());
+    for (size_t j = 0; j < skip; ++j)
+      if (c.tokens[j] != have[at + j]) {
+        failure = "request " + std::to_string(c.index) + " sample " + std::to_string(c.sample) +
+                  ": the rank that took it over from a lost one drew token " + std::to_string(c.tokens[j]) +
+                  " at position " + std::to_string(at + j) + " where the lost rank had streamed " +
+                  std::to_string(have[at + j]) + "; the stream cannot go on without splicing two sequences";
+        closed = true;
+        all_seen.state()->set(true);
+        return;
+      }
+    const auto cut = static_cast<std::ptrdiff_t>(skip);
+    out.tokens.erase(out.tokens.begin(), out.tokens.begin() + cut);
     out.logprobs.erase(out.logprobs.begin(),
-                       out.logprobs.begin() + std::min<std::ptrdiff_t>(skip, static_cast<std::ptrdiff_t>(out.logprobs.size())));
+                       out.logprobs.begin() + std::min<std::ptrdiff_t>(cut, static_cast<std::ptrdiff_t>(out.logprobs.size())));
   }
-  have = std::max(have, end);
+  if (end > have.size()) have.insert(have.end(), out.tokens.end() - static_cast<std::ptrdiff_t>(end - have.size()), out.tokens.end());
   if (out.tokens.empty() && !out.finished) return;
   try {
     on_chunk(out);
   } catch (const std::exception& e) {
-    failure = e.what();
+    failure = std::string{"its chunk callback threw: "} + e.what();
     closed = true;
     all_seen.state()->set(true);
     return;
@@ -54,6 +65,10 @@ void ChunkStream::State::take(const SampleChunk& c, size_t at) {
 }
 
 sample_listener ChunkStream::listener() {
+  {
+    std::lock_guard<std::mutex> guard{lmx_};
+    if (stopped_) return {};  // the call is over: no listener (a rank refuses a call without one)
+  }
   // Where this attempt's chunks are in each sequence (the listener's own).
   auto at = std::make_shared<std::map<Key, size_t>>();
   // Detached: the callback is user code, and must not hold up CAF's workers.
@@ -90,7 +105,7 @@ Result<std::vector<SampledSequence>> ChunkStream::finish(Result<std::vector<Samp
   stop();
   if (!answer) return answer.error();
   if (!st_->failure.empty())
-    return make_error(errc::aborted, "the chunk callback of a streamed sample call threw: " + st_->failure);
+    return make_error(errc::aborted, "a streamed sample call stopped: " + st_->failure);
   if (!all_seen) {
     size_t finished = 0;
     {

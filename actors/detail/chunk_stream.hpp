@@ -7,6 +7,9 @@
 // a listener of its own, which knows how far into each sequence its chunks
 // are; the stream hands on only tokens not handed on before, so the
 // callback sees each sequence once, in order, whichever ranks served it.
+// Should a retry draw other tokens than were handed on (a rank on other
+// hardware rounding differently), the call fails rather than splice two
+// sequences into one.
 
 #include "actors/sampler.hpp"
 #include "runtime/future.hpp"
@@ -51,7 +54,7 @@ private:
     bool closed = false;
     std::string failure;  // what the callback threw
     size_t expected = 0;
-    std::map<Key, size_t> delivered;  // tokens handed on, per sequence
+    std::map<Key, std::vector<int64_t>> delivered;  // tokens handed on, per sequence
     std::set<Key> finished;
     Future<bool> all_seen;
     // A chunk an attempt's listener heard, whose tokens start `at` tokens

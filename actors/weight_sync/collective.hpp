@@ -15,7 +15,9 @@ class SyncGroup {
 public:
   /// The group at host:port as `rank` of `world` (rank 0 hosts the store).
   Result<components::ProcessGroup*> join(const std::string& host, int32_t port, int rank, int world) {
-    if (pg_ && port_ == port) return pg_.get();
+    // A group that gave up on a silent rank is broken: join a new one.
+    if (pg_ && port_ == port && !pg_->broken()) return pg_.get();
+    pg_.reset();
     // Its own store: no other group shares the keys.
     auto pg = components::ProcessGroup::create({.store_host = host, .store_port = static_cast<uint16_t>(port),
                                                 .rank = rank, .world_size = world, .prefix = "glint/sync"});

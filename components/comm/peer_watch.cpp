@@ -93,7 +93,9 @@ PeerWatch::~PeerWatch() {
   ::close(fd_);
 }
 
-std::string PeerWatch::address() const { return host_ + " " + std::to_string(port_) + " " + std::to_string(id_); }
+std::string PeerWatch::address() const {
+  return host_ + " " + std::to_string(port_) + " " + std::to_string(id_) + " " + std::to_string(timeout_.count());
+}
 
 Result<void> PeerWatch::start(const std::vector<std::string>& addresses) {
   if (thread_.joinable()) return make_error(errc::failed_precondition, "the peer watch is already started");
@@ -101,21 +103,26 @@ Result<void> PeerWatch::start(const std::vector<std::string>& addresses) {
     return make_error(errc::invalid_argument, "rank " + std::to_string(rank_) + " has no address among " +
                                                   std::to_string(addresses.size()));
   std::vector<Peer> peers(addresses.size());
+  auto timeout = timeout_;
   for (size_t r = 0; r < addresses.size(); ++r) {
-    if (static_cast<int>(r) == rank_) continue;
+    if (static_cast<int>(r) == rank_ || addresses[r] == kNoWatch) continue;
     std::istringstream in(addresses[r]);
     std::string host;
     unsigned port = 0;
     uint64_t id = 0;
-    if (!(in >> host >> port >> id) || port == 0 || port > 65535)
+    int64_t ms = 0;
+    if (!(in >> host >> port >> id >> ms) || port == 0 || port > 65535 || ms < 1)
       return make_error(errc::invalid_argument, "rank " + std::to_string(r) + "'s heartbeat address '" + addresses[r] +
-                                                    "' is not 'host port id'");
+                                                    "' is not 'host port id timeout_ms'");
+    timeout = std::max(timeout, std::chrono::milliseconds(ms));
     auto addr = resolve(host, static_cast<uint16_t>(port), peers[r].len);
     if (!addr) return with_context(addr.error(), "rank " + std::to_string(r) + "'s heartbeat address");
     peers[r].addr = *addr;
     peers[r].id = id;
   }
   peers_ = std::move(peers);
+  timeout_ = timeout;
+  drained_ = Clock::now();
   thread_ = std::thread([this] { loop(); });
   return {};
 }
@@ -131,14 +138,14 @@ void PeerWatch::loop() {
     if (now >= next_send) {
       lock.unlock();
       for (size_t r = 0; r < peers_.size(); ++r)
-        if (static_cast<int>(r) != rank_)  // a lost datagram is a missed beat, nothing more
+        if (static_cast<int>(r) != rank_ && peers_[r].len > 0)  // a lost datagram is a missed beat, nothing more
           (void)::sendto(fd_, &mine, sizeof(mine), MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&peers_[r].addr),
                          peers_[r].len);
       lock.lock();
       next_send = now + interval;
       for (size_t r = 0; r < peers_.size(); ++r) {
         auto& p = peers_[r];
-        if (static_cast<int>(r) == rank_ || p.ever || p.warned || now - started < timeout_) continue;
+        if (static_cast<int>(r) == rank_ || p.len == 0 || p.ever || p.warned || now - started < timeout_) continue;
         p.warned = true;
         log::warn("process group rank " + std::to_string(rank_) + ": no heartbeat from rank " + std::to_string(r) +
                   " in " + seconds(now - started) +
@@ -152,27 +159,32 @@ void PeerWatch::loop() {
     // A short poll, so that the destructor's stop is seen within a tick.
     const int got = ::poll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(wait.count(), 0, 50)));
     lock.lock();
-    if (got <= 0) continue;
-    Datagram d{};
-    while (true) {
-      const auto n = ::recv(fd_, &d, sizeof(d), MSG_DONTWAIT);
-      if (n < 0) break;
-      if (n != sizeof(d) || d.magic != kMagic || d.rank >= peers_.size() || static_cast<int>(d.rank) == rank_ ||
-          d.id != peers_[d.rank].id)
-        continue;  // not one of this group's ranks
-      peers_[d.rank].heard = Clock::now();
-      peers_[d.rank].ever = true;
+    if (got > 0) {
+      Datagram d{};
+      while (true) {
+        const auto n = ::recv(fd_, &d, sizeof(d), MSG_DONTWAIT);
+        if (n < 0) break;
+        if (n != sizeof(d) || d.magic != kMagic || d.rank >= peers_.size() || static_cast<int>(d.rank) == rank_ ||
+            peers_[d.rank].len == 0 || d.id != peers_[d.rank].id)
+          continue;  // not one of this group's ranks
+        peers_[d.rank].heard = Clock::now();
+        peers_[d.rank].ever = true;
+      }
     }
+    drained_ = Clock::now();
   }
 }
 
 std::optional<std::string> PeerWatch::silent() const {
   std::lock_guard lock(mu_);
-  const auto now = Clock::now();
+  // The loop looks at its socket at least every 50 ms; a look longer ago
+  // means this process stood still, and the datagrams that came meanwhile
+  // are still unread: no verdict until it has caught up.
+  if (Clock::now() - drained_ > std::chrono::milliseconds(500)) return std::nullopt;
   for (size_t r = 0; r < peers_.size(); ++r) {
     const auto& p = peers_[r];
-    if (static_cast<int>(r) == rank_ || !p.ever || now - p.heard <= timeout_) continue;
-    return "rank " + std::to_string(r) + " has sent no heartbeat for " + seconds(now - p.heard) +
+    if (static_cast<int>(r) == rank_ || !p.ever || drained_ - p.heard <= timeout_) continue;
+    return "rank " + std::to_string(r) + " has sent no heartbeat for " + seconds(drained_ - p.heard) +
            " (its process frozen, or its link cut; the peer timeout is " + seconds(timeout_) + ")";
   }
   return std::nullopt;

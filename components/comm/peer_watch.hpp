@@ -40,16 +40,25 @@ public:
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
 
-  /// "host port id": what the other ranks need to hear this one and to
-  /// tell its datagrams from a stranger's.
+  /// "host port id timeout_ms": what the other ranks need to hear this one,
+  /// to tell its datagrams from a stranger's, and to agree on the timeout.
   std::string address() const;
   /// Starts sending and listening; `addresses[r]` is rank r's address()
-  /// (this rank's own entry is skipped).
+  /// (this rank's own entry is skipped; kNoWatch: a rank without a watch,
+  /// never expected to be heard). The timeout becomes the longest of all
+  /// ranks', so that no rank sends more slowly than another listens for.
   Result<void> start(const std::vector<std::string>& addresses);
   /// Why a rank counts as gone: "rank 1 has sent no heartbeat for 5.2 s";
   /// empty while every rank heard from at all was heard within the timeout.
+  /// Time this process itself stood still (paused, its watch thread not
+  /// run) does not count: silence is measured up to the watch's last look
+  /// at its socket, and none is told while that look is not recent.
   std::optional<std::string> silent() const;
+  /// The agreed timeout (after start).
   std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// The address a rank publishes when it could not open a watch.
+  static constexpr const char* kNoWatch = "-";
 
 private:
   struct Peer;
@@ -61,10 +70,11 @@ private:
   const std::string host_;
   const uint16_t port_;
   const uint64_t id_;
-  const std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_;  // fixed once started
   std::vector<Peer> peers_;  // by rank; fixed once started
   mutable std::mutex mu_;
   bool stop_ = false;
+  std::chrono::steady_clock::time_point drained_{};  // the loop's last look at its socket
   std::thread thread_;
 };
 

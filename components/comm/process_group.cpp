@@ -10,6 +10,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include "runtime/log.hpp"
 #include "runtime/process.hpp"
 
 #include <algorithm>
@@ -42,13 +43,14 @@ public:
     // A collective given up on may still sit in Gloo's worker thread until
     // Gloo's own timeout, and c10d's destructor would join it: let the
     // broken group go without waiting (one group's memory, once).
-    if (!broken.empty()) {
+    if (!broken_reason.empty()) {
       (void)pg.release();
       (void)store.release();
     }
   }
   int rank() const override { return cfg.rank; }
   int size() const override { return cfg.world_size; }
+  bool broken() const override { return !broken_reason.empty(); }
   Result<void> all_reduce_sum(std::vector<Tensor>& tensors) override;
   Result<void> broadcast(std::vector<Tensor>& tensors, int root) override;
   Result<int64_t> broadcast_buckets(std::vector<Tensor>& tensors, int root, int64_t bucket_bytes) override;
@@ -70,7 +72,7 @@ public:
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::unique_ptr<PeerWatch> watch;
-  std::string broken;  ///< why an earlier collective was given up on
+  std::string broken_reason;  ///< why an earlier collective was given up on
 
   // Waits for a collective while its ranks are alive: fails once one has
   // been silent for the peer timeout (Gloo would wait for its own timeout).
@@ -115,7 +117,11 @@ public:
       std::unique_lock lock(done->mu);
       while (!done->cv.wait_for(lock, tick, [&] { return done->done; })) {
         if (auto why = watch->silent()) {
-          broken = *why;
+          broken_reason = *why;
+          // This rank leaves the collective: it goes silent too, so that the
+          // others give up on it as well instead of waiting out Gloo.
+          lock.unlock();
+          watch.reset();
           throw std::runtime_error(*why);
         }
       }
@@ -126,10 +132,10 @@ public:
 
   template <class F>
   Result<void> run(const char* what, F&& f) {
-    if (!broken.empty())
+    if (!broken_reason.empty())
       return make_error(errc::unavailable, std::string{what} + " on rank " + std::to_string(cfg.rank) +
                                                ": the process group is broken since an earlier collective gave up (" +
-                                               broken + ")");
+                                               broken_reason + ")");
     try {
       f();
       return {};
@@ -190,11 +196,15 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     if (!timeout) return timeout.error();
     auto local = local_address_towards(cfg.store_host, cfg.store_port);
     if (!local) return with_context(local.error(), "the process group's heartbeats");
+    // Without a watch (no socket to be had) the group still works: the
+    // others leave this rank out, and Gloo's timeout bounds a freeze.
     auto watch = PeerWatch::open(cfg.rank, *local, *timeout);
-    if (!watch) return with_context(watch.error(), "the process group's heartbeats");
+    if (!watch)
+      log::warn("process group rank " + std::to_string(cfg.rank) + ": no heartbeats (" + describe(watch.error()) +
+                "); a frozen rank is noticed only at the group's timeout");
     std::vector<std::string> addresses(static_cast<size_t>(cfg.world_size));
     auto shared = impl.run("exchanging heartbeat addresses", [&] {
-      const auto mine = (*watch)->address();
+      const std::string mine = watch ? (*watch)->address() : PeerWatch::kNoWatch;
       impl.store->set("peer_watch/" + std::to_string(cfg.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
       for (int r = 0; r < cfg.world_size; ++r) {
         if (r == cfg.rank) continue;
@@ -203,8 +213,10 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
       }
     });
     if (!shared) return shared.error();
-    if (auto started = (*watch)->start(addresses); !started) return started.error();
-    impl.watch = std::move(*watch);
+    if (watch) {
+      if (auto started = (*watch)->start(addresses); !started) return started.error();
+      impl.watch = std::move(*watch);
+    }
   }
   return std::shared_ptr<ProcessGroup>{std::move(pg)};
 }

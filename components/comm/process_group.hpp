@@ -50,6 +50,8 @@ public:
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// Whether a collective gave up on a silent rank: every later call fails.
+  virtual bool broken() const { return false; }
   /// Sums each tensor over all ranks, in place (f32, f16, bf16, f64, i64, i32).
   virtual Result<void> all_reduce_sum(std::vector<Tensor>& tensors) = 0;
   /// Copies each of root's tensors to every rank, in place.

@@ -2,6 +2,7 @@
 // like one engine on the whole call, with the training input laid out as the
 // trainer reads it; per-request errors, streaming, weight updates,
 // sleep/wake, abort, and calls that share engine steps.
+#include "actors/detail/chunk_stream.hpp"
 #include "actors/sampler.hpp"
 #include "actors/sampler_group.hpp"
 #include "placement/service.hpp"
@@ -587,6 +588,36 @@ TEST_F(SamplerFailover, AStreamedCallGoesOnWhenARankIsKilledMidCall) {
   ASSERT_FALSE(twice);
   EXPECT_NE(describe(twice.error()).find("request index 3 appears twice"), std::string::npos) << describe(twice.error());
   rt.shutdown();
+}
+
+// The stream behind sample_streaming, fed by hand: a second attempt at a
+// sequence continues it where the first left off, without repeating a
+// token; one that drew other tokens fails the call instead of splicing two
+// sequences together.
+TEST(ChunkStream, ARetryContinuesTheSequenceAndOneThatDivergesFailsTheCall) {
+  auto job = testing::TestJob::start(Mode::local);
+  ASSERT_TRUE(job) << describe(job.error());
+  auto feed = [&](bool diverge) {
+    std::vector<std::vector<int64_t>> heard;
+    actors::detail::ChunkStream stream(*job->rt, [&](const actors::SampleChunk& c) { heard.push_back(c.tokens); }, 1);
+    auto first = stream.listener(), second = stream.listener();
+    caf::anon_send(first, actors::SampleChunk{.index = 4, .tokens = {1, 2}, .logprobs = {-.1f, -.2f}});
+    caf::anon_send(first, actors::SampleChunk{.index = 4, .tokens = {3}, .logprobs = {-.3f}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the first attempt's chunks arrive first
+    caf::anon_send(second, actors::SampleChunk{.index = 4, .tokens = {1, diverge ? int64_t{9} : 2, 3, 4},
+                                               .logprobs = {-.1f, -.2f, -.3f, -.4f}, .finished = true});
+    auto r = stream.finish(std::vector<SampledSequence>{}, std::chrono::seconds(5));
+    return std::make_pair(std::move(r), heard);
+  };
+  auto [ok, heard] = feed(false);
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(heard, (std::vector<std::vector<int64_t>>{{1, 2}, {3}, {4}}));
+  auto [bad, partial] = feed(true);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(code_of(bad.error()), errc::aborted);
+  EXPECT_NE(describe(bad.error()).find("drew token 9 at position 1 where the lost rank had streamed 2"), std::string::npos)
+      << describe(bad.error());
+  EXPECT_EQ(partial, (std::vector<std::vector<int64_t>>{{1, 2}, {3}})) << "nothing of the other sequence handed on";
 }
 
 // A supervised sampler group (RestartPolicy) replaces a rank it lost: on

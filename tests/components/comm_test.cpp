@@ -199,9 +199,18 @@ TEST(PeerWatch, ARankNeverHeardIsNotCalledSilentAndStrangersDoNotCount) {
   std::istringstream in((*a)->address());
   std::string host, port;
   in >> host >> port;
-  ASSERT_TRUE((*c)->start({host + " " + port + " 12345", (*c)->address()}));
+  ASSERT_TRUE((*c)->start({host + " " + port + " 12345 200", (*c)->address()}));
   std::this_thread::sleep_for(300ms);
   EXPECT_FALSE((*a)->silent()) << "a stranger's beats do not make rank 1 heard";
+  EXPECT_EQ((*c)->timeout(), 200ms);
+  auto slow = PeerWatch::open(0, "127.0.0.1", 900ms);
+  auto fast = PeerWatch::open(1, "127.0.0.1", 300ms);
+  ASSERT_TRUE(slow && fast);
+  ASSERT_TRUE((*fast)->start({(*slow)->address(), (*fast)->address()}));
+  EXPECT_EQ((*fast)->timeout(), 900ms) << "the ranks agree on the longest timeout";
+  auto alone = PeerWatch::open(1, "127.0.0.1", 300ms);
+  ASSERT_TRUE(alone);
+  EXPECT_TRUE((*alone)->start({PeerWatch::kNoWatch, (*alone)->address()})) << "a rank without a watch is left out";
   EXPECT_FALSE(PeerWatch::open(0, "127.0.0.1", 10ms));
   EXPECT_FALSE((*b)->start({"nonsense", "x"}));
 }
@@ -245,6 +254,7 @@ TEST(Comm, AFrozenRankFailsTheOthersCollectiveWithinThePeerTimeout) {
   EXPECT_LT(took, 5s) << "waited for Gloo's timeout, not the peer timeout";
   EXPECT_EQ(code_of(r.error()), errc::unavailable);
   EXPECT_NE(describe(r.error()).find("rank 0 has sent no heartbeat"), std::string::npos) << describe(r.error());
+  EXPECT_TRUE((*pg)->broken());
   auto again = (*pg)->barrier();
   ASSERT_FALSE(again);
   EXPECT_NE(describe(again.error()).find("broken"), std::string::npos) << describe(again.error());

@@ -124,9 +124,10 @@ impair() {  # sets how; 1 where neither is possible here
   done
   how="1% loss each way (iptables' statistic match: this kernel has no netem) and a 100 Mbit/s cap (tbf)"
 }
-if impair; then
-  hop lossy reference "2 sampler rank(s) on node 0,1"
-  hop lossy_dp reference_dp "2 model rank(s) on node 0,1" --dp 2
+# unimpair: the link as it was (what impair set up, even in part); sets
+# dropped, the packets iptables dropped.
+unimpair() {
+  local ns
   dropped=0
   for ns in $A $B; do
     ip netns exec $ns tc qdisc del dev ${tag}$([[ $ns == "$A" ]] && echo x || echo y) root 2> /dev/null
@@ -135,8 +136,14 @@ if impair; then
       ip netns exec $ns iptables -F OUTPUT 2> /dev/null
     fi
   done
+}
+if impair; then
+  hop lossy reference "2 sampler rank(s) on node 0,1"
+  hop lossy_dp reference_dp "2 model rank(s) on node 0,1" --dp 2
+  unimpair
   echo "netns_grpo: with $how: the same metrics (sampler rank and model rank across the hop)$( ((dropped > 0)) && echo "; $dropped packets dropped")"
 else
+  unimpair
   echo "netns_grpo: latency and loss SKIPPED: this kernel has no netem qdisc, and iptables (with its statistic match) is not here either"
 fi
 

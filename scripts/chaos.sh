@@ -26,24 +26,19 @@ export GLINT_MATMUL=aten
 runs=${1:-5}
 here=$(cd "$(dirname "$0")/.." && pwd)
 glint=${GLINT:-$here/${GLINT_BUILD_DIR:-build}/launcher/glint}
+source "$here/scripts/fault_lib.sh"  # tiny_setup, same_metrics, find_rank
 [[ -x $glint ]] || { echo "chaos: no glint binary at $glint; build first (scripts/build.sh)" >&2; exit 2; }
 root=$(mktemp -d /tmp/glint-chaos-XXXXXX)
 trap 'rm -rf "$root"' EXIT
 cd "$root"
 
-"$glint" init-data arithmetic arith.jsonl --rows 300 --max-operand 9 --seed 1 > /dev/null
-"$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
-  --max-positions 256 --tokenizer-from arith.jsonl > setup.log 2>&1 || { cat setup.log; exit 1; }
-"$glint" sft --model model --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 100 \
-  --lr-scheduler constant --output sft >> setup.log 2>&1 || { cat setup.log; exit 1; }
+tiny_setup "$glint" 300 100 || exit 1
 steps=20
 grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
       --num-generations 4 --lr 1e-3 --max-steps $steps --sampler-dp 2 --sampler-max-restarts 1)
 
 "$glint" run --nproc 2 -- "$glint" "${grpo[@]}" --output reference > reference.log 2>&1 \
   || { cat reference.log; echo "chaos: the uninterrupted run failed" >&2; exit 1; }
-
-source "$here/scripts/fault_lib.sh"
 
 # rows DIR: the steps DIR/metrics.jsonl has (0 before it exists).
 rows() { { wc -l < "$1/metrics.jsonl"; } 2>/dev/null || echo 0; }

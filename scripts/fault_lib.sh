@@ -4,6 +4,10 @@
 #   same_metrics A B      0 when two metrics.jsonl agree row by row (timing
 #                         fields aside; loss and grad_norm to 1e-5, other
 #                         floats to 1e-9); else prints the first difference.
+#   tiny_setup GLINT ROWS STEPS  in the current directory: arith.jsonl (ROWS
+#                         generated rows), a tiny Qwen3 model in model/ and a
+#                         copy trained by STEPS of full SFT in sft/last; 1
+#                         (its log shown) when a step fails.
 #   find_rank OUT RANK JOB  the pid of process RANK of the `glint run` job
 #                         whose command has `--output OUT` (found by its
 #                         GLINT_RANK in /proc: procps is not on every
@@ -46,4 +50,14 @@ find_rank() {
     sleep 0.05
   done
   return 1
+}
+
+tiny_setup() {
+  local glint=$1 rows=$2 steps=$3
+  "$glint" init-data arithmetic arith.jsonl --rows "$rows" --max-operand 9 --seed 1 > setup.log 2>&1 \
+    && "$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 \
+      --vocab 400 --max-positions 256 --tokenizer-from arith.jsonl >> setup.log 2>&1 \
+    && "$glint" sft --model model --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 \
+      --max-steps "$steps" --lr-scheduler constant --output sft >> setup.log 2>&1 \
+    || { cat setup.log; return 1; }
 }

@@ -12,7 +12,7 @@
 # a line naming the node and why. The same for glint sft and glint dpo, and
 # for an SFT run whose process 1 is frozen for a while instead of killed.
 set -uo pipefail
-source "$(cd "$(dirname "$0")/../../scripts" && pwd)/fault_lib.sh"  # same_metrics, find_rank
+source "$(cd "$(dirname "$0")/../../scripts" && pwd)/fault_lib.sh"  # tiny_setup, same_metrics, find_rank
 # Each process picks its matmul backend by timing both (kernels.cpp); pin it:
 # what is compared here is the restart, not the backend.
 export GLINT_MATMUL=aten
@@ -21,11 +21,7 @@ fail() { echo "model_restart: FAILED: $*" >&2; exit 1; }
 root=$(mktemp -d /tmp/glint-model-restart-XXXXXX)
 trap 'rm -rf "$root"' EXIT
 cd "$root"
-"$glint" init-data arithmetic arith.jsonl --rows 200 --max-operand 9 --seed 1 > /dev/null
-"$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
-  --max-positions 256 --tokenizer-from arith.jsonl > setup.log 2>&1 || { cat setup.log; fail "init-model"; }
-"$glint" sft --model model --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 40 \
-  --lr-scheduler constant --output sft >> setup.log 2>&1 || { cat setup.log; fail "sft"; }
+tiny_setup "$glint" 200 40 || fail "the tiny model set-up"
 base=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
       --num-generations 4 --lr 1e-3 --max-steps 8 --dp 2)
 grpo=("${base[@]}" --save-every 2)

@@ -18,7 +18,7 @@
 # Only the namespaces and links this test makes, deleted at the end. Skips
 # (exit 77) where it cannot make them (not root, no netns or veth support).
 set -uo pipefail
-source "$(cd "$(dirname "$0")/../../scripts" && pwd)/fault_lib.sh"  # same_metrics, find_rank
+source "$(cd "$(dirname "$0")/../../scripts" && pwd)/fault_lib.sh"  # tiny_setup, same_metrics, find_rank
 # Each process picks its matmul backend by timing both (kernels.cpp); on a
 # loaded machine two runs can pick differently and round differently (a grad
 # norm 1e-5 apart). Pin it: what is compared here is the fault, not the backend.
@@ -51,11 +51,7 @@ for ns in $A $B; do ip -n $ns link set lo up; done
 ip -n $A link set ${tag}x up && ip -n $B link set ${tag}y up || fail "links up"
 
 cd "$root"
-"$glint" init-data arithmetic arith.jsonl --rows 200 --max-operand 9 --seed 1 > /dev/null
-"$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
-  --max-positions 256 --tokenizer-from arith.jsonl > setup.log 2>&1 || { cat setup.log; fail "init-model"; }
-"$glint" sft --model model --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 40 \
-  --lr-scheduler constant --output sft >> setup.log 2>&1 || { cat setup.log; fail "sft"; }
+tiny_setup "$glint" 200 40 || fail "the tiny model set-up"
 steps=12
 grpo=(grpo --model sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
       --num-generations 4 --lr 1e-3 --max-steps $steps --sampler-dp 2 --sampler-max-restarts 1)

@@ -1,0 +1,89 @@
+#include "components/parallel/flat_param.hpp"
+
+#include "components/tensor/torch_bridge.hpp"
+
+#include <c10/core/GradMode.h>
+
+namespace glint::components {
+
+Result<FlatParam> FlatParam::shard(std::vector<at::Tensor> params, int shards, int rank) {
+  if (shards < 1 || rank < 0 || rank >= shards)
+    return make_error(errc::invalid_argument, "shard " + std::to_string(rank) + " of " + std::to_string(shards) +
+                                                  " is not a shard");
+  if (params.empty()) return make_error(errc::invalid_argument, "a flat parameter needs at least one parameter");
+  for (const auto& p : params)
+    if (!p.defined() || p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device())
+      return make_error(errc::invalid_argument, "the parameters of one flat parameter must share a dtype and device");
+  c10::NoGradGuard no_grad;
+  FlatParam f;
+  f.shards_ = shards;
+  f.rank_ = rank;
+  for (const auto& p : params) {
+    f.offsets_.push_back(f.numel_);
+    f.shapes_.push_back(p.sizes().vec());
+    f.numel_ += p.numel();
+  }
+  f.shard_numel_ = (f.numel_ + shards - 1) / shards;  // padded to a multiple of the shard count
+  std::vector<at::Tensor> flat;
+  for (const auto& p : params) flat.push_back(p.detach().reshape({-1}));
+  auto whole = at::cat(flat);
+  if (auto pad = f.shard_numel_ * shards - f.numel_; pad > 0) whole = at::cat({whole, at::zeros({pad}, whole.options())});
+  f.local_ = whole.narrow(0, rank * f.shard_numel_, f.shard_numel_).clone().set_requires_grad(true);
+  f.params_ = std::move(params);
+  return f;
+}
+
+Result<void> FlatParam::check_group(const ProcessGroup& pg, const char* what) const {
+  if (pg.size() != shards_ || pg.rank() != rank_)
+    return make_error(errc::invalid_argument, "a flat parameter cut for rank " + std::to_string(rank_) + " of " +
+                                                  std::to_string(shards_) + " " + what + " over rank " +
+                                                  std::to_string(pg.rank()) + " of " + std::to_string(pg.size()));
+  return {};
+}
+
+Result<void> FlatParam::gather(ProcessGroup& pg) {
+  if (auto ok = check_group(pg, "gathered"); !ok) return ok;
+  c10::NoGradGuard no_grad;
+  auto full = at::empty({padded_numel()}, local_.options().requires_grad(false));
+  auto in = from_torch(local_.detach());
+  auto out = from_torch(full);
+  if (!in || !out) return make_error(errc::internal, "a flat parameter's buffers as glint tensors");
+  if (auto ok = pg.all_gather(*in, *out); !ok) return ok;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    int64_t n = 1;
+    for (auto d : shapes_[i]) n *= d;
+    params_[i].set_data(full.narrow(0, offsets_[i], n).view(shapes_[i]));
+  }
+  full_ = std::move(full);
+  gathered_ = true;
+  return {};
+}
+
+void FlatParam::free_full() {
+  c10::NoGradGuard no_grad;
+  for (auto& p : params_) p.set_data(at::empty({0}, p.options().requires_grad(false)));
+  full_ = at::Tensor{};
+  gathered_ = false;
+}
+
+Result<void> FlatParam::reduce_grads(ProcessGroup& pg) {
+  if (auto ok = check_group(pg, "reduced"); !ok) return ok;
+  c10::NoGradGuard no_grad;
+  auto flat = at::zeros({padded_numel()}, local_.options().requires_grad(false));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& g = params_[i].grad();
+    if (!g.defined()) continue;
+    flat.narrow(0, offsets_[i], g.numel()).copy_(g.reshape({-1}));
+  }
+  auto mine = at::empty({shard_numel_}, flat.options());
+  auto in = from_torch(flat);
+  auto out = from_torch(mine);
+  if (!in || !out) return make_error(errc::internal, "a flat parameter's gradients as glint tensors");
+  if (auto ok = pg.reduce_scatter_sum(*in, *out); !ok) return ok;
+  mine.div_(shards_);  // the mean over ranks: Gloo has no AVG
+  local_.mutable_grad() = mine;
+  for (auto& p : params_) p.mutable_grad() = at::Tensor{};
+  return {};
+}
+
+}  // namespace glint::components

@@ -1,0 +1,68 @@
+#pragma once
+/// `FlatParam`: the unit of fully sharded data parallelism (FSDP, ZeRO-3).
+/// A list of parameters (one decoder layer's) lives as one flat buffer,
+/// padded to a multiple of the shard count; each rank of the fsdp group
+/// keeps one contiguous shard of it, and the optimizer steps that shard.
+///
+///   auto f = FlatParam::shard(layer_params, pg.size(), pg.rank());
+///   f->gather(pg);        // before the layer's forward (and its backward)
+///   ... forward / backward ...
+///   f->free_full();       // after use: only the shard stays
+///   f->reduce_grads(pg);  // the shard's gradient: the mean over ranks
+///
+/// gather points each parameter's data at its slice of the gathered buffer
+/// (no copy per parameter), so the module and autograd see the parameters
+/// they always had. Gloo has no reduce-scatter and no AVG: reduce_grads
+/// sums (ProcessGroup::reduce_scatter_sum), then divides by the group's
+/// size, as data parallelism's all-reduce does.
+
+#include "components/comm/process_group.hpp"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace glint::components {
+
+class FlatParam {
+public:
+  /// `params` (one dtype, on one device) flattened in order, padded, and cut
+  /// into `shards`; this rank keeps shard `rank`, a copy of its values.
+  /// The parameters keep their full values until free_full().
+  static Result<FlatParam> shard(std::vector<at::Tensor> params, int shards, int rank);
+
+  int64_t numel() const { return numel_; }                   ///< the parameters' elements
+  int64_t padded_numel() const { return shard_numel_ * shards_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  /// This rank's shard: a 1-d leaf that requires grad, for the optimizer.
+  at::Tensor& local() { return local_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  /// Whether the parameters hold their full values now.
+  bool gathered() const { return gathered_; }
+
+  /// Every rank's shard gathered (ProcessGroup::all_gather, each rank
+  /// calling it), and each parameter pointed at its slice of the result.
+  Result<void> gather(ProcessGroup& pg);
+  /// The parameters let go of the gathered buffer: they hold no elements
+  /// until the next gather (their shapes are remembered here).
+  void free_full();
+  /// The parameters' gradients (a missing one counts as zeros) flattened,
+  /// summed over the group, divided by its size: this shard's part of the
+  /// result becomes local().grad(). The parameters' own gradients are
+  /// dropped.
+  Result<void> reduce_grads(ProcessGroup& pg);
+
+private:
+  Result<void> check_group(const ProcessGroup& pg, const char* what) const;
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> offsets_;  // of each parameter in the flat buffer
+  int64_t numel_ = 0, shard_numel_ = 0;
+  int shards_ = 1, rank_ = 0;
+  at::Tensor local_;
+  at::Tensor full_;  // the gathered buffer while gathered
+  bool gathered_ = true;
+};
+
+}  // namespace glint::components

@@ -29,7 +29,11 @@ Result<FlatParam> FlatParam::shard(std::vector<at::Tensor> params, int shards, i
   auto whole = at::cat(flat);
   if (auto pad = f.shard_numel_ * shards - f.numel_; pad > 0) whole = at::cat({whole, at::zeros({pad}, whole.options())});
   f.local_ = whole.narrow(0, rank * f.shard_numel_, f.shard_numel_).clone().set_requires_grad(true);
+  // From now on each parameter is a view of the flat buffer, whose storage
+  // free_full() releases and gather() fills again.
+  f.full_ = whole.contiguous();
   f.params_ = std::move(params);
+  f.point_params();
   return f;
 }
 
@@ -44,25 +48,32 @@ Result<void> FlatParam::check_group(const ProcessGroup& pg, const char* what) co
 Result<void> FlatParam::gather(ProcessGroup& pg) {
   if (auto ok = check_group(pg, "gathered"); !ok) return ok;
   c10::NoGradGuard no_grad;
-  auto full = at::empty({padded_numel()}, local_.options().requires_grad(false));
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  const auto bytes = static_cast<size_t>(padded_numel()) * full_.element_size();
+  if (storage->nbytes() < bytes) {  // freed: the same storage again, so every view of it sees the values
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+    storage->set_nbytes(bytes);
+  }
   auto in = from_torch(local_.detach());
-  auto out = from_torch(full);
+  auto out = from_torch(full_);
   if (!in || !out) return make_error(errc::internal, "a flat parameter's buffers as glint tensors");
   if (auto ok = pg.all_gather(*in, *out); !ok) return ok;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    int64_t n = 1;
-    for (auto d : shapes_[i]) n *= d;
-    params_[i].set_data(full.narrow(0, offsets_[i], n).view(shapes_[i]));
-  }
-  full_ = std::move(full);
   gathered_ = true;
   return {};
 }
 
+void FlatParam::point_params() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    int64_t n = 1;
+    for (auto d : shapes_[i]) n *= d;
+    params_[i].set_data(full_.narrow(0, offsets_[i], n).view(shapes_[i]));
+  }
+}
+
 void FlatParam::free_full() {
-  c10::NoGradGuard no_grad;
-  for (auto& p : params_) p.set_data(at::empty({0}, p.options().requires_grad(false)));
-  full_ = at::Tensor{};
+  // The bytes go; the parameters, their shapes and what autograd saved of
+  // them stay, to be filled by the next gather.
+  full_.storage().unsafeGetStorageImpl()->reset();
   gathered_ = false;
 }
 

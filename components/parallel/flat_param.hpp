@@ -10,9 +10,13 @@
 ///   f->free_full();       // after use: only the shard stays
 ///   f->reduce_grads(pg);  // the shard's gradient: the mean over ranks
 ///
-/// gather points each parameter's data at its slice of the gathered buffer
-/// (no copy per parameter), so the module and autograd see the parameters
-/// they always had. Gloo has no reduce-scatter and no AVG: reduce_grads
+/// Each parameter is a view of the flat buffer (no copy per parameter), so
+/// the module and autograd see the parameters they always had; free_full
+/// releases the buffer's bytes but keeps its storage, which the next gather
+/// fills again (as PyTorch's FSDP frees and refills storage): what autograd
+/// saved of a parameter in the forward reads the gathered values in the
+/// backward, so a hook on a layer's output gradient that gathers again is
+/// all the backward needs. Gloo has no reduce-scatter and no AVG: reduce_grads
 /// sums (ProcessGroup::reduce_scatter_sum), then divides by the group's
 /// size, as data parallelism's all-reduce does.
 
@@ -27,8 +31,8 @@ namespace glint::components {
 class FlatParam {
 public:
   /// `params` (one dtype, on one device) flattened in order, padded, and cut
-  /// into `shards`; this rank keeps shard `rank`, a copy of its values.
-  /// The parameters keep their full values until free_full().
+  /// into `shards`; this rank keeps shard `rank`, a copy of its values. The
+  /// parameters become views of the flat buffer, full until free_full().
   static Result<FlatParam> shard(std::vector<at::Tensor> params, int shards, int rank);
 
   int64_t numel() const { return numel_; }                   ///< the parameters' elements
@@ -41,10 +45,10 @@ public:
   bool gathered() const { return gathered_; }
 
   /// Every rank's shard gathered (ProcessGroup::all_gather, each rank
-  /// calling it), and each parameter pointed at its slice of the result.
+  /// calling it) into the flat buffer the parameters view.
   Result<void> gather(ProcessGroup& pg);
-  /// The parameters let go of the gathered buffer: they hold no elements
-  /// until the next gather (their shapes are remembered here).
+  /// The flat buffer's bytes released: the parameters keep their shapes but
+  /// must not be read until the next gather.
   void free_full();
   /// The parameters' gradients (a missing one counts as zeros) flattened,
   /// summed over the group, divided by its size: this shard's part of the
@@ -54,6 +58,7 @@ public:
 
 private:
   Result<void> check_group(const ProcessGroup& pg, const char* what) const;
+  void point_params();
 
   std::vector<at::Tensor> params_;
   std::vector<std::vector<int64_t>> shapes_;
@@ -61,7 +66,7 @@ private:
   int64_t numel_ = 0, shard_numel_ = 0;
   int shards_ = 1, rank_ = 0;
   at::Tensor local_;
-  at::Tensor full_;  // the gathered buffer while gathered
+  at::Tensor full_;  // the flat buffer the parameters view; no bytes while freed
   bool gathered_ = true;
 };
 

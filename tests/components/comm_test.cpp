@@ -106,31 +106,37 @@ TEST(Comm, AllGatherReduceScatterAndPointToPointOnThreeRanks) {
   });
 }
 
-// FSDP's unit: three parameters of uneven shapes (31 elements, padded to 32
-// on 2 shards, 33 on 3) cut into shards, gathered for the forward, freed,
-// their gradients reduce-scattered as a mean; a shard's SGD step. Five steps
-// on 2 (and 3) ranks, each on its part of the batch, equal five steps of one
-// process on all of it, within 1e-6 (the sums run in another order).
+// FSDP's unit, as a layer uses it: three parameters of uneven shapes (31
+// elements, padded to 32 on 2 shards, 33 on 3) cut into shards; gathered for
+// the forward and freed right after it; gathered again by a hook on the
+// layer's output gradient before its backward reads them (what autograd
+// saved sees the refilled storage); gradients reduce-scattered as a mean;
+// a shard's SGD step. Five steps on 2 (and 3) ranks, each on its part of
+// the batch, equal five steps of one process on all of it, within 1e-6 (the
+// sums run in another order).
 TEST(Comm, FlatParamShardsTrainAsOneProcessOnTheWholeBatch) {
-  auto init = [] {
-    at::manual_seed(5);
-    return std::vector<at::Tensor>{at::randn({4, 3}).set_requires_grad(true), at::randn({5}).set_requires_grad(true),
-                                   at::randn({2, 7}).set_requires_grad(true)};
+  // Drawn once: the ranks are threads, and the global generator is shared.
+  at::manual_seed(5);
+  const std::vector<at::Tensor> start{at::randn({4, 3}), at::randn({5}), at::randn({2, 7})};
+  auto init = [&] {
+    std::vector<at::Tensor> p;
+    for (const auto& t : start) p.push_back(t.clone().set_requires_grad(true));
+    return p;
   };
   at::manual_seed(6);
   const auto x = at::randn({12, 3}), y = at::randn({12, 2});
-  auto loss_of = [](const std::vector<at::Tensor>& p, const at::Tensor& xs, const at::Tensor& ys) {
-    // Uses every parameter: h = x W0^T; (h, its first element + b) W2^T.
-    auto h = at::matmul(xs, p[0].t());                                   // [n, 4]
+  auto layer = [](const std::vector<at::Tensor>& p, const at::Tensor& xs) {
+    auto h = at::matmul(xs, p[0].t());                                                 // [n, 4]
     auto hb = at::cat({h, h.narrow(1, 0, 1) + p[1].narrow(0, 0, 3).view({1, 3})}, 1);  // [n, 7]
-    return (at::matmul(hb, p[2].t()) - ys).pow(2).mean() + p[1].pow(2).sum() * 1e-2;
+    return at::matmul(hb, p[2].t());                                                   // [n, 2]
   };
+  auto loss_of = [](const at::Tensor& out, const at::Tensor& ys) { return (out - ys).pow(2).mean(); };
   const double lr = 0.05;
   const int steps = 5;
   auto whole = init();
   for (int s = 0; s < steps; ++s) {
     for (auto& p : whole) p.mutable_grad() = at::Tensor{};
-    loss_of(whole, x, y).backward();
+    loss_of(layer(whole, x), y).backward();
     c10::NoGradGuard no_grad;
     for (auto& p : whole) p.sub_(p.grad() * lr);
   }
@@ -144,12 +150,20 @@ TEST(Comm, FlatParamShardsTrainAsOneProcessOnTheWholeBatch) {
       EXPECT_EQ(f->padded_numel() % world, 0);
       EXPECT_EQ(f->shard_numel(), (31 + world - 1) / world);
       f->free_full();
-      EXPECT_EQ(params[0].numel(), 0) << "only the shard is held between uses";
+      EXPECT_EQ(params[0].storage().nbytes(), 0u) << "only the shard is held between uses";
+      EXPECT_EQ(params[0].sizes(), (std::vector<int64_t>{4, 3}));
       const auto n = 12 / world;
       for (int s = 0; s < steps; ++s) {
         ASSERT_TRUE(f->gather(pg));
-        EXPECT_EQ(params[0].sizes(), (std::vector<int64_t>{4, 3}));
-        loss_of(params, x.narrow(0, r * n, n), y.narrow(0, r * n, n)).backward();
+        auto out = layer(params, x.narrow(0, r * n, n));
+        f->free_full();  // between the forward and the backward, as FSDP frees
+        bool regathered = false;
+        out.register_hook([&](const at::Tensor& g) {
+          regathered = static_cast<bool>(f->gather(pg));
+          return g;
+        });
+        loss_of(out, y.narrow(0, r * n, n)).backward();
+        ASSERT_TRUE(regathered);
         auto reduced = f->reduce_grads(pg);
         ASSERT_TRUE(reduced) << describe(reduced.error());
         f->free_full();

@@ -4,6 +4,8 @@
 
 #include <c10/core/GradMode.h>
 
+#include <cmath>
+
 namespace glint::components {
 
 Result<FlatParam> FlatParam::shard(std::vector<at::Tensor> params, int shards, int rank) {
@@ -95,6 +97,25 @@ Result<void> FlatParam::reduce_grads(ProcessGroup& pg) {
   local_.mutable_grad() = mine;
   for (auto& p : params_) p.mutable_grad() = at::Tensor{};
   return {};
+}
+
+Result<double> clip_grad_norm(const std::vector<FlatParam*>& params, ProcessGroup& pg, double max_norm) {
+  c10::NoGradGuard no_grad;
+  // In double: the squares of many shards' gradients summed over ranks.
+  auto sum = at::zeros({1}, at::kDouble);
+  for (auto* f : params)
+    if (const auto& g = f->local().grad(); g.defined()) sum += g.to(at::kDouble).pow(2).sum();
+  auto t = from_torch(sum);
+  if (!t) return t.error();
+  std::vector<Tensor> ts{*t};
+  if (auto ok = pg.all_reduce_sum(ts); !ok) return ok.error();
+  const double norm = std::sqrt(sum.item<double>());
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);  // as the trainer's (and torch.nn.utils.clip_grad_norm_)
+    for (auto* f : params)
+      if (auto& g = f->local().mutable_grad(); g.defined()) g.mul_(scale);
+  }
+  return norm;
 }
 
 }  // namespace glint::components

@@ -70,4 +70,11 @@ private:
   bool gathered_ = true;
 };
 
+/// Gradient clipping over sharded parameters: the global norm of the
+/// gradients of `params` (their local() shards summed over the group, so
+/// every rank gets the same norm, the one of the whole model), and, when it
+/// passes `max_norm` (> 0), every shard's gradient scaled by max_norm / norm.
+/// Answers the norm before clipping.
+Result<double> clip_grad_norm(const std::vector<FlatParam*>& params, ProcessGroup& pg, double max_norm);
+
 }  // namespace glint::components

@@ -111,7 +111,7 @@ TEST(Comm, AllGatherReduceScatterAndPointToPointOnThreeRanks) {
 // the forward and freed right after it; gathered again by a hook on the
 // layer's output gradient before its backward reads them (what autograd
 // saved sees the refilled storage); gradients reduce-scattered as a mean;
-// a shard's SGD step. Five steps on 2 (and 3) ranks, each on its part of
+// clipped to the global norm; a shard's SGD step. Five steps on 2 (and 3) ranks, each on its part of
 // the batch, equal five steps of one process on all of it, within 1e-6 (the
 // sums run in another order).
 TEST(Comm, FlatParamShardsTrainAsOneProcessOnTheWholeBatch) {
@@ -134,12 +134,20 @@ TEST(Comm, FlatParamShardsTrainAsOneProcessOnTheWholeBatch) {
   const double lr = 0.05;
   const int steps = 5;
   auto whole = init();
+  // Clipped to a global norm below every step's gradient norm (checked), so the
+  // clip acts at every step.
+  const double max_norm = 0.5;
+  std::vector<double> norms;
   for (int s = 0; s < steps; ++s) {
     for (auto& p : whole) p.mutable_grad() = at::Tensor{};
     loss_of(layer(whole, x), y).backward();
     c10::NoGradGuard no_grad;
-    for (auto& p : whole) p.sub_(p.grad() * lr);
+    double sq = 0;
+    for (auto& p : whole) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    norms.push_back(std::sqrt(sq));
+    for (auto& p : whole) p.sub_(p.grad() * (max_norm / (norms.back() + 1e-6)) * lr);
   }
+  for (double n : norms) ASSERT_GT(n, max_norm);
   for (int world : {2, 3}) {
     std::vector<std::vector<at::Tensor>> finals(static_cast<size_t>(world));
     on_ranks(world, [&](int r, ProcessGroup& pg) {
@@ -167,6 +175,9 @@ TEST(Comm, FlatParamShardsTrainAsOneProcessOnTheWholeBatch) {
         auto reduced = f->reduce_grads(pg);
         ASSERT_TRUE(reduced) << describe(reduced.error());
         f->free_full();
+        auto norm = clip_grad_norm({&*f}, pg, max_norm);
+        ASSERT_TRUE(norm) << describe(norm.error());
+        EXPECT_NEAR(*norm, norms[static_cast<size_t>(s)], 1e-5 * norms[static_cast<size_t>(s)]) << "the global norm";
         c10::NoGradGuard no_grad;
         f->local().sub_(f->local().grad() * lr);
       }

@@ -175,13 +175,12 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
                                                       const std::vector<SampleRequest>& requests,
                                                       const SamplingParams& params, const std::string& adapter,
                                                       std::function<void(const SampleChunk&)> on_chunk) {
-  auto expected = detail::ChunkStream::sequences_of(requests, params);
-  if (!expected) return expected.error();
-  detail::ChunkStream stream(rt, std::move(on_chunk), *expected);
+  auto stream = detail::ChunkStream::open(rt, requests, params, std::move(on_chunk));
+  if (!stream) return stream.error();
   auto result = sampler.call<Collect::flatten>(Dispatch::slice_dp, sample_stream_atom_v, requests, params, adapter,
-                                               stream.listener())
+                                               (*stream)->listener())
                     .get();
-  return stream.finish(std::move(result), sampler.timeout());
+  return (*stream)->finish(std::move(result), sampler.timeout());
 }
 
 }  // namespace glint::actors

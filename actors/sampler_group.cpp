@@ -41,11 +41,10 @@ public:
                                                         const SamplingParams& params, const std::string& adapter,
                                                         std::function<void(const SampleChunk&)> on_chunk) override {
     heal();
-    auto expected = detail::ChunkStream::sequences_of(requests, params);
-    if (!expected) return expected.error();
-    auto stream = std::make_shared<detail::ChunkStream>(rt_, std::move(on_chunk), *expected);
-    auto result = sample_with_failover(requests, with_call_seed(params), adapter, stream).get();
-    return stream->finish(std::move(result), group().timeout());
+    auto stream = detail::ChunkStream::open(rt_, requests, params, std::move(on_chunk));
+    if (!stream) return stream.error();
+    auto result = sample_with_failover(requests, with_call_seed(params), adapter, *stream).get();
+    return (*stream)->finish(std::move(result), group().timeout());
   }
   Future<void> update_weights(const NamedTensors& weights, const std::string& adapter, int64_t version,
                               components::UpdatePolicy policy) override {

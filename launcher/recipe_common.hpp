@@ -53,7 +53,7 @@ void add_packing_flag(CLI::App* c, bool& packing, const std::string& help);
 /// --max-shard-mib, --dp, --seed, --config.
 void add_run_flags(CLI::App* c, RecipeArgs& a);
 
-/// --model-max-restarts (sft, grpo): see run_with_model_restarts.
+/// --model-max-restarts (sft, dpo, grpo): see run_with_model_restarts.
 void add_model_restart_flag(CLI::App* c, RecipeArgs& a);
 
 /// Applies the TOML file `path` (read with toml++: strings with TOML's

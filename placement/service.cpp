@@ -70,15 +70,26 @@ Result<placement_actor> service(Runtime& rt, PlanOptions opts) {
   return svc;
 }
 
+namespace {
+
+// One request to the placement service from the caller's thread, answered
+// with a T or the service's error.
+template <class T, class... Ts>
+Result<T> ask(Runtime& rt, const placement_actor& svc, const Ts&... msg) {
+  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
+  caf::scoped_actor self{rt.system()};
+  Result<T> out{T{}};
+  self->request(svc, rt.options().call_timeout, msg...)
+      .receive([&](T& r) { out = std::move(r); }, [&](caf::error& e) { out = e; });
+  return out;
+}
+
+}  // namespace
+
 Result<ClusterResources> cluster_resources(Runtime& rt) {
   auto svc = service(rt);
   if (!svc) return svc.error();
-  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
-  caf::scoped_actor self{rt.system()};
-  Result<ClusterResources> out{ClusterResources{}};
-  self->request(*svc, rt.options().call_timeout, topology_atom::value)
-      .receive([&](ClusterResources& r) { out = std::move(r); }, [&](caf::error& e) { out = e; });
-  return out;
+  return ask<ClusterResources>(rt, *svc, topology_atom::value);
 }
 
 Result<std::vector<RankSlot>> place(Runtime& rt, const DeviceGroup& group, const DeviceMesh& mesh) {
@@ -89,11 +100,7 @@ Result<std::vector<RankSlot>> place(Runtime& rt, const DeviceGroup& group, const
                                                   std::to_string(mesh.world_size()));
   auto svc = service(rt);
   if (!svc) return svc.error();
-  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
-  caf::scoped_actor self{rt.system()};
-  Result<std::vector<RankSlot>> slots{std::vector<RankSlot>{}};
-  self->request(*svc, rt.options().call_timeout, place_atom::value, group)
-      .receive([&](std::vector<RankSlot>& s) { slots = std::move(s); }, [&](caf::error& e) { slots = e; });
+  auto slots = ask<std::vector<RankSlot>>(rt, *svc, place_atom::value, group);
   if (!slots) return slots;
   if (auto ok = apply_mesh(group.name, mesh, *slots); !ok) return ok.error();
   return slots;
@@ -105,13 +112,10 @@ Result<RankSlot> replace(Runtime& rt, const std::string& group, int rank) {
   NodeSet lost;
   for (const auto& n : rt.nodes())
     if (n.lost) lost.push_back(n.index);
-  glint::detail::CallerThreadScope on_caller;  // before the scoped actor: it outlives it
-  caf::scoped_actor self{rt.system()};
-  Result<RankSlot> out{RankSlot{}};
-  self->request(caf::actor_cast<placement_actor>(existing), rt.options().call_timeout, replace_atom::value, group,
-                static_cast<int32_t>(rank), lost)
-      .receive([&](std::vector<RankSlot>& s) { out = std::move(s.at(0)); }, [&](caf::error& e) { out = e; });
-  return out;
+  auto slot = ask<std::vector<RankSlot>>(rt, caf::actor_cast<placement_actor>(existing), replace_atom::value, group,
+                                         static_cast<int32_t>(rank), lost);
+  if (!slot) return slot.error();
+  return std::move(slot->at(0));
 }
 
 }  // namespace glint::placement

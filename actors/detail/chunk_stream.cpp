@@ -14,14 +14,17 @@ ChunkStream::ChunkStream(Runtime& rt, std::function<void(const SampleChunk&)> on
 
 ChunkStream::~ChunkStream() { stop(); }
 
-Result<size_t> ChunkStream::sequences_of(const std::vector<SampleRequest>& requests, const SamplingParams& params) {
+Result<std::shared_ptr<ChunkStream>> ChunkStream::open(Runtime& rt, const std::vector<SampleRequest>& requests,
+                                                       const SamplingParams& params,
+                                                       std::function<void(const SampleChunk&)> on_chunk) {
   std::set<int64_t> seen;
   for (const auto& r : requests)
     if (!seen.insert(r.index).second)
       return make_error(errc::invalid_argument, "request index " + std::to_string(r.index) +
                                                     " appears twice in a streamed sample call: chunks name their "
                                                     "request by index, so give each request its own");
-  return requests.size() * static_cast<size_t>(std::max<int64_t>(params.num_samples, 0));
+  return std::make_shared<ChunkStream>(rt, std::move(on_chunk),
+                                       requests.size() * static_cast<size_t>(std::max<int64_t>(params.num_samples, 0)));
 }
 
 void ChunkStream::State::take(const SampleChunk& c, size_t at) {

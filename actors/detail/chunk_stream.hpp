@@ -28,10 +28,13 @@ namespace glint::actors::detail {
 
 class ChunkStream {
 public:
-  /// The sequences a streamed call asks for (requests x num_samples); an
-  /// error if two requests share an index (chunks name their request by it).
-  static Result<size_t> sequences_of(const std::vector<SampleRequest>& requests, const SamplingParams& params);
-  /// `expected`: sequences_of(the call).
+  /// The stream of a call of `requests`: it expects requests x num_samples
+  /// sequences; an error if two requests share an index (chunks name their
+  /// request by it).
+  static Result<std::shared_ptr<ChunkStream>> open(Runtime& rt, const std::vector<SampleRequest>& requests,
+                                                   const SamplingParams& params,
+                                                   std::function<void(const SampleChunk&)> on_chunk);
+  /// `expected`: the sequences the call asks for.
   ChunkStream(Runtime& rt, std::function<void(const SampleChunk&)> on_chunk, size_t expected);
   ~ChunkStream();
   ChunkStream(const ChunkStream&) = delete;

@@ -159,6 +159,12 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
                                                "' is not in this build (CPU build: use gloo)");
   if (cfg.store_port == 0 && cfg.world_size > 1)
     return make_error(errc::invalid_argument, "a process group of several ranks needs a store port");
+  // The address the other ranks reach this one by: the local address of the
+  // route to the store's host (loopback when the store is on loopback). Not
+  // this host's name: on many machines (and in a network namespace) it
+  // resolves to a loopback address that ranks on other machines cannot reach.
+  auto local = local_address_towards(cfg.store_host, cfg.store_port);
+  if (!local) return with_context(local.error(), "joining the process group");
   auto pg = std::make_shared<GlooGroup>();
   auto& impl = *pg;
   impl.cfg = cfg;
@@ -172,19 +178,12 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.store_host, so);
     impl.store = c10::make_intrusive<c10d::PrefixStore>(cfg.prefix, tcp);
     auto opts = c10d::ProcessGroupGloo::Options::create(cfg.timeout);
-    // Gloo binds to the address the other ranks reach this one by: the
-    // interface GLOO_SOCKET_IFNAME names (PyTorch's setting), else the
-    // local address of the route to the store's host (loopback when the
-    // store is on loopback). Not this host's name: on many machines (and in
-    // a network namespace) it resolves to a loopback address that ranks on
-    // other machines cannot reach.
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    // Gloo binds to the interface GLOO_SOCKET_IFNAME names (PyTorch's
+    // setting), else to that address.
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else {
-      auto local = local_address_towards(cfg.store_host, cfg.store_port);
-      if (!local) throw std::runtime_error(describe(local.error()));
+    else
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(*local));
-    }
     opts->threads = 1;
     impl.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl.store, cfg.rank, cfg.world_size, opts);
   });
@@ -194,8 +193,6 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     auto timeout = cfg.peer_timeout.count() > 0 ? Result<std::chrono::milliseconds>{cfg.peer_timeout}
                                                 : default_peer_timeout();
     if (!timeout) return timeout.error();
-    auto local = local_address_towards(cfg.store_host, cfg.store_port);
-    if (!local) return with_context(local.error(), "the process group's heartbeats");
     // Without a watch (no socket to be had) the group still works: the
     // others leave this rank out, and Gloo's timeout bounds a freeze.
     auto watch = PeerWatch::open(cfg.rank, *local, *timeout);

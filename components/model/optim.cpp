@@ -174,13 +174,19 @@ double clip_grad_norm(const ParamList& params, double max_norm) {
   double sq = 0;
   for (const auto& [n, p] : params)
     if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  double norm = std::sqrt(sq);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    double scale = max_norm / (norm + 1e-6);
-    for (const auto& [n, p] : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(scale);
-  }
+  const double norm = std::sqrt(sq);
+  std::vector<at::Tensor> grads;
+  for (const auto& [n, p] : params) grads.push_back(p.grad());
+  clip_to_norm(grads, norm, max_norm);
   return norm;
+}
+
+void clip_to_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
+  if (!(max_norm > 0 && std::isfinite(norm) && norm > max_norm)) return;
+  c10::NoGradGuard no_grad;
+  const double scale = max_norm / (norm + 1e-6);
+  for (auto g : grads)
+    if (g.defined()) g.mul_(scale);
 }
 
 }  // namespace glint::components

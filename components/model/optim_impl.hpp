@@ -47,4 +47,10 @@ private:
 /// before clipping.
 double clip_grad_norm(const ParamList& params, double max_norm);
 
+/// The clipping of clip_grad_norm for callers that compute the global norm
+/// themselves (sharded parameters, whose squares sum over ranks): scales
+/// `grads` (undefined ones skipped) by max_norm / (norm + 1e-6) when `norm`
+/// is finite and passes max_norm (> 0).
+void clip_to_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm);
+
 }  // namespace glint::components

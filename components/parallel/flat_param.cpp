@@ -1,5 +1,6 @@
 #include "components/parallel/flat_param.hpp"
 
+#include "components/model/optim_impl.hpp"
 #include "components/tensor/torch_bridge.hpp"
 
 #include <c10/core/GradMode.h>
@@ -110,11 +111,9 @@ Result<double> clip_grad_norm(const std::vector<FlatParam*>& params, ProcessGrou
   std::vector<Tensor> ts{*t};
   if (auto ok = pg.all_reduce_sum(ts); !ok) return ok.error();
   const double norm = std::sqrt(sum.item<double>());
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);  // as the trainer's (and torch.nn.utils.clip_grad_norm_)
-    for (auto* f : params)
-      if (auto& g = f->local().mutable_grad(); g.defined()) g.mul_(scale);
-  }
+  std::vector<at::Tensor> grads;
+  for (auto* f : params) grads.push_back(f->local().grad());
+  clip_to_norm(grads, norm, max_norm);  // as the trainer clips
   return norm;
 }
 

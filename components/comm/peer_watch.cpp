@@ -168,11 +168,24 @@ void PeerWatch::loop() {
             peers_[d.rank].len == 0 || d.id != peers_[d.rank].id)
           continue;  // not one of this group's ranks
         peers_[d.rank].heard = Clock::now();
+        if (!peers_[d.rank].ever) first_heard_.notify_all();
         peers_[d.rank].ever = true;
       }
     }
     drained_ = Clock::now();
   }
+}
+
+std::vector<int> PeerWatch::await_peers(std::chrono::milliseconds bound) const {
+  std::vector<int> unheard;
+  std::unique_lock lock(mu_);
+  first_heard_.wait_for(lock, bound, [&] {
+    unheard.clear();
+    for (size_t r = 0; r < peers_.size(); ++r)
+      if (static_cast<int>(r) != rank_ && peers_[r].len > 0 && !peers_[r].ever) unheard.push_back(static_cast<int>(r));
+    return unheard.empty();
+  });
+  return unheard;
 }
 
 std::optional<std::string> PeerWatch::silent() const {

@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -48,6 +49,12 @@ public:
   /// never expected to be heard). The timeout becomes the longest of all
   /// ranks', so that no rank sends more slowly than another listens for.
   Result<void> start(const std::vector<std::string>& addresses);
+  /// Waits (after start) until every watched rank has been heard once, or
+  /// `bound` has passed; returns the ranks still unheard. A rank frozen
+  /// before its first heartbeat arrived would otherwise count as "never
+  /// heard" (UDP blocked) and never as silent: a group waits for this
+  /// before it is handed out, so its watch is armed from the first call.
+  std::vector<int> await_peers(std::chrono::milliseconds bound) const;
   /// Why a rank counts as gone: "rank 1 has sent no heartbeat for 5.2 s";
   /// empty while every rank heard from at all was heard within the timeout.
   /// Time this process itself stood still (paused, its watch thread not
@@ -73,6 +80,7 @@ private:
   std::chrono::milliseconds timeout_;  // fixed once started
   std::vector<Peer> peers_;  // by rank; fixed once started
   mutable std::mutex mu_;
+  mutable std::condition_variable first_heard_;  // a rank heard for the first time
   bool stop_ = false;
   std::chrono::steady_clock::time_point drained_{};  // the loop's last look at its socket
   std::thread thread_;

@@ -212,6 +212,10 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
     if (!shared) return shared.error();
     if (watch) {
       if (auto started = (*watch)->start(addresses); !started) return started.error();
+      // Every rank's first beat, before the group is used: a rank frozen
+      // early is then silent, not "never heard". Milliseconds where UDP
+      // passes; where it is blocked, the timeout once, and the watch warns.
+      (void)(*watch)->await_peers((*watch)->timeout());
       impl.watch = std::move(*watch);
     }
   }

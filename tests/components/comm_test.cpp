@@ -262,7 +262,9 @@ TEST(PeerWatch, RanksHearEachOtherAndOneThatStopsIsNamed) {
     w.push_back(std::move(*o));
   }
   for (auto& x : w) ASSERT_TRUE(x->start(addresses));
-  std::this_thread::sleep_for(700ms);
+  // Each has heard the others once (a group waits for this before use):
+  // a rank that stops right after its first beat is silent, not unheard.
+  for (auto& x : w) EXPECT_EQ(x->await_peers(2s), std::vector<int>{});
   for (auto& x : w) EXPECT_FALSE(x->silent()) << *x->silent();
   w[2].reset();  // rank 2 stops sending, as a frozen process would
   std::this_thread::sleep_for(200ms);
@@ -282,7 +284,8 @@ TEST(PeerWatch, ARankNeverHeardIsNotCalledSilentAndStrangersDoNotCount) {
   auto b = PeerWatch::open(1, "127.0.0.1", 200ms);
   ASSERT_TRUE(a && b);
   ASSERT_TRUE((*a)->start({(*a)->address(), (*b)->address()}));  // b never starts: never heard
-  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ((*a)->await_peers(300ms), std::vector<int>{1}) << "the wait for a first beat is bounded";
+  std::this_thread::sleep_for(200ms);
   EXPECT_FALSE((*a)->silent());
   auto c = PeerWatch::open(1, "127.0.0.1", 200ms);  // claims rank 1, with another id
   ASSERT_TRUE(c);

@@ -256,6 +256,7 @@ Result<void> CausalLM::load_adapter(const std::string& name, const std::string& 
 namespace {
 
 Result<void> fold(CausalLM::Impl& impl, const std::string& name, bool merge) {
+  if (auto ok = impl.have_parameters(merge ? "merge_adapter" : "unmerge_adapter"); !ok) return ok;
   auto it = impl.adapters.find(name);
   if (it == impl.adapters.end()) {
     auto err = impl.adapter(name);
@@ -286,6 +287,7 @@ Result<void> fold(CausalLM::Impl& impl, const std::string& name, bool merge) {
 }  // namespace
 
 Result<NamedTensors> CausalLM::merged_parameters(const std::string& name) const {
+  if (auto ok = impl_->have_parameters("merged_parameters"); !ok) return ok.error();
   auto it = impl_->adapters.find(name);
   if (it == impl_->adapters.end()) return impl_->adapter(name).error();
   const auto& a = it->second;

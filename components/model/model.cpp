@@ -353,6 +353,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
   };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto pre = "model.layers." + std::to_string(l) + ".";
+    if (pass.layer_hooks) pass.layer_hooks->enter(l);
     auto h = rms_norm(x, param(pre + "input_layernorm.weight"));
     auto q = heads(linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass), nh);
     auto k = heads(linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass), nkv);
@@ -368,6 +369,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
     auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
     x = x + mlp_down(pre + "mlp.down_proj", gate, up, c.mlp_bias, pass);
+    if (pass.layer_hooks) x = pass.layer_hooks->exit(l, std::move(x));
   }
   return rms_norm(x, param("model.norm.weight"));
 }
@@ -568,7 +570,15 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) tr
   return error_of_exception(e, "making a model's random weights");
 }
 
+Result<void> CausalLM::Impl::have_parameters(const char* what) const {
+  if (sharded_by.empty()) return {};
+  return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are sharded by " +
+                                                   sharded_by + " and not gathered here; gather them first "
+                                                   "(Trainer::gather_parameters, on every rank of the group)");
+}
+
 Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) const {
+  if (auto ok = impl_->have_parameters("save"); !ok) return ok;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
@@ -595,6 +605,7 @@ Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) con
 const ModelConfig& CausalLM::config() const { return impl_->cfg; }
 
 Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOptions& opts) const try {
+  if (auto ok = impl_->have_parameters("forward"); !ok) return ok.error();
   auto p = model_detail::prepare(impl_->cfg, batch);
   if (!p) return p.error();
   PassOptions pass;
@@ -621,6 +632,7 @@ Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOp
 }
 
 Result<NamedTensors> CausalLM::named_parameters() const {
+  if (auto ok = impl_->have_parameters("named_parameters"); !ok) return ok.error();
   NamedTensors out;
   for (const auto& name : impl_->names) {
     auto t = from_torch(impl_->params.at(name));

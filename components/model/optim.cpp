@@ -89,7 +89,7 @@ bool decays(std::string_view name) {
   return true;
 }
 
-void Optimizer::step(const ParamList& params, double lr) {
+void Optimizer::step(const ParamList& params, double lr, const std::map<std::string, at::Tensor>* decay_masks) {
   c10::NoGradGuard no_grad;
   ++steps_;
   double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(steps_));
@@ -98,8 +98,17 @@ void Optimizer::step(const ParamList& params, double lr) {
     const auto& g = p.grad();
     if (!g.defined()) continue;
     auto& slot = slots_[name];
-    double wd = decays(name) ? cfg_.weight_decay : 0.0;
-    if (wd > 0) p.mul_(1.0 - lr * wd);
+    const at::Tensor* mask = nullptr;
+    if (decay_masks)
+      if (auto it = decay_masks->find(name); it != decay_masks->end()) mask = &it->second;
+    if (mask) {
+      // The same factor as the by-name decay, where the mask says so (x 1 elsewhere: exact).
+      if (cfg_.weight_decay > 0)
+        p.mul_(at::where(*mask, at::scalar_tensor(1.0 - lr * cfg_.weight_decay, p.options()),
+                         at::scalar_tensor(1.0, p.options())));
+    } else if (double wd = decays(name) ? cfg_.weight_decay : 0.0; wd > 0) {
+      p.mul_(1.0 - lr * wd);
+    }
     if (cfg_.kind == OptimizerConfig::Kind::adamw) {
       if (!slot.exp_avg.defined()) {
         slot.exp_avg = at::zeros_like(p);
@@ -119,6 +128,14 @@ void Optimizer::step(const ParamList& params, double lr) {
       }
     }
   }
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, s] : slots_)
+    for (const auto* t : {&s.exp_avg, &s.exp_avg_sq, &s.momentum})
+      if (t->defined()) n += t->numel() * static_cast<int64_t>(t->element_size());
+  return n;
 }
 
 NamedTensors Optimizer::state() const {

@@ -20,8 +20,13 @@ public:
   explicit Optimizer(OptimizerConfig cfg) : cfg_(cfg) {}
 
   /// One update of every parameter that has a gradient, at rate `lr`.
-  void step(const ParamList& params, double lr);
+  /// Weight decay goes by name (decays()), or for a parameter that
+  /// `decay_masks` has, by element (flat shards mixing a layer's weights
+  /// and norms: true where it decays).
+  void step(const ParamList& params, double lr, const std::map<std::string, at::Tensor>* decay_masks = nullptr);
   int64_t steps() const { return steps_; }
+  /// The bytes of the moments held.
+  int64_t state_bytes() const;
   const OptimizerConfig& config() const { return cfg_; }
   /// New hyperparameters of the same kind; the moments and the step count
   /// stay (as changing a PyTorch param_group's lr does).

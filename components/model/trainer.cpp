@@ -4,6 +4,7 @@
 #include "components/data/detail/splitmix.hpp"
 #include "components/model/optim_impl.hpp"
 #include "components/model/transformer.hpp"
+#include "components/parallel/fsdp.hpp"
 #include "components/rl/losses.hpp"
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/log.hpp"
@@ -171,8 +172,11 @@ struct Trainer::Impl {
   double accumulated = 0;  ///< what the accumulated gradients are a sum over
   int64_t micro_batches = 0;
   int64_t summed = 0;      ///< of those, the passes of a loss with reduction sum (never divided)
+  std::unique_ptr<Fsdp> fsdp;  ///< with fsdp_group: the base's shards
+  bool pass_failed = false;    ///< with fsdp: a pass of this forward_backward call failed
 
   ParamList params() const {
+    if (fsdp && fsdp->trains_base()) return fsdp->shards();
     ParamList out;
     auto& m = model.impl();
     if (!cfg.adapter.empty()) {
@@ -189,6 +193,7 @@ struct Trainer::Impl {
     return out;
   }
 
+  using PassResult = Result<std::pair<rl::LossOutput, double>>;
   /// `logps`: when not null, set to the slice's target log-probs (detached).
   Result<std::pair<rl::LossOutput, double>> pass_once(const Slice& s, const LossSpec& spec, const PassOptions& pass,
                                                       at::Tensor* logps = nullptr);
@@ -202,10 +207,41 @@ struct Trainer::Impl {
   Result<int64_t> rows_per_pass(int64_t B, int64_t T, int64_t elem_bytes, bool entropies, bool keep_gradients,
                                 bool pairs) const;
 
+  /// One forward (and backward) of the model as `fn` runs it: with FSDP,
+  /// after the group has agreed that a pass runs, between begin_pass and
+  /// end_pass (which finishes the pass's collectives if `fn` failed).
+  /// `voted`: the group agreed already (a rank joining another's pass).
+  template <class R>
+  R as_pass(const PassOptions& pass, const std::function<R()>& fn, bool voted = false) {
+    if (!fsdp) return fn();
+    if (!voted)
+      if (auto v = fsdp->vote(true, false); !v) return v.error();
+    if (auto ok = fsdp->begin_pass(pass.lora); !ok) return ok.error();
+    R r = make_error(errc::internal, "no pass");
+    try {
+      r = fn();
+    } catch (const std::exception& e) {
+      r = Fsdp::error_of(e).value_or(error_of_exception(e, "a forward and backward pass"));
+    }
+    if (auto ok = fsdp->end_pass(); !ok) return ok.error();
+    if (!r) pass_failed = true;
+    return r;
+  }
+  /// With FSDP: a pass of a one-token row whose loss is 0, for a rank with
+  /// no pass of its own while others run one (the same collectives).
+  Result<void> idle_pass(const PassOptions& pass);
+  /// The data-parallel rank this process is (over dp and fsdp).
+  uint64_t data_rank() const {
+    const uint64_t f = cfg.fsdp_group ? static_cast<uint64_t>(cfg.fsdp_group->size()) : 1;
+    const uint64_t fr = cfg.fsdp_group ? static_cast<uint64_t>(cfg.fsdp_group->rank()) : 0;
+    return (cfg.dp_group ? static_cast<uint64_t>(cfg.dp_group->rank()) : 0) * f + fr;
+  }
+
   /// The adapter being trained, or an error if it went away.
   Result<PassOptions> pass() const {
     PassOptions p;
     p.train = true;
+    if (fsdp) p.layer_hooks = fsdp->hooks();
     if (cfg.adapter.empty()) return p;
     auto a = model.impl().adapter(cfg.adapter);
     if (!a) return a.error();
@@ -233,9 +269,37 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
   } else {
     for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
   }
+  if (cfg.fsdp_group && cfg.fsdp_group->size() > 1) {
+    auto f = Fsdp::shard(impl->model.impl(), cfg.fsdp_group, cfg.adapter.empty());
+    if (!f) return with_context(f.error(), "sharding the model over the fsdp group");
+    impl->fsdp = std::move(*f);
+  }
   Trainer t;
   t.impl_ = std::move(impl);
   return t;
+}
+
+Result<void> Trainer::Impl::idle_pass(const PassOptions& pass) {
+  auto ids = Tensor::zeros(Dtype::i64, {1, 2});
+  if (!ids) return ids.error();
+  TokenBatch one{.input_ids = std::move(*ids)};
+  auto prepared = model_detail::prepare(model.impl().cfg, one);
+  if (!prepared) return prepared.error();
+  auto plain = pass;
+  plain.train = false;  // no dropout: the draws would be the process's generator's
+  return as_pass<Result<void>>(plain, [&]() -> Result<void> {
+    c10::AutoGradMode grad(true);
+    auto out = model.impl().run(*prepared, false, false, plain);
+    auto nothing = out.logprobs.sum() * 0;
+    if (cfg.adapter.empty()) {
+      nothing.backward();
+      return {};
+    }
+    std::vector<at::Tensor> inputs;
+    for (auto& [n, p] : params()) inputs.push_back(p);
+    (void)torch::autograd::grad({nothing}, inputs, {}, c10::nullopt, false, /*allow_unused=*/true);
+    return {};
+  }, /*voted=*/true);
 }
 
 namespace {
@@ -474,7 +538,12 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
   return rows;
 }
 
-Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec, Tensor* logps_out) try {
+namespace {
+
+// forward_backward on this rank's batch (with FSDP, Trainer::forward_backward
+// then joins the group's remaining passes).
+Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl_, const TrainBatch& b,
+                                      const LossSpec& spec, Tensor* logps_out) try {
   if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
@@ -587,9 +656,8 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   // LoRA dropout's masks come from a generator seeded by the step, the
   // micro-batch and the data-parallel rank: a run and its resume from a
   // checkpoint draw the same masks (given the same slicing of the batch).
-  const uint64_t dp_rank = impl_->cfg.dp_group ? static_cast<uint64_t>(impl_->cfg.dp_group->rank()) : 0;
-  auto rng = at::make_generator<at::CPUGeneratorImpl>(
-      mix_seed(static_cast<uint64_t>(impl_->opt->steps()), static_cast<uint64_t>(impl_->micro_batches), dp_rank));
+  auto rng = at::make_generator<at::CPUGeneratorImpl>(mix_seed(
+      static_cast<uint64_t>(impl_->opt->steps()), static_cast<uint64_t>(impl_->micro_batches), impl_->data_rank()));
   pass->dropout_rng = &rng;
   const auto tokens = mask.sum().item<double>();
   const auto sequences = counted_sequences(mask, prepared->segments);
@@ -611,7 +679,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
 
   if (*rows >= B || tokens == 0) {  // one pass (a batch without a counted token: the loss says so)
     at::Tensor lp;
-    auto one = impl_->pass_once(all, spec, *pass, logps_out ? &lp : nullptr);
+    auto one = impl_->as_pass<Trainer::Impl::PassResult>(*pass, [&] { return impl_->pass_once(all, spec, *pass, logps_out ? &lp : nullptr); });
     if (!one) return one.error();
     impl_->accumulated += one->second;
     ++impl_->micro_batches;
@@ -660,10 +728,17 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
       auto slice = rows_of(all, begin, n);
       if (!slice.mask.any().item<bool>()) {
         if (logps_out) {  // answered too: a forward pass without gradients
-          c10::NoGradGuard no_grad;
           auto plain = *pass;
           plain.train = false;
-          lps.push_back(impl_->model.impl().run(slice.prepared, false, false, plain).logprobs);
+          auto lp = impl_->as_pass<Result<at::Tensor>>(plain, [&]() -> Result<at::Tensor> {
+            c10::NoGradGuard no_grad;
+            return impl_->model.impl().run(slice.prepared, false, false, plain).logprobs;
+          });
+          if (!lp) {
+            restore();
+            return lp.error();
+          }
+          lps.push_back(*lp);
         }
         // No counted token: no gradient, but DR-GRPO's normaliser (and so
         // its mean loss) counts rows (a packed batch's sequences without a
@@ -678,7 +753,8 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
         continue;
       }
       at::Tensor lp;
-      auto one = impl_->pass_once(slice, spec, *pass, logps_out ? &lp : nullptr);
+      auto one =
+          impl_->as_pass<Trainer::Impl::PassResult>(*pass, [&] { return impl_->pass_once(slice, spec, *pass, logps_out ? &lp : nullptr); });
       if (lp.defined()) lps.push_back(lp);
       if (!one) {
         restore();
@@ -706,9 +782,54 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   return error_of_exception(e, "forward_backward");
 }
 
+}  // namespace
+
+Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec, Tensor* logps_out) {
+  auto& im = *impl_;
+  if (!im.fsdp) return forward_backward_here(impl_, b, spec, logps_out);
+  // With FSDP each pass is collective: this rank runs its own passes, then
+  // joins the others' (idle) until no rank has one left. A pass that failed
+  // on any rank voids the call on every rank: the gradients of the passes
+  // before it were already summed into every rank's shards.
+  const auto counts = std::tuple{im.accumulated, im.micro_batches, im.summed};
+  std::vector<at::Tensor> saved;
+  for (auto& [n, p] : im.params()) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
+  im.pass_failed = false;
+  auto here = forward_backward_here(impl_, b, spec, logps_out);
+  auto pass = im.pass();
+  if (!pass) return pass.error();
+  bool any_failed = false;
+  while (true) {
+    auto v = im.fsdp->vote(false, im.pass_failed);
+    if (!v) return with_context(v.error(), "forward_backward's passes over the fsdp group");
+    if (!v->any_pass) {
+      any_failed = v->any_failed;
+      break;
+    }
+    if (auto ok = im.idle_pass(*pass); !ok && im.fsdp->group().broken()) return ok.error();
+  }
+  if (!any_failed) return here;
+  c10::NoGradGuard no_grad;
+  auto params = im.params();
+  for (size_t i = 0; i < params.size(); ++i) params[i].second.mutable_grad() = saved[i];
+  std::tie(im.accumulated, im.micro_batches, im.summed) = counts;
+  const std::string why = "a micro-batch of this forward_backward failed on a rank of the fsdp group, so no rank "
+                          "keeps its gradients (each rank's were already summed into every shard)";
+  if (!here) return with_context(here.error(), why);
+  return make_error(errc::aborted, why + "; the failing rank's error says why");
+}
+
 Result<Metrics> Trainer::clip_grad_and_step() try {
   const auto& dp = impl_->cfg.dp_group;
-  bool distributed = dp && dp->size() > 1;
+  auto* fsdp = impl_->fsdp.get();
+  // The groups whose ranks' gradients this step sums: fsdp, then dp.
+  std::vector<ProcessGroup*> groups;
+  if (fsdp) groups.push_back(&fsdp->group());
+  if (dp && dp->size() > 1) groups.push_back(dp.get());
+  const bool distributed = !groups.empty();
+  // Shards of the base: summed over the fsdp group by each layer's
+  // reduce-scatter already; over dp (replicas of the shards) here.
+  const bool sharded = fsdp && fsdp->trains_base();
   // With data parallelism every rank must join the all-reduce, even one
   // whose forward_backward failed (it adds zeros), or its peers would wait.
   if (impl_->micro_batches == 0 && !distributed)
@@ -720,18 +841,20 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   if (distributed) {
     // Every rank must send the same tensors: a gradient a rank did not
     // produce (a module its batch skipped) counts as zero.
-    std::vector<at::Tensor> parts;
-    for (auto& [n, p] : params) {
+    for (auto& [n, p] : params)
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      parts.push_back(p.grad());
+    for (auto* g : groups) {
+      std::vector<at::Tensor> parts;
+      if (!(sharded && fsdp && g == &fsdp->group()))
+        for (auto& [n, p] : params) parts.push_back(p.grad());
+      parts.push_back(at::tensor({total, summed}, at::kDouble));
+      if (auto ok = all_reduce_sum(*g, parts); !ok) {
+        zero_grad();
+        return ok.error();
+      }
+      total = parts.back()[0].item<double>();
+      summed = parts.back()[1].item<double>();
     }
-    parts.push_back(at::tensor({total, summed}, at::kDouble));
-    if (auto ok = all_reduce_sum(*dp, parts); !ok) {
-      zero_grad();
-      return ok.error();
-    }
-    total = parts.back()[0].item<double>();
-    summed = parts.back()[1].item<double>();
     if (total == 0 && summed == 0) {
       zero_grad();
       return make_error(errc::failed_precondition,
@@ -745,13 +868,24 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     for (auto& [n, p] : params)
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
-  double norm = clip_grad_norm(params, impl_->cfg.optimizer.max_grad_norm);
+  double norm = 0;
+  if (sharded) {
+    // The global norm: every shard's squares, summed over the fsdp group.
+    auto n = clip_grad_norm(fsdp->units(), fsdp->group(), impl_->cfg.optimizer.max_grad_norm);
+    if (!n) {
+      zero_grad();
+      return n.error();
+    }
+    norm = *n;
+  } else {
+    norm = clip_grad_norm(params, impl_->cfg.optimizer.max_grad_norm);
+  }
   if (!std::isfinite(norm)) {
     zero_grad();
     return make_error(errc::invalid_argument, "the gradient norm is not finite; the step was skipped");
   }
   double lr = current_lr();
-  impl_->opt->step(params, lr);
+  impl_->opt->step(params, lr, sharded ? &fsdp->decay_masks() : nullptr);
   zero_grad();
   return Metrics{{"grad_norm", norm}, {"lr", lr}, {"step", static_cast<double>(impl_->opt->steps())}};
 } catch (const std::exception& e) {
@@ -787,6 +921,31 @@ double Trainer::current_lr() const {
   return learning_rate(impl_->cfg.scheduler, impl_->cfg.optimizer.lr, impl_->opt->steps());
 }
 CausalLM& Trainer::model() { return impl_->model; }
+
+Result<void> Trainer::gather_parameters() {
+  if (!impl_->fsdp) return {};
+  return impl_->fsdp->gather_all();
+}
+
+void Trainer::release_parameters() {
+  if (impl_->fsdp) impl_->fsdp->release_all();
+}
+
+int64_t Trainer::state_bytes() const {
+  int64_t n = impl_->opt->state_bytes();
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  // The trained tensors and their gradients; with FSDP and an adapter the
+  // base's shards besides (without, the frozen base is not counted).
+  for (const auto& [name, p] : impl_->params()) {
+    add(p);
+    add(p.grad());
+  }
+  if (impl_->fsdp && !impl_->fsdp->trains_base())
+    for (const auto& [name, p] : impl_->fsdp->shards()) add(p);
+  return n;
+}
 NamedTensors Trainer::optimizer_state() const { return impl_->opt->state(); }
 Result<void> Trainer::load_optimizer_state(const std::map<std::string, Tensor>& state) {
   return impl_->opt->load_state(state, impl_->params());

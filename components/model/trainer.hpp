@@ -130,6 +130,19 @@ struct TrainConfig {
   /// and counts over the group before it divides, so dp ranks with the
   /// same weights take the same step (null or size 1: alone).
   std::shared_ptr<ProcessGroup> dp_group{};
+  /// Fully sharded data parallelism (FSDP, ZeRO-3) over this group (null or
+  /// size 1: none): the base parameters, their gradients and optimizer
+  /// state are sharded over its ranks, one flat shard per decoder layer
+  /// (components/parallel/fsdp.hpp), each layer gathered for its forward
+  /// and again for its backward. Its ranks are data-parallel too (each has
+  /// its own batch); with dp_group as well (HSDP), the shards are
+  /// replicated across dp_group and their gradients all-reduced there.
+  /// Every rank of the group calls forward_backward and clip_grad_and_step
+  /// the same number of times: each call is collective (a rank with fewer
+  /// micro-batches, or a bad batch, joins the others' passes with none).
+  /// With an adapter, the base is sharded and frozen and the adapter is
+  /// trained data-parallel over both groups.
+  std::shared_ptr<ProcessGroup> fsdp_group{};
   /// At most this many rows per forward and backward pass (0: as many as
   /// fit in memory_budget_bytes); a pairwise loss takes whole pairs, so at
   /// least 2.
@@ -170,7 +183,18 @@ public:
   /// The learning rate the next step will use.
   double current_lr() const;
 
+  /// The model. With fsdp_group, its base parameters hold no values
+  /// between calls (reading it is refused) until gather_parameters.
   CausalLM& model();
+  /// With fsdp_group: every rank gathers the full base parameters (a
+  /// collective: call it on every rank), so that the model can be read
+  /// (forward, save, weight sync) until the next forward_backward or
+  /// release_parameters frees them. Without: nothing to do.
+  Result<void> gather_parameters();
+  void release_parameters();
+  /// The bytes this rank holds of the trained parameters, their gradients
+  /// and the optimizer state (with FSDP, its shards' only).
+  int64_t state_bytes() const;
 
   /// Optimizer state as named tensors (for checkpoints), and back.
   NamedTensors optimizer_state() const;

@@ -71,6 +71,16 @@ struct PassOptions {
   /// Projection weights by name, packed by pack_linear_weight, used instead
   /// of the parameters (inference only).
   const std::map<std::string, at::Tensor>* packed = nullptr;
+  /// Called around each decoder layer: `enter(l)` before its first use of
+  /// its parameters, `exit(l, x)` with its output, answering the output the
+  /// rest of the pass uses (FSDP gathers a layer's shards on entry, frees
+  /// them on exit and hooks the output's gradient to gather them again for
+  /// the backward: components/parallel/fsdp.hpp). Null: none.
+  struct LayerHooks {
+    std::function<void(int64_t layer)> enter;
+    std::function<at::Tensor(int64_t layer, at::Tensor out)> exit;
+  };
+  const LayerHooks* layer_hooks = nullptr;
 };
 
 /// One layer's attention: q [..., T, heads, D], k and v [..., T, kv_heads, D]
@@ -83,6 +93,12 @@ struct CausalLM::Impl {
   std::map<std::string, at::Tensor> params;  ///< f32, contiguous
   std::map<std::string, LoraAdapter> adapters;
   std::string name_or_path;  ///< where the weights came from (CausalLM::name_or_path)
+  /// Set while the base parameters are sharded and not gathered (FSDP frees
+  /// their bytes between uses): what holds them. Reading them then would
+  /// read freed memory, so the calls that read them refuse (have_parameters).
+  std::string sharded_by;
+  /// An error naming `what` when the parameters are sharded (sharded_by).
+  Result<void> have_parameters(const char* what) const;
 
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
   /// Every projection's module path, in model order.

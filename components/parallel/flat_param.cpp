@@ -80,7 +80,7 @@ void FlatParam::free_full() {
   gathered_ = false;
 }
 
-Result<void> FlatParam::reduce_grads(ProcessGroup& pg) {
+Result<void> FlatParam::reduce_grads(ProcessGroup& pg, bool average) {
   if (auto ok = check_group(pg, "reduced"); !ok) return ok;
   c10::NoGradGuard no_grad;
   auto flat = at::zeros({padded_numel()}, local_.options().requires_grad(false));
@@ -94,8 +94,9 @@ Result<void> FlatParam::reduce_grads(ProcessGroup& pg) {
   auto out = from_torch(mine);
   if (!in || !out) return make_error(errc::internal, "a flat parameter's gradients as glint tensors");
   if (auto ok = pg.reduce_scatter_sum(*in, *out); !ok) return ok;
-  mine.div_(shards_);  // the mean over ranks: Gloo has no AVG
-  local_.mutable_grad() = mine;
+  if (average) mine.div_(shards_);  // the mean over ranks: Gloo has no AVG
+  if (local_.grad().defined()) local_.mutable_grad().add_(mine);
+  else local_.mutable_grad() = mine;
   for (auto& p : params_) p.mutable_grad() = at::Tensor{};
   return {};
 }

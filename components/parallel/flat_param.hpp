@@ -40,6 +40,7 @@ public:
   int64_t shard_numel() const { return shard_numel_; }
   /// This rank's shard: a 1-d leaf that requires grad, for the optimizer.
   at::Tensor& local() { return local_; }
+  const at::Tensor& local() const { return local_; }
   const std::vector<at::Tensor>& params() const { return params_; }
   /// Whether the parameters hold their full values now.
   bool gathered() const { return gathered_; }
@@ -51,10 +52,12 @@ public:
   /// must not be read until the next gather.
   void free_full();
   /// The parameters' gradients (a missing one counts as zeros) flattened,
-  /// summed over the group, divided by its size: this shard's part of the
-  /// result becomes local().grad(). The parameters' own gradients are
-  /// dropped.
-  Result<void> reduce_grads(ProcessGroup& pg);
+  /// summed over the group and, with `average`, divided by its size: this
+  /// shard's part of the result is added to local().grad() (set when it has
+  /// none), as autograd accumulates. The parameters' own gradients are
+  /// dropped. average = false: for a caller that divides by a count of its
+  /// own (the trainer divides by the tokens of every rank).
+  Result<void> reduce_grads(ProcessGroup& pg, bool average = true);
 
 private:
   Result<void> check_group(const ProcessGroup& pg, const char* what) const;

@@ -9,6 +9,7 @@
 
 #include "runtime/process.hpp"
 #include "support/tensors.hpp"
+#include "support/thread_ranks.hpp"
 
 #include <gtest/gtest.h>
 
@@ -24,20 +25,7 @@ namespace {
 
 using glint::testing::ids_of;
 
-// Runs f(rank, group) on `world` threads, one process group rank each.
-void on_ranks(int world, const std::function<void(int, ProcessGroup&)>& f) {
-  auto port = pick_free_port();
-  ASSERT_TRUE(port);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      auto pg = ProcessGroup::create({.store_port = *port, .rank = r, .world_size = world,
-                                      .timeout = std::chrono::seconds(30)});
-      ASSERT_TRUE(pg) << describe(pg.error());
-      f(r, **pg);
-    });
-  for (auto& t : threads) t.join();
-}
+using glint::testing::on_ranks;
 
 TEST(Comm, AllReduceBroadcastAndBarrier) {
   on_ranks(2, [](int r, ProcessGroup& pg) {
@@ -180,6 +168,7 @@ TEST(Comm, FlatParamShardsTrainAsOneProcessOnTheWholeBatch) {
         EXPECT_NEAR(*norm, norms[static_cast<size_t>(s)], 1e-5 * norms[static_cast<size_t>(s)]) << "the global norm";
         c10::NoGradGuard no_grad;
         f->local().sub_(f->local().grad() * lr);
+        f->local().mutable_grad() = at::Tensor{};  // reduce_grads adds to it
       }
       ASSERT_TRUE(f->gather(pg));
       for (auto& p : params) finals[static_cast<size_t>(r)].push_back(p.detach().clone());

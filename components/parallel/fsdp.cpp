@@ -1,0 +1,226 @@
+#include "components/parallel/fsdp.hpp"
+
+#include "components/comm/process_group_impl.hpp"
+
+#include <c10/core/GradMode.h>
+
+#include <stdexcept>
+
+namespace glint::components {
+
+namespace {
+
+// The decoder layer a parameter or module path belongs to ("model.layers.3.
+// ..." -> 3), or -1 (the embeddings, the final norm, the LM head).
+int64_t layer_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  return std::stoll(name.substr(prefix.size()));
+}
+
+// Inside the forward and the backward an error can only be thrown; the
+// trainer turns it back into the error it was (Fsdp::error_of).
+struct Failure : std::runtime_error {
+  explicit Failure(caf::error e) : std::runtime_error(describe(e)), err(std::move(e)) {}
+  caf::error err;
+};
+
+[[noreturn]] void fail(caf::error e) { throw Failure(std::move(e)); }
+
+}  // namespace
+
+Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr<ProcessGroup> pg, bool train) {
+  if (!pg) return make_error(errc::invalid_argument, "FSDP needs a process group");
+  if (!model.sharded_by.empty())
+    return make_error(errc::failed_precondition, "the model is sharded already (by " + model.sharded_by + ")");
+  const int64_t L = model.cfg.num_hidden_layers;
+  std::unique_ptr<Fsdp> f{new Fsdp};
+  f->model_ = &model;
+  f->pg_ = std::move(pg);
+  f->train_ = train;
+  // Parameters per unit, in the model's (Hugging Face's) order.
+  std::vector<std::vector<std::string>> names(static_cast<size_t>(L + 1));
+  for (const auto& n : model.names) {
+    const auto l = layer_of(n);
+    names[static_cast<size_t>(l < 0 ? L : l)].push_back(n);
+  }
+  const int shards = f->pg_->size(), rank = f->pg_->rank();
+  for (int64_t u = 0; u <= L; ++u) {
+    std::vector<at::Tensor> params;
+    for (const auto& n : names[static_cast<size_t>(u)]) {
+      auto& p = model.params.at(n);
+      p.requires_grad_(train);
+      params.push_back(p);
+    }
+    auto flat = FlatParam::shard(params, shards, rank);
+    if (!flat) return with_context(flat.error(), u < L ? "decoder layer " + std::to_string(u) : "the embeddings");
+    const auto name = u < L ? "fsdp.layers." + std::to_string(u) : std::string{"fsdp.rest"};
+    // Which elements decay: the parameters' rule, element by element.
+    std::vector<at::Tensor> parts;
+    for (const auto& n : names[static_cast<size_t>(u)])
+      parts.push_back(at::full({model.params.at(n).numel()}, decays(n), at::kBool));
+    auto mask = at::cat(parts);
+    mask = at::cat({mask, at::zeros({flat->padded_numel() - flat->numel()}, at::kBool)});
+    f->decay_[name] = mask.narrow(0, rank * flat->shard_numel(), flat->shard_numel()).clone();
+    flat->local().requires_grad_(train);
+    flat->free_full();
+    f->units_.push_back(std::move(*flat));
+    f->unit_names_.push_back(name);
+  }
+  model.sharded_by = "FSDP over " + std::to_string(shards) + " ranks";
+  f->hooks_.enter = [p = f.get()](int64_t l) {
+    p->gather_unit(static_cast<size_t>(l));
+    p->forward_done_ = l + 1;
+  };
+  f->hooks_.exit = [p = f.get()](int64_t l, at::Tensor out) {
+    p->units_[static_cast<size_t>(l)].free_full();
+    if (out.requires_grad() != p->backward_needed_[static_cast<size_t>(l)])
+      fail(make_error(errc::internal, "decoder layer " + std::to_string(l) + "'s output " +
+                                          (out.requires_grad() ? "requires" : "does not require") +
+                                          " gradients, against what FSDP planned for the pass"));
+    if (out.requires_grad())
+      out.register_hook([p, l](const at::Tensor& g) {
+        p->backward_reached(l, true);
+        return g;
+      });
+    return out;
+  };
+  return f;
+}
+
+Fsdp::~Fsdp() = default;
+
+std::optional<caf::error> Fsdp::error_of(const std::exception& e) {
+  if (const auto* f = dynamic_cast<const Failure*>(&e)) return f->err;
+  return std::nullopt;
+}
+
+void Fsdp::gather_unit(size_t u) {
+  if (auto ok = units_[u].gather(*pg_); !ok) fail(ok.error());
+}
+
+// Layer (or the rest) `u`'s gradients of this pass, summed over the group
+// into its shard's; `check`: every parameter must have one (the backward
+// ran through the unit), else autograd did not finish it where planned.
+void Fsdp::reduce_unit(size_t u, bool check) {
+  auto& unit = units_[u];
+  if (check)
+    for (const auto& p : unit.params())
+      if (!p.grad().defined())
+        fail(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
+                                            " has no gradient when its reduce is due"));
+  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) fail(ok.error());
+  unit.free_full();
+}
+
+// Autograd reached layer `l`'s output (or end_pass stands in for it): the
+// layer above is done, and is reduced (or, frozen, freed); `l` is gathered.
+// `check`: the layer above must have every gradient (see reduce_unit).
+void Fsdp::backward_reached(int64_t l, bool check) {
+  finish_lowest(check);
+  gather_unit(static_cast<size_t>(l));
+  lowest_reached_ = l;
+}
+
+void Fsdp::finish_lowest(bool check) {
+  if (lowest_reached_ < 0) return;
+  const auto above = static_cast<size_t>(lowest_reached_);
+  if (train_) reduce_unit(above, check);
+  else units_[above].free_full();
+}
+
+Result<void> Fsdp::begin_pass(const LoraAdapter* lora) {
+  if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a pass began inside another");
+  if (gathered_all_) release_all();
+  const auto L = static_cast<int64_t>(units_.size()) - 1;
+  // Which layers the backward reaches: all when the base trains, else those
+  // at or above the lowest layer an adapter adapts.
+  int64_t lowest = train_ ? 0 : L;
+  if (!train_ && lora)
+    for (const auto& m : lora->modules)
+      if (auto l = layer_of(m); l >= 0) lowest = std::min(lowest, l);
+  backward_needed_.assign(static_cast<size_t>(L), false);
+  for (int64_t l = lowest; l < L; ++l) backward_needed_[static_cast<size_t>(l)] = true;
+  forward_done_ = 0;
+  lowest_reached_ = -1;
+  in_pass_ = true;
+  try {
+    gather_unit(static_cast<size_t>(L));
+  } catch (const std::exception& e) {
+    in_pass_ = false;
+    return error_of(e).value_or(make_error(errc::internal, e.what()));
+  }
+  return {};
+}
+
+Result<void> Fsdp::end_pass() try {
+  if (!in_pass_) return {};
+  in_pass_ = false;
+  const auto L = static_cast<int64_t>(units_.size()) - 1;
+  c10::NoGradGuard no_grad;
+  // A forward stopped part of the way: its remaining gathers.
+  for (int64_t l = forward_done_; l < L; ++l) {
+    gather_unit(static_cast<size_t>(l));
+    units_[static_cast<size_t>(l)].free_full();
+  }
+  // The backward's remaining steps, with whatever gradients there are
+  // (none: zeros): unchecked, as the backward may not have run.
+  const int64_t from = lowest_reached_ >= 0 ? lowest_reached_ - 1 : L - 1;
+  for (int64_t l = from; l >= 0; --l)
+    if (backward_needed_[static_cast<size_t>(l)]) backward_reached(l, false);
+  finish_lowest(false);
+  if (train_) reduce_unit(static_cast<size_t>(L), false);
+  units_[static_cast<size_t>(L)].free_full();
+  return {};
+} catch (const std::exception& e) {
+  for (auto& u : units_) u.free_full();
+  return with_context(error_of(e).value_or(make_error(errc::internal, e.what())), "FSDP: finishing a pass");
+}
+
+Result<Fsdp::Vote> Fsdp::vote(bool mine, bool failed) {
+  std::vector<at::Tensor> t{at::tensor({mine ? 1.0 : 0.0, failed ? 1.0 : 0.0}, at::kDouble)};
+  if (auto ok = all_reduce_sum(*pg_, t); !ok) return ok.error();
+  return Vote{t[0][0].item<double>() > 0, t[0][1].item<double>() > 0};
+}
+
+Result<void> Fsdp::gather_all() {
+  if (in_pass_) return make_error(errc::failed_precondition, "FSDP: gather_all inside a pass");
+  for (auto& u : units_)
+    if (auto ok = u.gather(*pg_); !ok) {
+      for (auto& v : units_) v.free_full();
+      return ok;
+    }
+  gathered_all_ = true;
+  model_->sharded_by.clear();
+  return {};
+}
+
+void Fsdp::release_all() {
+  for (auto& u : units_) u.free_full();
+  gathered_all_ = false;
+  model_->sharded_by = "FSDP over " + std::to_string(pg_->size()) + " ranks";
+}
+
+ParamList Fsdp::shards() const {
+  ParamList out;
+  for (size_t u = 0; u < units_.size(); ++u)
+    out.emplace_back(unit_names_[u], units_[u].local());
+  return out;
+}
+
+std::vector<FlatParam*> Fsdp::units() {
+  std::vector<FlatParam*> out;
+  for (auto& u : units_) out.push_back(&u);
+  return out;
+}
+
+int64_t Fsdp::shard_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : shards()) {
+    n += t.numel() * static_cast<int64_t>(t.element_size());
+    if (t.grad().defined()) n += t.grad().numel() * static_cast<int64_t>(t.grad().element_size());
+  }
+  return n;
+}
+
+}  // namespace glint::components

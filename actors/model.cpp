@@ -114,6 +114,9 @@ std::string address_of_node(Runtime& rt, int node) {
 
 Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                              const placement::DeviceMesh& mesh, ModelSpec spec) {
+  // FSDP exists in the trainer (TrainConfig::fsdp_group) but not yet in the
+  // group's checkpoints and weight sync, which read the whole model on one rank.
+  if (auto ok = mesh.require_only({placement::Dim::dp}, "model group '" + group.name + "'"); !ok) return ok.error();
   auto slots = placement::place(rt, group, mesh);
   if (!slots) return slots.error();
   if (spec.store_port == 0) {

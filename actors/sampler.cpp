@@ -168,6 +168,8 @@ sampler_actor::behavior_type sampler_rank(sampler_actor::pointer self, RankConte
 
 Result<Group<sampler_actor>> spawn_sampler_group(Runtime& rt, const placement::DeviceGroup& group,
                                                  const placement::DeviceMesh& mesh, SamplerSpec spec) {
+  // Each rank serves whole sequences with the whole model: data parallelism.
+  if (auto ok = mesh.require_only({placement::Dim::dp}, "sampler group '" + group.name + "'"); !ok) return ok.error();
   return placement::spawn_group<sampler_actor>(rt, group, mesh, sampler_type, spec);
 }
 

@@ -1,5 +1,7 @@
 #include "placement/device_mesh.hpp"
 
+#include <algorithm>
+
 #include <set>
 
 namespace glint::placement {
@@ -122,6 +124,20 @@ std::vector<std::vector<int>> DeviceMesh::groups(Dim d) const {
 }
 
 int DeviceMesh::data_rank(int rank) const { return coord(rank, Dim::dp) * size(Dim::fsdp) + coord(rank, Dim::fsdp); }
+
+Result<void> DeviceMesh::require_only(std::initializer_list<Dim> built, const std::string& who) const {
+  std::string not_built, names;
+  for (size_t i = 0; i < num_dims; ++i) {
+    const auto d = static_cast<Dim>(i);
+    const bool ok = std::find(built.begin(), built.end(), d) != built.end();
+    if (ok) names += (names.empty() ? "" : ", ") + std::string{to_string(d)};
+    if (!ok && sizes_[i] > 1) not_built += (not_built.empty() ? "" : ", ") + std::string{to_string(d)};
+  }
+  if (not_built.empty()) return {};
+  return make_error(errc::unimplemented, who + " cannot run on mesh " + describe() + ": it is built for " + names +
+                                             " only, not " + not_built +
+                                             " (docs/parallelism.md says what is built); give those dimensions size 1");
+}
 
 std::string DeviceMesh::describe() const {
   std::string out;

@@ -12,6 +12,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include <array>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ public:
 
   /// "dp=2 x tp=2 (4 ranks)"; dims of size 1 are left out.
   std::string describe() const;
+  /// An error when a dimension outside `built` has a size above 1: for a
+  /// component that runs only those (`who`: "model group 'policy'"), so
+  /// that a mesh it cannot honour is refused, not run as something else.
+  Result<void> require_only(std::initializer_list<Dim> built, const std::string& who) const;
 
 private:
   std::array<int, num_dims> sizes_{1, 1, 1, 1, 1, 1};

@@ -2,6 +2,7 @@
 // trains like one trainer on the whole batch; adapters, save/load and bad
 // input through the actor interface.
 #include "actors/model.hpp"
+#include "actors/sampler.hpp"
 #include "components/model/trainer.hpp"
 #include "placement/service.hpp"
 #include "runtime/group.hpp"
@@ -91,6 +92,23 @@ TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->at("step"), 5);
   EXPECT_GT(metrics->at("loss"), 0);
+}
+
+// A mesh the group cannot honour is refused at spawn: before, tp=2 ranks
+// were each given the whole batch as if they were one data-parallel rank.
+TEST_P(ModelActorTest, AMeshWithDimensionsTheGroupDoesNotRunIsRefused) {
+  for (auto sizes : {placement::MeshSizes{.tp = 2}, placement::MeshSizes{.pp = 2}, placement::MeshSizes{.fsdp = 2}}) {
+    auto mesh = placement::DeviceMesh::from_sizes(sizes);
+    ASSERT_TRUE(mesh);
+    auto g = actors::spawn_model_group(*job_.rt, placement::DeviceGroup::of("model", 2), *mesh,
+                                       {.config_json = tiny().to_json(), .seed = 7});
+    ASSERT_FALSE(g) << mesh->describe();
+    EXPECT_NE(describe(g.error()).find("model group 'model' cannot run on mesh"), std::string::npos)
+        << describe(g.error());
+    auto s = actors::spawn_sampler_group(*job_.rt, placement::DeviceGroup::of("sampler", 2), *mesh,
+                                         {.config_json = tiny().to_json(), .seed = 7});
+    ASSERT_FALSE(s) << mesh->describe();
+  }
 }
 
 TEST_P(ModelActorTest, BadInputGetsAClearErrorAndTheNextCallIsServed) {

@@ -59,6 +59,22 @@ TEST(DeviceMesh, SizesThatDoNotMakeTheWorldAreRefused) {
   EXPECT_FALSE(ok->coords(4));
 }
 
+// A component refuses the dimensions it does not run, naming them, rather
+// than treat a tp=2 mesh's ranks as replicas that each get the whole batch.
+TEST(DeviceMesh, AComponentRefusesTheDimensionsItDoesNotRun) {
+  auto tp = DeviceMesh::from_sizes({.dp = 2, .tp = 2});
+  ASSERT_TRUE(tp);
+  auto r = tp->require_only({Dim::dp}, "model group 'policy'");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::unimplemented);
+  EXPECT_NE(describe(r.error()).find("model group 'policy' cannot run on mesh dp=2 x tp=2 (4 ranks): it is built for "
+                                     "dp only, not tp"),
+            std::string::npos)
+      << describe(r.error());
+  EXPECT_TRUE(tp->require_only({Dim::dp, Dim::tp}, "x"));
+  EXPECT_TRUE(DeviceMesh::from_sizes({.dp = 4})->require_only({Dim::dp}, "x"));
+}
+
 TEST(DeviceGroup, ValidatesItsRanks) {
   EXPECT_FALSE(DeviceGroup::of("empty", 0).validate());
   EXPECT_FALSE(DeviceGroup::of("", 1).validate());

@@ -7,6 +7,7 @@
 // The script is found in the source tree this binary was built from
 // (GLINT_SOURCE_DIR, a compile definition set by bench/CMakeLists.txt).
 #include "bench/train_bench.hpp"
+#include "bench/bench_model.hpp"
 #include "bench/measure.hpp"
 #include "bench/python_child.hpp"
 
@@ -151,32 +152,11 @@ Result<MatmulRate> matmul_flops() try {
   return make_error(errc::internal, std::string{"measuring matmul FLOP/s failed: "} + e.what());
 }
 
-// i64 [batch, seq] uniform token ids, the same for the same seed.
-Tensor random_tokens(int64_t batch, int64_t seq, int64_t vocab) {
-  std::mt19937_64 rng{kSeed};
-  std::uniform_int_distribution<int64_t> pick{0, vocab - 1};
-  std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
-  for (auto& id : ids) id = pick(rng);
-  auto t = Tensor::from_values(ids, {batch, seq});
-  if (!t) throw std::runtime_error("random_tokens: " + describe(t.error()));
-  return std::move(*t);
-}
-
-std::string millions(int64_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2fM", static_cast<double>(n) / 1e6);
-  return buf;
-}
-
 }  // namespace
 
 int train(const TrainBenchArgs& a) {
-  if (a.repeats < 1 || a.steps < 1 || a.batch < 1 || a.seq < 2)
-    return fail("--repeats, --steps and --batch must be at least 1, --seq at least 2");
-  // ~27M parameters at full size (Qwen3 with GQA and q/k norm, untied head).
-  auto cfg = a.small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
-                     : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
-  cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, a.seq);
+  if (auto bad = bad_sizes(a.repeats, a.steps, a.batch, a.seq); !bad.empty()) return fail(bad);
+  const auto cfg = bench_model(a.small, a.seq);
   const int threads = at::get_num_threads();
   const auto script_path = baseline_script("train_baseline.py");
   if (!script_path) return fail(describe(script_path.error()));
@@ -218,7 +198,7 @@ int train(const TrainBenchArgs& a) {
   if (!dir) return fail(describe(dir.error()));
   auto lm = CausalLM::init_random(cfg, kSeed);
   if (!lm) return fail(describe(lm.error()));
-  auto ids = random_tokens(a.batch, a.seq, cfg.vocab_size);
+  auto ids = random_tokens(a.batch, a.seq, cfg.vocab_size, kSeed);
   const auto tokens_path = (fs::path{dir->path()} / "tokens.safetensors").string();
   if (auto ok = lm->save(dir->path()); !ok) return fail(describe(ok.error()));
   if (auto ok = write_safetensors(tokens_path, {{"input_ids", ids}}); !ok) return fail(describe(ok.error()));

@@ -1,5 +1,6 @@
 // The `glint` binary: launcher, inspector, demo and benchmarks.
 #include "bench/faults_bench.hpp"
+#include "bench/parallel_bench.hpp"
 #include "bench/remote_bench.hpp"
 #include "bench/rl_bench.hpp"
 #include "bench/sample_bench.hpp"
@@ -240,6 +241,26 @@ int main(int argc, char** argv) {
   bench_faults->footer("Prints kill_detect_s, freeze_detect_s, peer_timeout_s, sampler_spawn_s, sampler_respawn_s, "
                        "then chaos_runs, chaos_hangs, chaos_mismatches, chaos_failures and chaos_respawns. Runs from the build tree "
                        "(scripts/chaos.sh).");
+  glint::bench::ParallelBenchArgs parallel_args;
+  auto* bench_parallel = bench->add_subcommand(
+      "parallel", "Model parallelism against data parallelism on 2 ranks: state bytes per rank, tokens/s, bytes moved");
+  bench_parallel->add_option("--repeats", parallel_args.repeats, "Timed runs per scheme (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_parallel->add_option("--steps", parallel_args.steps, "Steps per timed run (after one warm-up step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  bench_parallel->add_option("--batch", parallel_args.batch, "Sequences per rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  bench_parallel->add_option("--seq", parallel_args.seq, "Tokens per sequence")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 65536));
+  bench_parallel->add_flag("--small", parallel_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
+  bench_parallel->footer("Prints dp2_state_bytes, fsdp2_state_bytes, fsdp2_state_bytes_vs_dp (goal <= 0.55), "
+                         "dp2_tokens_per_s, fsdp2_tokens_per_s, fsdp2_tokens_per_s_vs_dp, and the bytes each moves per "
+                         "step against the least it needs (*_bytes_per_step, *_bytes_theory). Tensor and pipeline "
+                         "parallelism are not built yet (docs/parallelism.md).");
   glint::bench::SyncBenchArgs sync_args;
   auto* bench_sync = bench->add_subcommand(
       "sync", "Weight sync GB/s of the checkpoint engine (model group -> sampler group) for ~30M and ~300M-parameter "
@@ -346,6 +367,7 @@ int main(int argc, char** argv) {
   if (*bench_sample) return glint::bench::sample(sample_args);
   if (*bench_sync) return glint::bench::sync(sync_args);
   if (*bench_faults) return glint::bench::faults(faults_args);
+  if (*bench_parallel) return glint::bench::parallel(parallel_args);
   if (*bench_remote) return glint::bench::remote(remote_args);
   if (*bench_rl) return glint::bench::rl(rl_args);
   if (*bench_train) {

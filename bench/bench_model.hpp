@@ -1,0 +1,53 @@
+#pragma once
+// The model and tokens the training benchmarks share (bench train, bench
+// parallel).
+
+#include "components/model/config.hpp"
+#include "runtime/tensor.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace glint::bench {
+
+/// ~27M parameters (Qwen3 with GQA and q/k norm, untied head), or ~0.1M
+/// for smoke runs, for sequences of up to `seq` tokens.
+inline components::ModelConfig bench_model(bool small, int64_t seq) {
+  using components::Architecture;
+  using components::ModelConfig;
+  auto cfg = small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
+                   : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
+  cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, seq);
+  return cfg;
+}
+
+/// What is wrong with the training benchmarks' size flags (empty: nothing).
+inline std::string bad_sizes(int repeats, int steps, int64_t batch, int64_t seq) {
+  if (repeats < 1 || steps < 1 || batch < 1 || seq < 2)
+    return "--repeats, --steps and --batch must be at least 1, --seq at least 2";
+  return {};
+}
+
+/// i64 [batch, seq] uniform token ids, the same for the same seed.
+inline Tensor random_tokens(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  std::uniform_int_distribution<int64_t> pick{0, vocab - 1};
+  std::vector<int64_t> ids(static_cast<size_t>(batch * seq));
+  for (auto& id : ids) id = pick(rng);
+  auto t = Tensor::from_values(ids, {batch, seq});
+  if (!t) throw std::runtime_error("random_tokens: " + describe(t.error()));
+  return std::move(*t);
+}
+
+/// "27.31M"
+inline std::string millions(int64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fM", static_cast<double>(n) / 1e6);
+  return buf;
+}
+
+}  // namespace glint::bench

@@ -1,0 +1,180 @@
+// glint bench parallel: data parallelism against fully sharded data
+// parallelism on two ranks (bench/parallel_bench.hpp).
+#include "bench/parallel_bench.hpp"
+#include "bench/bench_model.hpp"
+#include "bench/measure.hpp"
+
+#include "components/comm/process_group.hpp"
+#include "components/model/trainer.hpp"
+#include "runtime/process.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace glint::bench {
+
+namespace {
+
+using namespace glint::components;
+
+constexpr const char* kName = "glint bench parallel";
+constexpr uint64_t kSeed = 1;
+constexpr int kRanks = 2;
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", kName, what.c_str());
+  return 1;
+}
+
+// A process group that adds up what its collectives move over a ring, as
+// this rank sees it: an all-reduce of n bytes sends and receives 2 n (p-1)/p,
+// an all-gather of n bytes out n (p-1)/p; Gloo's reduce-scatter is an
+// all-reduce of its whole input (ProcessGroup::reduce_scatter_sum).
+class CountingGroup : public ProcessGroup {
+public:
+  explicit CountingGroup(std::shared_ptr<ProcessGroup> inner) : inner_(std::move(inner)) {}
+  double bytes = 0;
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool broken() const override { return inner_->broken(); }
+  Result<void> all_reduce_sum(std::vector<Tensor>& ts) override {
+    for (const auto& t : ts) bytes += 2 * share() * static_cast<double>(t.nbytes());
+    return inner_->all_reduce_sum(ts);
+  }
+  Result<void> broadcast(std::vector<Tensor>& ts, int root) override {
+    for (const auto& t : ts) bytes += share() * static_cast<double>(t.nbytes());
+    return inner_->broadcast(ts, root);
+  }
+  Result<int64_t> broadcast_buckets(std::vector<Tensor>& ts, int root, int64_t bucket_bytes) override {
+    for (const auto& t : ts) bytes += share() * static_cast<double>(t.nbytes());
+    return inner_->broadcast_buckets(ts, root, bucket_bytes);
+  }
+  Result<void> barrier() override { return inner_->barrier(); }
+  Result<void> all_gather(const Tensor& in, Tensor& out) override {
+    bytes += share() * static_cast<double>(out.nbytes());
+    return inner_->all_gather(in, out);
+  }
+  Result<void> reduce_scatter_sum(const Tensor& in, Tensor& out) override {
+    bytes += 2 * share() * static_cast<double>(in.nbytes());
+    return inner_->reduce_scatter_sum(in, out);
+  }
+  Result<void> send(const Tensor& t, int to, int tag) override {
+    bytes += static_cast<double>(t.nbytes());
+    return inner_->send(t, to, tag);
+  }
+  Result<void> recv(Tensor& t, int from, int tag) override {
+    bytes += static_cast<double>(t.nbytes());
+    return inner_->recv(t, from, tag);
+  }
+
+private:
+  double share() const { return static_cast<double>(size() - 1) / size(); }
+  std::shared_ptr<ProcessGroup> inner_;
+};
+
+struct Measured {
+  double seconds_per_step = 0;
+  double state_bytes = 0;
+  double bytes_per_step = 0;
+};
+
+// `steps` timed steps (after one warm-up) of both ranks, data-parallel or
+// sharded; rank 0's numbers.
+Result<Measured> run(const ModelConfig& cfg, bool fsdp, const ParallelBenchArgs& a) {
+  auto port = pick_free_port();
+  if (!port) return port.error();
+  std::array<Result<Measured>, kRanks> out{make_error(errc::internal, "not run"), make_error(errc::internal, "not run")};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] {
+      out[static_cast<size_t>(r)] = [&]() -> Result<Measured> {
+        auto pg = ProcessGroup::create({.store_port = *port, .rank = r, .world_size = kRanks});
+        if (!pg) return pg.error();
+        auto counting = std::make_shared<CountingGroup>(*pg);
+        TrainConfig tc{.optimizer = {.lr = 1e-4, .max_grad_norm = 1.0}};
+        (fsdp ? tc.fsdp_group : tc.dp_group) = counting;
+        auto lm = CausalLM::init_random(cfg, kSeed);
+        if (!lm) return lm.error();
+        auto tr = Trainer::create(std::move(*lm), tc);
+        if (!tr) return tr.error();
+        const TrainBatch batch{.tokens = {.input_ids = random_tokens(a.batch, a.seq, cfg.vocab_size, kSeed + r)}};
+        auto step = [&]() -> Result<void> {
+          if (auto m = tr->forward_backward(batch, {}); !m) return m.error();
+          if (auto s = tr->clip_grad_and_step(); !s) return s.error();
+          return {};
+        };
+        if (auto ok = step(); !ok) return ok.error();  // warm-up: the optimizer's moments exist from here
+        counting->bytes = 0;
+        Result<void> ok{};
+        const double seconds = seconds_of([&] {
+          for (int s = 0; s < a.steps && ok; ++s) ok = step();
+        });
+        if (!ok) return ok.error();
+        return Measured{seconds / a.steps, static_cast<double>(tr->state_bytes()), counting->bytes / a.steps};
+      }();
+    });
+  for (auto& t : threads) t.join();
+  for (auto& o : out)
+    if (!o) return o.error();
+  return *out[0];
+}
+
+}  // namespace
+
+int parallel(const ParallelBenchArgs& a) {
+  if (auto bad = bad_sizes(a.repeats, a.steps, a.batch, a.seq); !bad.empty()) return fail(bad);
+  const auto cfg = bench_model(a.small, a.seq);
+  // One libtorch thread per rank: the two ranks are the machine's two cores.
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(1);
+  std::printf("# %s: Qwen3 %s parameters, %d ranks (threads of this process, 1 libtorch thread each, Gloo over "
+              "loopback), full-parameter AdamW, %lld x %lld tokens per rank; medians of %d runs of %d steps after a "
+              "warm-up step\n",
+              kName, millions(cfg.num_parameters()).c_str(), kRanks, static_cast<long long>(a.batch),
+              static_cast<long long>(a.seq), a.repeats, a.steps);
+  std::printf("# tp2 and pp2 are not built yet (docs/parallelism.md): no lines for them\n");
+  std::fflush(stdout);
+  std::array<std::vector<double>, 2> seconds, state, moved;
+  for (int rep = 0; rep < a.repeats; ++rep)
+    for (int k = 0; k < 2; ++k) {
+      // Alternately first, so that both share whatever else loads the machine.
+      const bool fsdp = (k + rep) % 2 == 1;
+      auto m = run(cfg, fsdp, a);
+      if (!m) {
+        at::set_num_threads(threads_before);
+        return fail(std::string{fsdp ? "fsdp2" : "dp2"} + ": " + describe(m.error()));
+      }
+      seconds[fsdp].push_back(m->seconds_per_step);
+      state[fsdp].push_back(m->state_bytes);
+      moved[fsdp].push_back(m->bytes_per_step);
+    }
+  at::set_num_threads(threads_before);
+  const double tokens = static_cast<double>(kRanks * a.batch * a.seq);
+  const double dp_tps = tokens / median(seconds[0]), fsdp_tps = tokens / median(seconds[1]);
+  // The least each needs per step, over a ring of p ranks: DP one
+  // all-reduce of the gradients (2 P (p-1)/p); FSDP two all-gathers of the
+  // parameters and one reduce-scatter of the gradients (3 P (p-1)/p), P the
+  // model's f32 bytes.
+  const double p_bytes = 4.0 * static_cast<double>(cfg.num_parameters());
+  const double share = static_cast<double>(kRanks - 1) / kRanks;
+  print_metric("dp2_state_bytes", median(state[0]), 0);
+  print_metric("fsdp2_state_bytes", median(state[1]), 0);
+  print_metric("fsdp2_state_bytes_vs_dp", median(state[1]) / median(state[0]), 3);
+  print_metric("dp2_tokens_per_s", dp_tps, 1);
+  print_metric("fsdp2_tokens_per_s", fsdp_tps, 1);
+  print_metric("fsdp2_tokens_per_s_vs_dp", fsdp_tps / dp_tps, 3);
+  print_metric("dp2_bytes_per_step", median(moved[0]), 0);
+  print_metric("dp2_bytes_theory", 2 * share * p_bytes, 0);
+  print_metric("fsdp2_bytes_per_step", median(moved[1]), 0);
+  print_metric("fsdp2_bytes_theory", 3 * share * p_bytes, 0);
+  return 0;
+}
+
+}  // namespace glint::bench

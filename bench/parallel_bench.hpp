@@ -1,0 +1,37 @@
+#pragma once
+/// `glint bench parallel`: what each kind of model parallelism costs and
+/// saves against data parallelism on the same ranks, batches and steps. Two
+/// ranks (threads of this process, one libtorch thread each, a Gloo group
+/// over loopback) train the bench model (`glint bench train`'s Qwen3) with
+/// AdamW, full-parameter.
+///
+/// Prints `name: value` lines, medians of --repeats runs:
+/// - dp2_state_bytes, fsdp2_state_bytes: the parameters, gradients and
+///   optimizer state rank 0 holds (Trainer::state_bytes), and
+///   fsdp2_state_bytes_vs_dp (goal <= 0.55);
+/// - dp2_tokens_per_s, fsdp2_tokens_per_s (both ranks' tokens over the
+///   step's wall time) and fsdp2_tokens_per_s_vs_dp;
+/// - dp2_bytes_per_step, fsdp2_bytes_per_step: what rank 0's collectives
+///   move per step over a ring (an all-reduce of n bytes moves 2 n (p-1)/p,
+///   an all-gather of n bytes out (p-1)/p n), and the *_bytes_theory lines:
+///   the least each scheme needs (DP: one all-reduce of the gradients;
+///   FSDP: two all-gathers of the parameters, one reduce-scatter of the
+///   gradients), so that the gap Gloo's emulated reduce-scatter costs shows.
+/// Tensor and pipeline parallelism are not built yet; their lines are not
+/// printed (a `#` line says so).
+
+#include <cstdint>
+
+namespace glint::bench {
+
+struct ParallelBenchArgs {
+  int repeats = 3;     ///< timed runs per scheme; the median is printed
+  int steps = 2;       ///< steps per timed run (after one warm-up step)
+  int64_t batch = 4;   ///< sequences per rank
+  int64_t seq = 128;   ///< tokens per sequence
+  bool small = false;  ///< a ~0.1M-parameter model, for smoke runs
+};
+
+int parallel(const ParallelBenchArgs& args);
+
+}  // namespace glint::bench

@@ -251,6 +251,15 @@ Result<void> GlooGroup::all_reduce_sum(std::vector<Tensor>& tensors) {
   });
 }
 
+CarriedError::CarriedError(caf::error e) : std::runtime_error(describe(e)), err(std::move(e)) {}
+
+void throw_error(caf::error e) { throw CarriedError(std::move(e)); }
+
+std::optional<caf::error> carried_error(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const CarriedError*>(&e)) return c->err;
+  return std::nullopt;
+}
+
 Result<void> all_reduce_sum(ProcessGroup& pg, std::vector<at::Tensor>& tensors) {
   if (tensors.empty() || pg.size() == 1) return {};
   c10::NoGradGuard no_grad;

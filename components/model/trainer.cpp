@@ -221,7 +221,7 @@ struct Trainer::Impl {
     try {
       r = fn();
     } catch (const std::exception& e) {
-      r = Fsdp::error_of(e).value_or(error_of_exception(e, "a forward and backward pass"));
+      r = carried_error(e).value_or(error_of_exception(e, "a forward and backward pass"));
     }
     if (auto ok = fsdp->end_pass(); !ok) return ok.error();
     if (!r) pass_failed = true;
@@ -779,7 +779,7 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   metrics["loss_count"] = count;
   return metrics;
 } catch (const std::exception& e) {
-  return error_of_exception(e, "forward_backward");
+  return carried_error(e).value_or(error_of_exception(e, "forward_backward"));
 }
 
 }  // namespace
@@ -889,7 +889,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   zero_grad();
   return Metrics{{"grad_norm", norm}, {"lr", lr}, {"step", static_cast<double>(impl_->opt->steps())}};
 } catch (const std::exception& e) {
-  return error_of_exception(e, "clip_grad_and_step");
+  return carried_error(e).value_or(error_of_exception(e, "clip_grad_and_step"));
 }
 
 void Trainer::zero_grad() {

@@ -18,15 +18,6 @@ int64_t layer_of(const std::string& name) {
   return std::stoll(name.substr(prefix.size()));
 }
 
-// Inside the forward and the backward an error can only be thrown; the
-// trainer turns it back into the error it was (Fsdp::error_of).
-struct Failure : std::runtime_error {
-  explicit Failure(caf::error e) : std::runtime_error(describe(e)), err(std::move(e)) {}
-  caf::error err;
-};
-
-[[noreturn]] void fail(caf::error e) { throw Failure(std::move(e)); }
-
 }  // namespace
 
 Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr<ProcessGroup> pg, bool train) {
@@ -75,7 +66,7 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
   f->hooks_.exit = [p = f.get()](int64_t l, at::Tensor out) {
     p->units_[static_cast<size_t>(l)].free_full();
     if (out.requires_grad() != p->backward_needed_[static_cast<size_t>(l)])
-      fail(make_error(errc::internal, "decoder layer " + std::to_string(l) + "'s output " +
+      throw_error(make_error(errc::internal, "decoder layer " + std::to_string(l) + "'s output " +
                                           (out.requires_grad() ? "requires" : "does not require") +
                                           " gradients, against what FSDP planned for the pass"));
     if (out.requires_grad())
@@ -90,13 +81,10 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
 
 Fsdp::~Fsdp() = default;
 
-std::optional<caf::error> Fsdp::error_of(const std::exception& e) {
-  if (const auto* f = dynamic_cast<const Failure*>(&e)) return f->err;
-  return std::nullopt;
-}
+
 
 void Fsdp::gather_unit(size_t u) {
-  if (auto ok = units_[u].gather(*pg_); !ok) fail(ok.error());
+  if (auto ok = units_[u].gather(*pg_); !ok) throw_error(ok.error());
 }
 
 // Layer (or the rest) `u`'s gradients of this pass, summed over the group
@@ -107,9 +95,9 @@ void Fsdp::reduce_unit(size_t u, bool check) {
   if (check)
     for (const auto& p : unit.params())
       if (!p.grad().defined())
-        fail(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
+        throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
                                             " has no gradient when its reduce is due"));
-  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) fail(ok.error());
+  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) throw_error(ok.error());
   unit.free_full();
 }
 
@@ -148,7 +136,7 @@ Result<void> Fsdp::begin_pass(const LoraAdapter* lora) {
     gather_unit(static_cast<size_t>(L));
   } catch (const std::exception& e) {
     in_pass_ = false;
-    return error_of(e).value_or(make_error(errc::internal, e.what()));
+    return carried_error(e).value_or(make_error(errc::internal, e.what()));
   }
   return {};
 }
@@ -174,7 +162,7 @@ Result<void> Fsdp::end_pass() try {
   return {};
 } catch (const std::exception& e) {
   for (auto& u : units_) u.free_full();
-  return with_context(error_of(e).value_or(make_error(errc::internal, e.what())), "FSDP: finishing a pass");
+  return with_context(carried_error(e).value_or(make_error(errc::internal, e.what())), "FSDP: finishing a pass");
 }
 
 Result<Fsdp::Vote> Fsdp::vote(bool mine, bool failed) {

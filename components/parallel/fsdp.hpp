@@ -54,10 +54,6 @@ public:
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
-  /// The error a collective of a pass failed with, from the exception that
-  /// carried it out of the forward or the backward (nullopt: another one).
-  static std::optional<caf::error> error_of(const std::exception& e);
-
   ProcessGroup& group() { return *pg_; }
   bool trains_base() const { return train_; }
 

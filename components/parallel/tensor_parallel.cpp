@@ -1,0 +1,146 @@
+#include "components/parallel/tensor_parallel.hpp"
+
+#include "components/comm/process_group_impl.hpp"
+#include "components/tensor/torch_bridge.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace glint::components::tp {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group, kept in a context's saved data (which holds IValues only).
+struct GroupHolder : torch::CustomClassHolder {
+  explicit GroupHolder(ProcessGroup* p) : pg(p) {}
+  ProcessGroup* pg;
+};
+
+void keep_group(AutogradContext* ctx, ProcessGroup& pg) {
+  ctx->saved_data["pg"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(&pg));
+}
+
+ProcessGroup& group_of(AutogradContext* ctx) {
+  return *static_cast<GroupHolder*>(ctx->saved_data["pg"].toCapsule().get())->pg;
+}
+
+// The sum over the group of a copy of `x` (contiguous), or a thrown error.
+at::Tensor summed(const at::Tensor& x, ProcessGroup& pg, const char* what) {
+  std::vector<at::Tensor> t{x.detach().contiguous().clone()};
+  if (auto ok = all_reduce_sum(pg, t); !ok) throw_error(with_context(ok.error(), what));
+  return t[0];
+}
+
+struct CopyToFn : torch::autograd::Function<CopyToFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, ProcessGroup* pg) {
+    keep_group(ctx, *pg);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {summed(grads[0], group_of(ctx), "tensor parallelism: the input's gradient"), at::Tensor{}};
+  }
+};
+
+struct ReduceFromFn : torch::autograd::Function<ReduceFromFn> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, ProcessGroup* pg) {
+    return summed(x, *pg, "tensor parallelism: a row-parallel output");
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor{}}; }
+};
+
+// log p(target) from this rank's logits [N, Vl] of the rows [v0, v0 + Vl).
+struct VocabLogprobFn : torch::autograd::Function<VocabLogprobFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& w, int64_t v0,
+                            const at::Tensor& targets, ProcessGroup* pg) {
+    at::NoGradGuard no_grad;
+    auto local = at::matmul(hidden, w.t());  // [N, Vl]
+    const int64_t N = local.size(0), Vl = local.size(1);
+    // log-sum-exp over the whole vocabulary from each rank's max and sum:
+    // M = max_r m_r, S = sum_r s_r exp(m_r - M), lse = M + log S.
+    auto m = std::get<0>(local.max(1));                                // [N]
+    auto s = at::exp(local - m.unsqueeze(1)).sum(1);                   // [N]
+    auto mine = at::stack({m, s}, 0).contiguous();                     // [2, N]
+    auto all = at::empty({pg->size() * 2, N}, mine.options());
+    auto in = from_torch(mine);
+    auto out = from_torch(all);
+    if (!in || !out) throw_error(make_error(errc::internal, "vocab_logprob's statistics as glint tensors"));
+    if (auto ok = pg->all_gather(*in, *out); !ok) throw_error(with_context(ok.error(), "vocab_logprob's max and sum"));
+    auto per_rank = all.view({pg->size(), 2, N});
+    auto ms = per_rank.select(1, 0), ss = per_rank.select(1, 1);       // [p, N]
+    auto M = std::get<0>(ms.max(0));
+    auto lse = M + at::log((ss * at::exp(ms - M.unsqueeze(0))).sum(0));
+    // The target's logit, from the rank that holds its row.
+    auto local_t = targets - v0;
+    auto held = (local_t >= 0).logical_and(local_t < Vl);
+    auto idx = at::where(held, local_t, at::zeros_like(local_t));
+    auto t = at::where(held, local.gather(1, idx.unsqueeze(1)).squeeze(1), at::zeros({}, local.options()));
+    t = summed(t, *pg, "vocab_logprob's target logits");
+    ctx->save_for_backward({hidden, w, lse, idx, held});
+    ctx->saved_data["v0"] = v0;
+    return t - lse;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &hidden = saved[0], &w = saved[1], &lse = saved[2], &idx = saved[3], &held = saved[4];
+    auto g = grads[0];  // [N]
+    // d logp / d logit_j = [j = target] - softmax_j, over this rank's rows.
+    auto d = -at::exp(at::matmul(hidden, w.t()) - lse.unsqueeze(1));
+    d.scatter_add_(1, idx.unsqueeze(1), held.to(d.scalar_type()).unsqueeze(1));
+    d = d * g.unsqueeze(1);
+    at::Tensor dh, dw;
+    if (ctx->needs_input_grad(0)) dh = at::matmul(d, w);         // summed over ranks by copy_to
+    if (ctx->needs_input_grad(1)) dw = at::matmul(d.t(), hidden);
+    return {dh, dw, at::Tensor{}, at::Tensor{}, at::Tensor{}};
+  }
+};
+
+}  // namespace
+
+Result<Range> shard_range(int64_t n, const ProcessGroup& pg, const std::string& what) {
+  const int p = pg.size();
+  if (n % p != 0)
+    return make_error(errc::invalid_argument, what + " (" + std::to_string(n) +
+                                                  ") does not divide by the tensor-parallel size " + std::to_string(p) +
+                                                  "; pick a tp size that divides it");
+  return Range{pg.rank() * (n / p), n / p};
+}
+
+at::Tensor copy_to(const at::Tensor& x, ProcessGroup& pg) {
+  if (pg.size() == 1) return x;
+  return CopyToFn::apply(x, &pg);
+}
+
+at::Tensor reduce_from(const at::Tensor& x, ProcessGroup& pg) {
+  if (pg.size() == 1) return x;
+  return ReduceFromFn::apply(x, &pg);
+}
+
+at::Tensor column_linear(const at::Tensor& x, const at::Tensor& w_shard, const at::Tensor& b_shard, ProcessGroup& pg) {
+  return at::linear(copy_to(x, pg), w_shard, b_shard);
+}
+
+at::Tensor row_linear(const at::Tensor& x_shard, const at::Tensor& w_shard, const at::Tensor& b, ProcessGroup& pg) {
+  auto y = reduce_from(at::linear(x_shard, w_shard), pg);
+  return b.defined() ? y + b : y;
+}
+
+at::Tensor vocab_embedding(const at::Tensor& ids, const at::Tensor& w_shard, int64_t vocab_begin, ProcessGroup& pg) {
+  auto local = ids - vocab_begin;
+  auto held = (local >= 0).logical_and(local < w_shard.size(0));
+  auto rows = at::embedding(w_shard, at::where(held, local, at::zeros_like(local)));
+  return reduce_from(rows * held.unsqueeze(-1).to(rows.scalar_type()), pg);
+}
+
+at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, int64_t vocab_begin,
+                         const at::Tensor& targets, ProcessGroup& pg) {
+  const int64_t V = w_shard.size(0) * pg.size();
+  if (targets.numel() > 0 && (targets.min().item<int64_t>() < 0 || targets.max().item<int64_t>() >= V))
+    throw_error(make_error(errc::invalid_argument, "vocab_logprob: a target is outside the vocabulary [0, " +
+                                                       std::to_string(V) + ")"));
+  return VocabLogprobFn::apply(copy_to(hidden, pg), w_shard, vocab_begin, targets, &pg);
+}
+
+}  // namespace glint::components::tp

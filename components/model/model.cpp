@@ -1,4 +1,6 @@
 #include "components/model/transformer.hpp"
+#include "components/comm/process_group_impl.hpp"
+#include "components/parallel/tensor_parallel.hpp"
 
 #include "components/kernels/fused.hpp"
 #include "components/model/kernels.hpp"
@@ -337,8 +339,17 @@ at::Tensor rotate_half(const at::Tensor& x) {
 at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
                                         const PassOptions& pass) const {
   const auto& c = cfg;
-  const int64_t D = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  auto x = at::embedding(param("model.embed_tokens.weight"), ids);
+  const int64_t D = c.head_dim;
+  // Tensor parallelism: this rank's heads, q/k/v and gate/up column-
+  // parallel (their replicated input's gradient summed over the ranks), o
+  // and down row-parallel (their outputs summed).
+  const int64_t nh = tp ? tp->heads : c.num_attention_heads, nkv = tp ? tp->kv_heads : c.num_key_value_heads;
+  auto replicated = [&](const at::Tensor& t) { return tp ? tp::copy_to(t, *tp->pg) : t; };
+  auto summed = [&](const at::Tensor& t) { return tp ? tp::reduce_from(t, *tp->pg) : t; };
+  if (tp && (pass.lora || !pass.row_adapters.empty() || pass.packed))
+    throw_error(make_error(errc::unimplemented, "LoRA and packed weights on a tensor-parallel model are not built yet"));
+  auto x = tp ? tp::vocab_embedding(ids, param("model.embed_tokens.weight"), tp->vocab_begin, *tp->pg)
+              : at::embedding(param("model.embed_tokens.weight"), ids);
   auto [cos, sin] = rope(positions);  // [..., T, D]: the same for every head
   const bool fused_rope = fusable(x);
   auto rotate = [&](const at::Tensor& t) {
@@ -354,7 +365,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto pre = "model.layers." + std::to_string(l) + ".";
     if (pass.layer_hooks) pass.layer_hooks->enter(l);
-    auto h = rms_norm(x, param(pre + "input_layernorm.weight"));
+    auto h = replicated(rms_norm(x, param(pre + "input_layernorm.weight")));
     auto q = heads(linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass), nh);
     auto k = heads(linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass), nkv);
     auto v = heads(linear(pre + "self_attn.v_proj", h, c.qkv_bias, pass), nkv);
@@ -364,11 +375,11 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     }
     q = rotate(q);
     k = rotate(k);
-    x = x + linear(pre + "self_attn.o_proj", attend(l, q, k, v), c.o_bias, pass);
-    h = rms_norm(x, param(pre + "post_attention_layernorm.weight"));
+    x = x + summed(linear(pre + "self_attn.o_proj", attend(l, q, k, v), c.o_bias, pass));
+    h = replicated(rms_norm(x, param(pre + "post_attention_layernorm.weight")));
     auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
     auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
-    x = x + mlp_down(pre + "mlp.down_proj", gate, up, c.mlp_bias, pass);
+    x = x + summed(mlp_down(pre + "mlp.down_proj", gate, up, c.mlp_bias, pass));
     if (pass.layer_hooks) x = pass.layer_hooks->exit(l, std::move(x));
   }
   return rms_norm(x, param("model.norm.weight"));
@@ -377,7 +388,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
 at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOptions& pass) const {
   const auto& c = cfg;
   int64_t B = p.ids.size(0), T = p.ids.size(1), D = c.head_dim;
-  int64_t nh = c.num_attention_heads, groups = nh / c.num_key_value_heads;
+  int64_t nh = tp ? tp->heads : c.num_attention_heads, groups = nh / (tp ? tp->kv_heads : c.num_key_value_heads);
   // Additive masks: 0 where allowed, -inf elsewhere; [B, 1, T, T]. Sliding
   // layers also mask keys sliding_window or more positions before the query
   // (transformers: key kept while its index > query's - window).
@@ -447,6 +458,17 @@ bool use_fused_logprob(int64_t rows, int64_t vocab) {
 CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,
                                             const PassOptions& pass) const {
   auto h = hidden(p, pass);
+  if (tp) {
+    // The vocabulary split over the ranks: no rank forms the logits.
+    if (entropies || keep_logits)
+      throw_error(make_error(errc::unimplemented, "entropies and logits of a tensor-parallel model are not built yet"));
+    const auto H = h.size(-1);
+    auto lp = tp::vocab_logprob(h.reshape({-1, H}), module_weight("lm_head"), tp->vocab_begin, p.targets.reshape({-1}),
+                                *tp->pg);
+    Outputs out;
+    out.logprobs = lp.view(p.targets.sizes()).masked_fill(p.target_mask.logical_not(), 0);
+    return out;
+  }
   if (!keep_logits && !adapted("lm_head", pass) && use_fused_logprob(h.numel() / h.size(-1), cfg.vocab_size)) {
     // The LM head and its log-softmax in row chunks: the [B, T, V] logits
     // are never held, in the forward pass or the backward.
@@ -570,7 +592,11 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) tr
   return error_of_exception(e, "making a model's random weights");
 }
 
-Result<void> CausalLM::Impl::have_parameters(const char* what) const {
+Result<void> CausalLM::Impl::have_parameters(const char* what, bool passes) const {
+  if (tp && !passes)
+    return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are tensor-parallel "
+                                                     "shards over " + std::to_string(tp->pg->size()) +
+                                                     " ranks; each rank holds a part of each projection");
   if (sharded_by.empty()) return {};
   return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are sharded by " +
                                                    sharded_by + " and not gathered here; gather them first "
@@ -605,7 +631,7 @@ Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) con
 const ModelConfig& CausalLM::config() const { return impl_->cfg; }
 
 Result<ForwardResult> CausalLM::forward(const TokenBatch& batch, const ForwardOptions& opts) const try {
-  if (auto ok = impl_->have_parameters("forward"); !ok) return ok.error();
+  if (auto ok = impl_->have_parameters("forward", true); !ok) return ok.error();
   auto p = model_detail::prepare(impl_->cfg, batch);
   if (!p) return p.error();
   PassOptions pass;

@@ -5,6 +5,7 @@
 #include "components/model/optim_impl.hpp"
 #include "components/model/transformer.hpp"
 #include "components/parallel/fsdp.hpp"
+#include "components/parallel/tensor_parallel.hpp"
 #include "components/rl/losses.hpp"
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/log.hpp"
@@ -267,6 +268,13 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
     if (auto a = impl->model.impl().adapter(cfg.adapter); !a) return a.error();
     for (auto& [n, p] : impl->params()) p.requires_grad_(true);
   } else {
+    for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
+  }
+  if (cfg.tp_group && cfg.tp_group->size() > 1) {
+    if (!cfg.adapter.empty() || (cfg.fsdp_group && cfg.fsdp_group->size() > 1))
+      return make_error(errc::unimplemented, "tensor parallelism with an adapter or with fsdp_group is not built yet");
+    if (auto ok = tp::shard_model(impl->model.impl(), cfg.tp_group); !ok)
+      return with_context(ok.error(), "sharding the model over the tp group");
     for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
   }
   if (cfg.fsdp_group && cfg.fsdp_group->size() > 1) {
@@ -540,10 +548,51 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
 
 namespace {
 
+// Under tensor parallelism every rank must take the same batch (each pass
+// is collective): the group compares a fingerprint of each rank's (its
+// shapes and ids) before anything else, so that all fail together.
+Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const LossSpec& spec) {
+  const auto& ids = b.tokens.input_ids;
+  std::vector<double> f{static_cast<double>(ids.dims()), static_cast<double>(static_cast<int>(spec.kind))};
+  for (int64_t d = 0; d < ids.dims(); ++d) f.push_back(static_cast<double>(ids.size(d)));
+  f.resize(6, -1);
+  if (ids.defined() && ids.dtype() == Dtype::i64) {
+    auto t = to_torch(ids).to(at::kDouble).reshape({-1});
+    f[4] = t.sum().item<double>();
+    f[5] = (t * at::arange(t.numel(), t.options()).remainder(977)).sum().item<double>();
+  }
+  auto mine = at::tensor(f, at::kDouble);
+  auto all = at::empty({tp.size() * 6}, at::kDouble);
+  auto in = from_torch(mine);
+  auto out = from_torch(all);
+  if (!in || !out) return make_error(errc::internal, "a batch fingerprint as glint tensors");
+  if (auto ok = tp.all_gather(*in, *out); !ok) return ok;
+  for (int r = 0; r < tp.size(); ++r)
+    if (!at::equal(all.narrow(0, r * 6, 6), mine))
+      return make_error(errc::invalid_argument,
+                        "the ranks of the tensor-parallel group were given different batches (rank " +
+                            std::to_string(r) + "'s differs from rank " + std::to_string(tp.rank()) +
+                            "'s): they share every batch; give them the same one");
+  return {};
+}
+
+// The fewest rows per pass any tensor-parallel rank can take (their memory
+// may differ), so that every rank slices the batch alike.
+Result<int64_t> fewest_rows(ProcessGroup& tp, int64_t rows) {
+  auto v = at::zeros({tp.size()}, at::kDouble);
+  v[tp.rank()] = static_cast<double>(rows);
+  std::vector<at::Tensor> t{v};
+  if (auto ok = all_reduce_sum(tp, t); !ok) return ok.error();
+  return static_cast<int64_t>(t[0].min().item<double>());
+}
+
 // forward_backward on this rank's batch (with FSDP, Trainer::forward_backward
 // then joins the group's remaining passes).
 Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl_, const TrainBatch& b,
                                       const LossSpec& spec, Tensor* logps_out) try {
+  ProcessGroup* tp = impl_->cfg.tp_group && impl_->cfg.tp_group->size() > 1 ? impl_->cfg.tp_group.get() : nullptr;
+  if (tp)
+    if (auto ok = same_batch_on_tp_ranks(*tp, b, spec); !ok) return ok.error();
   if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
@@ -675,6 +724,8 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   const bool entropies = spec.entropy_coef != 0;
   auto rows = impl_->rows_per_pass(B, T, elem, entropies, false, pairwise && !packed);
   if (!rows) return rows.error();
+  if (tp) rows = fewest_rows(*tp, *rows);
+  if (!rows) return rows.error();
   c10::AutoGradMode grad(true);
 
   if (*rows >= B || tokens == 0) {  // one pass (a batch without a counted token: the loss says so)
@@ -697,6 +748,8 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   const bool had = impl_->micro_batches > 0;
   if (had) {
     rows = impl_->rows_per_pass(B, T, elem, entropies, true, pairwise && !packed);
+    if (!rows) return rows.error();
+    if (tp) rows = fewest_rows(*tp, *rows);
     if (!rows) return rows.error();
   }
   auto params = impl_->params();
@@ -869,7 +922,30 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
   double norm = 0;
-  if (sharded) {
+  if (const auto& tpg = impl_->cfg.tp_group; tpg && tpg->size() > 1) {
+    // Whole parameters applied to this rank's heads only (q_norm, k_norm)
+    // have a part of their gradient here: summed over the group. The norm
+    // adds every rank's shards' squares, and each whole parameter's once.
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> parts;
+    for (auto& [n, p] : params)
+      if (tp::gradient_is_partial(n) && p.grad().defined()) parts.push_back(p.grad());
+    auto shard_sq = at::zeros({1}, at::kDouble);
+    for (auto& [n, p] : params)
+      if (tp::is_shard(n) && p.grad().defined()) shard_sq += p.grad().to(at::kDouble).pow(2).sum();
+    parts.push_back(shard_sq);
+    if (auto ok = all_reduce_sum(*tpg, parts); !ok) {
+      zero_grad();
+      return ok.error();
+    }
+    double whole_sq = 0;
+    for (auto& [n, p] : params)
+      if (!tp::is_shard(n) && p.grad().defined()) whole_sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    norm = std::sqrt(parts.back().item<double>() + whole_sq);
+    std::vector<at::Tensor> grads;
+    for (auto& [n, p] : params) grads.push_back(p.grad());
+    clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
+  } else if (sharded) {
     // The global norm: every shard's squares, summed over the fsdp group.
     auto n = clip_grad_norm(fsdp->units(), fsdp->group(), impl_->cfg.optimizer.max_grad_norm);
     if (!n) {

@@ -143,6 +143,12 @@ struct TrainConfig {
   /// With an adapter, the base is sharded and frozen and the adapter is
   /// trained data-parallel over both groups.
   std::shared_ptr<ProcessGroup> fsdp_group{};
+  /// Tensor parallelism over this group (null or size 1: none): the model
+  /// is cut into shards in place (tp::shard_model: heads, MLP features and
+  /// the vocabulary split; components/parallel/tensor_parallel.hpp). Its
+  /// ranks take the same batch, each call on every rank; the gradient norm
+  /// is the whole model's. Not with an adapter or fsdp_group yet.
+  std::shared_ptr<ProcessGroup> tp_group{};
   /// At most this many rows per forward and backward pass (0: as many as
   /// fit in memory_budget_bytes); a pairwise loss takes whole pairs, so at
   /// least 2.

@@ -2,6 +2,7 @@
 /// The LibTorch side of CausalLM, for components/ code and tests only (it
 /// includes ATen; layers above use model.hpp).
 
+#include "components/comm/process_group.hpp"
 #include "components/model/model.hpp"
 
 #include <ATen/ATen.h>
@@ -87,6 +88,14 @@ struct PassOptions {
 /// (normed and rotated) to the weighted values [..., T, heads * D].
 using Attention = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
+/// A model whose parameters are tensor-parallel shards (tp::shard_model):
+/// its passes are collective over `pg` (every rank runs each one).
+struct TensorParallelPlan {
+  std::shared_ptr<ProcessGroup> pg;
+  int64_t heads = 0, kv_heads = 0;  ///< this rank's attention and key/value heads
+  int64_t vocab_begin = 0;          ///< this rank's first row of the embeddings and the LM head
+};
+
 struct CausalLM::Impl {
   ModelConfig cfg;
   std::vector<std::string> names;            ///< parameter names in HF order
@@ -97,8 +106,13 @@ struct CausalLM::Impl {
   /// their bytes between uses): what holds them. Reading them then would
   /// read freed memory, so the calls that read them refuse (have_parameters).
   std::string sharded_by;
-  /// An error naming `what` when the parameters are sharded (sharded_by).
-  Result<void> have_parameters(const char* what) const;
+  /// Set when the parameters are tensor-parallel shards: passes run on
+  /// them (collectively), nothing reads them whole.
+  std::shared_ptr<TensorParallelPlan> tp;
+  /// An error naming `what` when the parameters are sharded (sharded_by),
+  /// or, unless `passes` (a forward pass, which runs on shards), tensor-
+  /// parallel shards.
+  Result<void> have_parameters(const char* what, bool passes = false) const;
 
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
   /// Every projection's module path, in model order.

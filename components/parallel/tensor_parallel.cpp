@@ -143,4 +143,70 @@ at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, in
   return VocabLogprobFn::apply(copy_to(hidden, pg), w_shard, vocab_begin, targets, &pg);
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// How a parameter splits: 0 its rows, 1 its columns, -1 not at all.
+int split_dim(const std::string& n) {
+  for (const char* rows : {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+                           "v_proj.bias", "gate_proj.weight", "up_proj.weight", "embed_tokens.weight", "lm_head.weight"})
+    if (ends_with(n, rows)) return 0;
+  for (const char* cols : {"o_proj.weight", "down_proj.weight"})
+    if (ends_with(n, cols)) return 1;
+  return -1;
+}
+
+}  // namespace
+
+bool is_shard(const std::string& name) { return split_dim(name) >= 0; }
+
+bool gradient_is_partial(const std::string& name) {
+  return ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight");
+}
+
+Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
+  if (!pg) return make_error(errc::invalid_argument, "tensor parallelism needs a process group");
+  if (m.tp || !m.sharded_by.empty()) return make_error(errc::failed_precondition, "the model is sharded already");
+  if (!m.adapters.empty())
+    return make_error(errc::unimplemented, "LoRA on a tensor-parallel model is not built yet; remove the adapters or "
+                                           "use data parallelism");
+  const auto& c = m.cfg;
+  if (c.o_bias || c.mlp_bias)
+    return make_error(errc::unimplemented, "a model whose o_proj or down_proj has a bias cannot be tensor-parallel "
+                                           "yet (the bias would be added on every rank)");
+  auto heads = shard_range(c.num_attention_heads, *pg, "the number of attention heads");
+  if (!heads) return heads.error();
+  auto kv = shard_range(c.num_key_value_heads, *pg, "the number of key/value heads (GQA)");
+  if (!kv) return kv.error();
+  auto mlp = shard_range(c.intermediate_size, *pg, "intermediate_size");
+  if (!mlp) return mlp.error();
+  auto vocab = shard_range(c.vocab_size, *pg, "vocab_size");
+  if (!vocab) return vocab.error();
+  c10::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out;
+  for (const auto& n : m.names) {
+    const auto& p = m.params.at(n);
+    const int dim = split_dim(n);
+    if (dim < 0) {
+      out[n] = p;
+      continue;
+    }
+    Range r = *mlp;
+    if (n.find("q_proj") != std::string::npos || n.find("o_proj") != std::string::npos)
+      r = {heads->begin * c.head_dim, heads->size * c.head_dim};
+    else if (n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos)
+      r = {kv->begin * c.head_dim, kv->size * c.head_dim};
+    else if (n.find("embed_tokens") != std::string::npos || n.find("lm_head") != std::string::npos)
+      r = *vocab;
+    out[n] = p.narrow(dim, r.begin, r.size).contiguous().clone().set_requires_grad(p.requires_grad());
+  }
+  m.params = std::move(out);
+  m.tp = std::make_shared<TensorParallelPlan>(
+      TensorParallelPlan{std::move(pg), heads->size, kv->size, vocab->begin});
+  return {};
+}
+
 }  // namespace glint::components::tp

@@ -22,6 +22,7 @@
 /// CarriedError (components/comm/process_group_impl.hpp).
 
 #include "components/comm/process_group.hpp"
+#include "components/model/transformer.hpp"
 
 #include <ATen/ATen.h>
 
@@ -58,5 +59,22 @@ at::Tensor vocab_embedding(const at::Tensor& ids, const at::Tensor& w_shard, int
 /// error.
 at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, int64_t vocab_begin,
                          const at::Tensor& targets, ProcessGroup& pg);
+
+/// Cuts `model`'s parameters into this rank's tensor-parallel shards, in
+/// place: attention heads (q, k, v rows; o columns) and MLP features (gate
+/// and up rows, down columns) split evenly, the vocabulary's rows of the
+/// embeddings and the LM head too; norms stay whole. Refused, naming the
+/// reason, where a count does not divide by the group's size (GQA's key/
+/// value heads included), where an output projection has a bias (it would
+/// be added on every rank), or where the model has adapters. From then on
+/// every pass is collective and the model cannot be saved or read whole.
+Result<void> shard_model(CausalLM::Impl& model, std::shared_ptr<ProcessGroup> pg);
+
+/// Whether parameter `name` of a tensor-parallel model is a shard (false:
+/// whole on every rank), and, for whole ones, whether each rank's gradient
+/// is only its heads' part (q_norm and k_norm, applied to this rank's heads)
+/// and must be summed over the group.
+bool is_shard(const std::string& name);
+bool gradient_is_partial(const std::string& name);
 
 }  // namespace glint::components::tp

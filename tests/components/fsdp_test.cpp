@@ -150,7 +150,9 @@ TEST(Fsdp, ABadBatchOnOneRankStillJoinsAndTheShardedModelRefusesReads) {
     if (r == 1) batch.tokens.input_ids = ids_of({{1, 2, 99, 4, 5, 6}, {7, 8, 9, 0, 0, 0}, {4, 4, 4, 4, 0, 0}});
     auto m = tr->forward_backward(batch, {});
     EXPECT_EQ(static_cast<bool>(m), r == 0);
-    if (!m) EXPECT_NE(describe(m.error()).find("99"), std::string::npos) << describe(m.error());
+    if (!m) {
+      EXPECT_NE(describe(m.error()).find("99"), std::string::npos) << describe(m.error());
+    }
     ASSERT_TRUE(tr->clip_grad_and_step());
     auto read = tr->model().forward({.input_ids = ids_of({{1, 2, 3}})});
     ASSERT_FALSE(read);

@@ -2,8 +2,11 @@
 // unsharded, forward and gradients, in f64 with logits scaled up so that an
 // error would show (each test says its bound).
 #include "components/comm/process_group_impl.hpp"
+#include "components/tensor/torch_bridge.hpp"
+#include "components/model/trainer.hpp"
 #include "components/parallel/tensor_parallel.hpp"
 
+#include "support/tensors.hpp"
 #include "support/thread_ranks.hpp"
 
 #include <gtest/gtest.h>
@@ -11,6 +14,8 @@
 namespace glint::components {
 namespace {
 
+using glint::testing::borrowed;
+using glint::testing::ids_of;
 using glint::testing::on_ranks;
 
 ::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b, double rel) {
@@ -82,6 +87,89 @@ TEST(TensorParallel, TheVocabularySplitsForTheLogProbAndTheEmbedding) {
     EXPECT_TRUE(near(tp::vocab_embedding(targets, ws.detach(), range->begin, pg), emb, 0));
     EXPECT_THROW(tp::vocab_logprob(hs, ws, range->begin, at::tensor({10}, at::kLong), pg), CarriedError);
     EXPECT_FALSE(tp::shard_range(7, pg, "the number of kv heads"));
+  });
+}
+
+// Qwen3 (q/k norms, GQA 4 heads over 2 key/value heads), in f64.
+Result<CausalLM> tp_model() {
+  auto lm = CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 32, 16, 24, 2, 4, 2), 9);
+  if (lm)
+    for (auto& [n, t] : lm->impl().params) t = (n.find("norm") == std::string::npos ? t * 8.0 : t).to(at::kDouble);
+  return lm;
+}
+
+// Three AdamW steps with clipping of a tensor-parallel model on 2 ranks
+// (both take the whole batch) against one process: the same losses and
+// global gradient norms, and afterwards the same log-probabilities (every
+// weight takes part) and norm weights (q_norm and k_norm, whose gradients
+// are summed over the ranks' heads). Within 1e-12 relative in f64 (weights
+// scaled up so that the attention is sharp).
+TEST(TensorParallel, ATensorParallelModelTrainsAsOneProcess) {
+  const auto ids = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 0, 0}, {31, 30, 4, 4, 2, 1}});
+  const auto mask = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 1}});
+  const TrainBatch batch{.tokens = {.input_ids = ids, .attention_mask = mask}};
+  const TrainConfig tc{.optimizer = {.lr = 2e-2, .weight_decay = 0.1, .max_grad_norm = 0.5}};
+  auto single = Trainer::create(*tp_model(), tc);
+  ASSERT_TRUE(single);
+  std::vector<double> losses, norms;
+  for (int s = 0; s < 3; ++s) {
+    auto m = single->forward_backward(batch, {});
+    ASSERT_TRUE(m);
+    auto st = single->clip_grad_and_step();
+    ASSERT_TRUE(st);
+    losses.push_back(m->at("loss"));
+    norms.push_back(st->at("grad_norm"));
+    EXPECT_GT(norms.back(), 0.5);
+  }
+  auto expected = single->model().forward(batch.tokens);
+  ASSERT_TRUE(expected);
+  on_ranks(2, [&](int r, ProcessGroup& pg) {
+    auto mine = tc;
+    mine.tp_group = borrowed(pg);
+    auto tr = Trainer::create(*tp_model(), mine);
+    ASSERT_TRUE(tr) << describe(tr.error());
+    EXPECT_EQ(tr->model().impl().params.at("model.layers.0.self_attn.k_proj.weight").size(0), 4) << "one kv head each";
+    for (int s = 0; s < 3; ++s) {
+      auto m = tr->forward_backward(batch, {});
+      ASSERT_TRUE(m) << describe(m.error());
+      auto st = tr->clip_grad_and_step();
+      ASSERT_TRUE(st) << describe(st.error());
+      EXPECT_NEAR(m->at("loss"), losses[s], 1e-12 * losses[s]) << "step " << s;
+      EXPECT_NEAR(st->at("grad_norm"), norms[s], 1e-12 * norms[s]) << "step " << s;
+    }
+    auto got = tr->model().forward(batch.tokens);
+    ASSERT_TRUE(got) << describe(got.error());
+    EXPECT_TRUE(near(to_torch(got->logprobs), to_torch(expected->logprobs), 1e-12)) << "rank " << r;
+    for (auto* n : {"model.layers.1.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+                    "model.layers.1.input_layernorm.weight", "model.norm.weight"})
+      EXPECT_TRUE(near(tr->model().impl().params.at(n), single->model().impl().params.at(n), 1e-12)) << n;
+    auto saved = tr->model().save("/nonexistent");
+    ASSERT_FALSE(saved);
+    EXPECT_NE(describe(saved.error()).find("tensor-parallel shards"), std::string::npos) << describe(saved.error());
+    EXPECT_FALSE(tr->model().forward(batch.tokens, {.entropies = true})) << "not built: refused, not wrong";
+    // A rank given another batch: both refuse the call, naming it.
+    auto other = r == 0 ? batch : TrainBatch{.tokens = {.input_ids = ids_of({{1, 2, 3}})}};
+    auto m = tr->forward_backward(other, {});
+    ASSERT_FALSE(m);
+    EXPECT_NE(describe(m.error()).find("different batches"), std::string::npos) << describe(m.error());
+  });
+}
+
+TEST(TensorParallel, AModelThatDoesNotSplitIsRefused) {
+  on_ranks(2, [&](int, ProcessGroup& pg) {
+    // One key/value head cannot go to two ranks (GQA).
+    auto lm = CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 32, 16, 24, 1, 4, 1), 1);
+    ASSERT_TRUE(lm);
+    auto tr = Trainer::create(std::move(*lm), {.tp_group = borrowed(pg)});
+    ASSERT_FALSE(tr);
+    EXPECT_NE(describe(tr.error()).find("the number of key/value heads (GQA) (1) does not divide by the "
+                                        "tensor-parallel size 2"),
+              std::string::npos)
+        << describe(tr.error());
+    auto odd = CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 31, 16, 24, 1, 4, 2), 1);
+    auto refused = Trainer::create(std::move(*odd), {.tp_group = borrowed(pg)});
+    ASSERT_FALSE(refused);
+    EXPECT_NE(describe(refused.error()).find("vocab_size (31)"), std::string::npos) << describe(refused.error());
   });
 }
 

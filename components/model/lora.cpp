@@ -256,7 +256,7 @@ Result<void> CausalLM::load_adapter(const std::string& name, const std::string& 
 namespace {
 
 Result<void> fold(CausalLM::Impl& impl, const std::string& name, bool merge) {
-  if (auto ok = impl.have_parameters(merge ? "merge_adapter" : "unmerge_adapter"); !ok) return ok;
+  if (auto ok = impl.have_parameters(merge ? "merge_adapter" : "unmerge_adapter", false, true); !ok) return ok;
   auto it = impl.adapters.find(name);
   if (it == impl.adapters.end()) {
     auto err = impl.adapter(name);

@@ -592,12 +592,16 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) tr
   return error_of_exception(e, "making a model's random weights");
 }
 
-Result<void> CausalLM::Impl::have_parameters(const char* what, bool passes) const {
+Result<void> CausalLM::Impl::have_parameters(const char* what, bool passes, bool writes) const {
   if (tp && !passes)
     return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are tensor-parallel "
                                                      "shards over " + std::to_string(tp->pg->size()) +
                                                      " ranks; each rank holds a part of each projection");
   if (sharded_by.empty()) return {};
+  if (writes)
+    return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are sharded by " +
+                                                     sharded_by + "; a change to them would be lost at the next pass");
+  if (gathered) return {};
   return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are sharded by " +
                                                    sharded_by + " and not gathered here; gather them first "
                                                    "(Trainer::gather_parameters, on every rank of the group)");
@@ -661,7 +665,9 @@ Result<NamedTensors> CausalLM::named_parameters() const {
   if (auto ok = impl_->have_parameters("named_parameters"); !ok) return ok.error();
   NamedTensors out;
   for (const auto& name : impl_->names) {
-    auto t = from_torch(impl_->params.at(name));
+    // FSDP frees the gathered bytes at the next pass: copies, not views.
+    const auto& p = impl_->params.at(name);
+    auto t = from_torch(impl_->sharded_by.empty() ? p : p.detach().clone());
     if (!t) return with_context(t.error(), name);
     out.emplace_back(name, std::move(*t));
   }

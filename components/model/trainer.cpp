@@ -175,6 +175,7 @@ struct Trainer::Impl {
   int64_t summed = 0;      ///< of those, the passes of a loss with reduction sum (never divided)
   std::unique_ptr<Fsdp> fsdp;  ///< with fsdp_group: the base's shards
   bool pass_failed = false;    ///< with fsdp: a pass of this forward_backward call failed
+  int64_t passes_run = 0;      ///< with fsdp: the passes of this call this rank ran its own batch in
 
   ParamList params() const {
     if (fsdp && fsdp->trains_base()) return fsdp->shards();
@@ -217,14 +218,21 @@ struct Trainer::Impl {
     if (!fsdp) return fn();
     if (!voted)
       if (auto v = fsdp->vote(true, false); !v) return v.error();
-    if (auto ok = fsdp->begin_pass(pass.lora); !ok) return ok.error();
+    ++passes_run;
+    if (auto ok = fsdp->begin_pass(pass.lora); !ok) {
+      pass_failed = true;
+      return ok.error();
+    }
     R r = make_error(errc::internal, "no pass");
     try {
       r = fn();
     } catch (const std::exception& e) {
       r = carried_error(e).value_or(error_of_exception(e, "a forward and backward pass"));
     }
-    if (auto ok = fsdp->end_pass(); !ok) return ok.error();
+    if (auto ok = fsdp->end_pass(); !ok) {
+      pass_failed = true;
+      return ok.error();
+    }
     if (!r) pass_failed = true;
     return r;
   }
@@ -728,6 +736,9 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   if (!rows) return rows.error();
   c10::AutoGradMode grad(true);
 
+  if (tokens == 0 && impl_->fsdp)  // before any pass: only this rank's data is left out (see forward_backward)
+    return make_error(errc::invalid_argument, "the batch has no counted token (loss_mask and the targets leave "
+                                              "every position out): nothing to train on");
   if (*rows >= B || tokens == 0) {  // one pass (a batch without a counted token: the loss says so)
     at::Tensor lp;
     auto one = impl_->as_pass<Trainer::Impl::PassResult>(*pass, [&] { return impl_->pass_once(all, spec, *pass, logps_out ? &lp : nullptr); });
@@ -757,6 +768,7 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   if (had)
     for (auto& [n, p] : params) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
   auto restore = [&] {
+    if (impl_->fsdp) return;  // every rank's gradients are in the shards: Trainer::forward_backward undoes the call
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i].second;
@@ -848,7 +860,12 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   std::vector<at::Tensor> saved;
   for (auto& [n, p] : im.params()) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
   im.pass_failed = false;
+  im.passes_run = 0;
   auto here = forward_backward_here(impl_, b, spec, logps_out);
+  // Failing after a pass of its own (a later slice, a stop) leaves this
+  // rank's earlier gradients in every rank's shards: the call is undone
+  // everywhere. Failing before any (a bad batch) leaves only its data out.
+  if (!here && im.passes_run > 0) im.pass_failed = true;
   auto pass = im.pass();
   if (!pass) return pass.error();
   bool any_failed = false;
@@ -859,7 +876,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
       any_failed = v->any_failed;
       break;
     }
-    if (auto ok = im.idle_pass(*pass); !ok && im.fsdp->group().broken()) return ok.error();
+    (void)im.idle_pass(*pass);  // a failure marks the call failed, or the group unusable (the next vote says so)
   }
   if (!any_failed) return here;
   c10::NoGradGuard no_grad;
@@ -883,6 +900,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   // Shards of the base: summed over the fsdp group by each layer's
   // reduce-scatter already; over dp (replicas of the shards) here.
   const bool sharded = fsdp && fsdp->trains_base();
+  if (fsdp) fsdp->release_all();  // gathered values would be the weights before the step
   // With data parallelism every rank must join the all-reduce, even one
   // whose forward_backward failed (it adds zeros), or its peers would wait.
   if (impl_->micro_batches == 0 && !distributed)

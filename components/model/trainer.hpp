@@ -194,8 +194,9 @@ public:
   CausalLM& model();
   /// With fsdp_group: every rank gathers the full base parameters (a
   /// collective: call it on every rank), so that the model can be read
-  /// (forward, save, weight sync) until the next forward_backward or
-  /// release_parameters frees them. Without: nothing to do.
+  /// (forward, save, weight sync) until the next forward_backward,
+  /// clip_grad_and_step or release_parameters frees them (named_parameters
+  /// answers copies). Without: nothing to do.
   Result<void> gather_parameters();
   void release_parameters();
   /// The bytes this rank holds of the trained parameters, their gradients

@@ -102,17 +102,21 @@ struct CausalLM::Impl {
   std::map<std::string, at::Tensor> params;  ///< f32, contiguous
   std::map<std::string, LoraAdapter> adapters;
   std::string name_or_path;  ///< where the weights came from (CausalLM::name_or_path)
-  /// Set while the base parameters are sharded and not gathered (FSDP frees
-  /// their bytes between uses): what holds them. Reading them then would
+  /// Set when the base parameters are FSDP's (which frees their bytes
+  /// between uses): what holds them. Reading them while not gathered would
   /// read freed memory, so the calls that read them refuse (have_parameters).
   std::string sharded_by;
+  /// With sharded_by: the full parameters are there now (gathered, to be
+  /// read until the next pass frees them).
+  bool gathered = false;
   /// Set when the parameters are tensor-parallel shards: passes run on
   /// them (collectively), nothing reads them whole.
   std::shared_ptr<TensorParallelPlan> tp;
-  /// An error naming `what` when the parameters are sharded (sharded_by),
-  /// or, unless `passes` (a forward pass, which runs on shards), tensor-
-  /// parallel shards.
-  Result<void> have_parameters(const char* what, bool passes = false) const;
+  /// An error naming `what` when the parameters cannot be read now: FSDP
+  /// shards not gathered, or, unless `passes` (a forward pass, which runs
+  /// on shards), tensor-parallel shards. `writes`: also when they are
+  /// FSDP's at all (a write to gathered values is lost at the next pass).
+  Result<void> have_parameters(const char* what, bool passes = false, bool writes = false) const;
 
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
   /// Every projection's module path, in model order.

@@ -36,6 +36,9 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
     names[static_cast<size_t>(l < 0 ? L : l)].push_back(n);
   }
   const int shards = f->pg_->size(), rank = f->pg_->rank();
+  // Refused from the first unit on: a failure part of the way leaves
+  // earlier units' bytes freed.
+  model.sharded_by = "FSDP over " + std::to_string(shards) + " ranks";
   for (int64_t u = 0; u <= L; ++u) {
     std::vector<at::Tensor> params;
     for (const auto& n : names[static_cast<size_t>(u)]) {
@@ -45,7 +48,9 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
     }
     auto flat = FlatParam::shard(params, shards, rank);
     if (!flat) return with_context(flat.error(), u < L ? "decoder layer " + std::to_string(u) : "the embeddings");
-    const auto name = u < L ? "fsdp.layers." + std::to_string(u) : std::string{"fsdp.rest"};
+    // The rank in the name: one rank's optimizer state is refused by another.
+    const auto prefix = "fsdp" + std::to_string(rank) + "of" + std::to_string(shards);
+    const auto name = u < L ? prefix + ".layers." + std::to_string(u) : prefix + ".rest";
     // Which elements decay: the parameters' rule, element by element.
     std::vector<at::Tensor> parts;
     for (const auto& n : names[static_cast<size_t>(u)])
@@ -58,13 +63,15 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
     f->units_.push_back(std::move(*flat));
     f->unit_names_.push_back(name);
   }
-  model.sharded_by = "FSDP over " + std::to_string(shards) + " ranks";
   f->hooks_.enter = [p = f.get()](int64_t l) {
     p->gather_unit(static_cast<size_t>(l));
     p->forward_done_ = l + 1;
   };
   f->hooks_.exit = [p = f.get()](int64_t l, at::Tensor out) {
     p->units_[static_cast<size_t>(l)].free_full();
+    // A forward without gradients (log-probs only) needs no backward:
+    // end_pass runs its collectives with zeros.
+    if (!at::GradMode::is_enabled()) return out;
     if (out.requires_grad() != p->backward_needed_[static_cast<size_t>(l)])
       throw_error(make_error(errc::internal, "decoder layer " + std::to_string(l) + "'s output " +
                                           (out.requires_grad() ? "requires" : "does not require") +
@@ -81,10 +88,13 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
 
 Fsdp::~Fsdp() = default;
 
-
-
+// A collective that failed leaves this rank out of step with the others
+// (which issued it or not): the group is unusable from then on.
 void Fsdp::gather_unit(size_t u) {
-  if (auto ok = units_[u].gather(*pg_); !ok) throw_error(ok.error());
+  if (auto ok = units_[u].gather(*pg_); !ok) {
+    broken_ = true;
+    throw_error(ok.error());
+  }
 }
 
 // Layer (or the rest) `u`'s gradients of this pass, summed over the group
@@ -97,7 +107,10 @@ void Fsdp::reduce_unit(size_t u, bool check) {
       if (!p.grad().defined())
         throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
                                             " has no gradient when its reduce is due"));
-  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) throw_error(ok.error());
+  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) {
+    broken_ = true;
+    throw_error(ok.error());
+  }
   unit.free_full();
 }
 
@@ -105,19 +118,30 @@ void Fsdp::reduce_unit(size_t u, bool check) {
 // layer above is done, and is reduced (or, frozen, freed); `l` is gathered.
 // `check`: the layer above must have every gradient (see reduce_unit).
 void Fsdp::backward_reached(int64_t l, bool check) {
-  finish_lowest(check);
+  finish_pending(check);
+  next_backward_ = l - 1;
   gather_unit(static_cast<size_t>(l));
-  lowest_reached_ = l;
+  pending_ = l;
 }
 
-void Fsdp::finish_lowest(bool check) {
-  if (lowest_reached_ < 0) return;
-  const auto above = static_cast<size_t>(lowest_reached_);
+// The layer gathered for the backward and not yet reduced (or freed).
+void Fsdp::finish_pending(bool check) {
+  if (pending_ < 0) return;
+  const auto above = static_cast<size_t>(pending_);
+  pending_ = -1;
   if (train_) reduce_unit(above, check);
   else units_[above].free_full();
 }
 
+Result<void> Fsdp::usable() const {
+  if (broken_)
+    return make_error(errc::unavailable, "an earlier collective of this FSDP group failed, so its ranks are out of "
+                                         "step; start the model group again (from a checkpoint)");
+  return {};
+}
+
 Result<void> Fsdp::begin_pass(const LoraAdapter* lora) {
+  if (auto ok = usable(); !ok) return ok;
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a pass began inside another");
   if (gathered_all_) release_all();
   const auto L = static_cast<int64_t>(units_.size()) - 1;
@@ -130,7 +154,8 @@ Result<void> Fsdp::begin_pass(const LoraAdapter* lora) {
   backward_needed_.assign(static_cast<size_t>(L), false);
   for (int64_t l = lowest; l < L; ++l) backward_needed_[static_cast<size_t>(l)] = true;
   forward_done_ = 0;
-  lowest_reached_ = -1;
+  next_backward_ = L - 1;
+  pending_ = -1;
   in_pass_ = true;
   try {
     gather_unit(static_cast<size_t>(L));
@@ -153,12 +178,18 @@ Result<void> Fsdp::end_pass() try {
   }
   // The backward's remaining steps, with whatever gradients there are
   // (none: zeros): unchecked, as the backward may not have run.
-  const int64_t from = lowest_reached_ >= 0 ? lowest_reached_ - 1 : L - 1;
-  for (int64_t l = from; l >= 0; --l)
+  for (int64_t l = next_backward_; l >= 0; --l)
     if (backward_needed_[static_cast<size_t>(l)]) backward_reached(l, false);
-  finish_lowest(false);
+  finish_pending(false);
   if (train_) reduce_unit(static_cast<size_t>(L), false);
   units_[static_cast<size_t>(L)].free_full();
+  // Every gradient of the pass was reduced: one that lands after its
+  // layer's reduce would be lost (or leak into the next pass).
+  if (train_)
+    for (size_t u = 0; u < units_.size(); ++u)
+      for (const auto& p : units_[u].params())
+        if (p.grad().defined())
+          return make_error(errc::internal, "FSDP: a gradient of " + unit_names_[u] + " arrived after its reduce");
   return {};
 } catch (const std::exception& e) {
   for (auto& u : units_) u.free_full();
@@ -166,12 +197,17 @@ Result<void> Fsdp::end_pass() try {
 }
 
 Result<Fsdp::Vote> Fsdp::vote(bool mine, bool failed) {
+  if (auto ok = usable(); !ok) return ok.error();
   std::vector<at::Tensor> t{at::tensor({mine ? 1.0 : 0.0, failed ? 1.0 : 0.0}, at::kDouble)};
-  if (auto ok = all_reduce_sum(*pg_, t); !ok) return ok.error();
+  if (auto ok = all_reduce_sum(*pg_, t); !ok) {
+    broken_ = true;
+    return ok.error();
+  }
   return Vote{t[0][0].item<double>() > 0, t[0][1].item<double>() > 0};
 }
 
 Result<void> Fsdp::gather_all() {
+  if (auto ok = usable(); !ok) return ok;
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: gather_all inside a pass");
   for (auto& u : units_)
     if (auto ok = u.gather(*pg_); !ok) {
@@ -179,14 +215,14 @@ Result<void> Fsdp::gather_all() {
       return ok;
     }
   gathered_all_ = true;
-  model_->sharded_by.clear();
+  model_->gathered = true;
   return {};
 }
 
 void Fsdp::release_all() {
   for (auto& u : units_) u.free_full();
   gathered_all_ = false;
-  model_->sharded_by = "FSDP over " + std::to_string(pg_->size()) + " ranks";
+  model_->gathered = false;
 }
 
 ParamList Fsdp::shards() const {

@@ -95,7 +95,8 @@ private:
   void gather_unit(size_t u);  // throw: they run inside the forward and the backward
   void reduce_unit(size_t u, bool check);
   void backward_reached(int64_t layer, bool check);
-  void finish_lowest(bool check);
+  void finish_pending(bool check);
+  Result<void> usable() const;
 
   CausalLM::Impl* model_ = nullptr;
   std::shared_ptr<ProcessGroup> pg_;
@@ -108,8 +109,10 @@ private:
   bool in_pass_ = false;
   std::vector<bool> backward_needed_;  // per layer: its output requires grad
   int64_t forward_done_ = 0;           // layers whose forward gathered
-  int64_t lowest_reached_ = -1;        // the lowest layer the backward gathered (-1: none yet)
+  int64_t next_backward_ = -1;         // the next layer the backward gathers
+  int64_t pending_ = -1;               // gathered for the backward, not yet reduced (-1: none)
   bool gathered_all_ = false;
+  bool broken_ = false;                // a collective failed: out of step with the other ranks
 };
 
 }  // namespace glint::components

@@ -4,6 +4,7 @@
 #include "components/model/trainer.hpp"
 #include "components/model/transformer.hpp"
 #include "components/parallel/fsdp.hpp"
+#include "components/tensor/torch_bridge.hpp"
 
 #include "support/tensors.hpp"
 #include "support/thread_ranks.hpp"
@@ -217,6 +218,87 @@ TEST(Fsdp, ShardsReplicatedOverDataParallelTrainAsOneProcess) {
   for (auto& t : threads) t.join();
   for (auto& [n, p] : single->model().impl().params)
     for (size_t r = 0; r < 4; ++r) EXPECT_TRUE(near(finals[r].at(n), p, 1e-11)) << n << " on rank " << r;
+}
+
+// Two calls where a rank's slices differ (micro-batches of one row, rank 0
+// with two): log-probs asked for a slice with no counted token (a forward
+// without gradients inside the group's passes), then a call whose second
+// slice on rank 0 has a loss that is not finite. That call fails on both
+// ranks and leaves nothing behind: the next call and step give the weights
+// of a run that never made it.
+TEST(Fsdp, ASliceWithoutTargetsAndAFailedSliceKeepTheRanksInStep) {
+  auto run = [&](bool with_failure) {
+    std::array<std::map<std::string, at::Tensor>, 2> finals;
+    on_ranks(2, [&](int r, ProcessGroup& pg) {
+      auto tr = Trainer::create(*CausalLM::init_random(uneven(), 3),
+                                {.optimizer = {.lr = 1e-2}, .fsdp_group = borrowed(pg), .micro_batch_rows = 1});
+      ASSERT_TRUE(tr);
+      const auto ids = r == 0 ? ids_of({{1, 2, 3, 4}, {5, 6, 7, 8}}) : ids_of({{9, 8, 7, 6}});
+      const auto none = r == 0 ? ids_of({{1, 1, 1, 1}, {0, 0, 0, 0}}) : ids_of({{1, 1, 1, 1}});
+      Tensor logps;
+      auto m = tr->forward_backward({.tokens = {.input_ids = ids}, .loss_mask = none}, {}, &logps);
+      ASSERT_TRUE(m) << describe(m.error());
+      EXPECT_EQ(logps.shape(), ids.shape());
+      ASSERT_TRUE(tr->clip_grad_and_step());
+      if (with_failure) {
+        // Weights of 3e38 overflow the loss's f32 sum on rank 0's second row only.
+        std::vector<float> w(r == 0 ? 8 : 4, 1.f);
+        if (r == 0) std::fill(w.begin() + 4, w.end(), 3e38f);
+        auto weights = Tensor::from_values(w, {r == 0 ? 2 : 1, 4});
+        ASSERT_TRUE(weights);
+        auto bad = tr->forward_backward({.tokens = {.input_ids = ids}, .loss_weights = *weights},
+                                        {.reduction = LossReduction::sum});
+        ASSERT_FALSE(bad) << "rank " << r;
+        EXPECT_NE(describe(bad.error()).find(r == 0 ? "not finite" : "failed on a rank of the fsdp group"),
+                  std::string::npos)
+            << describe(bad.error());
+      }
+      ASSERT_TRUE(tr->forward_backward({.tokens = {.input_ids = ids}}, {}));
+      ASSERT_TRUE(tr->clip_grad_and_step());
+      ASSERT_TRUE(tr->gather_parameters());
+      for (auto& [n, p] : tr->model().impl().params) finals[static_cast<size_t>(r)][n] = p.detach().clone();
+    });
+    return finals;
+  };
+  auto clean = run(false);
+  auto failed = run(true);
+  for (auto& [n, p] : clean[0]) EXPECT_TRUE(at::equal(failed[0].at(n), p)) << n << ": the failed call left something";
+}
+
+// Reading a gathered model: copies that outlive the next pass, the step
+// frees what was gathered (its values are the weights before it), writes
+// are refused (lost at the next pass), and one rank's optimizer state is
+// not another's.
+TEST(Fsdp, TheGatheredModelIsReadOnlyAndItsCopiesOutliveIt) {
+  std::array<NamedTensors, 2> states;
+  on_ranks(2, [&](int r, ProcessGroup& pg) {
+    auto lm = CausalLM::init_random(uneven(), 3);
+    ASSERT_TRUE(lm);
+    ASSERT_TRUE(lm->add_adapter("a", {.r = 2, .alpha = 4}, 1));
+    auto tr = Trainer::create(std::move(*lm), {.optimizer = {.lr = 1e-2}, .fsdp_group = borrowed(pg)});
+    ASSERT_TRUE(tr);
+    ASSERT_TRUE(tr->forward_backward(rows_of_rank(r), {}));
+    ASSERT_TRUE(tr->gather_parameters());
+    auto before = tr->model().named_parameters();
+    ASSERT_TRUE(before);
+    std::vector<at::Tensor> snapshot;
+    for (auto& [n, t] : *before) snapshot.push_back(to_torch(t).clone());
+    auto merge = tr->model().merge_adapter("a");
+    ASSERT_FALSE(merge);
+    EXPECT_NE(describe(merge.error()).find("would be lost"), std::string::npos) << describe(merge.error());
+    ASSERT_TRUE(tr->clip_grad_and_step());
+    EXPECT_FALSE(tr->model().forward({.input_ids = ids_of({{1, 2}})})) << "the step freed the gathered weights";
+    ASSERT_TRUE(tr->forward_backward(rows_of_rank(r), {}));  // frees and refills the buffers
+    for (size_t i = 0; i < snapshot.size(); ++i)
+      EXPECT_TRUE(at::equal(to_torch((*before)[i].second), snapshot[i])) << (*before)[i].first << " is a copy";
+    states[static_cast<size_t>(r)] = tr->optimizer_state();
+    ASSERT_TRUE(pg.barrier());  // both states written
+    auto other = r == 0 ? 1 : 0;
+    std::map<std::string, Tensor> theirs(states[static_cast<size_t>(other)].begin(),
+                                         states[static_cast<size_t>(other)].end());
+    auto loaded = tr->load_optimizer_state(theirs);
+    EXPECT_FALSE(loaded) << "rank " << r << " took rank " << other << "'s optimizer state";
+  });
 }
 
 TEST(Fsdp, ShardingIsRefusedWhereItCannotWork) {

@@ -85,9 +85,14 @@ struct Measured {
   double bytes_per_step = 0;
 };
 
-// `steps` timed steps (after one warm-up) of both ranks, data-parallel or
-// sharded; rank 0's numbers.
-Result<Measured> run(const ModelConfig& cfg, bool fsdp, const ParallelBenchArgs& a) {
+enum Scheme : size_t { dp, fsdp, tp, kSchemes };
+constexpr const char* kSchemeNames[] = {"dp2", "fsdp2", "tp2"};
+
+// `steps` timed steps (after one warm-up) of both ranks; rank 0's numbers.
+// dp and fsdp: each rank its own `batch` rows; tp: both ranks the same
+// 2 x `batch` rows (the group is one data-parallel rank), so that every
+// scheme trains as many tokens per step.
+Result<Measured> run(const ModelConfig& cfg, Scheme scheme, const ParallelBenchArgs& a) {
   auto port = pick_free_port();
   if (!port) return port.error();
   std::array<Result<Measured>, kRanks> out{make_error(errc::internal, "not run"), make_error(errc::internal, "not run")};
@@ -99,12 +104,14 @@ Result<Measured> run(const ModelConfig& cfg, bool fsdp, const ParallelBenchArgs&
         if (!pg) return pg.error();
         auto counting = std::make_shared<CountingGroup>(*pg);
         TrainConfig tc{.optimizer = {.lr = 1e-4, .max_grad_norm = 1.0}};
-        (fsdp ? tc.fsdp_group : tc.dp_group) = counting;
+        (scheme == fsdp ? tc.fsdp_group : scheme == tp ? tc.tp_group : tc.dp_group) = counting;
         auto lm = CausalLM::init_random(cfg, kSeed);
         if (!lm) return lm.error();
         auto tr = Trainer::create(std::move(*lm), tc);
         if (!tr) return tr.error();
-        const TrainBatch batch{.tokens = {.input_ids = random_tokens(a.batch, a.seq, cfg.vocab_size, kSeed + r)}};
+        const TrainBatch batch{.tokens = {.input_ids = scheme == tp
+                                                           ? random_tokens(kRanks * a.batch, a.seq, cfg.vocab_size, kSeed)
+                                                           : random_tokens(a.batch, a.seq, cfg.vocab_size, kSeed + r)}};
         auto step = [&]() -> Result<void> {
           if (auto m = tr->forward_backward(batch, {}); !m) return m.error();
           if (auto s = tr->clip_grad_and_step(); !s) return s.error();
@@ -139,41 +146,46 @@ int parallel(const ParallelBenchArgs& a) {
               "warm-up step\n",
               kName, millions(cfg.num_parameters()).c_str(), kRanks, static_cast<long long>(a.batch),
               static_cast<long long>(a.seq), a.repeats, a.steps);
-  std::printf("# tp2 and pp2 are not built yet (docs/parallelism.md): no lines for them\n");
+  std::printf("# pp2 is not built yet (docs/parallelism.md): no lines for it\n");
   std::fflush(stdout);
-  std::array<std::vector<double>, 2> seconds, state, moved;
+  std::array<std::vector<double>, kSchemes> seconds, state, moved;
   for (int rep = 0; rep < a.repeats; ++rep)
-    for (int k = 0; k < 2; ++k) {
-      // Alternately first, so that both share whatever else loads the machine.
-      const bool fsdp = (k + rep) % 2 == 1;
-      auto m = run(cfg, fsdp, a);
+    for (size_t k = 0; k < kSchemes; ++k) {
+      // In turn first, so that all share whatever else loads the machine.
+      const auto scheme = static_cast<Scheme>((k + static_cast<size_t>(rep)) % kSchemes);
+      auto m = run(cfg, scheme, a);
       if (!m) {
         at::set_num_threads(threads_before);
-        return fail(std::string{fsdp ? "fsdp2" : "dp2"} + ": " + describe(m.error()));
+        return fail(std::string{kSchemeNames[scheme]} + ": " + describe(m.error()));
       }
-      seconds[fsdp].push_back(m->seconds_per_step);
-      state[fsdp].push_back(m->state_bytes);
-      moved[fsdp].push_back(m->bytes_per_step);
+      seconds[scheme].push_back(m->seconds_per_step);
+      state[scheme].push_back(m->state_bytes);
+      moved[scheme].push_back(m->bytes_per_step);
     }
   at::set_num_threads(threads_before);
   const double tokens = static_cast<double>(kRanks * a.batch * a.seq);
-  const double dp_tps = tokens / median(seconds[0]), fsdp_tps = tokens / median(seconds[1]);
-  // The least each needs per step, over a ring of p ranks: DP one
-  // all-reduce of the gradients (2 P (p-1)/p); FSDP two all-gathers of the
-  // parameters and one reduce-scatter of the gradients (3 P (p-1)/p), P the
-  // model's f32 bytes.
+  // The least each needs per step, over a ring of p ranks, P the model's
+  // f32 bytes and A a layer's activations (tokens x hidden x 4): DP one
+  // all-reduce of the gradients, 2 P (p-1)/p; FSDP two all-gathers of the
+  // parameters and one reduce-scatter of the gradients, 3 P (p-1)/p; TP
+  // Megatron's four all-reduces of A per layer (o and down forward, their
+  // inputs' gradients backward) and two more (the embedding forward, the
+  // head's input gradient), (4 L + 2) 2 A (p-1)/p.
   const double p_bytes = 4.0 * static_cast<double>(cfg.num_parameters());
+  const double a_bytes = 4.0 * tokens * static_cast<double>(cfg.hidden_size);
   const double share = static_cast<double>(kRanks - 1) / kRanks;
-  print_metric("dp2_state_bytes", median(state[0]), 0);
-  print_metric("fsdp2_state_bytes", median(state[1]), 0);
-  print_metric("fsdp2_state_bytes_vs_dp", median(state[1]) / median(state[0]), 3);
-  print_metric("dp2_tokens_per_s", dp_tps, 1);
-  print_metric("fsdp2_tokens_per_s", fsdp_tps, 1);
-  print_metric("fsdp2_tokens_per_s_vs_dp", fsdp_tps / dp_tps, 3);
-  print_metric("dp2_bytes_per_step", median(moved[0]), 0);
-  print_metric("dp2_bytes_theory", 2 * share * p_bytes, 0);
-  print_metric("fsdp2_bytes_per_step", median(moved[1]), 0);
-  print_metric("fsdp2_bytes_theory", 3 * share * p_bytes, 0);
+  const double theory[] = {2 * share * p_bytes, 3 * share * p_bytes,
+                           static_cast<double>(4 * cfg.num_hidden_layers + 2) * 2 * share * a_bytes};
+  const double dp_state = median(state[dp]), dp_tps = tokens / median(seconds[dp]);
+  for (size_t k = 0; k < kSchemes; ++k) {
+    const std::string n = kSchemeNames[k];
+    print_metric((n + "_state_bytes").c_str(), median(state[k]), 0);
+    if (k != dp) print_metric((n + "_state_bytes_vs_dp").c_str(), median(state[k]) / dp_state, 3);
+    print_metric((n + "_tokens_per_s").c_str(), tokens / median(seconds[k]), 1);
+    if (k != dp) print_metric((n + "_tokens_per_s_vs_dp").c_str(), tokens / median(seconds[k]) / dp_tps, 3);
+    print_metric((n + "_bytes_per_step").c_str(), median(moved[k]), 0);
+    print_metric((n + "_bytes_theory").c_str(), theory[k], 0);
+  }
   return 0;
 }
 

@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
                        "(scripts/chaos.sh).");
   glint::bench::ParallelBenchArgs parallel_args;
   auto* bench_parallel = bench->add_subcommand(
-      "parallel", "Model parallelism against data parallelism on 2 ranks: state bytes per rank, tokens/s, bytes moved");
+      "parallel", "FSDP and tensor parallelism against data parallelism on 2 ranks: state bytes, tokens/s, bytes moved");
   bench_parallel->add_option("--repeats", parallel_args.repeats, "Timed runs per scheme (the median is printed)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
@@ -257,10 +257,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(2, 65536));
   bench_parallel->add_flag("--small", parallel_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
-  bench_parallel->footer("Prints dp2_state_bytes, fsdp2_state_bytes, fsdp2_state_bytes_vs_dp (goal <= 0.55), "
-                         "dp2_tokens_per_s, fsdp2_tokens_per_s, fsdp2_tokens_per_s_vs_dp, and the bytes each moves per "
-                         "step against the least it needs (*_bytes_per_step, *_bytes_theory). Tensor and pipeline "
-                         "parallelism are not built yet (docs/parallelism.md).");
+  bench_parallel->footer("Prints, for dp2, fsdp2 and tp2: *_state_bytes (and *_vs_dp; goals fsdp2 <= 0.55, tp2 <= "
+                         "0.6), *_tokens_per_s (and *_vs_dp), and the bytes each moves per step against the least it "
+                         "needs (*_bytes_per_step, *_bytes_theory). Pipeline parallelism is not built yet "
+                         "(docs/parallelism.md).");
   glint::bench::SyncBenchArgs sync_args;
   auto* bench_sync = bench->add_subcommand(
       "sync", "Weight sync GB/s of the checkpoint engine (model group -> sampler group) for ~30M and ~300M-parameter "

@@ -59,6 +59,7 @@ public:
   Result<void> reduce_scatter_sum(const Tensor& input, Tensor& output) override;
   Result<void> send(const Tensor& t, int to, int tag) override;
   Result<void> recv(Tensor& t, int from, int tag) override;
+  Result<std::unique_ptr<PendingSend>> send_async(const Tensor& t, int to, int tag) override;
 
   CommConfig cfg;
 
@@ -388,6 +389,33 @@ Result<void> GlooGroup::send(const Tensor& t, int to, int tag) {
     std::vector<at::Tensor> one{to_torch(t).contiguous()};
     wait(pg->send(one, to, tag), false);
   });
+}
+
+Result<std::unique_ptr<ProcessGroup::PendingSend>> ProcessGroup::send_async(const Tensor& t, int to, int tag) {
+  struct Done : PendingSend {
+    Result<void> wait() override { return {}; }
+  };
+  if (auto ok = send(t, to, tag); !ok) return ok.error();
+  return std::unique_ptr<PendingSend>{new Done};
+}
+
+Result<std::unique_ptr<ProcessGroup::PendingSend>> GlooGroup::send_async(const Tensor& t, int to, int tag) {
+  if (auto ok = check_peer("send", to); !ok) return ok.error();
+  struct Posted : PendingSend {
+    GlooGroup* group = nullptr;
+    c10::intrusive_ptr<c10d::Work> work;
+    Result<void> wait() override {
+      return group->run("send", [&] { group->wait(work, false); });
+    }
+  };
+  auto posted = std::make_unique<Posted>();
+  posted->group = this;
+  auto ok = run("send", [&] {
+    std::vector<at::Tensor> one{to_torch(t).contiguous()};
+    posted->work = pg->send(one, to, tag);
+  });
+  if (!ok) return ok.error();
+  return std::unique_ptr<PendingSend>{std::move(posted)};
 }
 
 Result<void> GlooGroup::recv(Tensor& t, int from, int tag) {

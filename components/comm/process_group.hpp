@@ -80,6 +80,19 @@ public:
   /// two ranks with one tag arrive in order.
   virtual Result<void> send(const Tensor& t, int to, int tag) = 0;
   virtual Result<void> recv(Tensor& t, int from, int tag) = 0;
+
+  /// A send posted and not yet waited for.
+  class PendingSend {
+  public:
+    virtual ~PendingSend() = default;
+    /// Returns once the receiver has it (or the send failed).
+    virtual Result<void> wait() = 0;
+  };
+  /// `send` without waiting for the receiver: a pipeline stage posts its
+  /// sends and goes on to its receives (two neighbours that both send first
+  /// would otherwise wait for each other). `t` must not change until the
+  /// wait. This default sends at once (for groups without a way to post).
+  virtual Result<std::unique_ptr<PendingSend>> send_async(const Tensor& t, int to, int tag);
 };
 
 }  // namespace glint::components

@@ -1,0 +1,41 @@
+#pragma once
+/// The pipeline-parallel executor: one stage's forwards and backwards over
+/// a batch's micro-batches in 1F1B order (pipeline_schedule.hpp), the
+/// activations sent on to the next stage and their gradients back, over a
+/// process group whose rank is the stage.
+///
+///   PipelineStage st{.forward = [&](int m, const at::Tensor& in) { return my_layers(m, in); },
+///                    .activation_shape = [&](int m) { return std::vector<int64_t>{rows(m), T, H}; }};
+///   run_pipeline(pp, micro_batches, st);   // every stage at once; gradients accumulate in its parameters
+///
+/// Sends are posted and waited for at the end (ProcessGroup::send_async),
+/// receives block: the 1F1B order then never waits in a cycle (its
+/// simulator test checks every stage count), where blocking sends would
+/// deadlock two neighbours that both send first.
+
+#include "components/comm/process_group.hpp"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <vector>
+
+namespace glint::components {
+
+struct PipelineStage {
+  /// Micro-batch m's forward on this stage. `input`: the previous stage's
+  /// activations, a leaf that requires grad (undefined on the first stage).
+  /// Answers the activations for the next stage, or on the last stage the
+  /// loss to backward (a scalar: the micro-batch's share of the batch's).
+  std::function<at::Tensor(int m, const at::Tensor& input)> forward;
+  /// The shape of micro-batch m's activations between stages.
+  std::function<std::vector<int64_t>(int m)> activation_shape;
+  at::ScalarType dtype = at::kFloat;
+};
+
+/// Runs this stage's part (stage pp.rank() of pp.size()) of the forward and
+/// backward of `micro_batches` micro-batches; the parameters' gradients
+/// accumulate over them, as gradient accumulation does on one process.
+Result<void> run_pipeline(ProcessGroup& pp, int micro_batches, const PipelineStage& stage);
+
+}  // namespace glint::components

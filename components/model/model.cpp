@@ -434,6 +434,8 @@ const at::Tensor& CausalLM::Impl::module_weight(const std::string& module) const
 }
 
 at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden, const PassOptions& pass) const {
+  if (tp)  // its LM head is this rank's rows: these would be a part of the logits
+    throw_error(make_error(errc::unimplemented, "the logits of a tensor-parallel model are not built yet"));
   return add_lora("lm_head", hidden, fast_linear(hidden, module_weight("lm_head")), pass);
 }
 

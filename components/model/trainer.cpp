@@ -191,7 +191,11 @@ struct Trainer::Impl {
       }
       return out;
     }
-    for (const auto& n : m.names) out.emplace_back(n, m.params.at(n));
+    // Tensor-parallel shards carry the rank in their names, so that one
+    // rank's optimizer state is refused by another (same shapes).
+    const std::string prefix =
+        m.tp ? "tp" + std::to_string(m.tp->pg->rank()) + "of" + std::to_string(m.tp->pg->size()) + "." : "";
+    for (const auto& n : m.names) out.emplace_back(prefix + n, m.params.at(n));
     return out;
   }
 
@@ -557,29 +561,46 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
 namespace {
 
 // Under tensor parallelism every rank must take the same batch (each pass
-// is collective): the group compares a fingerprint of each rank's (its
-// shapes and ids) before anything else, so that all fail together.
-Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const LossSpec& spec) {
-  const auto& ids = b.tokens.input_ids;
-  std::vector<double> f{static_cast<double>(ids.dims()), static_cast<double>(static_cast<int>(spec.kind))};
-  for (int64_t d = 0; d < ids.dims(); ++d) f.push_back(static_cast<double>(ids.size(d)));
-  f.resize(6, -1);
-  if (ids.defined() && ids.dtype() == Dtype::i64) {
-    auto t = to_torch(ids).to(at::kDouble).reshape({-1});
-    f[4] = t.sum().item<double>();
-    f[5] = (t * at::arange(t.numel(), t.options()).remainder(977)).sum().item<double>();
+// is collective, and each rank's target logit counts): the group compares
+// a 64-bit hash of everything the call reads (every tensor of the batch,
+// its dtype and shape, the loss spec, whether log-probs are asked) before
+// anything else, so that all fail together.
+Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const LossSpec& spec, bool logps) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  auto mix = [&](const void* p, size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ULL;
+  };
+  auto mix_value = [&](auto v) { mix(&v, sizeof(v)); };
+  for (const Tensor* t : {&b.tokens.input_ids, &b.tokens.attention_mask, &b.tokens.segment_ids, &b.tokens.position_ids,
+                          &b.tokens.target_ids, &b.loss_mask, &b.old_logps, &b.ref_logps, &b.advantages,
+                          &b.loss_weights}) {
+    mix_value(t->defined());
+    if (!t->defined()) continue;
+    mix_value(static_cast<int>(t->dtype()));
+    for (int64_t d = 0; d < t->dims(); ++d) mix_value(t->size(d));
+    auto c = to_torch(*t).contiguous();
+    mix(c.data_ptr(), c.nbytes());
   }
-  auto mine = at::tensor(f, at::kDouble);
-  auto all = at::empty({tp.size() * 6}, at::kDouble);
+  for (double v : {spec.epsilon, spec.epsilon_high, spec.beta, spec.entropy_coef, spec.label_smoothing, spec.weight_cap})
+    mix_value(v);
+  mix_value(static_cast<int>(spec.kind));
+  mix_value(static_cast<int>(spec.reduction));
+  mix_value(static_cast<int>(spec.cap_mode));
+  mix_value(spec.max_tokens);
+  mix_value(logps);
+  // Two 32-bit halves, each exact in a double.
+  auto mine = at::tensor({static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffULL)}, at::kDouble);
+  auto all = at::empty({tp.size() * 2}, at::kDouble);
   auto in = from_torch(mine);
   auto out = from_torch(all);
   if (!in || !out) return make_error(errc::internal, "a batch fingerprint as glint tensors");
   if (auto ok = tp.all_gather(*in, *out); !ok) return ok;
   for (int r = 0; r < tp.size(); ++r)
-    if (!at::equal(all.narrow(0, r * 6, 6), mine))
+    if (!at::equal(all.narrow(0, r * 2, 2), mine))
       return make_error(errc::invalid_argument,
-                        "the ranks of the tensor-parallel group were given different batches (rank " +
-                            std::to_string(r) + "'s differs from rank " + std::to_string(tp.rank()) +
+                        "the ranks of the tensor-parallel group were given different batches or loss settings (rank " +
+                            std::to_string(r) + "'s differ from rank " + std::to_string(tp.rank()) +
                             "'s): they share every batch; give them the same one");
   return {};
 }
@@ -600,7 +621,7 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
                                       const LossSpec& spec, Tensor* logps_out) try {
   ProcessGroup* tp = impl_->cfg.tp_group && impl_->cfg.tp_group->size() > 1 ? impl_->cfg.tp_group.get() : nullptr;
   if (tp)
-    if (auto ok = same_batch_on_tp_ranks(*tp, b, spec); !ok) return ok.error();
+    if (auto ok = same_batch_on_tp_ranks(*tp, b, spec, logps_out != nullptr); !ok) return ok.error();
   if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);

@@ -682,6 +682,7 @@ Engine::~Engine() = default;
 
 Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::optional<Tokenizer> tokenizer) try {
   if (auto ok = cfg.validate(); !ok) return ok.error();
+  if (auto ok = model.impl().have_parameters("a sampler engine"); !ok) return ok.error();  // sharded: not servable
   const auto& c = model.config();
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 namespace glint::components {
 namespace {
 
@@ -123,6 +125,7 @@ TEST(TensorParallel, ATensorParallelModelTrainsAsOneProcess) {
   }
   auto expected = single->model().forward(batch.tokens);
   ASSERT_TRUE(expected);
+  std::array<NamedTensors, 2> states;
   on_ranks(2, [&](int r, ProcessGroup& pg) {
     auto mine = tc;
     mine.tp_group = borrowed(pg);
@@ -147,11 +150,20 @@ TEST(TensorParallel, ATensorParallelModelTrainsAsOneProcess) {
     ASSERT_FALSE(saved);
     EXPECT_NE(describe(saved.error()).find("tensor-parallel shards"), std::string::npos) << describe(saved.error());
     EXPECT_FALSE(tr->model().forward(batch.tokens, {.entropies = true})) << "not built: refused, not wrong";
-    // A rank given another batch: both refuse the call, naming it.
-    auto other = r == 0 ? batch : TrainBatch{.tokens = {.input_ids = ids_of({{1, 2, 3}})}};
+    // A rank given other targets for the same ids (each rank's target logit
+    // would count): both refuse the call, naming it.
+    auto other = batch;
+    if (r == 1) other.tokens.target_ids = ids_of({{2, 3, 4, 5, 6, 0}, {8, 9, 10, 0, 0, 0}, {30, 4, 4, 2, 1, 0}});
     auto m = tr->forward_backward(other, {});
     ASSERT_FALSE(m);
     EXPECT_NE(describe(m.error()).find("different batches"), std::string::npos) << describe(m.error());
+    // One rank's optimizer state (same shapes) is refused by the other.
+    states[static_cast<size_t>(r)] = tr->optimizer_state();
+    ASSERT_TRUE(pg.barrier());
+    const auto& theirs = states[static_cast<size_t>(1 - r)];
+    EXPECT_FALSE(tr->load_optimizer_state(std::map<std::string, Tensor>(theirs.begin(), theirs.end())));
+    EXPECT_TRUE(tr->load_optimizer_state(
+        std::map<std::string, Tensor>(states[static_cast<size_t>(r)].begin(), states[static_cast<size_t>(r)].end())));
   });
 }
 

@@ -1,6 +1,7 @@
 #include "components/checkpoint/atomic_dir.hpp"
 
 #include "runtime/file.hpp"
+#include "runtime/hash.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -26,15 +27,19 @@ constexpr const char* kManifest = "manifest.json";
 Result<std::pair<uint64_t, uint64_t>> digest(const std::string& path) {
   std::ifstream in{path, std::ios::binary};
   if (!in) return make_error(errc::not_found, "cannot read " + path);
-  uint64_t h = 1469598103934665603ULL, size = 0;
+  // Manifests have always started from 1469598103934665603 (the standard
+  // basis with its last digit lost): kept, so that every checkpoint written
+  // so far still verifies.
+  Fnv1a h{1469598103934665603ULL};
+  uint64_t size = 0;
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     auto n = static_cast<size_t>(in.gcount());
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ULL;
+    h.add(buf.data(), n);
     size += n;
   }
-  return std::pair{size, h};
+  return std::pair{size, h.value};
 }
 
 std::string hex(uint64_t v) {

@@ -8,6 +8,7 @@
 #include "components/parallel/tensor_parallel.hpp"
 #include "components/rl/losses.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/hash.hpp"
 #include "runtime/log.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/stop.hpp"
@@ -566,12 +567,9 @@ namespace {
 // its dtype and shape, the loss spec, whether log-probs are asked) before
 // anything else, so that all fail together.
 Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const LossSpec& spec, bool logps) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a
-  auto mix = [&](const void* p, size_t n) {
-    const auto* c = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ULL;
-  };
-  auto mix_value = [&](auto v) { mix(&v, sizeof(v)); };
+  Fnv1a hash;
+  auto mix = [&](const void* p, size_t n) { hash.add(p, n); };
+  auto mix_value = [&](auto v) { hash.add_value(v); };
   for (const Tensor* t : {&b.tokens.input_ids, &b.tokens.attention_mask, &b.tokens.segment_ids, &b.tokens.position_ids,
                           &b.tokens.target_ids, &b.loss_mask, &b.old_logps, &b.ref_logps, &b.advantages,
                           &b.loss_weights}) {
@@ -590,6 +588,7 @@ Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const
   mix_value(spec.max_tokens);
   mix_value(logps);
   // Two 32-bit halves, each exact in a double.
+  const uint64_t h = hash.value;
   auto mine = at::tensor({static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffULL)}, at::kDouble);
   auto all = at::empty({tp.size() * 2}, at::kDouble);
   auto in = from_torch(mine);

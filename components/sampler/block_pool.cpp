@@ -1,5 +1,7 @@
 #include "components/sampler/block_pool.hpp"
 
+#include "runtime/hash.hpp"
+
 #include <algorithm>
 #include <cassert>
 #include <string_view>
@@ -26,9 +28,9 @@ uint64_t chain_hash(uint64_t parent, std::span<const int64_t> tokens) {
 }
 
 uint64_t hash_seed(std::string_view salt) {
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-  for (unsigned char c : salt) h = (h ^ c) * 0x100000001b3ULL;
-  return mix(h);
+  Fnv1a h;
+  h.add(salt.data(), salt.size());
+  return mix(h.value);
 }
 
 BlockPool::BlockPool(int32_t num_blocks)

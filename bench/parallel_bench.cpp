@@ -73,6 +73,10 @@ public:
     bytes += static_cast<double>(t.nbytes());
     return inner_->recv(t, from, tag);
   }
+  Result<std::unique_ptr<PendingSend>> send_async(const Tensor& t, int to, int tag) override {
+    bytes += static_cast<double>(t.nbytes());
+    return inner_->send_async(t, to, tag);
+  }
 
 private:
   double share() const { return static_cast<double>(size() - 1) / size(); }
@@ -85,13 +89,14 @@ struct Measured {
   double bytes_per_step = 0;
 };
 
-enum Scheme : size_t { dp, fsdp, tp, kSchemes };
-constexpr const char* kSchemeNames[] = {"dp2", "fsdp2", "tp2"};
+enum Scheme : size_t { dp, fsdp, tp, pp, kSchemes };
+constexpr const char* kSchemeNames[] = {"dp2", "fsdp2", "tp2", "pp2"};
 
 // `steps` timed steps (after one warm-up) of both ranks; rank 0's numbers.
-// dp and fsdp: each rank its own `batch` rows; tp: both ranks the same
-// 2 x `batch` rows (the group is one data-parallel rank), so that every
-// scheme trains as many tokens per step.
+// dp and fsdp: each rank its own `batch` rows; tp and pp: both ranks the
+// same 2 x `batch` rows (the group is one data-parallel rank), so that
+// every scheme trains as many tokens per step. pp runs its default 4
+// micro-batches (2 per stage).
 Result<Measured> run(const ModelConfig& cfg, Scheme scheme, const ParallelBenchArgs& a) {
   auto port = pick_free_port();
   if (!port) return port.error();
@@ -104,12 +109,14 @@ Result<Measured> run(const ModelConfig& cfg, Scheme scheme, const ParallelBenchA
         if (!pg) return pg.error();
         auto counting = std::make_shared<CountingGroup>(*pg);
         TrainConfig tc{.optimizer = {.lr = 1e-4, .max_grad_norm = 1.0}};
-        (scheme == fsdp ? tc.fsdp_group : scheme == tp ? tc.tp_group : tc.dp_group) = counting;
+        (scheme == fsdp ? tc.fsdp_group : scheme == tp ? tc.tp_group : scheme == pp ? tc.pp_group : tc.dp_group) =
+            counting;
+        const bool shared_batch = scheme == tp || scheme == pp;
         auto lm = CausalLM::init_random(cfg, kSeed);
         if (!lm) return lm.error();
         auto tr = Trainer::create(std::move(*lm), tc);
         if (!tr) return tr.error();
-        const TrainBatch batch{.tokens = {.input_ids = scheme == tp
+        const TrainBatch batch{.tokens = {.input_ids = shared_batch
                                                            ? random_tokens(kRanks * a.batch, a.seq, cfg.vocab_size, kSeed)
                                                            : random_tokens(a.batch, a.seq, cfg.vocab_size, kSeed + r)}};
         auto step = [&]() -> Result<void> {
@@ -146,7 +153,6 @@ int parallel(const ParallelBenchArgs& a) {
               "warm-up step\n",
               kName, millions(cfg.num_parameters()).c_str(), kRanks, static_cast<long long>(a.batch),
               static_cast<long long>(a.seq), a.repeats, a.steps);
-  std::printf("# pp2 is not built yet (docs/parallelism.md): no lines for it\n");
   std::fflush(stdout);
   std::array<std::vector<double>, kSchemes> seconds, state, moved;
   for (int rep = 0; rep < a.repeats; ++rep)
@@ -170,12 +176,14 @@ int parallel(const ParallelBenchArgs& a) {
   // parameters and one reduce-scatter of the gradients, 3 P (p-1)/p; TP
   // Megatron's four all-reduces of A per layer (o and down forward, their
   // inputs' gradients backward) and two more (the embedding forward, the
-  // head's input gradient), (4 L + 2) 2 A (p-1)/p.
+  // head's input gradient), (4 L + 2) 2 A (p-1)/p; PP the activations
+  // forward and their gradients back across the one cut, 2 A (a rank sends
+  // one and receives the other).
   const double p_bytes = 4.0 * static_cast<double>(cfg.num_parameters());
   const double a_bytes = 4.0 * tokens * static_cast<double>(cfg.hidden_size);
   const double share = static_cast<double>(kRanks - 1) / kRanks;
   const double theory[] = {2 * share * p_bytes, 3 * share * p_bytes,
-                           static_cast<double>(4 * cfg.num_hidden_layers + 2) * 2 * share * a_bytes};
+                           static_cast<double>(4 * cfg.num_hidden_layers + 2) * 2 * share * a_bytes, 2 * a_bytes};
   const double dp_state = median(state[dp]), dp_tps = tokens / median(seconds[dp]);
   for (size_t k = 0; k < kSchemes; ++k) {
     const std::string n = kSchemeNames[k];

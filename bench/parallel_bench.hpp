@@ -9,19 +9,20 @@
 /// - dp2_state_bytes, fsdp2_state_bytes: the parameters, gradients and
 ///   optimizer state rank 0 holds (Trainer::state_bytes), and
 ///   fsdp2_state_bytes_vs_dp (goal <= 0.55);
-/// - tp2_state_bytes and tp2_state_bytes_vs_dp (goal <= 0.6);
-/// - dp2_tokens_per_s, fsdp2_tokens_per_s, tp2_tokens_per_s (the tokens a
-///   step trains over its wall time; tp2's ranks share one batch of twice
-///   the rows) and *_tokens_per_s_vs_dp;
+/// - tp2_state_bytes and tp2_state_bytes_vs_dp (goal <= 0.6), pp2's alike;
+/// - dp2_tokens_per_s, fsdp2_tokens_per_s, tp2_tokens_per_s,
+///   pp2_tokens_per_s (the tokens a step trains over its wall time; tp2's
+///   and pp2's ranks share one batch of twice the rows, pp2 in 4
+///   micro-batches) and *_tokens_per_s_vs_dp;
 /// - dp2_bytes_per_step, fsdp2_bytes_per_step: what rank 0's collectives
 ///   move per step over a ring (an all-reduce of n bytes moves 2 n (p-1)/p,
 ///   an all-gather of n bytes out (p-1)/p n), and the *_bytes_theory lines:
 ///   the least each scheme needs (DP: one all-reduce of the gradients;
 ///   FSDP: two all-gathers of the parameters, one reduce-scatter of the
 ///   gradients, so that the gap Gloo's emulated reduce-scatter costs shows;
-///   TP: Megatron's four all-reduces of a layer's activations per layer).
-/// Pipeline parallelism is not built yet; its lines are not printed (a `#`
-/// line says so).
+///   TP: Megatron's four all-reduces of a layer's activations per layer;
+///   PP: the activations across the cut and their gradients back; its
+///   rank 0 is the first stage, which holds the embeddings).
 
 #include <cstdint>
 

@@ -307,6 +307,17 @@ bool is_shard_name(const std::string& name) {
 
 Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& tensors, int64_t max_shard_bytes,
                                    const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors)
+    specs.push_back({name, t.defined() ? static_cast<uint64_t>(t.nbytes()) : 0});
+  return write_safetensors_dir_streamed(
+      dir, specs, [&](size_t i) -> Result<Tensor> { return tensors[i].second; }, max_shard_bytes, metadata);
+}
+
+Result<void> write_safetensors_dir_streamed(const std::string& dir, const std::vector<TensorSpec>& tensors,
+                                            const std::function<Result<Tensor>(size_t)>& fetch,
+                                            int64_t max_shard_bytes,
+                                            const std::map<std::string, std::string>& metadata) {
   if (max_shard_bytes <= 0)
     return make_error(errc::invalid_argument,
                       "max_shard_bytes must be positive, not " + std::to_string(max_shard_bytes));
@@ -315,16 +326,17 @@ Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& t
   if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
   // huggingface_hub's split: in order; a tensor over the limit alone (its
   // shard goes before the one being filled); otherwise a new shard when the
-  // next tensor would pass the limit.
+  // next tensor would pass the limit. Planned from the sizes first (the
+  // shards' names hold their count), then filled in the same order.
   const auto limit = static_cast<uint64_t>(max_shard_bytes);
-  std::vector<NamedTensors> shards;
-  NamedTensors current;
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
   uint64_t current_bytes = 0, total_bytes = 0;
-  for (const auto& nt : tensors) {
-    const uint64_t bytes = nt.second.defined() ? nt.second.nbytes() : 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t bytes = tensors[i].bytes;
     total_bytes += bytes;
     if (bytes > limit) {
-      shards.push_back({nt});
+      shards.push_back({i});
       continue;
     }
     if (current_bytes + bytes > limit) {
@@ -332,18 +344,40 @@ Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& t
       current = {};
       current_bytes = 0;
     }
-    current.push_back(nt);
+    current.push_back(i);
     current_bytes += bytes;
   }
   if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
-
+  // Tensors are fetched once each, in order; a shard is written (and its
+  // tensors let go) as soon as its last one is in.
+  std::map<size_t, Tensor> fetched;
+  size_t next = 0;
+  auto fill = [&](const std::vector<size_t>& shard) -> Result<NamedTensors> {
+    const size_t last = shard.empty() ? 0 : shard.back();
+    for (; !shard.empty() && next <= last; ++next) {
+      auto t = fetch(next);
+      if (!t) return with_context(t.error(), "fetching " + tensors[next].name + " to write it");
+      if (t->defined() && static_cast<uint64_t>(t->nbytes()) != tensors[next].bytes)
+        return make_error(errc::internal, tensors[next].name + " is " + t->describe() + ", not the " +
+                                              std::to_string(tensors[next].bytes) + " bytes planned");
+      fetched.emplace(next, std::move(*t));
+    }
+    NamedTensors out;
+    for (size_t i : shard) {
+      out.emplace_back(tensors[i].name, std::move(fetched.at(i)));
+      fetched.erase(i);
+    }
+    return out;
+  };
   const fs::path root{dir};
   const auto single = root / "model.safetensors", index = root / "model.safetensors.index.json";
   std::set<std::string> written;
   if (shards.size() == 1) {
     // The loader prefers model.safetensors: once it is in place, an old
     // index or old shards are never read; then they go.
-    if (auto ok = write_safetensors(single.string(), shards.front(), metadata); !ok) return ok;
+    auto whole = fill(shards.front());
+    if (!whole) return whole.error();
+    if (auto ok = write_safetensors(single.string(), *whole, metadata); !ok) return ok;
     if (auto ok = remove_if_there(index); !ok) return ok;
   } else {
     // No index until every shard is written: a crash in between leaves a
@@ -356,9 +390,11 @@ Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& t
     for (size_t i = 0; i < n; ++i) {
       char name[64];
       std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-      if (auto ok = write_safetensors((root / name).string(), shards[i], metadata); !ok) return ok;
+      auto part = fill(shards[i]);
+      if (!part) return part.error();
+      if (auto ok = write_safetensors((root / name).string(), *part, metadata); !ok) return ok;
       written.insert(name);
-      for (const auto& [tensor, t] : shards[i]) sorted_map[tensor] = name;
+      for (const auto& [tensor, t] : *part) sorted_map[tensor] = name;
     }
     for (const auto& [tensor, file] : sorted_map) weight_map[tensor] = file;
     nlohmann::ordered_json j;

@@ -17,6 +17,7 @@
 #include "runtime/error.hpp"
 #include "runtime/tensor.hpp"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -115,6 +116,24 @@ inline constexpr int64_t default_max_shard_bytes = 5'000'000'000;
 Result<void> write_safetensors_dir(const std::string& dir, const NamedTensors& tensors,
                                    int64_t max_shard_bytes = default_max_shard_bytes,
                                    const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+/// A tensor to be written, known before its values: its name and bytes.
+struct TensorSpec {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
+/// write_safetensors_dir for tensors that are not all in memory at once
+/// (a sharded model gathered piece by piece): the shards are planned from
+/// `tensors`' sizes, then `fetch(i)` is called once for each tensor, in
+/// order, and each shard is written as soon as its tensors are in, so that
+/// at most about one shard (max_shard_bytes) is held at a time. A tensor of
+/// another size than planned, or a fetch that fails, stops the write with
+/// no index written (a directory that fails to load, never a mixed one).
+Result<void> write_safetensors_dir_streamed(const std::string& dir, const std::vector<TensorSpec>& tensors,
+                                            const std::function<Result<Tensor>(size_t)>& fetch,
+                                            int64_t max_shard_bytes = default_max_shard_bytes,
+                                            const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 /// Every tensor of one safetensors file, by name (views of the mapped file).
 Result<std::map<std::string, Tensor>> load_safetensors(const std::string& path);

@@ -391,14 +391,6 @@ Result<void> GlooGroup::send(const Tensor& t, int to, int tag) {
   });
 }
 
-Result<std::unique_ptr<ProcessGroup::PendingSend>> ProcessGroup::send_async(const Tensor& t, int to, int tag) {
-  struct Done : PendingSend {
-    Result<void> wait() override { return {}; }
-  };
-  if (auto ok = send(t, to, tag); !ok) return ok.error();
-  return std::unique_ptr<PendingSend>{new Done};
-}
-
 Result<std::unique_ptr<ProcessGroup::PendingSend>> GlooGroup::send_async(const Tensor& t, int to, int tag) {
   if (auto ok = check_peer("send", to); !ok) return ok.error();
   struct Posted : PendingSend {

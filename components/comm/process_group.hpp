@@ -91,8 +91,9 @@ public:
   /// `send` without waiting for the receiver: a pipeline stage posts its
   /// sends and goes on to its receives (two neighbours that both send first
   /// would otherwise wait for each other). `t` must not change until the
-  /// wait. This default sends at once (for groups without a way to post).
-  virtual Result<std::unique_ptr<PendingSend>> send_async(const Tensor& t, int to, int tag);
+  /// wait. Every group must post for real: one that sent at once here
+  /// would deadlock the pipeline (a wrapper forwards it to its inner group).
+  virtual Result<std::unique_ptr<PendingSend>> send_async(const Tensor& t, int to, int tag) = 0;
 };
 
 }  // namespace glint::components

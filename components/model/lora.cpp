@@ -94,8 +94,26 @@ Result<const LoraAdapter*> CausalLM::Impl::adapter(const std::string& name) cons
                                          (names.empty() ? std::string{"none"} : join(names)) + ")");
 }
 
+namespace {
+
+// LoRA reads the whole projections (their shapes, every layer's): a model
+// cut into tensor-parallel shards or pipeline stages refuses adapters.
+Result<void> whole_for_adapters(const CausalLM::Impl& m) {
+  if (m.pp)
+    return make_error(errc::unimplemented, "LoRA on a pipeline-parallel model is not built yet: this model is one "
+                                           "stage (decoder layers " + std::to_string(m.pp->first_layer) + " to " +
+                                           std::to_string(m.pp->end_layer - 1) + ")");
+  if (m.tp)
+    return make_error(errc::unimplemented, "LoRA on a tensor-parallel model is not built yet: each rank holds a part "
+                                           "of every projection");
+  return {};
+}
+
+}  // namespace
+
 Result<void> CausalLM::add_adapter(const std::string& name, const LoraConfig& cfg, uint64_t seed) {
   if (name.empty()) return make_error(errc::invalid_argument, "an adapter needs a name");
+  if (auto ok = whole_for_adapters(*impl_); !ok) return ok;
   if (auto ok = cfg.validate(); !ok) return ok.error();
   if (impl_->adapters.count(name)) return make_error(errc::failed_precondition, "adapter '" + name + "' exists already");
   auto modules = targeted_modules(*impl_, cfg, "adapter '" + name + "': ");
@@ -193,6 +211,7 @@ Result<void> CausalLM::save_adapter(const std::string& name, const std::string& 
 
 Result<void> CausalLM::load_adapter(const std::string& name, const std::string& dir) {
   if (name.empty()) return make_error(errc::invalid_argument, "an adapter needs a name");
+  if (auto ok = whole_for_adapters(*impl_); !ok) return ok;
   if (impl_->adapters.count(name)) return make_error(errc::failed_precondition, "adapter '" + name + "' exists already");
   // Everything is read and checked before the model changes.
   auto cfg_path = (fs::path{dir} / "adapter_config.json").string();

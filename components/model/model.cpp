@@ -323,7 +323,7 @@ std::pair<at::Tensor, at::Tensor> CausalLM::Impl::rope(const at::Tensor& positio
   if (cfg.rope_scaling.type == RopeScaling::Type::linear) pos = pos / cfg.rope_scaling.factor;
   auto freqs = pos.unsqueeze(-1) * inv_freq;                                              // [B, T, half]
   auto emb = at::cat({freqs, freqs}, -1);                                                 // [B, T, D]
-  auto dtype = param("model.embed_tokens.weight").scalar_type();
+  auto dtype = options().dtype().toScalarType();
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
@@ -348,8 +348,12 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
   auto summed = [&](const at::Tensor& t) { return tp ? tp::reduce_from(t, *tp->pg) : t; };
   if (tp && (pass.lora || !pass.row_adapters.empty() || pass.packed))
     throw_error(make_error(errc::unimplemented, "LoRA and packed weights on a tensor-parallel model are not built yet"));
-  auto x = tp ? tp::vocab_embedding(ids, param("model.embed_tokens.weight"), tp->vocab_begin, *tp->pg)
-              : at::embedding(param("model.embed_tokens.weight"), ids);
+  const bool embeds = !pp || pp->first();
+  if (!embeds && !pass.stage_input.defined())
+    throw_error(make_error(errc::internal, "a pipeline stage after the first ran without the stage before's activations"));
+  auto x = !embeds ? pass.stage_input
+           : tp    ? tp::vocab_embedding(ids, param("model.embed_tokens.weight"), tp->vocab_begin, *tp->pg)
+                   : at::embedding(param("model.embed_tokens.weight"), ids);
   auto [cos, sin] = rope(positions);  // [..., T, D]: the same for every head
   const bool fused_rope = fusable(x);
   auto rotate = [&](const at::Tensor& t) {
@@ -362,7 +366,8 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     shape.push_back(D);
     return t.view(shape);
   };
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  const int64_t first = pp ? pp->first_layer : 0, end = pp ? pp->end_layer : c.num_hidden_layers;
+  for (int64_t l = first; l < end; ++l) {
     auto pre = "model.layers." + std::to_string(l) + ".";
     if (pass.layer_hooks) pass.layer_hooks->enter(l);
     auto h = replicated(rms_norm(x, param(pre + "input_layernorm.weight")));
@@ -382,6 +387,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     x = x + summed(mlp_down(pre + "mlp.down_proj", gate, up, c.mlp_bias, pass));
     if (pass.layer_hooks) x = pass.layer_hooks->exit(l, std::move(x));
   }
+  if (pp && !pp->last()) return x;
   return rms_norm(x, param("model.norm.weight"));
 }
 
@@ -392,9 +398,8 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
   // Additive masks: 0 where allowed, -inf elsewhere; [B, 1, T, T]. Sliding
   // layers also mask keys sliding_window or more positions before the query
   // (transformers: key kept while its index > query's - window).
-  const auto options = param("model.embed_tokens.weight").options();
   auto additive = [&](const at::Tensor& allowed) {
-    return at::zeros({B, 1, T, T}, options)
+    return at::zeros({B, 1, T, T}, options())
         .masked_fill(allowed.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
   };
   at::Tensor window_allowed;
@@ -403,7 +408,7 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
     window_allowed = p.allowed.logical_and(distance < c.sliding_window).logical_or(at::eye(T, at::kBool).unsqueeze(0));
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (fusable(param("model.embed_tokens.weight"))) {
+  if (fusable(params.begin()->second)) {
     // kernels::attention: the boolean masks as they are, no [B, heads, T, T]
     // scores or probabilities held for the backward pass.
     auto attend = [&](int64_t layer, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
@@ -460,6 +465,11 @@ bool use_fused_logprob(int64_t rows, int64_t vocab) {
 CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,
                                             const PassOptions& pass) const {
   auto h = hidden(p, pass);
+  if (pp && !pp->last()) {
+    Outputs out;
+    out.activations = h;
+    return out;
+  }
   if (tp) {
     // The vocabulary split over the ranks: no rank forms the logits.
     if (entropies || keep_logits)
@@ -595,6 +605,12 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) tr
 }
 
 Result<void> CausalLM::Impl::have_parameters(const char* what, bool passes, bool writes) const {
+  if (pp)
+    return make_error(errc::failed_precondition,
+                      std::string{what} + ": this model is pipeline stage " + std::to_string(pp->pg->rank()) + " of " +
+                          std::to_string(pp->pg->size()) + " and holds decoder layers " +
+                          std::to_string(pp->first_layer) + " to " + std::to_string(pp->end_layer - 1) +
+                          " only; a pipeline's trainer runs it");
   if (tp && !passes)
     return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are tensor-parallel "
                                                      "shards over " + std::to_string(tp->pg->size()) +
@@ -609,29 +625,44 @@ Result<void> CausalLM::Impl::have_parameters(const char* what, bool passes, bool
                                                    "(Trainer::gather_parameters, on every rank of the group)");
 }
 
-Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) const {
-  if (auto ok = impl_->have_parameters("save"); !ok) return ok;
+Result<void> model_detail::save_pretrained(const ModelConfig& c, const std::string& dir, int64_t max_shard_bytes,
+                                           const std::function<Result<at::Tensor>(const std::string&)>& fetch) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
-  NamedTensors out;
-  auto dtype = to_torch(impl_->cfg.dtype);
-  for (const auto& name : impl_->names) {
-    auto t = from_torch(impl_->params.at(name).to(dtype).contiguous());
-    if (!t) return t.error();
-    out.emplace_back(name, std::move(*t));
+  const auto shapes = parameter_shapes(c);
+  const auto dtype = to_torch(c.dtype);
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, shape] : shapes) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    specs.push_back({name, static_cast<uint64_t>(n) * c10::elementSize(dtype)});
   }
-  if (auto ok = write_safetensors_dir(dir, out, max_shard_bytes); !ok) return ok.error();
+  auto one = [&](size_t i) -> Result<Tensor> {
+    const auto& [name, shape] = shapes[i];
+    auto t = fetch(name);
+    if (!t) return t.error();
+    if (t->sizes().vec() != shape)
+      return make_error(errc::internal, name + " came as [" + join(t->sizes().vec()) + "], expected [" + join(shape) + "]");
+    return from_torch(t->detach().to(dtype).contiguous());
+  };
+  if (auto ok = write_safetensors_dir_streamed(dir, specs, one, max_shard_bytes); !ok) return ok.error();
   auto cfg_path = fs::path{dir} / "config.json";
   auto tmp = temp_path_for(cfg_path.string());
   {
     std::ofstream f{tmp};
-    f << impl_->cfg.to_json();
+    f << c.to_json();
     if (!f) return make_error(errc::unavailable, "cannot write " + tmp);
   }
   fs::rename(tmp, cfg_path, ec);
   if (ec) return make_error(errc::unavailable, "cannot write " + cfg_path.string() + ": " + ec.message());
   return {};
+}
+
+Result<void> CausalLM::save(const std::string& dir, int64_t max_shard_bytes) const {
+  if (auto ok = impl_->have_parameters("save"); !ok) return ok;
+  return model_detail::save_pretrained(impl_->cfg, dir, max_shard_bytes,
+                                       [&](const std::string& name) -> Result<at::Tensor> { return impl_->params.at(name); });
 }
 
 const ModelConfig& CausalLM::config() const { return impl_->cfg; }

@@ -5,6 +5,7 @@
 #include "components/model/optim_impl.hpp"
 #include "components/model/transformer.hpp"
 #include "components/parallel/fsdp.hpp"
+#include "components/parallel/pipeline.hpp"
 #include "components/parallel/tensor_parallel.hpp"
 #include "components/rl/losses.hpp"
 #include "components/tensor/torch_bridge.hpp"
@@ -18,7 +19,10 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
+#include <optional>
 
 namespace glint::components {
 
@@ -177,6 +181,9 @@ struct Trainer::Impl {
   std::unique_ptr<Fsdp> fsdp;  ///< with fsdp_group: the base's shards
   bool pass_failed = false;    ///< with fsdp: a pass of this forward_backward call failed
   int64_t passes_run = 0;      ///< with fsdp: the passes of this call this rank ran its own batch in
+  /// With pp, on the last stage: where accumulate puts the objective
+  /// instead of running its backward (the pipeline runs it).
+  at::Tensor* deferred_objective = nullptr;
 
   ParamList params() const {
     if (fsdp && fsdp->trains_base()) return fsdp->shards();
@@ -194,8 +201,12 @@ struct Trainer::Impl {
     }
     // Tensor-parallel shards carry the rank in their names, so that one
     // rank's optimizer state is refused by another (same shapes).
+    // Pipeline stages alike: a stage's state must not load, in part, into
+    // a trainer of another cut.
     const std::string prefix =
-        m.tp ? "tp" + std::to_string(m.tp->pg->rank()) + "of" + std::to_string(m.tp->pg->size()) + "." : "";
+        m.tp   ? "tp" + std::to_string(m.tp->pg->rank()) + "of" + std::to_string(m.tp->pg->size()) + "."
+        : m.pp ? "pp" + std::to_string(m.pp->pg->rank()) + "of" + std::to_string(m.pp->pg->size()) + "."
+               : "";
     for (const auto& n : m.names) out.emplace_back(prefix + n, m.params.at(n));
     return out;
   }
@@ -289,6 +300,14 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
     if (auto ok = tp::shard_model(impl->model.impl(), cfg.tp_group); !ok)
       return with_context(ok.error(), "sharding the model over the tp group");
     for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
+  }
+  if (cfg.pp_group && cfg.pp_group->size() > 1) {
+    if (!cfg.adapter.empty() || (cfg.fsdp_group && cfg.fsdp_group->size() > 1) ||
+        (cfg.tp_group && cfg.tp_group->size() > 1))
+      return make_error(errc::unimplemented,
+                        "pipeline parallelism with an adapter, fsdp_group or tp_group is not built yet");
+    if (auto ok = pp::shard_model(impl->model.impl(), cfg.pp_group); !ok)
+      return with_context(ok.error(), "cutting the model into pipeline stages");
   }
   if (cfg.fsdp_group && cfg.fsdp_group->size() > 1) {
     auto f = Fsdp::shard(impl->model.impl(), cfg.fsdp_group, cfg.adapter.empty());
@@ -501,7 +520,9 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::accumulate(rl::LossOutp
     return make_error(errc::invalid_argument, "the loss is not finite (" + std::to_string(value) +
                                                   "); nothing was accumulated");
   auto objective = sum ? loss.loss : loss.loss * count;
-  if (cfg.adapter.empty()) {
+  if (deferred_objective) {
+    *deferred_objective = objective;
+  } else if (cfg.adapter.empty()) {
     objective.backward();
   } else {
     // Only the adapter's tensors: a full-model trainer on the same model
@@ -561,12 +582,13 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
 
 namespace {
 
-// Under tensor parallelism every rank must take the same batch (each pass
-// is collective, and each rank's target logit counts): the group compares
+// Under tensor and pipeline parallelism every rank must take the same batch
+// (each pass is collective, and each rank's part of it counts): the group compares
 // a 64-bit hash of everything the call reads (every tensor of the batch,
 // its dtype and shape, the loss spec, whether log-probs are asked) before
 // anything else, so that all fail together.
-Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const LossSpec& spec, bool logps) {
+Result<void> same_batch_on_ranks(ProcessGroup& tp, const char* group, const TrainBatch& b, const LossSpec& spec,
+                                 bool logps) {
   Fnv1a hash;
   auto mix = [&](const void* p, size_t n) { hash.add(p, n); };
   auto mix_value = [&](auto v) { hash.add_value(v); };
@@ -598,20 +620,217 @@ Result<void> same_batch_on_tp_ranks(ProcessGroup& tp, const TrainBatch& b, const
   for (int r = 0; r < tp.size(); ++r)
     if (!at::equal(all.narrow(0, r * 2, 2), mine))
       return make_error(errc::invalid_argument,
-                        "the ranks of the tensor-parallel group were given different batches or loss settings (rank " +
+                        std::string{"the ranks of the "} + group +
+                            " group were given different batches or loss settings (rank " +
                             std::to_string(r) + "'s differ from rank " + std::to_string(tp.rank()) +
                             "'s): they share every batch; give them the same one");
   return {};
 }
 
-// The fewest rows per pass any tensor-parallel rank can take (their memory
-// may differ), so that every rank slices the batch alike.
-Result<int64_t> fewest_rows(ProcessGroup& tp, int64_t rows) {
-  auto v = at::zeros({tp.size()}, at::kDouble);
-  v[tp.rank()] = static_cast<double>(rows);
+// The fewest rows per pass any rank of a tensor- or pipeline-parallel group
+// can take (their memory may differ), so that every rank slices the batch
+// alike. Every rank joins, also one whose own estimate failed (`rows` an
+// error: not even one row fits), and then every rank fails.
+Result<int64_t> fewest_rows(ProcessGroup& g, const Result<int64_t>& rows) {
+  auto v = at::zeros({g.size()}, at::kDouble);
+  v[g.rank()] = rows ? static_cast<double>(*rows) : 0.0;
   std::vector<at::Tensor> t{v};
-  if (auto ok = all_reduce_sum(tp, t); !ok) return ok.error();
-  return static_cast<int64_t>(t[0].min().item<double>());
+  if (auto ok = all_reduce_sum(g, t); !ok) return ok.error();
+  if (!rows) return rows.error();
+  const auto fewest = static_cast<int64_t>(t[0].min().item<double>());
+  if (fewest < 1)
+    return make_error(errc::resource_exhausted, "another rank of the group has not the memory for one row of this "
+                                                "batch (its error gives the estimate); shorten the sequences or free "
+                                                "memory there");
+  return fewest;
+}
+
+// The last pipeline stage's answer to a forward_backward, as text every
+// stage can read: its error ("!" code, message) or its count and metrics
+// (doubles printed exactly).
+std::string encode_answer(const Result<std::pair<Metrics, double>>& a) {
+  std::string out;
+  char num[64];
+  if (!a) return "!" + std::to_string(static_cast<int>(code_of(a.error()))) + "\t" + context_of(a.error());
+  std::snprintf(num, sizeof num, "%.17g", a->second);
+  out = std::string{"="} + num + "\n";
+  for (const auto& [k, v] : a->first) {
+    std::snprintf(num, sizeof num, "%.17g", v);
+    out += k + "\t" + num + "\n";
+  }
+  return out;
+}
+
+Result<std::pair<Metrics, double>> decode_answer(const std::string& s) {
+  if (s.empty()) return make_error(errc::internal, "an empty answer from the last pipeline stage");
+  if (s[0] == '!') {
+    const auto tab = s.find('\t');
+    return make_error(static_cast<errc>(std::stoi(s.substr(1, tab - 1))),
+                      tab == std::string::npos ? std::string{} : s.substr(tab + 1));
+  }
+  std::pair<Metrics, double> out;
+  size_t at = s.find('\n');
+  out.second = std::strtod(s.c_str() + 1, nullptr);
+  while (at != std::string::npos && at + 1 < s.size()) {
+    const size_t end = s.find('\n', at + 1), tab = s.find('\t', at + 1);
+    out.first[s.substr(at + 1, tab - at - 1)] = std::strtod(s.c_str() + tab + 1, nullptr);
+    at = end;
+  }
+  return out;
+}
+
+// `text` from the group's last rank to every rank.
+Result<void> share_from_last(ProcessGroup& pg, std::string& text) {
+  const int root = pg.size() - 1;
+  auto len = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  auto l = from_torch(len);
+  if (!l) return l.error();
+  std::vector<Tensor> lens{*l};
+  if (auto ok = pg.broadcast(lens, root); !ok) return ok;
+  auto bytes = at::zeros({len.item<int64_t>()}, at::kByte);
+  if (pg.rank() == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  auto b = from_torch(bytes);
+  if (!b) return b.error();
+  std::vector<Tensor> parts{*b};
+  if (bytes.numel() > 0)
+    if (auto ok = pg.broadcast(parts, root); !ok) return ok;
+  text.assign(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  return {};
+}
+
+// forward_backward of a pipeline stage: the batch (the same on every stage)
+// in micro-batches of `rows` rows through the 1F1B schedule. The last stage
+// computes the loss; its count, metrics and log-probs (or its error) are
+// then every stage's. A failure on any stage leaves every stage's
+// gradients as they were before the call.
+Result<Metrics> pipeline_passes(Trainer::Impl& im, ProcessGroup& pp, const Slice& all, const LossSpec& spec,
+                                const PassOptions& pass, int64_t rows, Tensor* logps_out, double tokens,
+                                double sequences) {
+  auto& m = im.model.impl();
+  const int64_t B = all.prepared.ids.size(0), T = all.prepared.ids.size(1);
+  const bool pairwise = is_pairwise(spec.kind), packed = all.prepared.segments.defined();
+  // By default 2 micro-batches per stage (the bubble is (p - 1) / (m + p - 1)
+  // of the step), no more rows each than fit the memory.
+  int64_t per = im.cfg.micro_batch_rows > 0 ? rows : std::min(rows, (B + 2 * pp.size() - 1) / (2 * pp.size()));
+  if (pairwise && !packed) per = std::max<int64_t>(2, per - per % 2);
+  per = std::max<int64_t>(1, per);
+  const int micro = static_cast<int>((B + per - 1) / per);
+  const bool last = pp.rank() == pp.size() - 1;
+  auto params = im.params();
+  std::vector<at::Tensor> saved;
+  for (auto& [n, p] : params) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
+  auto restore = [&] {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.mutable_grad() = saved[i];
+  };
+  log::debug("forward_backward: pipeline stage " + std::to_string(pp.rank()) + " of " + std::to_string(pp.size()) +
+             ", " + std::to_string(B) + " rows in " + std::to_string(micro) + " micro-batches of " +
+             std::to_string(per) + " rows");
+  std::vector<rl::LossOutput> parts;
+  std::vector<at::Tensor> lps;
+  double count = 0;
+  std::optional<caf::error> failed;  // the last stage's first failing micro-batch
+  PipelineStage stage;
+  stage.dtype = m.options().dtype().toScalarType();
+  stage.activation_shape = [&](int k) {
+    return std::vector<int64_t>{std::min(per, B - k * per), T, m.cfg.hidden_size};
+  };
+  stage.forward = [&](int k, const at::Tensor& input) -> at::Tensor {
+    const int64_t begin = k * per, n = std::min(per, B - begin);
+    auto slice = rows_of(all, begin, n);
+    auto mine = pass;
+    mine.stage_input = input;
+    if (!last) return m.run(slice.prepared, false, false, mine).activations;
+    // The last stage: a loss to backward, or on a failure (or a slice with
+    // no counted token) zero, so that every stage still runs its backward.
+    if (failed || !slice.mask.any().item<bool>()) {
+      auto out = m.run(slice.prepared, false, false, mine);
+      if (logps_out) lps.push_back(out.logprobs.detach());
+      if (!failed && spec.kind == LossKind::dr_grpo && !packed) {  // counts rows (see forward_backward_here)
+        count += static_cast<double>(n);
+        rl::LossOutput none;
+        none.metrics["loss"] = 0;
+        none.weights["loss"] = static_cast<double>(n);
+        parts.push_back(std::move(none));
+      }
+      return out.logprobs.sum() * 0;
+    }
+    at::Tensor lp, objective;
+    im.deferred_objective = &objective;
+    Result<std::pair<rl::LossOutput, double>> one = make_error(errc::internal, "no pass");
+    try {  // an exception here would leave the other stages waiting for this one's gradients
+      one = im.pass_once(slice, spec, mine, logps_out ? &lp : nullptr);
+    } catch (const std::exception& e) {
+      one = carried_error(e).value_or(error_of_exception(e, "the last pipeline stage's loss"));
+    }
+    im.deferred_objective = nullptr;
+    if (lp.defined()) lps.push_back(lp);
+    if (!one) {
+      failed = with_context(one.error(), "rows " + std::to_string(begin) + " to " + std::to_string(begin + n - 1) +
+                                             " of the batch (micro-batch " + std::to_string(k + 1) + " of " +
+                                             std::to_string(micro) + "; nothing was accumulated)");
+      return input.sum() * 0;
+    }
+    count += one->second;
+    parts.push_back(std::move(one->first));
+    return objective;
+  };
+  // Every stage hears whether any failed inside the schedule (memory, an
+  // exception on one stage): then none keeps this call's gradients.
+  auto ran = run_pipeline(pp, micro, stage);
+  std::vector<at::Tensor> any_failed{at::tensor({ran ? 0.0 : 1.0}, at::kDouble)};
+  auto agreed = all_reduce_sum(pp, any_failed);
+  if (!ran || !agreed || any_failed[0].item<double>() > 0) {
+    restore();
+    if (!ran) return with_context(ran.error(), "the pipeline's forward and backward passes");
+    if (!agreed) return with_context(agreed.error(), "the pipeline stages' agreement after their passes");
+    return make_error(errc::aborted, "another pipeline stage failed in this forward_backward (its error says why); "
+                                     "no stage keeps the call's gradients");
+  }
+  std::string answer;
+  if (last) {
+    if (failed) {
+      answer = encode_answer(*failed);
+    } else {
+      Metrics metrics = rl::combine_metrics(parts);
+      answer = encode_answer(std::pair{std::move(metrics), count});
+    }
+  }
+  if (auto ok = share_from_last(pp, answer); !ok) {
+    restore();
+    return with_context(ok.error(), "the last pipeline stage's loss");
+  }
+  auto got = decode_answer(answer);
+  if (!got) {
+    restore();
+    return last || code_of(got.error()) == errc::internal
+               ? got.error()
+               : with_context(got.error(), "on the last pipeline stage (rank " + std::to_string(pp.size() - 1) + ")");
+  }
+  if (logps_out) {
+    auto lp = last ? at::cat(lps, 0).to(at::kFloat).contiguous() : at::empty({B, T}, at::kFloat);
+    auto t = from_torch(lp);
+    std::vector<Tensor> v;
+    if (t) v.push_back(*t);
+    if (auto ok = t ? pp.broadcast(v, pp.size() - 1) : Result<void>{t.error()}; !ok) {
+      restore();
+      return ok.error();
+    }
+    auto out = from_torch(at::where(all.prepared.target_mask, lp, at::zeros({}, lp.options())).contiguous());
+    if (!out) {
+      restore();
+      return out.error();
+    }
+    *logps_out = std::move(*out);
+  }
+  im.accumulated += got->second;
+  ++im.micro_batches;
+  if (spec.reduction == LossReduction::sum) ++im.summed;
+  Metrics metrics = std::move(got->first);
+  metrics["tokens"] = tokens;
+  metrics["sequences"] = sequences;
+  metrics["loss_count"] = got->second;
+  return metrics;
 }
 
 // forward_backward on this rank's batch (with FSDP, Trainer::forward_backward
@@ -620,13 +839,16 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
                                       const LossSpec& spec, Tensor* logps_out) try {
   ProcessGroup* tp = impl_->cfg.tp_group && impl_->cfg.tp_group->size() > 1 ? impl_->cfg.tp_group.get() : nullptr;
   if (tp)
-    if (auto ok = same_batch_on_tp_ranks(*tp, b, spec, logps_out != nullptr); !ok) return ok.error();
+    if (auto ok = same_batch_on_ranks(*tp, "tensor-parallel", b, spec, logps_out != nullptr); !ok) return ok.error();
+  ProcessGroup* pp = impl_->cfg.pp_group && impl_->cfg.pp_group->size() > 1 ? impl_->cfg.pp_group.get() : nullptr;
+  if (pp)
+    if (auto ok = same_batch_on_ranks(*pp, "pipeline-parallel", b, spec, logps_out != nullptr); !ok) return ok.error();
   if (auto ok = spec.validate(); !ok) return ok.error();
   auto& m = impl_->model.impl();
   auto prepared = model_detail::prepare(m.cfg, b.tokens);
   if (!prepared) return prepared.error();
   int64_t B = prepared->ids.size(0), T = prepared->ids.size(1);
-  auto dtype = m.param("model.embed_tokens.weight").scalar_type();
+  auto dtype = m.options().dtype().toScalarType();
   at::Tensor mask = prepared->target_mask;
   if (b.loss_mask.defined()) {
     if (b.loss_mask.dims() != 2 || b.loss_mask.size(0) != B || b.loss_mask.size(1) != T)
@@ -750,15 +972,18 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   };
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   const bool entropies = spec.entropy_coef != 0;
-  auto rows = impl_->rows_per_pass(B, T, elem, entropies, false, pairwise && !packed);
-  if (!rows) return rows.error();
-  if (tp) rows = fewest_rows(*tp, *rows);
+  // A pipeline stage keeps a copy of the gradients besides (to put back if
+  // any stage fails) when it has some.
+  auto rows = impl_->rows_per_pass(B, T, elem, entropies, pp && impl_->micro_batches > 0, pairwise && !packed);
+  if (tp) rows = fewest_rows(*tp, rows);
+  if (pp) rows = fewest_rows(*pp, rows);
   if (!rows) return rows.error();
   c10::AutoGradMode grad(true);
 
-  if (tokens == 0 && impl_->fsdp)  // before any pass: only this rank's data is left out (see forward_backward)
+  if (tokens == 0 && (impl_->fsdp || pp))  // before any pass: only this rank's data is left out (see forward_backward)
     return make_error(errc::invalid_argument, "the batch has no counted token (loss_mask and the targets leave "
                                               "every position out): nothing to train on");
+  if (pp) return pipeline_passes(*impl_, *pp, all, spec, *pass, *rows, logps_out, tokens, sequences);
   if (*rows >= B || tokens == 0) {  // one pass (a batch without a counted token: the loss says so)
     at::Tensor lp;
     auto one = impl_->as_pass<Trainer::Impl::PassResult>(*pass, [&] { return impl_->pass_once(all, spec, *pass, logps_out ? &lp : nullptr); });
@@ -779,8 +1004,7 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   const bool had = impl_->micro_batches > 0;
   if (had) {
     rows = impl_->rows_per_pass(B, T, elem, entropies, true, pairwise && !packed);
-    if (!rows) return rows.error();
-    if (tp) rows = fewest_rows(*tp, *rows);
+    if (tp) rows = fewest_rows(*tp, rows);
     if (!rows) return rows.error();
   }
   auto params = impl_->params();
@@ -983,6 +1207,41 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     std::vector<at::Tensor> grads;
     for (auto& [n, p] : params) grads.push_back(p.grad());
     clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
+  } else if (const auto& ppg = impl_->cfg.pp_group; ppg && ppg->size() > 1) {
+    // Each stage steps its own layers. Tied embeddings, held by the first
+    // stage and the last, take the sum of both stages' gradients (so that
+    // the copies stay equal) and count once in the norm, which adds every
+    // stage's squares.
+    c10::NoGradGuard no_grad;
+    auto& m = impl_->model.impl();
+    // params() names carry the stage ("pp0of2.model.embed_tokens.weight").
+    auto is_shared = [&](const std::string& n) { return pp::is_shared(m, n.substr(n.find('.') + 1)); };
+    at::Tensor shared;
+    for (auto& [n, p] : params)
+      if (is_shared(n)) {
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        shared = p.grad();
+      }
+    if (m.cfg.tie_word_embeddings) {  // middle stages add zeros
+      std::vector<at::Tensor> g{shared.defined() ? shared : at::zeros({m.cfg.vocab_size, m.cfg.hidden_size}, m.options())};
+      if (auto ok = all_reduce_sum(*ppg, g); !ok) {
+        zero_grad();
+        return ok.error();
+      }
+    }
+    auto sq = at::zeros({1}, at::kDouble);
+    for (auto& [n, p] : params)
+      if (p.grad().defined() && !(is_shared(n) && m.pp->last()))
+        sq += p.grad().to(at::kDouble).pow(2).sum();
+    std::vector<at::Tensor> total_sq{sq};
+    if (auto ok = all_reduce_sum(*ppg, total_sq); !ok) {
+      zero_grad();
+      return ok.error();
+    }
+    norm = std::sqrt(total_sq[0].item<double>());
+    std::vector<at::Tensor> grads;
+    for (auto& [n, p] : params) grads.push_back(p.grad());
+    clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
   } else if (sharded) {
     // The global norm: every shard's squares, summed over the fsdp group.
     auto n = clip_grad_norm(fsdp->units(), fsdp->group(), impl_->cfg.optimizer.max_grad_norm);
@@ -1060,6 +1319,88 @@ int64_t Trainer::state_bytes() const {
     for (const auto& [name, p] : impl_->fsdp->shards()) add(p);
   return n;
 }
+Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes) try {
+  auto& im = *impl_;
+  auto& m = im.model.impl();
+  auto group = [](const std::shared_ptr<ProcessGroup>& g) { return g && g->size() > 1 ? g.get() : nullptr; };
+  ProcessGroup *tp = group(im.cfg.tp_group), *ppg = group(im.cfg.pp_group), *dp = group(im.cfg.dp_group);
+  Fsdp* fsdp = im.fsdp.get();
+  if (dp && dp->rank() != 0) return {};  // a replica of dp rank 0's
+  // The one model-parallel group (Trainer::create refuses their mixes).
+  ProcessGroup* mp = fsdp ? &fsdp->group() : tp ? tp : ppg;
+  if (!mp) return im.model.save(dir, max_shard_bytes);
+  if (fsdp) fsdp->release_all();
+  const bool writer = mp->rank() == 0;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::vector<std::string> order;
+  for (auto& [n, shape] : model_detail::parameter_shapes(m.cfg)) {
+    order.push_back(n);
+    shapes[n] = shape;
+  }
+  std::optional<size_t> held;  // the FSDP unit gathered now
+  size_t done = 0;             // the parameters fetched, in order
+  // Parameter `name` whole on the writer (undefined elsewhere), each
+  // rank's part of the collective that moves it.
+  auto fetch_here = [&](const std::string& name) -> Result<at::Tensor> {
+    const int index = static_cast<int>(done++);
+    if (fsdp) {
+      const auto u = fsdp->unit_of(name);
+      if (held != u) {
+        if (held) fsdp->release_unit(*held);
+        held.reset();
+        if (auto ok = fsdp->gather_unit_to_read(u); !ok) return ok.error();
+        held = u;
+      }
+      return writer ? m.params.at(name).detach().clone() : at::Tensor{};
+    }
+    if (tp) return tp::gather_whole(name, m.params.at(name), *tp);
+    const int owner = pp::stage_of(m.cfg, ppg->size(), name), tag = (1 << 20) + index;
+    if (owner == 0) return writer ? m.params.at(name) : at::Tensor{};
+    if (ppg->rank() == owner) {
+      auto t = from_torch(m.params.at(name).detach().contiguous());
+      if (!t) return t.error();
+      if (auto ok = ppg->send(*t, 0, tag); !ok) return ok.error();
+    } else if (writer) {
+      auto got = at::empty(shapes.at(name), m.options());
+      auto t = from_torch(got);
+      if (!t) return t.error();
+      if (auto ok = ppg->recv(*t, owner, tag); !ok) return ok.error();
+      return got;
+    }
+    return at::Tensor{};
+  };
+  // No exception may skip this rank's part in a collective the others make.
+  auto fetch = [&](const std::string& name) -> Result<at::Tensor> {
+    try {
+      return fetch_here(name);
+    } catch (const std::exception& e) {
+      return carried_error(e).value_or(error_of_exception(e, "gathering " + name + " to save it"));
+    }
+  };
+  Result<void> mine{};
+  if (writer) {
+    try {
+      mine = model_detail::save_pretrained(m.cfg, dir, max_shard_bytes, fetch);
+    } catch (const std::exception& e) {
+      mine = error_of_exception(e, "writing " + dir);
+    }
+  }
+  // A writer that stopped early, and every other rank, still take their
+  // part in the rest of the collectives.
+  while (done < order.size())
+    if (auto got = fetch(order[done]); !got && mine) mine = got.error();
+  if (held) fsdp->release_unit(*held);
+  std::vector<at::Tensor> failed{at::tensor({mine ? 0.0 : 1.0}, at::kDouble)};
+  if (auto ok = all_reduce_sum(*mp, failed); !ok) return mine ? ok : mine;
+  if (!mine) return mine;
+  if (failed[0].item<double>() > 0)
+    return make_error(errc::unavailable, "saving the model to " + dir +
+                                             " failed on another rank of its group (rank 0 writes; its error says why)");
+  return {};
+} catch (const std::exception& e) {
+  return carried_error(e).value_or(error_of_exception(e, "save_model"));
+}
+
 NamedTensors Trainer::optimizer_state() const { return impl_->opt->state(); }
 Result<void> Trainer::load_optimizer_state(const std::map<std::string, Tensor>& state) {
   return impl_->opt->load_state(state, impl_->params());

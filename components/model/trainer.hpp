@@ -149,6 +149,20 @@ struct TrainConfig {
   /// ranks take the same batch, each call on every rank; the gradient norm
   /// is the whole model's. Not with an adapter or fsdp_group yet.
   std::shared_ptr<ProcessGroup> tp_group{};
+  /// Pipeline parallelism over this group (null or size 1: none): the model
+  /// is cut in place to this rank's stage (pp::shard_model: an even split
+  /// of the decoder layers, the embeddings on the first stage, the final
+  /// norm and the LM head on the last), and each forward_backward runs the
+  /// 1F1B schedule over micro-batches of the call's batch
+  /// (components/parallel/pipeline.hpp), activations and their gradients
+  /// sent between neighbouring stages. The micro-batches are
+  /// micro_batch_rows rows each (0: the batch cut in 2 x stages, as the
+  /// memory allows). Its ranks take the same batch, each call on every
+  /// rank; the last stage's loss, metrics and log-probs are every rank's
+  /// answer, and the gradient norm is the whole model's. With dp_group as
+  /// well, each stage's gradients are averaged over its dp replicas. Not
+  /// with an adapter, fsdp_group or tp_group yet.
+  std::shared_ptr<ProcessGroup> pp_group{};
   /// At most this many rows per forward and backward pass (0: as many as
   /// fit in memory_budget_bytes); a pairwise loss takes whole pairs, so at
   /// least 2.
@@ -196,9 +210,21 @@ public:
   /// collective: call it on every rank), so that the model can be read
   /// (forward, save, weight sync) until the next forward_backward,
   /// clip_grad_and_step or release_parameters frees them (named_parameters
-  /// answers copies). Without: nothing to do.
+  /// answers copies) or save_model. Without: nothing to do.
   Result<void> gather_parameters();
   void release_parameters();
+  /// Writes the whole model as a Hugging Face directory (config.json and
+  /// safetensors, sharded by max_shard_bytes), whatever the groups. With
+  /// fsdp_group, tp_group or pp_group it is a collective (call it on every
+  /// rank of the group) that gathers one piece at a time (an FSDP layer, a
+  /// tensor-parallel parameter, a later stage's parameter sent to the
+  /// first) and writes on the group's rank 0 as the pieces come, so that no
+  /// rank holds the whole model at once. Ranks of dp_group other than 0
+  /// hold a copy and write nothing. Every rank of the group answers the
+  /// writer's outcome. The directory loads into any mesh: CausalLM::load,
+  /// then a Trainer with other groups (the optimizer state does not move
+  /// between meshes: its names carry the layout).
+  Result<void> save_model(const std::string& dir, int64_t max_shard_bytes = default_max_shard_bytes);
   /// The bytes this rank holds of the trained parameters, their gradients
   /// and the optimizer state (with FSDP, its shards' only).
   int64_t state_bytes() const;

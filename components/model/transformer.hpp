@@ -32,6 +32,15 @@ struct Prepared {
 
 Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
 
+/// Writes a Hugging Face model directory of config `c`: the weights
+/// (safetensors in c.dtype, sharded by max_shard_bytes) in parameter_shapes'
+/// order, then config.json. `fetch(name)` answers each whole parameter,
+/// called once each and in that order; each shard is written as soon as
+/// its tensors are in, so a model gathered piece by piece is never held
+/// whole (write_safetensors_dir_streamed).
+Result<void> save_pretrained(const ModelConfig& c, const std::string& dir, int64_t max_shard_bytes,
+                             const std::function<Result<at::Tensor>(const std::string&)>& fetch);
+
 /// An estimate of the memory one row of T tokens takes through a training
 /// forward and backward pass (the activations autograd keeps, the attention
 /// scores, the logits and the peak of the backward pass), with elements of
@@ -82,6 +91,9 @@ struct PassOptions {
     std::function<at::Tensor(int64_t layer, at::Tensor out)> exit;
   };
   const LayerHooks* layer_hooks = nullptr;
+  /// On a pipeline stage after the first: the previous stage's activations
+  /// [B, T, hidden], which take the embeddings' place (PipelinePlan).
+  at::Tensor stage_input{};
 };
 
 /// One layer's attention: q [..., T, heads, D], k and v [..., T, kv_heads, D]
@@ -94,6 +106,19 @@ struct TensorParallelPlan {
   std::shared_ptr<ProcessGroup> pg;
   int64_t heads = 0, kv_heads = 0;  ///< this rank's attention and key/value heads
   int64_t vocab_begin = 0;          ///< this rank's first row of the embeddings and the LM head
+};
+
+/// A model cut into pipeline stages (pp::shard_model): this rank holds
+/// decoder layers [first_layer, end_layer), the embeddings on the first
+/// stage, the final norm and the LM head on the last (the embeddings too
+/// when tied). A pass runs only this stage's part: its input is the stage
+/// before's activations, its output the next one's (Outputs::activations)
+/// until the last stage's log-probs.
+struct PipelinePlan {
+  std::shared_ptr<ProcessGroup> pg;
+  int64_t first_layer = 0, end_layer = 0;
+  bool first() const { return pg->rank() == 0; }
+  bool last() const { return pg->rank() == pg->size() - 1; }
 };
 
 struct CausalLM::Impl {
@@ -112,6 +137,9 @@ struct CausalLM::Impl {
   /// Set when the parameters are tensor-parallel shards: passes run on
   /// them (collectively), nothing reads them whole.
   std::shared_ptr<TensorParallelPlan> tp;
+  /// Set when this model is one pipeline stage: it holds only that stage's
+  /// parameters (`names` lists them), and only a pipeline runs it.
+  std::shared_ptr<PipelinePlan> pp;
   /// An error naming `what` when the parameters cannot be read now: FSDP
   /// shards not gathered, or, unless `passes` (a forward pass, which runs
   /// on shards), tensor-parallel shards. `writes`: also when they are
@@ -119,6 +147,8 @@ struct CausalLM::Impl {
   Result<void> have_parameters(const char* what, bool passes = false, bool writes = false) const;
 
   const at::Tensor& param(const std::string& name) const { return params.at(name); }
+  /// The parameters' dtype and device (every one shares them).
+  at::TensorOptions options() const { return params.begin()->second.options(); }
   /// Every projection's module path, in model order.
   std::vector<std::string> linear_modules() const;
   /// The weight of a module a LoRA adapter may target: a projection's, or
@@ -145,7 +175,8 @@ struct CausalLM::Impl {
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
   /// The decoder stack on `ids` at `positions` (same shape: [B, T] or [N])
   /// with attention computed by `attend`: final hidden states [..., hidden]
-  /// (after the last norm). Dense batches and the sampler's paged cache
+  /// (after the last norm; on a pipeline stage, its layers' part, from
+  /// pass.stage_input after the first stage, before the norm but on the last). Dense batches and the sampler's paged cache
   /// differ only in `attend`.
   at::Tensor decode_stack(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
                           const PassOptions& pass = {}) const;
@@ -159,6 +190,9 @@ struct CausalLM::Impl {
     at::Tensor logprobs;   ///< [B, T], 0 where there is no target
     at::Tensor entropies;  ///< [B, T] if asked
     at::Tensor logits;     ///< [B, T, V] if asked
+    /// On a pipeline stage before the last, instead of the above: the
+    /// activations [B, T, hidden] for the next stage.
+    at::Tensor activations;
   };
   /// The forward pass to target log-probabilities, with gradients when grad
   /// mode is on. Computes in the parameters' dtype (f32; f64 in tests).

@@ -219,6 +219,23 @@ Result<void> Fsdp::gather_all() {
   return {};
 }
 
+size_t Fsdp::unit_of(const std::string& name) const {
+  const auto l = layer_of(name);
+  return static_cast<size_t>(l < 0 ? static_cast<int64_t>(units_.size()) - 1 : l);
+}
+
+Result<void> Fsdp::gather_unit_to_read(size_t unit) {
+  if (auto ok = usable(); !ok) return ok;
+  if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a unit gathered to read inside a pass");
+  if (auto ok = units_.at(unit).gather(*pg_); !ok) {
+    broken_ = true;
+    return ok;
+  }
+  return {};
+}
+
+void Fsdp::release_unit(size_t unit) { units_.at(unit).free_full(); }
+
 void Fsdp::release_all() {
   for (auto& u : units_) u.free_full();
   gathered_all_ = false;

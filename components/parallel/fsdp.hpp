@@ -79,6 +79,12 @@ public:
   /// (forward, save, weight sync); release_all() frees them again.
   Result<void> gather_all();
   void release_all();
+  /// One unit's full parameters (collective), for reading them one piece at
+  /// a time (a streamed save): the unit of `name` (its decoder layer, or
+  /// the rest), gathered until release_unit.
+  size_t unit_of(const std::string& name) const;
+  Result<void> gather_unit_to_read(size_t unit);
+  void release_unit(size_t unit);
 
   /// The shards, for the optimizer: ("fsdp.layers.L" or "fsdp.rest", the
   /// shard), each a 1-d leaf that requires grad when the base trains.

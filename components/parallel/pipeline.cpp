@@ -1,10 +1,13 @@
 #include "components/parallel/pipeline.hpp"
 
 #include "components/comm/process_group_impl.hpp"
+#include "components/model/transformer.hpp"
 #include "components/parallel/pipeline_schedule.hpp"
 #include "components/tensor/torch_bridge.hpp"
 
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace glint::components {
 
@@ -33,8 +36,17 @@ Result<void> run_pipeline(ProcessGroup& pp, int micro_batches, const PipelineSta
     if (auto ok = pp.recv(*g, from, tag); !ok) return ok.error();
     return t;
   };
+  // A forward or backward that throws (memory running out on this stage)
+  // must not leave the neighbours waiting on messages that never come: the
+  // schedule goes on with zeros of the planned shapes, and the first such
+  // failure is this stage's answer once every message has been sent.
+  std::optional<caf::error> failed;
+  auto note = [&](const std::exception& e, const std::string& what) {
+    if (!failed) failed = carried_error(e).value_or(error_of_exception(e, what));
+  };
   for (const auto& op : *ops) {
     const auto m = static_cast<size_t>(op.micro);
+    const std::string which = "micro-batch " + std::to_string(op.micro) + " on stage " + std::to_string(s);
     if (op.kind == PipeOp::Kind::forward) {
       at::Tensor in;
       if (s > 0) {
@@ -43,32 +55,111 @@ Result<void> run_pipeline(ProcessGroup& pp, int micro_batches, const PipelineSta
                                                        std::to_string(op.micro) + "'s activations");
         in = got->set_requires_grad(true);
       }
-      auto out = stage.forward(op.micro, in);
-      if (s < p - 1)
-        if (auto ok = post(out, s + 1, 2 * op.micro); !ok) return ok.error();
+      at::Tensor out;
+      if (!failed) {
+        try {
+          out = stage.forward(op.micro, in);
+        } catch (const std::exception& e) {
+          note(e, "the forward of " + which);
+        }
+      }
+      if (s < p - 1) {
+        auto sent_on = out.defined() ? out : at::zeros(stage.activation_shape(op.micro), at::TensorOptions().dtype(stage.dtype));
+        if (auto ok = post(sent_on, s + 1, 2 * op.micro); !ok) return ok.error();
+      }
       inputs[m] = in;
       outputs[m] = out;
       continue;
     }
-    if (s == p - 1) {
-      outputs[m].backward();
-    } else {
-      auto grad = receive(outputs[m].sizes().vec(), s + 1, 2 * op.micro + 1);
+    if (s < p - 1) {
+      auto grad = receive(stage.activation_shape(op.micro), s + 1, 2 * op.micro + 1);
       if (!grad) return with_context(grad.error(), "stage " + std::to_string(s) + " receiving micro-batch " +
                                                        std::to_string(op.micro) + "'s gradient");
-      outputs[m].backward(*grad);
+      if (!failed && outputs[m].defined()) {
+        try {
+          outputs[m].backward(*grad);
+        } catch (const std::exception& e) {
+          note(e, "the backward of " + which);
+        }
+      }
+    } else if (!failed && outputs[m].defined()) {
+      try {
+        outputs[m].backward();
+      } catch (const std::exception& e) {
+        note(e, "the backward of " + which);
+      }
     }
     if (s > 0) {
       const auto& g = inputs[m].grad();
-      if (auto ok = post(g.defined() ? g : at::zeros_like(inputs[m]), s - 1, 2 * op.micro + 1); !ok) return ok.error();
+      if (auto ok = post(g.defined() && !failed ? g : at::zeros_like(inputs[m]), s - 1, 2 * op.micro + 1); !ok)
+        return ok.error();
     }
     inputs[m] = outputs[m] = at::Tensor{};  // the micro-batch's activations go
   }
   for (auto& h : sends)
     if (auto ok = h->wait(); !ok) return ok;
+  if (failed) return *failed;
   return {};
 } catch (const std::exception& e) {
   return carried_error(e).value_or(error_of_exception(e, "a pipeline stage"));
 }
+
+namespace pp {
+
+std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stages, int stage) {
+  const int64_t base = layers / stages, extra = layers % stages;
+  const int64_t first = stage * base + std::min<int64_t>(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
+
+int stage_of(const ModelConfig& c, int stages, const std::string& name) {
+  if (name == "model.norm.weight" || name == "lm_head.weight") return stages - 1;
+  const std::string pre = "model.layers.";
+  if (name.rfind(pre, 0) != 0) return 0;
+  const int64_t l = std::stoll(name.substr(pre.size()));
+  for (int s = 0; s < stages; ++s)
+    if (l < stage_layers(c.num_hidden_layers, stages, s).second) return s;
+  return stages - 1;
+}
+
+bool is_shared(const CausalLM::Impl& m, const std::string& name) {
+  return m.pp && m.pp->pg->size() > 1 && m.cfg.tie_word_embeddings && name == "model.embed_tokens.weight";
+}
+
+Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
+  if (!pg) return make_error(errc::invalid_argument, "pipeline parallelism needs a process group");
+  if (m.pp || m.tp || !m.sharded_by.empty()) return make_error(errc::failed_precondition, "the model is sharded already");
+  if (!m.adapters.empty())
+    return make_error(errc::unimplemented, "LoRA on a pipeline-parallel model is not built yet; remove the adapters or "
+                                           "use data parallelism");
+  const int64_t L = m.cfg.num_hidden_layers;
+  if (L < pg->size())
+    return make_error(errc::invalid_argument, "the model has " + std::to_string(L) + " decoder layers, fewer than the " +
+                                                  std::to_string(pg->size()) +
+                                                  " pipeline stages: each stage needs one at least; use fewer stages");
+  auto [first, end] = stage_layers(L, pg->size(), pg->rank());
+  const bool is_first = pg->rank() == 0, is_last = pg->rank() == pg->size() - 1;
+  auto keep = [&](const std::string& n) {
+    if (n == "model.embed_tokens.weight") return is_first || (is_last && m.cfg.tie_word_embeddings);
+    if (n == "model.norm.weight" || n == "lm_head.weight") return is_last;
+    const std::string pre = "model.layers.";
+    if (n.rfind(pre, 0) != 0) return true;
+    const int64_t l = std::stoll(n.substr(pre.size()));
+    return l >= first && l < end;
+  };
+  std::vector<std::string> names;
+  std::map<std::string, at::Tensor> params;
+  for (const auto& n : m.names)
+    if (keep(n)) {
+      names.push_back(n);
+      params[n] = m.params.at(n);
+    }
+  m.names = std::move(names);
+  m.params = std::move(params);
+  m.pp = std::make_shared<PipelinePlan>(PipelinePlan{std::move(pg), first, end});
+  return {};
+}
+
+}  // namespace pp
 
 }  // namespace glint::components

@@ -14,6 +14,7 @@
 /// deadlock two neighbours that both send first.
 
 #include "components/comm/process_group.hpp"
+#include "components/model/model.hpp"
 
 #include <ATen/ATen.h>
 
@@ -36,6 +37,34 @@ struct PipelineStage {
 /// Runs this stage's part (stage pp.rank() of pp.size()) of the forward and
 /// backward of `micro_batches` micro-batches; the parameters' gradients
 /// accumulate over them, as gradient accumulation does on one process.
+/// A forward or backward that throws on this stage does not stop the
+/// schedule (its neighbours would wait for messages that never come): the
+/// rest runs with zeros sent in its place, and the error is answered at the
+/// end, on this stage only; the caller agrees with the other stages on
+/// whether any failed (its gradients then are not to be used).
 Result<void> run_pipeline(ProcessGroup& pp, int micro_batches, const PipelineStage& stage);
+
+namespace pp {
+
+/// The decoder layers [first, end) of stage `stage` of `stages`: an even
+/// split, the earlier stages taking one more where it does not divide.
+std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stages, int stage);
+
+/// Cuts the model to pipeline stage pg->rank() of pg->size() in place
+/// (CausalLM::Impl::pp): it keeps that stage's layers, the embeddings on
+/// the first stage, the final norm and the LM head on the last (tied
+/// embeddings on both: their gradients are summed between the two). Refuses
+/// fewer layers than stages, LoRA adapters, and a model sharded already.
+Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg);
+
+/// The stage of `stages` that holds parameter `name` of a model of config
+/// `c` (the first one for tied embeddings, which the last holds too).
+int stage_of(const ModelConfig& c, int stages, const std::string& name);
+
+/// Whether `name` is a parameter two stages hold copies of (the embeddings
+/// tied to the LM head, on the first stage and the last).
+bool is_shared(const CausalLM::Impl& m, const std::string& name);
+
+}  // namespace pp
 
 }  // namespace glint::components

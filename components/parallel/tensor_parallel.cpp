@@ -163,6 +163,21 @@ int split_dim(const std::string& n) {
 
 bool is_shard(const std::string& name) { return split_dim(name) >= 0; }
 
+Result<at::Tensor> gather_whole(const std::string& name, const at::Tensor& shard, ProcessGroup& pg) {
+  const int dim = split_dim(name);
+  if (dim < 0) return shard;
+  // Columns travel as rows of the transpose: all_gather stacks along dim 0.
+  auto mine = (dim == 0 ? shard : shard.t()).detach().contiguous();
+  auto sizes = mine.sizes().vec();
+  sizes[0] *= pg.size();
+  auto all = at::empty(sizes, mine.options());
+  auto in = from_torch(mine);
+  auto out = from_torch(all);
+  if (!in || !out) return make_error(errc::internal, "a tensor-parallel shard as glint tensors");
+  if (auto ok = pg.all_gather(*in, *out); !ok) return with_context(ok.error(), "gathering " + name);
+  return dim == 0 ? all : all.t().contiguous();
+}
+
 bool gradient_is_partial(const std::string& name) {
   return ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight");
 }

@@ -76,5 +76,9 @@ Result<void> shard_model(CausalLM::Impl& model, std::shared_ptr<ProcessGroup> pg
 /// and must be summed over the group.
 bool is_shard(const std::string& name);
 bool gradient_is_partial(const std::string& name);
+/// The whole parameter `name` from every rank's `shard` of it (shard_model's
+/// split; a collective: every rank of `pg` calls it for the same name).
+/// A parameter that is not split is answered as it is, without a collective.
+Result<at::Tensor> gather_whole(const std::string& name, const at::Tensor& shard, ProcessGroup& pg);
 
 }  // namespace glint::components::tp

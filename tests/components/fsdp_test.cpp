@@ -7,6 +7,7 @@
 #include "components/tensor/torch_bridge.hpp"
 
 #include "support/tensors.hpp"
+#include "support/near.hpp"
 #include "support/thread_ranks.hpp"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@ namespace {
 
 using glint::testing::borrowed;
 using glint::testing::ids_of;
+using glint::testing::near;
 using glint::testing::on_ranks;
 
 // Every layer's parameter count is odd (593), so each shard of 2 is padded;
@@ -82,13 +84,6 @@ void train(int r, ProcessGroup& pg, bool fsdp, int steps, const std::string& ada
 }
 
 // |a - b| <= rel * max |b|, elementwise: "within rel relative" of a tensor.
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b, double rel) {
-  const double scale = b.abs().max().item<double>();
-  const double diff = (a - b).abs().max().item<double>();
-  if (diff <= rel * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "differs by " << diff << " (" << diff / scale << " of its largest value)";
-}
-
 std::array<Run, 2> on_two(bool fsdp, int steps, const std::string& adapter = {}) {
   std::array<Run, 2> runs;
   on_ranks(2, [&](int r, ProcessGroup& pg) { train(r, pg, fsdp, steps, adapter, runs[static_cast<size_t>(r)]); });
@@ -185,37 +180,24 @@ TEST(Fsdp, ShardsReplicatedOverDataParallelTrainAsOneProcess) {
     ASSERT_TRUE(st);
     norms.push_back(st->at("grad_norm"));
   }
-  std::array<uint16_t, 4> ports{};  // fsdp groups 0, 1 (by dp rank), dp groups 0, 1 (by fsdp rank)
-  for (auto& p : ports) {
-    auto got = pick_free_port();
-    ASSERT_TRUE(got);
-    p = *got;
-  }
   std::array<std::map<std::string, at::Tensor>, 4> finals;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 4; ++rank)
-    threads.emplace_back([&, rank] {
-      const int f = rank % 2, d = rank / 2;
-      auto fsdp = ProcessGroup::create({.store_port = ports[static_cast<size_t>(d)], .rank = f, .world_size = 2});
-      ASSERT_TRUE(fsdp) << describe(fsdp.error());
-      auto dp = ProcessGroup::create({.store_port = ports[static_cast<size_t>(2 + f)], .rank = d, .world_size = 2});
-      ASSERT_TRUE(dp) << describe(dp.error());
-      auto mine = tc;
-      mine.fsdp_group = *fsdp;
-      mine.dp_group = *dp;
-      auto tr = Trainer::create(*f64_model(), mine);
-      ASSERT_TRUE(tr) << describe(tr.error());
-      for (int s = 0; s < steps; ++s) {
-        ASSERT_TRUE(tr->forward_backward(
-            {.tokens = {.input_ids = *kIds.slice(rank, rank + 1), .attention_mask = *kMask.slice(rank, rank + 1)}}, {}));
-        auto st = tr->clip_grad_and_step();
-        ASSERT_TRUE(st) << describe(st.error());
-        EXPECT_NEAR(st->at("grad_norm"), norms[static_cast<size_t>(s)], 1e-11 * norms[static_cast<size_t>(s)]);
-      }
-      ASSERT_TRUE(tr->gather_parameters());
-      for (auto& [n, p] : tr->model().impl().params) finals[static_cast<size_t>(rank)][n] = p.detach().clone();
-    });
-  for (auto& t : threads) t.join();
+  // fsdp within dp: rank = dp * 2 + fsdp.
+  glint::testing::on_grid(2, 2, [&](int rank, ProcessGroup& fsdp, ProcessGroup& dp) {
+    auto mine = tc;
+    mine.fsdp_group = borrowed(fsdp);
+    mine.dp_group = borrowed(dp);
+    auto tr = Trainer::create(*f64_model(), mine);
+    ASSERT_TRUE(tr) << describe(tr.error());
+    for (int s = 0; s < steps; ++s) {
+      ASSERT_TRUE(tr->forward_backward(
+          {.tokens = {.input_ids = *kIds.slice(rank, rank + 1), .attention_mask = *kMask.slice(rank, rank + 1)}}, {}));
+      auto st = tr->clip_grad_and_step();
+      ASSERT_TRUE(st) << describe(st.error());
+      EXPECT_NEAR(st->at("grad_norm"), norms[static_cast<size_t>(s)], 1e-11 * norms[static_cast<size_t>(s)]);
+    }
+    ASSERT_TRUE(tr->gather_parameters());
+    for (auto& [n, p] : tr->model().impl().params) finals[static_cast<size_t>(rank)][n] = p.detach().clone();
+  });
   for (auto& [n, p] : single->model().impl().params)
     for (size_t r = 0; r < 4; ++r) EXPECT_TRUE(near(finals[r].at(n), p, 1e-11)) << n << " on rank " << r;
 }

@@ -7,6 +7,7 @@
 #include "components/parallel/tensor_parallel.hpp"
 
 #include "support/tensors.hpp"
+#include "support/near.hpp"
 #include "support/thread_ranks.hpp"
 
 #include <gtest/gtest.h>
@@ -18,15 +19,8 @@ namespace {
 
 using glint::testing::borrowed;
 using glint::testing::ids_of;
+using glint::testing::near;
 using glint::testing::on_ranks;
-
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b, double rel) {
-  if (a.sizes() != b.sizes()) return ::testing::AssertionFailure() << "shape " << a.sizes() << " vs " << b.sizes();
-  const double scale = std::max(b.abs().max().item<double>(), 1e-30);
-  const double diff = (a - b).abs().max().item<double>();
-  if (diff <= rel * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "differs by " << diff << " (" << diff / scale << " of its largest value)";
-}
 
 at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().set_requires_grad(true); }
 

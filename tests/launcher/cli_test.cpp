@@ -153,7 +153,8 @@ TEST(Cli, BenchParallelSmokeRunPrintsItsLines) {
   auto r = run("bench parallel --small --repeats 1 --steps 1");
   EXPECT_EQ(r.code, 0) << r.out;
   for (auto* line : {"dp2_state_bytes: ", "fsdp2_state_bytes_vs_dp: 0.5", "fsdp2_tokens_per_s_vs_dp: ",
-                     "dp2_bytes_per_step: ", "fsdp2_bytes_theory: ", "tp2_state_bytes_vs_dp: ", "tp2_bytes_per_step: "})
+                     "dp2_bytes_per_step: ", "fsdp2_bytes_theory: ", "tp2_state_bytes_vs_dp: ", "tp2_bytes_per_step: ",
+                     "pp2_state_bytes_vs_dp: ", "pp2_tokens_per_s_vs_dp: ", "pp2_bytes_theory: "})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_NE(run("bench parallel --seq 1").code, 0);
 }

@@ -1319,8 +1319,22 @@ int64_t Trainer::state_bytes() const {
     for (const auto& [name, p] : impl_->fsdp->shards()) add(p);
   return n;
 }
-Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes) try {
-  auto& im = *impl_;
+namespace {
+
+using FetchWhole = std::function<Result<at::Tensor>(const std::string&)>;
+
+// The whole model's parameters, one at a time in Hugging Face's order,
+// whatever the trainer's groups: `consume(fetch)` runs on the sender (rank
+// 0 of the model-parallel group, or this rank without one) and calls
+// fetch(name) for each parameter in that order, which answers it whole
+// (an FSDP unit gathered, a TP parameter gathered from its shards, a later
+// pipeline stage's parameter sent to the first). The other ranks take their
+// part in the same collectives. A consumer that stops early (its error, an
+// exception) still has the sender take its part in the rest, and then every
+// rank of the group answers the sender's outcome. Ranks of dp_group other
+// than 0 hold a copy: they do nothing. `what` names the walk in errors.
+Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
+                        const std::function<Result<void>(const FetchWhole&)>& consume) try {
   auto& m = im.model.impl();
   auto group = [](const std::shared_ptr<ProcessGroup>& g) { return g && g->size() > 1 ? g.get() : nullptr; };
   ProcessGroup *tp = group(im.cfg.tp_group), *ppg = group(im.cfg.pp_group), *dp = group(im.cfg.dp_group);
@@ -1328,9 +1342,8 @@ Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes
   if (dp && dp->rank() != 0) return {};  // a replica of dp rank 0's
   // The one model-parallel group (Trainer::create refuses their mixes).
   ProcessGroup* mp = fsdp ? &fsdp->group() : tp ? tp : ppg;
-  if (!mp) return im.model.save(dir, max_shard_bytes);
   if (fsdp) fsdp->release_all();
-  const bool writer = mp->rank() == 0;
+  const bool sender = !mp || mp->rank() == 0;
   std::map<std::string, std::vector<int64_t>> shapes;
   std::vector<std::string> order;
   for (auto& [n, shape] : model_detail::parameter_shapes(m.cfg)) {
@@ -1339,10 +1352,11 @@ Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes
   }
   std::optional<size_t> held;  // the FSDP unit gathered now
   size_t done = 0;             // the parameters fetched, in order
-  // Parameter `name` whole on the writer (undefined elsewhere), each
-  // rank's part of the collective that moves it.
   auto fetch_here = [&](const std::string& name) -> Result<at::Tensor> {
+    if (done >= order.size() || order[done] != name)
+      return make_error(errc::internal, what + " asked for " + name + " out of Hugging Face's order");
     const int index = static_cast<int>(done++);
+    if (!mp) return m.params.at(name);
     if (fsdp) {
       const auto u = fsdp->unit_of(name);
       if (held != u) {
@@ -1351,16 +1365,16 @@ Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes
         if (auto ok = fsdp->gather_unit_to_read(u); !ok) return ok.error();
         held = u;
       }
-      return writer ? m.params.at(name).detach().clone() : at::Tensor{};
+      return sender ? m.params.at(name).detach().clone() : at::Tensor{};
     }
     if (tp) return tp::gather_whole(name, m.params.at(name), *tp);
     const int owner = pp::stage_of(m.cfg, ppg->size(), name), tag = (1 << 20) + index;
-    if (owner == 0) return writer ? m.params.at(name) : at::Tensor{};
+    if (owner == 0) return sender ? m.params.at(name) : at::Tensor{};
     if (ppg->rank() == owner) {
       auto t = from_torch(m.params.at(name).detach().contiguous());
       if (!t) return t.error();
       if (auto ok = ppg->send(*t, 0, tag); !ok) return ok.error();
-    } else if (writer) {
+    } else if (sender) {
       auto got = at::empty(shapes.at(name), m.options());
       auto t = from_torch(got);
       if (!t) return t.error();
@@ -1370,35 +1384,79 @@ Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes
     return at::Tensor{};
   };
   // No exception may skip this rank's part in a collective the others make.
-  auto fetch = [&](const std::string& name) -> Result<at::Tensor> {
+  FetchWhole fetch = [&](const std::string& name) -> Result<at::Tensor> {
     try {
       return fetch_here(name);
     } catch (const std::exception& e) {
-      return carried_error(e).value_or(error_of_exception(e, "gathering " + name + " to save it"));
+      return carried_error(e).value_or(error_of_exception(e, "gathering " + name + " for " + what));
     }
   };
   Result<void> mine{};
-  if (writer) {
+  if (sender) {
     try {
-      mine = model_detail::save_pretrained(m.cfg, dir, max_shard_bytes, fetch);
+      mine = consume(fetch);
     } catch (const std::exception& e) {
-      mine = error_of_exception(e, "writing " + dir);
+      mine = error_of_exception(e, what);
     }
   }
-  // A writer that stopped early, and every other rank, still take their
-  // part in the rest of the collectives.
-  while (done < order.size())
+  // A sender that stopped early, and every other rank, take their part in
+  // the rest of the collectives.
+  while (mp && done < order.size())
     if (auto got = fetch(order[done]); !got && mine) mine = got.error();
   if (held) fsdp->release_unit(*held);
+  if (!mp) return mine;
   std::vector<at::Tensor> failed{at::tensor({mine ? 0.0 : 1.0}, at::kDouble)};
   if (auto ok = all_reduce_sum(*mp, failed); !ok) return mine ? ok : mine;
   if (!mine) return mine;
   if (failed[0].item<double>() > 0)
-    return make_error(errc::unavailable, "saving the model to " + dir +
-                                             " failed on another rank of its group (rank 0 writes; its error says why)");
+    return make_error(errc::unavailable, what + " failed on another rank of its group (rank 0 sends; its error "
+                                                "says why)");
   return {};
 } catch (const std::exception& e) {
-  return carried_error(e).value_or(error_of_exception(e, "save_model"));
+  return carried_error(e).value_or(error_of_exception(e, what));
+}
+
+}  // namespace
+
+Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes) {
+  auto& im = *impl_;
+  if (!im.fsdp && !(im.cfg.tp_group && im.cfg.tp_group->size() > 1) &&
+      !(im.cfg.pp_group && im.cfg.pp_group->size() > 1)) {
+    if (im.cfg.dp_group && im.cfg.dp_group->size() > 1 && im.cfg.dp_group->rank() != 0) return {};
+    return im.model.save(dir, max_shard_bytes);
+  }
+  return walk_whole(im, "saving the model to " + dir, [&](const FetchWhole& fetch) {
+    return model_detail::save_pretrained(im.model.impl().cfg, dir, max_shard_bytes, fetch);
+  });
+}
+
+Result<void> Trainer::stream_parameters(int64_t bucket_bytes, const std::function<Result<void>(NamedTensors)>& sink) {
+  if (bucket_bytes <= 0)
+    return make_error(errc::invalid_argument, "bucket_bytes must be positive, not " + std::to_string(bucket_bytes));
+  auto& im = *impl_;
+  return walk_whole(im, "streaming the parameters", [&](const FetchWhole& fetch) -> Result<void> {
+    NamedTensors bucket;
+    int64_t bytes = 0;
+    auto flush = [&]() -> Result<void> {
+      if (bucket.empty()) return {};
+      auto out = std::move(bucket);
+      bucket = {};
+      bytes = 0;
+      return sink(std::move(out));
+    };
+    for (const auto& [name, shape] : model_detail::parameter_shapes(im.model.impl().cfg)) {
+      auto t = fetch(name);
+      if (!t) return t.error();
+      const auto n = static_cast<int64_t>(t->nbytes());
+      if (bytes > 0 && bytes + n > bucket_bytes)
+        if (auto ok = flush(); !ok) return ok;
+      auto g = from_torch(t->detach().contiguous());
+      if (!g) return g.error();
+      bucket.emplace_back(name, std::move(*g));
+      bytes += n;
+    }
+    return flush();
+  });
 }
 
 NamedTensors Trainer::optimizer_state() const { return impl_->opt->state(); }

@@ -33,6 +33,7 @@
 #include "components/model/optim.hpp"
 #include "runtime/types.hpp"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -225,6 +226,16 @@ public:
   /// then a Trainer with other groups (the optimizer state does not move
   /// between meshes: its names carry the layout).
   Result<void> save_model(const std::string& dir, int64_t max_shard_bytes = default_max_shard_bytes);
+  /// The whole model's base parameters in Hugging Face's order, in buckets
+  /// of at most bucket_bytes (a bigger parameter alone), for weight sync
+  /// from any mesh: gathered piece by piece as save_model does (the same
+  /// collective, on every rank of the group), `sink` called on the group's
+  /// rank 0 only, with each bucket of whole parameters in the model's
+  /// dtype, which it may keep or let go. So no rank holds more than a
+  /// bucket and one FSDP layer besides its own part. A sink error stops
+  /// the buckets; every rank of the group answers it. Ranks of dp_group
+  /// other than 0 call nothing.
+  Result<void> stream_parameters(int64_t bucket_bytes, const std::function<Result<void>(NamedTensors)>& sink);
   /// The bytes this rank holds of the trained parameters, their gradients
   /// and the optimizer state (with FSDP, its shards' only).
   int64_t state_bytes() const;

@@ -102,6 +102,61 @@ TEST(MeshCheckpoint, SavedFromTensorAndPipelineParallelIsTheWholeModel) {
   }
 }
 
+// The parameters streamed for weight sync from each mesh (FSDP 2, TP 2,
+// PP 2 with tied embeddings): on rank 0 only, every parameter once, whole,
+// in Hugging Face's order, bitwise the model's, in buckets of at most 2 KB
+// (a bigger parameter alone). A sink that fails on rank 0 fails the call on
+// both ranks, and the group is still in step afterwards.
+TEST(MeshCheckpoint, StreamedParametersAreTheWholeModelInBuckets) {
+  constexpr int64_t kBucket = 2048;
+  for (int kind = 0; kind < 3; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "fsdp 2" : kind == 1 ? "tp 2" : "pp 2");
+    const bool tied = kind == 2;
+    auto whole = CausalLM::init_random(mesh_config(tied), 8);
+    ASSERT_TRUE(whole);
+    const auto shapes = model_detail::parameter_shapes(whole->config());
+    on_ranks(2, [&](int r, ProcessGroup& pg) {
+      auto lm = CausalLM::init_random(mesh_config(tied), 8);
+      ASSERT_TRUE(lm);
+      TrainConfig tc;
+      (kind == 0 ? tc.fsdp_group : kind == 1 ? tc.tp_group : tc.pp_group) = borrowed(pg);
+      auto tr = Trainer::create(std::move(*lm), tc);
+      ASSERT_TRUE(tr) << describe(tr.error());
+      std::vector<std::string> names;
+      int buckets = 0;
+      auto ok = tr->stream_parameters(kBucket, [&](NamedTensors bucket) -> Result<void> {
+        ++buckets;
+        int64_t bytes = 0;
+        for (auto& [n, t] : bucket) {
+          names.push_back(n);
+          bytes += t.nbytes();
+          EXPECT_TRUE(at::equal(to_torch(t), whole->impl().params.at(n))) << n;
+        }
+        EXPECT_TRUE(bytes <= kBucket || bucket.size() == 1) << bytes << " bytes in " << bucket.size() << " tensors";
+        return {};
+      });
+      ASSERT_TRUE(ok) << describe(ok.error());
+      if (r == 0) {
+        ASSERT_EQ(names.size(), shapes.size());
+        for (size_t i = 0; i < shapes.size(); ++i) EXPECT_EQ(names[i], shapes[i].first);
+        EXPECT_GT(buckets, 3);
+      } else {
+        EXPECT_EQ(buckets, 0) << "only rank 0 receives";
+      }
+      int calls = 0;
+      auto refused = tr->stream_parameters(kBucket, [&](NamedTensors) -> Result<void> {
+        if (++calls == 2) return make_error(errc::unavailable, "the sampler went away (a test's)");
+        return {};
+      });
+      ASSERT_FALSE(refused);
+      EXPECT_NE(describe(refused.error()).find(r == 0 ? "the sampler went away" : "failed on another rank"),
+                std::string::npos)
+          << describe(refused.error());
+      EXPECT_TRUE(tr->forward_backward({.tokens = {.input_ids = kIds}}, {})) << "still in step";
+    });
+  }
+}
+
 // A writer that cannot write (its directory is a file): every rank of the
 // group answers an error, none waits for a collective the writer skipped.
 TEST(MeshCheckpoint, AFailedWriteFailsEveryRank) {

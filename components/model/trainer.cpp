@@ -629,15 +629,24 @@ Result<void> same_batch_on_ranks(ProcessGroup& tp, const char* group, const Trai
 
 // The fewest rows per pass any rank of a tensor- or pipeline-parallel group
 // can take (their memory may differ), so that every rank slices the batch
-// alike. Every rank joins, also one whose own estimate failed (`rows` an
-// error: not even one row fits), and then every rank fails.
+// alike, and whether a stop was requested on any of them (then none runs
+// the call: a rank that stopped between slices would leave the others
+// waiting in the next slice's collectives). Every rank joins, also one
+// whose own estimate failed (`rows` an error: not even one row fits), and
+// then every rank fails.
 Result<int64_t> fewest_rows(ProcessGroup& g, const Result<int64_t>& rows) {
-  auto v = at::zeros({g.size()}, at::kDouble);
+  const auto stop = check_stop("forward_backward");
+  auto v = at::zeros({g.size() + 1}, at::kDouble);
   v[g.rank()] = rows ? static_cast<double>(*rows) : 0.0;
+  v[g.size()] = stop ? 0.0 : 1.0;
   std::vector<at::Tensor> t{v};
   if (auto ok = all_reduce_sum(g, t); !ok) return ok.error();
   if (!rows) return rows.error();
-  const auto fewest = static_cast<int64_t>(t[0].min().item<double>());
+  if (!stop) return stop.error();
+  if (t[0][g.size()].item<double>() > 0)
+    return make_error(errc::aborted, "forward_backward: a stop was requested on another rank of the group, so no "
+                                     "rank ran the call");
+  const auto fewest = static_cast<int64_t>(t[0].narrow(0, 0, g.size()).min().item<double>());
   if (fewest < 1)
     return make_error(errc::resource_exhausted, "another rank of the group has not the memory for one row of this "
                                                 "batch (its error gives the estimate); shorten the sequences or free "
@@ -1029,7 +1038,10 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   double count = 0;
   try {
     for (int64_t begin = 0; begin < B; begin += *rows) {
-      if (auto ok = check_stop("forward_backward"); !ok) {
+      // Under tensor parallelism every slice is collective: the ranks
+      // agreed on a stop before the first (fewest_rows), and one seen by a
+      // rank between slices waits for the next call.
+      if (auto ok = tp ? Result<void>{} : check_stop("forward_backward"); !ok) {
         restore();
         return ok.error();
       }
@@ -1450,7 +1462,13 @@ Result<void> Trainer::stream_parameters(int64_t bucket_bytes, const std::functio
       const auto n = static_cast<int64_t>(t->nbytes());
       if (bytes > 0 && bytes + n > bucket_bytes)
         if (auto ok = flush(); !ok) return ok;
-      auto g = from_torch(t->detach().contiguous());
+      // A copy where the fetch answered the live parameter (no group, the
+      // first stage's own, a tensor-parallel norm): the sink may keep the
+      // bucket past the next optimizer step, which updates in place.
+      const auto& live = im.model.impl().params;
+      const auto it = live.find(name);
+      const bool aliased = it != live.end() && t->is_alias_of(it->second);
+      auto g = from_torch(aliased ? t->detach().clone() : t->detach().contiguous());
       if (!g) return g.error();
       bucket.emplace_back(name, std::move(*g));
       bytes += n;

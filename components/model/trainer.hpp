@@ -232,9 +232,11 @@ public:
   /// collective, on every rank of the group), `sink` called on the group's
   /// rank 0 only, with each bucket of whole parameters in the model's
   /// dtype, which it may keep or let go. So no rank holds more than a
-  /// bucket and one FSDP layer besides its own part. A sink error stops
-  /// the buckets; every rank of the group answers it. Ranks of dp_group
-  /// other than 0 call nothing.
+  /// bucket and one FSDP layer besides its own part. The other ranks wait
+  /// in the next collective while `sink` runs, so a sink slower than the
+  /// group's timeout fails the walk. A sink error stops the buckets; every
+  /// rank of the group answers it. Ranks of dp_group other than 0 call
+  /// nothing.
   Result<void> stream_parameters(int64_t bucket_bytes, const std::function<Result<void>(NamedTensors)>& sink);
   /// The bytes this rank holds of the trained parameters, their gradients
   /// and the optimizer state (with FSDP, its shards' only).

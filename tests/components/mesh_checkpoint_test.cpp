@@ -123,26 +123,37 @@ TEST(MeshCheckpoint, StreamedParametersAreTheWholeModelInBuckets) {
       auto tr = Trainer::create(std::move(*lm), tc);
       ASSERT_TRUE(tr) << describe(tr.error());
       std::vector<std::string> names;
-      int buckets = 0;
+      std::vector<NamedTensors> kept;
       auto ok = tr->stream_parameters(kBucket, [&](NamedTensors bucket) -> Result<void> {
-        ++buckets;
         int64_t bytes = 0;
         for (auto& [n, t] : bucket) {
           names.push_back(n);
           bytes += t.nbytes();
-          EXPECT_TRUE(at::equal(to_torch(t), whole->impl().params.at(n))) << n;
         }
         EXPECT_TRUE(bytes <= kBucket || bucket.size() == 1) << bytes << " bytes in " << bucket.size() << " tensors";
+        kept.push_back(std::move(bucket));
         return {};
       });
       ASSERT_TRUE(ok) << describe(ok.error());
       if (r == 0) {
         ASSERT_EQ(names.size(), shapes.size());
         for (size_t i = 0; i < shapes.size(); ++i) EXPECT_EQ(names[i], shapes[i].first);
-        EXPECT_GT(buckets, 3);
+        EXPECT_GT(kept.size(), 3u);
+        // Full buckets: each was sent only when the next tensor would not fit.
+        for (size_t b = 0; b + 1 < kept.size(); ++b) {
+          int64_t bytes = 0;
+          for (auto& [n, t] : kept[b]) bytes += t.nbytes();
+          EXPECT_GT(bytes + kept[b + 1].front().second.nbytes(), kBucket) << "bucket " << b << " sent early";
+        }
       } else {
-        EXPECT_EQ(buckets, 0) << "only rank 0 receives";
+        EXPECT_TRUE(kept.empty()) << "only rank 0 receives";
       }
+      // The buckets kept are the weights at the call, not views of the live
+      // ones: a training step after it leaves them as they were.
+      ASSERT_TRUE(tr->forward_backward({.tokens = {.input_ids = kIds}}, {}));
+      ASSERT_TRUE(tr->clip_grad_and_step());
+      for (auto& bucket : kept)
+        for (auto& [n, t] : bucket) EXPECT_TRUE(at::equal(to_torch(t), whole->impl().params.at(n))) << n;
       int calls = 0;
       auto refused = tr->stream_parameters(kBucket, [&](NamedTensors) -> Result<void> {
         if (++calls == 2) return make_error(errc::unavailable, "the sampler went away (a test's)");
@@ -155,6 +166,26 @@ TEST(MeshCheckpoint, StreamedParametersAreTheWholeModelInBuckets) {
       EXPECT_TRUE(tr->forward_backward({.tokens = {.input_ids = kIds}}, {})) << "still in step";
     });
   }
+}
+
+// Without a group: every parameter, copies (a step after the call leaves
+// the buckets as they were).
+TEST(MeshCheckpoint, StreamedParametersOfOneRankAreCopies) {
+  auto whole = CausalLM::init_random(mesh_config(true), 8);
+  ASSERT_TRUE(whole);
+  auto lm = CausalLM::init_random(mesh_config(true), 8);
+  ASSERT_TRUE(lm);
+  auto tr = Trainer::create(std::move(*lm), {.optimizer = {.lr = 1e-2}});
+  ASSERT_TRUE(tr);
+  NamedTensors all;
+  ASSERT_TRUE(tr->stream_parameters(1 << 20, [&](NamedTensors bucket) -> Result<void> {
+    for (auto& nt : bucket) all.push_back(std::move(nt));
+    return {};
+  }));
+  ASSERT_EQ(all.size(), whole->impl().params.size());
+  ASSERT_TRUE(tr->forward_backward({.tokens = {.input_ids = kIds}}, {}));
+  ASSERT_TRUE(tr->clip_grad_and_step());
+  for (auto& [n, t] : all) EXPECT_TRUE(at::equal(to_torch(t), whole->impl().params.at(n))) << n;
 }
 
 // A writer that cannot write (its directory is a file): every rank of the

@@ -5,6 +5,7 @@
 #include "components/tensor/torch_bridge.hpp"
 #include "components/model/trainer.hpp"
 #include "components/parallel/tensor_parallel.hpp"
+#include "runtime/stop.hpp"
 
 #include "support/tensors.hpp"
 #include "support/near.hpp"
@@ -158,6 +159,33 @@ TEST(TensorParallel, ATensorParallelModelTrainsAsOneProcess) {
     EXPECT_FALSE(tr->load_optimizer_state(std::map<std::string, Tensor>(theirs.begin(), theirs.end())));
     EXPECT_TRUE(tr->load_optimizer_state(
         std::map<std::string, Tensor>(states[static_cast<size_t>(r)].begin(), states[static_cast<size_t>(r)].end())));
+  });
+}
+
+// A stop request under tensor parallelism stops the call on every rank
+// before any slice (the ranks agree on it with the rows per pass), never
+// between slices, where a rank that stopped would leave the other waiting.
+// The ranks are threads, so both see the flag; the call fails on both,
+// aborted, with nothing accumulated, and the next call runs.
+TEST(TensorParallel, AStopRequestStopsTheCallOnEveryRankBeforeAnySlice) {
+  const auto ids = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 0, 0}, {31, 30, 4, 4, 2, 1}});
+  struct Withdraw {
+    ~Withdraw() { request_stop(false); }
+  } withdraw;
+  on_ranks(2, [&](int r, ProcessGroup& pg) {
+    auto tr = Trainer::create(*tp_model(), {.tp_group = borrowed(pg), .micro_batch_rows = 1});
+    ASSERT_TRUE(tr) << describe(tr.error());
+    ASSERT_TRUE(pg.barrier());
+    if (r == 0) request_stop(true);
+    ASSERT_TRUE(pg.barrier());
+    auto m = tr->forward_backward({.tokens = {.input_ids = ids}}, {});
+    ASSERT_FALSE(m);
+    EXPECT_EQ(code_of(m.error()), errc::aborted) << describe(m.error());
+    for (const auto& [n, p] : tr->model().impl().params) EXPECT_FALSE(p.grad().defined()) << n;
+    ASSERT_TRUE(pg.barrier());
+    if (r == 0) request_stop(false);
+    ASSERT_TRUE(pg.barrier());
+    EXPECT_TRUE(tr->forward_backward({.tokens = {.input_ids = ids}}, {}));
   });
 }
 

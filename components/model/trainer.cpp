@@ -255,6 +255,14 @@ struct Trainer::Impl {
   /// With FSDP: a pass of a one-token row whose loss is 0, for a rank with
   /// no pass of its own while others run one (the same collectives).
   Result<void> idle_pass(const PassOptions& pass);
+  /// The group the model is cut over (fsdp, tp or pp; create refuses
+  /// their mixes), or null when this rank holds it whole.
+  ProcessGroup* model_parallel_group() const {
+    if (fsdp) return &fsdp->group();
+    for (const auto* g : {&cfg.tp_group, &cfg.pp_group})
+      if (*g && (*g)->size() > 1) return g->get();
+    return nullptr;
+  }
   /// The data-parallel rank this process is (over dp and fsdp).
   uint64_t data_rank() const {
     const uint64_t f = cfg.fsdp_group ? static_cast<uint64_t>(cfg.fsdp_group->size()) : 1;
@@ -1226,16 +1234,14 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     // stage's squares.
     c10::NoGradGuard no_grad;
     auto& m = impl_->model.impl();
-    // params() names carry the stage ("pp0of2.model.embed_tokens.weight").
-    auto is_shared = [&](const std::string& n) { return pp::is_shared(m, n.substr(n.find('.') + 1)); };
-    at::Tensor shared;
-    for (auto& [n, p] : params)
-      if (is_shared(n)) {
-        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-        shared = p.grad();
-      }
+    at::Tensor shared;  // the tied embeddings, where this stage holds them
+    if (auto it = m.params.find("model.embed_tokens.weight"); m.cfg.tie_word_embeddings && it != m.params.end()) {
+      shared = it->second;
+      if (!shared.grad().defined()) shared.mutable_grad() = at::zeros_like(shared);
+    }
     if (m.cfg.tie_word_embeddings) {  // middle stages add zeros
-      std::vector<at::Tensor> g{shared.defined() ? shared : at::zeros({m.cfg.vocab_size, m.cfg.hidden_size}, m.options())};
+      std::vector<at::Tensor> g{shared.defined() ? shared.grad()
+                                                 : at::zeros({m.cfg.vocab_size, m.cfg.hidden_size}, m.options())};
       if (auto ok = all_reduce_sum(*ppg, g); !ok) {
         zero_grad();
         return ok.error();
@@ -1243,7 +1249,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     }
     auto sq = at::zeros({1}, at::kDouble);
     for (auto& [n, p] : params)
-      if (p.grad().defined() && !(is_shared(n) && m.pp->last()))
+      if (p.grad().defined() && !(m.pp->last() && shared.defined() && p.is_same(shared)))
         sq += p.grad().to(at::kDouble).pow(2).sum();
     std::vector<at::Tensor> total_sq{sq};
     if (auto ok = all_reduce_sum(*ppg, total_sq); !ok) {
@@ -1348,24 +1354,16 @@ using FetchWhole = std::function<Result<at::Tensor>(const std::string&)>;
 Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
                         const std::function<Result<void>(const FetchWhole&)>& consume) try {
   auto& m = im.model.impl();
-  auto group = [](const std::shared_ptr<ProcessGroup>& g) { return g && g->size() > 1 ? g.get() : nullptr; };
-  ProcessGroup *tp = group(im.cfg.tp_group), *ppg = group(im.cfg.pp_group), *dp = group(im.cfg.dp_group);
+  if (const auto& dp = im.cfg.dp_group; dp && dp->size() > 1 && dp->rank() != 0) return {};  // a replica of dp rank 0's
+  ProcessGroup* mp = im.model_parallel_group();
   Fsdp* fsdp = im.fsdp.get();
-  if (dp && dp->rank() != 0) return {};  // a replica of dp rank 0's
-  // The one model-parallel group (Trainer::create refuses their mixes).
-  ProcessGroup* mp = fsdp ? &fsdp->group() : tp ? tp : ppg;
   if (fsdp) fsdp->release_all();
   const bool sender = !mp || mp->rank() == 0;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  std::vector<std::string> order;
-  for (auto& [n, shape] : model_detail::parameter_shapes(m.cfg)) {
-    order.push_back(n);
-    shapes[n] = shape;
-  }
+  const auto order = model_detail::parameter_shapes(m.cfg);  // (name, shape), in Hugging Face's order
   std::optional<size_t> held;  // the FSDP unit gathered now
   size_t done = 0;             // the parameters fetched, in order
   auto fetch_here = [&](const std::string& name) -> Result<at::Tensor> {
-    if (done >= order.size() || order[done] != name)
+    if (done >= order.size() || order[done].first != name)
       return make_error(errc::internal, what + " asked for " + name + " out of Hugging Face's order");
     const int index = static_cast<int>(done++);
     if (!mp) return m.params.at(name);
@@ -1379,18 +1377,19 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
       }
       return sender ? m.params.at(name).detach().clone() : at::Tensor{};
     }
-    if (tp) return tp::gather_whole(name, m.params.at(name), *tp);
-    const int owner = pp::stage_of(m.cfg, ppg->size(), name), tag = (1 << 20) + index;
+    if (m.tp) return tp::gather_whole(name, m.params.at(name), *mp);
+    // Pipeline stages: the one holding it sends it to the first.
+    const int owner = pp::stage_of(m.cfg, mp->size(), name), tag = (1 << 20) + index;
     if (owner == 0) return sender ? m.params.at(name) : at::Tensor{};
-    if (ppg->rank() == owner) {
+    if (mp->rank() == owner) {
       auto t = from_torch(m.params.at(name).detach().contiguous());
       if (!t) return t.error();
-      if (auto ok = ppg->send(*t, 0, tag); !ok) return ok.error();
+      if (auto ok = mp->send(*t, 0, tag); !ok) return ok.error();
     } else if (sender) {
-      auto got = at::empty(shapes.at(name), m.options());
+      auto got = at::empty(order[static_cast<size_t>(index)].second, m.options());
       auto t = from_torch(got);
       if (!t) return t.error();
-      if (auto ok = ppg->recv(*t, owner, tag); !ok) return ok.error();
+      if (auto ok = mp->recv(*t, owner, tag); !ok) return ok.error();
       return got;
     }
     return at::Tensor{};
@@ -1414,7 +1413,7 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
   // A sender that stopped early, and every other rank, take their part in
   // the rest of the collectives.
   while (mp && done < order.size())
-    if (auto got = fetch(order[done]); !got && mine) mine = got.error();
+    if (auto got = fetch(order[done].first); !got && mine) mine = got.error();
   if (held) fsdp->release_unit(*held);
   if (!mp) return mine;
   std::vector<at::Tensor> failed{at::tensor({mine ? 0.0 : 1.0}, at::kDouble)};
@@ -1432,8 +1431,7 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
 
 Result<void> Trainer::save_model(const std::string& dir, int64_t max_shard_bytes) {
   auto& im = *impl_;
-  if (!im.fsdp && !(im.cfg.tp_group && im.cfg.tp_group->size() > 1) &&
-      !(im.cfg.pp_group && im.cfg.pp_group->size() > 1)) {
+  if (!im.model_parallel_group()) {
     if (im.cfg.dp_group && im.cfg.dp_group->size() > 1 && im.cfg.dp_group->rank() != 0) return {};
     return im.model.save(dir, max_shard_bytes);
   }

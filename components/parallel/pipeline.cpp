@@ -122,10 +122,6 @@ int stage_of(const ModelConfig& c, int stages, const std::string& name) {
   return stages - 1;
 }
 
-bool is_shared(const CausalLM::Impl& m, const std::string& name) {
-  return m.pp && m.pp->pg->size() > 1 && m.cfg.tie_word_embeddings && name == "model.embed_tokens.weight";
-}
-
 Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
   if (!pg) return make_error(errc::invalid_argument, "pipeline parallelism needs a process group");
   if (m.pp || m.tp || !m.sharded_by.empty()) return make_error(errc::failed_precondition, "the model is sharded already");
@@ -138,14 +134,11 @@ Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
                                                   std::to_string(pg->size()) +
                                                   " pipeline stages: each stage needs one at least; use fewer stages");
   auto [first, end] = stage_layers(L, pg->size(), pg->rank());
-  const bool is_first = pg->rank() == 0, is_last = pg->rank() == pg->size() - 1;
+  const bool is_last = pg->rank() == pg->size() - 1;
+  // Its own parameters, and the last stage the embeddings too when they are tied to its head.
   auto keep = [&](const std::string& n) {
-    if (n == "model.embed_tokens.weight") return is_first || (is_last && m.cfg.tie_word_embeddings);
-    if (n == "model.norm.weight" || n == "lm_head.weight") return is_last;
-    const std::string pre = "model.layers.";
-    if (n.rfind(pre, 0) != 0) return true;
-    const int64_t l = std::stoll(n.substr(pre.size()));
-    return l >= first && l < end;
+    return stage_of(m.cfg, pg->size(), n) == pg->rank() ||
+           (is_last && m.cfg.tie_word_embeddings && n == "model.embed_tokens.weight");
   };
   std::vector<std::string> names;
   std::map<std::string, at::Tensor> params;

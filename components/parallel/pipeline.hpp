@@ -58,12 +58,9 @@ std::pair<int64_t, int64_t> stage_layers(int64_t layers, int stages, int stage);
 Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg);
 
 /// The stage of `stages` that holds parameter `name` of a model of config
-/// `c` (the first one for tied embeddings, which the last holds too).
+/// `c` (the first one for tied embeddings, which the last holds too: their
+/// gradients are summed between the two, Trainer::clip_grad_and_step).
 int stage_of(const ModelConfig& c, int stages, const std::string& name);
-
-/// Whether `name` is a parameter two stages hold copies of (the embeddings
-/// tied to the LM head, on the first stage and the last).
-bool is_shared(const CausalLM::Impl& m, const std::string& name);
 
 }  // namespace pp
 

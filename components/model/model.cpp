@@ -475,7 +475,8 @@ CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, boo
     if (entropies || keep_logits)
       throw_error(make_error(errc::unimplemented, "entropies and logits of a tensor-parallel model are not built yet"));
     const auto H = h.size(-1);
-    auto lp = tp::vocab_logprob(h.reshape({-1, H}), module_weight("lm_head"), tp->vocab_begin, p.targets.reshape({-1}),
+    auto lp = tp::vocab_logprob(h.reshape({-1, H}), module_weight("lm_head"), tp->vocab_begin, cfg.vocab_size,
+                                p.targets.reshape({-1}),
                                 *tp->pg);
     Outputs out;
     out.logprobs = lp.view(p.targets.sizes()).masked_fill(p.target_mask.logical_not(), 0);

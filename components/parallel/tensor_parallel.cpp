@@ -108,6 +108,15 @@ Result<Range> shard_range(int64_t n, const ProcessGroup& pg, const std::string& 
   return Range{pg.rank() * (n / p), n / p};
 }
 
+Result<Range> vocab_range(int64_t V, const ProcessGroup& pg) {
+  const int64_t p = pg.size(), r = pg.rank();
+  if (V < p)
+    return make_error(errc::invalid_argument, "vocab_size (" + std::to_string(V) + ") is smaller than the "
+                                              "tensor-parallel size " + std::to_string(p));
+  const int64_t base = V / p, extra = V % p;
+  return Range{r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+}
+
 at::Tensor copy_to(const at::Tensor& x, ProcessGroup& pg) {
   if (pg.size() == 1) return x;
   return CopyToFn::apply(x, &pg);
@@ -134,9 +143,8 @@ at::Tensor vocab_embedding(const at::Tensor& ids, const at::Tensor& w_shard, int
   return reduce_from(rows * held.unsqueeze(-1).to(rows.scalar_type()), pg);
 }
 
-at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, int64_t vocab_begin,
+at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, int64_t vocab_begin, int64_t V,
                          const at::Tensor& targets, ProcessGroup& pg) {
-  const int64_t V = w_shard.size(0) * pg.size();
   if (targets.numel() > 0 && (targets.min().item<int64_t>() < 0 || targets.max().item<int64_t>() >= V))
     throw_error(make_error(errc::invalid_argument, "vocab_logprob: a target is outside the vocabulary [0, " +
                                                        std::to_string(V) + ")"));
@@ -168,6 +176,20 @@ Result<at::Tensor> gather_whole(const std::string& name, const at::Tensor& shard
   if (dim < 0) return shard;
   // Columns travel as rows of the transpose: all_gather stacks along dim 0.
   auto mine = (dim == 0 ? shard : shard.t()).detach().contiguous();
+  // The vocabulary's rows may split unevenly (vocab_range): each rank's
+  // count first, then the shards padded to the largest.
+  std::vector<int64_t> counts(static_cast<size_t>(pg.size()), mine.size(0));
+  if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight")) {
+    auto mine_n = at::tensor({mine.size(0)}, at::kLong), all_n = at::empty({pg.size()}, at::kLong);
+    auto in = from_torch(mine_n);
+    auto out = from_torch(all_n);
+    if (!in || !out) return make_error(errc::internal, "a shard's row count as glint tensors");
+    if (auto ok = pg.all_gather(*in, *out); !ok) return with_context(ok.error(), "gathering the rows of " + name);
+    for (int r = 0; r < pg.size(); ++r) counts[static_cast<size_t>(r)] = all_n[r].item<int64_t>();
+  }
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  if (mine.size(0) < most)
+    mine = at::cat({mine, at::zeros({most - mine.size(0), mine.size(1)}, mine.options())});
   auto sizes = mine.sizes().vec();
   sizes[0] *= pg.size();
   auto all = at::empty(sizes, mine.options());
@@ -175,6 +197,11 @@ Result<at::Tensor> gather_whole(const std::string& name, const at::Tensor& shard
   auto out = from_torch(all);
   if (!in || !out) return make_error(errc::internal, "a tensor-parallel shard as glint tensors");
   if (auto ok = pg.all_gather(*in, *out); !ok) return with_context(ok.error(), "gathering " + name);
+  if (std::any_of(counts.begin(), counts.end(), [&](int64_t n) { return n != most; })) {
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < pg.size(); ++r) parts.push_back(all.narrow(0, r * most, counts[static_cast<size_t>(r)]));
+    all = at::cat(parts);
+  }
   return dim == 0 ? all : all.t().contiguous();
 }
 
@@ -198,7 +225,7 @@ Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
   if (!kv) return kv.error();
   auto mlp = shard_range(c.intermediate_size, *pg, "intermediate_size");
   if (!mlp) return mlp.error();
-  auto vocab = shard_range(c.vocab_size, *pg, "vocab_size");
+  auto vocab = vocab_range(c.vocab_size, *pg);
   if (!vocab) return vocab.error();
   c10::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> out;

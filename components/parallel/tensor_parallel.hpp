@@ -4,7 +4,7 @@
 ///
 ///   auto h = tp::column_linear(x, w_gate_shard, {}, pg);     // [.., out / p]: this rank's features
 ///   auto y = tp::row_linear(h, w_down_shard, {}, pg);        // [.., out]: summed over ranks
-///   auto lp = tp::vocab_logprob(hidden, head_shard, v0, targets, pg);  // [N], no [N, V] anywhere
+///   auto lp = tp::vocab_logprob(hidden, head_shard, v0, V, targets, pg);  // [N], no [N, V] anywhere
 ///
 /// A column-parallel linear holds rows [r n/p, (r+1) n/p) of its weight
 /// (its output features; q/k/v/gate/up, whose heads or features split
@@ -34,6 +34,10 @@ struct Range {
   int64_t begin = 0, size = 0;
 };
 Result<Range> shard_range(int64_t n, const ProcessGroup& pg, const std::string& what);
+/// This rank's rows of a vocabulary of V split over the group as evenly as
+/// it goes (the first V % p ranks one row more): trained tokenizers' sizes
+/// rarely divide. An error when there are fewer rows than ranks.
+Result<Range> vocab_range(int64_t V, const ProcessGroup& pg);
 
 /// Identity forward; the gradient summed over the group (the replicated
 /// input of column-parallel work).
@@ -56,8 +60,8 @@ at::Tensor vocab_embedding(const at::Tensor& ids, const at::Tensor& w_shard, int
 /// log p(targets) [N] under logits hidden [N, H] @ W^T of the whole head W,
 /// from this rank's rows w_shard (vocab_begin on): gradients to hidden
 /// (summed over the group) and to w_shard. Targets outside [0, V) are an
-/// error.
-at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, int64_t vocab_begin,
+/// error (V: the whole vocabulary, which vocab_range splits).
+at::Tensor vocab_logprob(const at::Tensor& hidden, const at::Tensor& w_shard, int64_t vocab_begin, int64_t V,
                          const at::Tensor& targets, ProcessGroup& pg);
 
 /// Cuts `model`'s parameters into this rank's tensor-parallel shards, in

@@ -63,7 +63,9 @@ TEST(TensorParallel, ColumnThenRowParallelLinearsEqualTheWholeLayer) {
 // The embedding split the same way equals the whole table's lookup.
 TEST(TensorParallel, TheVocabularySplitsForTheLogProbAndTheEmbedding) {
   at::manual_seed(5);
-  const int64_t V = 10, H = 4, N = 7;
+  for (const int64_t V : {10, 11}) {  // 11: the rows split 6 and 5
+  SCOPED_TRACE(V);
+  const int64_t H = 4, N = 7;
   const auto h0 = at::randn({N, H}, at::kDouble) * 30, w0 = at::randn({V, H}, at::kDouble),
              dy = at::randn({N}, at::kDouble);
   const auto targets = at::tensor({0, 4, 5, 9, 2, 7, 5}, at::kLong);
@@ -73,18 +75,24 @@ TEST(TensorParallel, TheVocabularySplitsForTheLogProbAndTheEmbedding) {
   ASSERT_LT(lp.min().item<double>(), -50) << "some targets deep in the tail";
   const auto emb = at::embedding(w0, targets);
   on_ranks(2, [&](int r, ProcessGroup& pg) {
-    auto range = tp::shard_range(V, pg, "the vocabulary");
+    auto range = tp::vocab_range(V, pg);
     ASSERT_TRUE(range);
+    EXPECT_EQ(range->size, V == 10 ? 5 : (r == 0 ? 6 : 5));
+    // The whole table back from the shards (as a save gathers it).
+    auto whole = tp::gather_whole("model.embed_tokens.weight", w0.narrow(0, range->begin, range->size), pg);
+    ASSERT_TRUE(whole);
+    EXPECT_TRUE(near(*whole, w0, 0));
     auto hs = leaf(h0), ws = leaf(w0.narrow(0, range->begin, range->size));
-    auto lps = tp::vocab_logprob(hs, ws, range->begin, targets, pg);
+    auto lps = tp::vocab_logprob(hs, ws, range->begin, V, targets, pg);
     EXPECT_TRUE(near(lps, lp.detach(), 1e-12)) << lps << "\nagainst\n" << lp;
     lps.backward(dy);
     EXPECT_TRUE(near(hs.grad(), h.grad(), 1e-12));
     EXPECT_TRUE(near(ws.grad(), w.grad().narrow(0, range->begin, range->size), 1e-12)) << "rank " << r;
     EXPECT_TRUE(near(tp::vocab_embedding(targets, ws.detach(), range->begin, pg), emb, 0));
-    EXPECT_THROW(tp::vocab_logprob(hs, ws, range->begin, at::tensor({10}, at::kLong), pg), CarriedError);
+    EXPECT_THROW(tp::vocab_logprob(hs, ws, range->begin, V, at::tensor({V}, at::kLong), pg), CarriedError);
     EXPECT_FALSE(tp::shard_range(7, pg, "the number of kv heads"));
   });
+  }
 }
 
 // Qwen3 (q/k norms, GQA 4 heads over 2 key/value heads), in f64.
@@ -200,10 +208,16 @@ TEST(TensorParallel, AModelThatDoesNotSplitIsRefused) {
                                         "tensor-parallel size 2"),
               std::string::npos)
         << describe(tr.error());
+    // A vocabulary splits unevenly (31 rows: 16 and 15), but not below a row a rank.
     auto odd = CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 31, 16, 24, 1, 4, 2), 1);
-    auto refused = Trainer::create(std::move(*odd), {.tp_group = borrowed(pg)});
+    auto split = Trainer::create(std::move(*odd), {.tp_group = borrowed(pg)});
+    ASSERT_TRUE(split) << describe(split.error());
+    EXPECT_EQ(split->model().impl().params.at("model.embed_tokens.weight").size(0), pg.rank() == 0 ? 16 : 15);
+    auto one = CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 1, 16, 24, 1, 4, 2), 1);
+    ASSERT_TRUE(one);
+    auto refused = Trainer::create(std::move(*one), {.tp_group = borrowed(pg)});
     ASSERT_FALSE(refused);
-    EXPECT_NE(describe(refused.error()).find("vocab_size (31)"), std::string::npos) << describe(refused.error());
+    EXPECT_NE(describe(refused.error()).find("vocab_size (1) is smaller"), std::string::npos) << describe(refused.error());
   });
 }
 

@@ -87,8 +87,18 @@ Result<SyncReport> CheckpointEngine::sync_to(const Group<model_actor>& model, co
   for (int r = 0; r < sampler.size(); ++r) across |= sampler.rank(r).ctx.node != model.rank(0).ctx.node;
   const bool gpus = model.rank(0).ctx.device >= 0;
   auto transport = o.transport;
+  // A model cut over its ranks gathers its weights piece by piece as the
+  // buckets go, which the messages transport does (every rank takes part).
+  // (An adapter on an FSDP base is whole on rank 0: any transport sends it.)
+  const bool cut = model.size() > 0 && model_parallel(model.rank(0).ctx) &&
+                   (model_.adapter().empty() || o.merge_and_sync);
   if (transport == SyncTransport::automatic)
-    transport = !across ? SyncTransport::messages : gpus ? SyncTransport::collective : SyncTransport::stream;
+    transport = !across || cut ? SyncTransport::messages : gpus ? SyncTransport::collective : SyncTransport::stream;
+  if (cut && transport != SyncTransport::messages)
+    return make_error(errc::unimplemented,
+                      "sync_weights: the " + std::string{to_string(transport)} + " transport does not send from a "
+                      "model cut over its ranks (mesh of fsdp, tp or pp); use the messages transport (automatic "
+                      "chooses it)");
   SyncReport r;
   r.version = ++attempts_;  // never reused: a failed sync's staged buckets keep their version
   r.transport = transport;
@@ -119,7 +129,11 @@ Result<SyncReport> CheckpointEngine::by_messages(const Group<model_actor>& model
   // The model rank waits on each bucket as long as a sampler call may take;
   // the driver waits for all of them.
   auto whole = std::chrono::milliseconds{push.timeout_ms} * 2 + model.timeout();
-  auto done = model.with_timeout(whole).call_rank(0, push_weights_atom::value, push).take();
+  // A model cut over its ranks: every rank takes part in the gathering, rank 0 sends.
+  auto done = (model_parallel(model.rank(0).ctx)
+                   ? model.with_timeout(whole).call<Collect::first>(Dispatch::all, push_weights_atom::value, push)
+                   : model.with_timeout(whole).call_rank(0, push_weights_atom::value, push))
+                  .take();
   if (!done) return with_context(done.error(), "sync_weights");
   r.tensors = static_cast<int64_t>(done->at("tensors"));
   r.buckets = static_cast<int64_t>(done->at("buckets"));

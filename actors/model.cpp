@@ -83,11 +83,7 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
         return answer([&] { return st->sync_manifest(adapter, merged); });
       },
       [st, self, answer](push_weights_atom, const WeightPush& push) -> caf::result<Metrics> {
-        return answer([&]() -> Result<Metrics> {
-          auto w = st->export_weights(push.adapter, push.merged, /*snapshot=*/false);
-          if (!w) return w.error();
-          return weight_sync::push(self->system(), push, std::move(*w));
-        });
+        return answer([&] { return st->push_weights(self->system(), push); });
       },
       [st, answer](stream_listen_atom, int32_t receivers, const std::string& host) -> caf::result<int32_t> {
         return answer([&] { return st->stream_listen(receivers, host); });
@@ -102,6 +98,24 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
   };
 }
 
+Result<void> check_model_mesh(const placement::DeviceMesh& mesh, const std::string& who) {
+  using placement::Dim;
+  if (auto ok = mesh.require_only({Dim::dp, Dim::fsdp, Dim::tp, Dim::pp}, who); !ok) return ok.error();
+  // The trainer runs one way of cutting the model at a time (with dp).
+  if ((mesh.size(Dim::fsdp) > 1) + (mesh.size(Dim::tp) > 1) + (mesh.size(Dim::pp) > 1) > 1)
+    return make_error(errc::unimplemented, who + ": mesh " + mesh.describe() +
+                                               " combines fsdp, tp and pp, which the trainer does not yet; use one "
+                                               "of them, with dp");
+  return {};
+}
+
+bool model_parallel(const RankContext& ctx) {
+  if (ctx.mesh.empty()) return false;
+  auto m = placement::DeviceMesh::from_dims(ctx.mesh);
+  using placement::Dim;
+  return m && (m->size(Dim::fsdp) > 1 || m->size(Dim::tp) > 1 || m->size(Dim::pp) > 1);
+}
+
 std::string address_of_node(Runtime& rt, int node) {
   if (rt.mode() == Mode::local) return "127.0.0.1";
   // Node 0 is this process: the address the node processes reach it by.
@@ -114,19 +128,12 @@ std::string address_of_node(Runtime& rt, int node) {
 
 Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                              const placement::DeviceMesh& mesh, ModelSpec spec) {
-  // FSDP exists in the trainer (TrainConfig::fsdp_group) but not yet in the
-  // group's checkpoints and weight sync, which read the whole model on one rank.
-  if (auto ok = mesh.require_only({placement::Dim::dp}, "model group '" + group.name + "'"); !ok) return ok.error();
+  if (auto ok = check_model_mesh(mesh, "model group '" + group.name + "'"); !ok) return ok.error();
   auto slots = placement::place(rt, group, mesh);
   if (!slots) return slots.error();
   if (spec.store_port == 0) {
-    int host_node = 0;
-    for (const auto& s : *slots)
-      if (s.dp_rank == 0) {
-        host_node = s.node;
-        break;
-      }
-    spec.store_host = address_of_node(rt, host_node);
+    // Rank 0 hosts the store (it is dp rank 0 as well).
+    spec.store_host = address_of_node(rt, slots->front().node);
     auto port = pick_free_port();
     if (!port) return with_context(port.error(), "choosing a port for the process group of '" + group.name + "'");
     spec.store_port = *port;

@@ -290,13 +290,24 @@ inline constexpr const char* model_type = "glint.model";
 
 model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ctx, ModelSpec spec);
 
+/// Whether a rank's mesh cuts the model over the group's ranks (fsdp, tp or
+/// pp above 1): then saves, exports and weight syncs of the base weights
+/// are collectives that every rank of the group takes part in.
+bool model_parallel(const RankContext& ctx);
+
+/// Whether a model group can run `mesh`: dp, with one of fsdp, tp and pp
+/// (the trainer cuts the model one way at a time); `who` names it in the error.
+Result<void> check_model_mesh(const placement::DeviceMesh& mesh, const std::string& who);
+
 /// The address the other processes of the job reach node `node` by
 /// (loopback in local mode).
 std::string address_of_node(Runtime& rt, int node);
 
-/// Places and spawns a model group. Its data-parallel ranks get the address
-/// of their process group's store: a free port on the machine of the node
-/// that hosts dp rank 0 (spec.store_host/store_port, when not given).
+/// Places and spawns a model group. Its ranks get the address of their
+/// process groups' store: a free port on the machine of the node that hosts
+/// rank 0 (spec.store_host/store_port, when not given). The mesh may have
+/// dp, and one of fsdp, tp and pp (the model cut over those ranks at the
+/// first training call: docs/parallelism.md); other sizes are refused.
 Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                              const placement::DeviceMesh& mesh, ModelSpec spec);
 

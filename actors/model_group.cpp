@@ -99,17 +99,21 @@ public:
     return g_.call<Collect::first>(Dispatch::first, get_train_configs_atom::value, adapter);
   }
   Future<std::string> save(const std::string& adapter, const SaveRequest& r) override {
-    return g_.call<Collect::first>(Dispatch::first, save_atom::value, adapter, r.dir, r.with_optimizer,
+    return g_.call<Collect::first>(collective(), save_atom::value, adapter, r.dir, r.with_optimizer,
                                    r.max_shard_bytes);
   }
   Future<void> load(const std::string& adapter, const LoadRequest& r) override {
     return done_of(g_.call<Collect::first>(Dispatch::all, load_atom::value, adapter, r.dir, r.with_optimizer));
   }
   Future<NamedTensors> export_weights(const std::string& adapter) override {
-    return g_.call<Collect::first>(Dispatch::first, export_weights_atom::value, adapter);
+    return g_.call<Collect::first>(collective(), export_weights_atom::value, adapter);
   }
 
 private:
+  // A model cut over the ranks gathers its whole weights in a collective of
+  // them all (rank 0 answers); else rank 0 holds them.
+  Dispatch collective() const { return g_.size() > 0 && model_parallel(g_.rank(0).ctx) ? Dispatch::all : Dispatch::first; }
+
   // A pairwise loss's padded batch is sliced in whole pairs of rows (chosen,
   // rejected); a packed one holds whole pairs in each row.
   const Group<model_actor>& group_for(const Batch& batch, const std::string& adapter) const {
@@ -141,6 +145,13 @@ ModelGroup model_group_of(Group<model_actor> group) {
 Result<ModelGroup> open_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                     const placement::DeviceMesh& mesh, ModelSpec spec) {
   if (rt.mode() == Mode::remote) {
+    // The server's model group is the server's: a mesh that cuts the model
+    // is not the client's to choose, and is not dropped silently.
+    using placement::Dim;
+    if (mesh.size(Dim::fsdp) > 1 || mesh.size(Dim::tp) > 1 || mesh.size(Dim::pp) > 1)
+      return make_error(errc::invalid_argument, "open_model_group: in remote mode the server's model group serves "
+                                                "every client; a mesh of " + mesh.describe() +
+                                                " is not the client's to set (leave out --mesh)");
     auto remote = remote_groups(rt, "open_model_group");
     if (!remote) return remote.error();
     return (*remote)->open_model(spec);

@@ -1,9 +1,12 @@
 #include "actors/model_state.hpp"
 
+#include "actors/weight_sync/buckets.hpp"
 #include "actors/weight_sync/collective.hpp"
 #include "actors/weight_sync/stream.hpp"
 #include "components/checkpoint/safetensors.hpp"
 #include "components/comm/process_group.hpp"
+#include "components/comm/store_host.hpp"
+#include "components/model/transformer.hpp"
 #include "runtime/text.hpp"
 
 #include <nlohmann/json.hpp>
@@ -58,6 +61,18 @@ struct ModelState::Sync {
 
 ModelState::ModelState(RankContext ctx, ModelSpec spec)
     : ctx_(std::move(ctx)), spec_(std::move(spec)), sync_(std::make_unique<Sync>()) {
+  if (!ctx_.mesh.empty()) {
+    auto m = placement::DeviceMesh::from_dims(ctx_.mesh);
+    if (m && m->world_size() != ctx_.world_size)
+      m = make_error(errc::invalid_argument, "the mesh " + m->describe() + " does not fit a group of " +
+                                                 std::to_string(ctx_.world_size) + " ranks");
+    if (m) {
+      using placement::Dim;
+      if (auto ok = m->require_only({Dim::dp, Dim::fsdp, Dim::tp, Dim::pp}, "a model group"); !ok) m = ok.error();
+    }
+    if (m) mesh_ = std::move(*m);
+    else mesh_error_ = fail(m.error());
+  }
   load_initial();
 }
 ModelState::~ModelState() = default;
@@ -80,6 +95,7 @@ std::string ModelState::where() const {
 }
 
 Result<CausalLM*> ModelState::ready() {
+  if (mesh_error_) return mesh_error_;
   if (!model_) return load_error_;
   return &*model_;
 }
@@ -95,20 +111,88 @@ Result<ModelState::Tenant*> ModelState::tenant(const std::string& adapter) {
   return &tenants_[adapter];
 }
 
-Result<std::shared_ptr<ProcessGroup>> ModelState::dp_group() {
-  if (ctx_.dp_size <= 1) return std::shared_ptr<ProcessGroup>{};
-  if (dp_) return dp_;
+bool ModelState::model_parallel() const {
+  using placement::Dim;
+  return !ctx_.mesh.empty() && !mesh_error_ &&
+         (mesh_.size(Dim::fsdp) > 1 || mesh_.size(Dim::tp) > 1 || mesh_.size(Dim::pp) > 1);
+}
+
+Result<const ModelState::Groups*> ModelState::groups() {
+  if (groups_) return &*groups_;
+  Groups g;
+  if (!model_parallel()) {
+    // Data parallel only: one group, its store hosted by dp rank 0.
+    if (ctx_.dp_size > 1) {
+      if (spec_.store_port <= 0)
+        return make_error(errc::invalid_argument, "the model group has dp_size " + std::to_string(ctx_.dp_size) +
+                                                      " but no store_port for its process group (ModelSpec)");
+      auto pg = ProcessGroup::create({.store_host = spec_.store_host,
+                                      .store_port = static_cast<uint16_t>(spec_.store_port),
+                                      .rank = ctx_.dp_rank,
+                                      .world_size = ctx_.dp_size,
+                                      .prefix = "glint/" + ctx_.group});
+      if (!pg) return pg.error();
+      g.dp = *pg;
+    }
+    groups_ = std::move(g);
+    return &*groups_;
+  }
+  // A group per dimension and slice, all meeting in one store that rank 0
+  // hosts. Every rank joins its groups in the same order of dimensions, so
+  // no two ranks wait for each other in different groups.
   if (spec_.store_port <= 0)
-    return make_error(errc::invalid_argument, "the model group has dp_size " + std::to_string(ctx_.dp_size) +
-                                                  " but no store_port for its process group (ModelSpec)");
-  auto pg = ProcessGroup::create({.store_host = spec_.store_host,
-                                  .store_port = static_cast<uint16_t>(spec_.store_port),
-                                  .rank = ctx_.dp_rank,
-                                  .world_size = ctx_.dp_size,
-                                  .prefix = "glint/" + ctx_.group});
-  if (!pg) return pg.error();
-  dp_ = *pg;
-  return dp_;
+    return make_error(errc::invalid_argument, "the model group's mesh " + mesh_.describe() +
+                                                  " needs a store_port for its process groups (ModelSpec)");
+  const auto port = static_cast<uint16_t>(spec_.store_port);
+  if (first() && !store_host_) {
+    auto h = StoreHost::open(spec_.store_host, port);
+    if (!h) return h.error();
+    store_host_ = std::move(*h);
+  }
+  using placement::Dim;
+  const std::pair<Dim, std::shared_ptr<ProcessGroup> Groups::*> dims[] = {
+      {Dim::dp, &Groups::dp}, {Dim::fsdp, &Groups::fsdp}, {Dim::tp, &Groups::tp}, {Dim::pp, &Groups::pp}};
+  for (const auto& [dim, member] : dims) {
+    if (mesh_.size(dim) <= 1) continue;
+    const auto ranks = mesh_.group_of(ctx_.rank, dim);
+    const auto me = static_cast<int>(std::find(ranks.begin(), ranks.end(), ctx_.rank) - ranks.begin());
+    const std::string name{to_string(dim)};
+    auto pg = join_hosted_group({.store_host = spec_.store_host,
+                                 .store_port = port,
+                                 .rank = me,
+                                 .world_size = static_cast<int>(ranks.size()),
+                                 .prefix = "glint/" + ctx_.group + "/" + name + "/" + std::to_string(ranks.front())});
+    if (!pg) return with_context(pg.error(), "joining the " + name + " group of ranks " + join(ranks, ","));
+    g.*member = *pg;
+  }
+  groups_ = std::move(g);
+  return &*groups_;
+}
+
+Trainer* ModelState::cutter() {
+  if (!cut_for_) return nullptr;
+  auto it = tenants_.find(*cut_for_);
+  return it != tenants_.end() && it->second.trainer ? &*it->second.trainer : nullptr;
+}
+
+caf::error ModelState::refused_when_cut(const std::string& what) const {
+  return make_error(errc::failed_precondition,
+                    what + " is not built for a model cut over its ranks (model group '" + ctx_.group + "', mesh " +
+                        mesh_.describe() + ", cut at the first training call of " +
+                        (cut_for_ && !cut_for_->empty() ? "adapter '" + *cut_for_ + "'" : std::string{"the full model"}) +
+                        ")");
+}
+
+std::string ModelState::optimizer_file() const {
+  if (!model_parallel()) return "optimizer.safetensors";
+  // Named by the coordinate the model is cut along: the dp replicas of a
+  // part hold the same state, so a run may resume with another dp size.
+  using placement::Dim;
+  for (Dim d : {Dim::fsdp, Dim::tp, Dim::pp})
+    if (mesh_.size(d) > 1)
+      return "optimizer-" + std::string{to_string(d)} + std::to_string(mesh_.coord(ctx_.rank, d)) + "-of-" +
+             std::to_string(mesh_.size(d)) + ".safetensors";
+  return "optimizer.safetensors";
 }
 
 Result<Trainer*> ModelState::trainer(const std::string& adapter) {
@@ -116,11 +200,27 @@ Result<Trainer*> ModelState::trainer(const std::string& adapter) {
   if (!t) return t.error();
   auto& ten = **t;
   if (ten.trainer) return &*ten.trainer;
-  auto group = dp_group();
-  if (!group) return group.error();
-  auto tr = Trainer::create(*model_, {ten.optimizer, ten.scheduler, adapter, *group});
+  // The first trainer of a model-parallel group cuts the model in place
+  // (FSDP's shards, TP's, a pipeline stage): it is that trainer's alone.
+  if (cut_for_)
+    return make_error(errc::failed_precondition,
+                      "model group '" + ctx_.group + "' is cut over its ranks (" + mesh_.describe() + ") to train " +
+                          (cut_for_->empty() ? std::string{"the full model"} : "adapter '" + *cut_for_ + "'") +
+                          "; it trains only that (train " +
+                          (adapter.empty() ? std::string{"the full model"} : "adapter '" + adapter + "'") +
+                          " on a model group of its own)");
+  auto g = groups();
+  if (!g) return g.error();
+  auto tr = Trainer::create(*model_, {.optimizer = ten.optimizer,
+                                      .scheduler = ten.scheduler,
+                                      .adapter = adapter,
+                                      .dp_group = (*g)->dp,
+                                      .fsdp_group = (*g)->fsdp,
+                                      .tp_group = (*g)->tp,
+                                      .pp_group = (*g)->pp});
   if (!tr) return tr.error();
   ten.trainer = std::move(*tr);
+  if (model_parallel()) cut_for_ = adapter;
   return &*ten.trainer;
 }
 
@@ -159,6 +259,9 @@ Result<Tensor> ModelState::forward_only(const Batch& batch, const std::string& a
   if (!tb) return tb.error();
   auto t = tenant(adapter);
   if (!t) return t.error();
+  // A cut model: a collective of the group's ranks (every one is called,
+  // each with its part of the batch: Trainer::forward_only).
+  if (auto* cut = cutter()) return cut->forward_only(tb->tokens, adapter);
   auto out = model_->forward(tb->tokens, {.adapter = adapter});
   if (!out) return out.error();
   return out->logprobs;
@@ -203,6 +306,7 @@ Result<void> ModelState::set_lr_scheduler(const std::string& adapter, const Sche
 Result<void> ModelState::add_adapter(const std::string& name, const LoraConfig& c, uint64_t seed) {
   auto m = ready();
   if (!m) return m.error();
+  if (cut_for_) return refused_when_cut("adding an adapter (add it before the first training call)");
   return (*m)->add_adapter(name, c, seed);
 }
 
@@ -210,6 +314,7 @@ Result<void> ModelState::remove_adapter(const std::string& name) {
   auto m = ready();
   if (!m) return m.error();
   if (name.empty()) return make_error(errc::invalid_argument, "the full model is not an adapter to remove");
+  if (cut_for_ == name) return refused_when_cut("removing the adapter it was cut for");
   if (auto ok = (*m)->remove_adapter(name); !ok) return ok.error();
   tenants_.erase(name);
   return {};
@@ -248,6 +353,7 @@ Result<std::string> ModelState::train_configs(const std::string& adapter) {
                        {"total_steps", t.scheduler.total_steps}, {"min_lr_ratio", t.scheduler.min_lr_ratio}};
   j["step"] = t.trainer ? t.trainer->step() : 0;
   j["data_parallel"] = {{"rank", ctx_.dp_rank}, {"size", ctx_.dp_size}};
+  if (!ctx_.mesh.empty()) j["mesh"] = mesh_.describe();
   return j.dump(2);
 }
 
@@ -255,12 +361,24 @@ Result<std::string> ModelState::save(const std::string& adapter, const std::stri
                                      int64_t max_shard_bytes) {
   auto t = tenant(adapter);
   if (!t) return t.error();
-  auto ok = adapter.empty() ? model_->save(dir, max_shard_bytes) : model_->save_adapter(adapter, dir);
-  if (!ok) return ok.error();
-  if (with_optimizer) {
+  // A model cut over its ranks is gathered a piece at a time and written by
+  // rank 0 (every rank calls this); else rank 0 writes what it holds.
+  auto* cut = cutter();
+  if (adapter.empty() && cut) {
+    if (auto ok = cut->save_model(dir, max_shard_bytes); !ok) return ok.error();
+  } else if (first() || !model_parallel()) {
+    auto ok = adapter.empty() ? model_->save(dir, max_shard_bytes) : model_->save_adapter(adapter, dir);
+    if (!ok) return ok.error();
+  }
+  // Model parallel: each part's optimizer state is its own (its shards, its
+  // stage), in a file of its own, written by the part's first dp replica;
+  // else the called rank's stands for all.
+  if (with_optimizer && (!model_parallel() || mesh_.coord(ctx_.rank, placement::Dim::dp) == 0)) {
     // Before the first step there is no state: an empty file says so, and
     // a load then starts the optimizer afresh.
-    auto path = (fs::path{dir} / "optimizer.safetensors").string();
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    auto path = (fs::path{dir} / optimizer_file()).string();
     auto state = (*t)->trainer ? (*t)->trainer->optimizer_state() : NamedTensors{};
     if (auto w = write_safetensors(path, state); !w) return w.error();
   }
@@ -271,7 +389,13 @@ Result<void> ModelState::load(const std::string& adapter, const std::string& dir
   // Read everything first; change nothing until all of it is good.
   std::optional<std::map<std::string, Tensor>> state;
   if (with_optimizer) {
-    auto s = load_safetensors((fs::path{dir} / "optimizer.safetensors").string());
+    const auto path = fs::path{dir} / optimizer_file();
+    std::error_code ec;
+    if (model_parallel() && !fs::exists(path, ec))
+      return make_error(errc::not_found, dir + " has no " + optimizer_file() + ": its optimizer state was saved "
+                                         "from another mesh, or without it (the state does not move between meshes: "
+                                         "load the weights alone, with_optimizer false)");
+    auto s = load_safetensors(path.string());
     if (!s) return s.error();
     state = std::move(*s);
   }
@@ -286,9 +410,11 @@ Result<void> ModelState::load(const std::string& adapter, const std::string& dir
     if (auto it = tenants_.find(""); it != tenants_.end()) base = std::move(it->second);
     tenants_.clear();
     if (base) tenants_[""] = Tenant{base->loss, base->optimizer, base->scheduler, std::nullopt, {}};
+    cut_for_.reset();  // the new model is whole until its first trainer
   } else {
     auto m = ready();
     if (!m) return m.error();
+    if (cut_for_) return refused_when_cut("loading an adapter (load it before the first training call)");
     auto staging = "\x01loading " + adapter;
     if (auto ok = (*m)->load_adapter(staging, dir); !ok) return ok.error();
     if ((*m)->has_adapter(adapter)) {
@@ -317,6 +443,7 @@ Result<void> ModelState::load_adapter(const std::string& name, const std::string
   auto m = ready();
   if (!m) return m.error();
   if (name.empty()) return make_error(errc::invalid_argument, "load_adapter needs a name for the adapter");
+  if (cut_for_) return refused_when_cut("loading an adapter (load it before the first training call)");
   if (auto ok = (*m)->load_adapter(name, dir); !ok) return ok.error();
   // A fresh tenant: no trainer or metrics of an adapter of the same name before.
   tenants_.erase(name);
@@ -328,6 +455,19 @@ Result<NamedTensors> ModelState::export_weights(const std::string& adapter, bool
   if (!t) return t.error();
   if (merged && adapter.empty())
     return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights");
+  if (auto* cut = cutter(); cut && (adapter.empty() || merged)) {
+    // The whole base, gathered a piece at a time; rank 0 keeps it (the
+    // others take part and answer nothing). A sync streams it instead.
+    if (merged) return refused_when_cut("merging an adapter into the weights");
+    NamedTensors all;
+    auto ok = cut->stream_parameters(int64_t{64} << 20, [&](NamedTensors bucket) -> Result<void> {
+      for (auto& nt : bucket) all.push_back(std::move(nt));
+      return {};
+    });
+    if (!ok) return ok.error();
+    return all;
+  }
+  if (!first() && model_parallel()) return NamedTensors{};  // rank 0 answers for the group
   auto named = merged ? model_->merged_parameters(adapter)
                : adapter.empty() ? model_->named_parameters()
                                  : model_->adapter_parameters(adapter);
@@ -339,6 +479,17 @@ Result<NamedTensors> ModelState::export_weights(const std::string& adapter, bool
 }
 
 Result<SyncManifest> ModelState::sync_manifest(const std::string& adapter, bool merged) {
+  if (cutter() && (adapter.empty() || merged)) {
+    auto t = tenant(adapter);
+    if (!t) return t.error();
+    if (merged) return refused_when_cut("merging an adapter into the weights");
+    // The whole model's, as stream_parameters sends them.
+    SyncManifest m;
+    const auto& cfg = model_->config();
+    for (auto& [name, shape] : components::model_detail::parameter_shapes(cfg))
+      m.tensors.push_back({name, shape, cfg.dtype});
+    return m;
+  }
   auto w = export_weights(adapter, merged, false);
   if (!w) return w.error();
   SyncManifest m;
@@ -347,6 +498,8 @@ Result<SyncManifest> ModelState::sync_manifest(const std::string& adapter, bool 
 }
 
 Result<int64_t> ModelState::sync_send(const std::string& adapter, bool merged, const SyncGroupAddress& at) {
+  if (cutter() && (adapter.empty() || merged))
+    return refused_when_cut("the collective weight sync (sync by messages: SyncTransport::messages)");
   auto w = export_weights(adapter, merged, false);
   if (!w) return w.error();
   auto pg = sync_->group.join(at.host, at.port, 0, at.world);
@@ -357,10 +510,38 @@ Result<int64_t> ModelState::sync_send(const std::string& adapter, bool merged, c
   return (*pg)->broadcast_buckets(tensors, 0, at.bucket_bytes);
 }
 
+Result<Metrics> ModelState::push_weights(caf::actor_system& sys, const WeightPush& push) {
+  if (auto ok = weight_sync::Pusher::check(push); !ok) return ok.error();
+  auto* cut = cutter();
+  if (!cut || (!push.adapter.empty() && !push.merged)) {
+    if (!first() && model_parallel()) return Metrics{};  // rank 0 pushes for the group
+    auto w = export_weights(push.adapter, push.merged, /*snapshot=*/false);
+    if (!w) return w.error();
+    return weight_sync::push(sys, push, std::move(*w));
+  }
+  if (push.merged) return refused_when_cut("merging an adapter into the weights");
+  // Gathered a piece at a time and pushed as the buckets fill: one bucket is
+  // held back, so that the last goes as update_weights.
+  weight_sync::Pusher pusher{sys, push};
+  std::optional<NamedTensors> held;
+  auto ok = cut->stream_parameters(push.bucket_bytes, [&](NamedTensors bucket) -> Result<void> {
+    if (held)
+      if (auto sent = pusher.send(*held, false); !sent) return sent;
+    held = std::move(bucket);
+    return {};
+  });
+  if (!ok) return ok.error();
+  if (!first()) return Metrics{};
+  if (!held) return make_error(errc::internal, "push_weights: the model streamed no parameters");
+  if (auto sent = pusher.send(*held, true); !sent) return sent.error();
+  return pusher.report();
+}
+
 Result<int32_t> ModelState::stream_listen(int32_t receivers, const std::string& host) {
   if (receivers < 1) return make_error(errc::invalid_argument, "stream_listen needs at least one receiver");
   auto m = ready();
   if (!m) return m.error();
+
   auto l = weight_sync::Listener::open(host);
   if (!l) return l.error();
   sync_->listener.emplace(std::move(*l));
@@ -374,6 +555,8 @@ Result<int64_t> ModelState::stream_send(const std::string& adapter, bool merged,
   auto listener = std::move(*sync_->listener);
   sync_->listener.reset();
   if (timeout_ms < 1) return make_error(errc::invalid_argument, "stream_send needs a timeout >= 1 ms");
+  if (cutter() && (adapter.empty() || merged))
+    return refused_when_cut("the stream weight sync (sync by messages: SyncTransport::messages)");
   auto w = export_weights(adapter, merged, false);
   if (!w) return w.error();
   std::vector<Tensor> tensors;

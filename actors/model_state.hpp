@@ -21,6 +21,7 @@
 
 namespace glint::components {
 class ProcessGroup;
+class StoreHost;
 }
 
 namespace glint::actors {
@@ -79,6 +80,11 @@ public:
   /// Broadcasts export_weights(adapter, merged) as rank 0 of the c10d
   /// weight-sync group at `at`; answers the buckets sent.
   Result<int64_t> sync_send(const std::string& adapter, bool merged, const SyncGroupAddress& at);
+  /// The messages transport: `push`'s samplers get export_weights(adapter,
+  /// merged) in buckets from rank 0. On a model cut over its ranks every
+  /// rank takes part (the buckets gathered one piece at a time); on a
+  /// data-parallel group only rank 0 does anything.
+  Result<Metrics> push_weights(caf::actor_system& sys, const WeightPush& push);
   /// The stream transport: a listener for `receivers` sampler ranks (its port) ...
   Result<int32_t> stream_listen(int32_t receivers, const std::string& host);
   /// ... then export_weights(adapter, merged) down a socket to each; bytes per receiver.
@@ -95,15 +101,35 @@ private:
   };
   Result<Tenant*> tenant(const std::string& adapter);
   Result<components::Trainer*> trainer(const std::string& adapter);
-  Result<std::shared_ptr<components::ProcessGroup>> dp_group();
+  /// The process groups of the trainers (null where a dimension is 1).
+  struct Groups {
+    std::shared_ptr<components::ProcessGroup> dp, fsdp, tp, pp;
+  };
+  Result<const Groups*> groups();
+  /// Whether the mesh cuts the model over the ranks (fsdp, tp or pp above 1).
+  bool model_parallel() const;
+  /// The trainer that cut the model over the ranks, once one did; else null.
+  components::Trainer* cutter();
+  /// An error for what a model cut over its ranks cannot do (`what`).
+  caf::error refused_when_cut(const std::string& what) const;
+  /// Whether this rank answers for the group where only one does (rank 0).
+  bool first() const { return ctx_.rank == 0; }
+  /// The optimizer state's file in a saved directory: one per rank when
+  /// the model is cut over them (its shards), else one.
+  std::string optimizer_file() const;
   void load_initial();
 
   RankContext ctx_;
   ModelSpec spec_;
+  std::unique_ptr<components::StoreHost> store_host_;  ///< rank 0 of a model-parallel group (outlives its groups)
   std::optional<components::CausalLM> model_;
   caf::error load_error_;  ///< why there is no model
   std::map<std::string, Tenant> tenants_;
-  std::shared_ptr<components::ProcessGroup> dp_;
+  placement::DeviceMesh mesh_;
+  caf::error mesh_error_;  ///< a RankContext::mesh the model cannot run: every call answers it
+  std::optional<Groups> groups_;
+  /// Model parallel: the tenant whose trainer cut the model, once one did.
+  std::optional<std::string> cut_for_;
   struct Sync;
   std::unique_ptr<Sync> sync_;  ///< the c10d weight-sync group, made at the first sync_send
 };

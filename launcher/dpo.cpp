@@ -155,7 +155,7 @@ Result<std::map<std::string, double>> evaluate(const actors::ModelGroup& model, 
     for (int64_t i = begin; i < std::min(n, begin + a.batch_size); ++i) which.push_back(i);
     const auto counted = which.size();
     // Every data-parallel rank needs a row: pad with copies, not counted.
-    while (2 * which.size() < static_cast<size_t>(a.dp)) which.push_back(which.front());
+    while (2 * which.size() < static_cast<size_t>(a.data_ranks())) which.push_back(which.front());
     auto batch = pair_batch(pairs, which, pad);
     if (!batch) return batch.error();
     auto policy_f = model.forward_only(*batch);
@@ -383,6 +383,10 @@ int dpo(const DpoArgs& args, CLI::App& cmd) {
   auto names = adapter_names(a);
   if (!names) return refuse(context_of(names.error()));
   const bool multi = !names->empty();
+  if (names->size() > 1)
+    if (auto m = a.model_mesh(); m && m->size(placement::Dim::fsdp) > 1)
+      return refuse("--adapter: several adapters share one model group, which --mesh " + a.mesh +
+                    " cuts for the first of them; train them one per run");
   // 1. Checks that write nothing.
   auto files = recipe::read_model(a, kName);
   if (!files) return refuse(context_of(files.error()));
@@ -400,8 +404,9 @@ int dpo(const DpoArgs& args, CLI::App& cmd) {
   if (!lora) return refuse(context_of(lora.error()));
   auto opt = recipe::optimizer_of(a);
   if (!opt) return refuse(context_of(opt.error()));
-  if (a.batch_size < a.dp)
-    return refuse("--batch-size " + std::to_string(a.batch_size) + " is smaller than --dp " + std::to_string(a.dp) +
+  if (a.batch_size < a.data_ranks())
+    return refuse("--batch-size " + std::to_string(a.batch_size) + " is smaller than the data-parallel ranks (--dp x "
+                  "--mesh's fsdp) " + std::to_string(a.data_ranks()) +
                   ": every data-parallel rank trains whole pairs");
   const components::LossSpec loss{.kind = a.loss == "ipo" ? components::LossKind::ipo : components::LossKind::dpo,
                                   .beta = a.beta, .label_smoothing = a.label_smoothing};

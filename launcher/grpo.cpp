@@ -241,9 +241,10 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
                   std::to_string(a.sync_every));
   if (a.loss == "cispo" && cmd.get_option("--epsilon")->count() > 0)
     return refuse("--epsilon does not apply to --loss cispo (its weight has only the upper bound --epsilon-high)");
-  if (a.prompts_per_step * a.num_generations < a.dp)
+  if (a.prompts_per_step * a.num_generations < a.data_ranks())
     return refuse("--prompts-per-step x --num-generations is " + std::to_string(a.prompts_per_step * a.num_generations) +
-                  " completions, fewer than --dp " + std::to_string(a.dp) + ": every data-parallel rank needs one");
+                  " completions, fewer than the data-parallel ranks (--dp x --mesh's fsdp) " +
+                  std::to_string(a.data_ranks()) + ": every data-parallel rank needs one");
   // The rewards.
   Rewards rewards;
   rewards.names = a.reward;
@@ -381,7 +382,7 @@ int grpo(const GrpoArgs& args, CLI::App& cmd) {
         for (int x : n) out += (out.empty() ? "" : ",") + std::to_string(x);
         return out;
       };
-      std::printf("glint grpo: %d model rank(s) on node %s, %d sampler rank(s) on node %s\n", a.dp,
+      std::printf("glint grpo: %d model rank(s) on node %s, %d sampler rank(s) on node %s\n", a.model_ranks(),
                   nodes(model.info()).c_str(), a.sampler_dp, nodes(sampler.info()).c_str());
       if (use_lora) {
         // The sampler holds the same adapter; each sync replaces its tensors.

@@ -117,6 +117,10 @@ void add_run_flags(CLI::App* c, RecipeArgs& a) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   c->add_option("--dp", a.dp, "Data-parallel model ranks")->capture_default_str()->check(CLI::Range(1, 4096));
+  c->add_option("--mesh", a.mesh,
+                "The model group's mesh beyond --dp: fsdp=N (parameters, gradients and optimizer state sharded), "
+                "tp=N (tensor parallel) or pp=N (pipeline stages), e.g. fsdp=2 or tp=2,dp=2; the ranks are their "
+                "product (docs/parallelism.md). LoRA trains with fsdp only");
   c->add_option("--seed", a.seed, "Seed of the adapter, the data order, the mix (and the sampling)")->capture_default_str();
   c->add_option("--config", a.config,
                 "A TOML file of these flags (key = value, names without the leading dashes); flags given too win");
@@ -292,10 +296,10 @@ std::string changed_since(const std::string& out, const std::string& resolved, c
   };
   // Flags added after runs were started, with the value every run before
   // them had: a config.toml without the key resumes with that value.
-  static const std::map<std::string, std::string> added_later = {{"packing", "false"}};
+  static const std::map<std::string, std::string> added_later = {{"packing", "false"}, {"mesh", ""}};
   std::map<std::string, std::vector<std::string>> was;
   for (const auto& [k, v] : *before) was[k] = norm(v);
-  for (const auto& [k, v] : added_later) was.try_emplace(k, std::vector<std::string>{v});
+  for (const auto& [k, v] : added_later) was.try_emplace(k, norm({v}));
   std::string changed;
   for (const auto& [k, v] : *now)
     if (!common.count(k) && !resumable.count(k) && (!was.count(k) || was.at(k) != norm(v)))
@@ -311,6 +315,12 @@ std::string prepare_flags(CLI::App& cmd, const RecipeArgs& a) {
 
 std::string check_flags(const RecipeArgs& a, CLI::App& cmd) {
   auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  auto mesh = a.model_mesh();
+  if (!mesh) return context_of(mesh.error());
+  if (auto ok = actors::check_model_mesh(*mesh, "--mesh " + a.mesh); !ok) return context_of(ok.error());
+  if (a.train_type == "lora" && (mesh->size(placement::Dim::tp) > 1 || mesh->size(placement::Dim::pp) > 1))
+    return "--mesh " + a.mesh + ": a LoRA adapter trains on fsdp and dp meshes only (tensor and pipeline parallel "
+           "train the full model: --train-type full)";
   if (a.resume && a.overwrite) return "--resume continues a run and --overwrite starts it over: pick one";
   if (any(a.val_dataset) && a.val_split > 0) return "--val-split holds out training rows; with --val-dataset it is not used";
   if (!a.adapter_from.empty())
@@ -585,9 +595,10 @@ Result<actors::ModelGroup> open_model(Runtime& rt, const RecipeArgs& a, const st
                                       const components::LoraConfig* lora) {
   if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
     return with_context(svc.error(), "placement");
-  auto mesh = placement::DeviceMesh::from_sizes({.dp = a.dp});
+  auto mesh = a.model_mesh();
   if (!mesh) return with_context(mesh.error(), "the device mesh");
-  auto base = actors::open_model_group(rt, placement::DeviceGroup::of("model", a.dp), *mesh, {.model_dir = model_dir});
+  auto base = actors::open_model_group(rt, placement::DeviceGroup::of("model", mesh->world_size()), *mesh,
+                                       {.model_dir = model_dir});
   if (!base) return with_context(base.error(), "opening the model group");
   if (!lora) return *base;
   const auto name = adapter_name(rt, a);
@@ -710,7 +721,10 @@ Result<void> publish_model(const std::string& from, const std::string& to, const
   if (ec) return make_error(errc::not_found, "cannot read " + from + ": " + ec.message());
   for (; it != end; it.increment(ec)) {
     const auto& e = *it;
-    if (!e.is_regular_file() || e.path().filename() == "optimizer.safetensors") continue;
+    // The optimizer state stays with the checkpoint (optimizer.safetensors, or
+    // a model-parallel group's optimizer-<dim><k>-of-<n>.safetensors).
+    const auto file = e.path().filename().string();
+    if (!e.is_regular_file() || (file.rfind("optimizer", 0) == 0 && e.path().extension() == ".safetensors")) continue;
     fs::copy_file(e.path(), fs::path{tmp} / e.path().filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) return make_error(errc::unavailable, "cannot copy " + e.path().string() + ": " + ec.message());
   }
@@ -758,3 +772,32 @@ int64_t pad_id(const components::Tokenizer& tok) {
 }
 
 }  // namespace glint::launcher::recipe
+
+namespace glint::launcher {
+
+Result<placement::DeviceMesh> RecipeArgs::model_mesh() const {
+  if (mesh.empty()) return placement::DeviceMesh::from_sizes({.dp = dp});
+  auto m = placement::DeviceMesh::parse(mesh);
+  if (!m) return with_context(m.error(), "--mesh");
+  // Whether --mesh names dp itself (dp=1 too).
+  const bool names_dp = ("," + mesh).find(",dp=") != std::string::npos;
+  if (dp != 1 && names_dp && m->size(placement::Dim::dp) != dp)
+    return make_error(errc::invalid_argument, "--dp " + std::to_string(dp) + " and --mesh " + mesh +
+                                                  " give two data-parallel sizes: give it once");
+  if (dp == 1 || names_dp) return m;
+  auto sizes = m->sizes();
+  sizes[static_cast<size_t>(placement::Dim::dp)] = dp;
+  return placement::DeviceMesh::from_dims(sizes);
+}
+
+int RecipeArgs::data_ranks() const {
+  auto m = model_mesh();
+  return m ? m->data_size() : dp;
+}
+
+int RecipeArgs::model_ranks() const {
+  auto m = model_mesh();
+  return m ? m->world_size() : dp;
+}
+
+}  // namespace glint::launcher

@@ -162,7 +162,7 @@ void release_adapter(const Runtime& rt, const Handle& handle) {
                  describe(ok.error()).c_str());
 }
 
-/// The model group of a.dp ranks on `model_dir`, placed; with `lora`, the
+/// The model group of a.model_mesh() on `model_dir`, placed; with `lora`, the
 /// handle of its adapter adapter_name(rt, a) (read from --adapter-from, or fresh).
 Result<actors::ModelGroup> open_model(Runtime& rt, const RecipeArgs& a, const std::string& model_dir,
                                       const components::LoraConfig* lora);

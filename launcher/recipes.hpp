@@ -4,6 +4,8 @@
 /// user's own Hugging Face model directory on the user's own data.
 /// docs/recipes.md documents every flag.
 
+#include "placement/device_mesh.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -48,6 +50,13 @@ struct RecipeArgs {
   bool overwrite = false;
   int64_t max_shard_mib = 5000;       ///< a full model's weights go in shards of at most this
   int dp = 1;                         ///< data-parallel model ranks
+  std::string mesh{};                 ///< --mesh: the model group's other dimensions (fsdp=2, tp=2, pp=2)
+  /// The model group's mesh: --mesh, with --dp's dp where --mesh names none.
+  Result<placement::DeviceMesh> model_mesh() const;
+  /// What a batch is cut into: dp x fsdp (tp and pp ranks share their part).
+  int data_ranks() const;
+  /// The model group's ranks.
+  int model_ranks() const;
   uint64_t seed = 42;
   std::string config{};               ///< the TOML the flags came from, if any
   int model_max_restarts = 0;         ///< sft, grpo: restarts from the newest checkpoint after a lost model rank

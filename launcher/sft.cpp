@@ -118,7 +118,7 @@ int evaluate_only(const SftArgs& a, const std::string& model_dir, int64_t max_le
     if (!info) return fail("reading the validation data", info.error());
     auto tok = components::Tokenizer::load(model_dir + "/tokenizer.json");
     if (!tok) return fail("reading the tokenizer", tok.error());
-    auto loss = validation_loss(model, *val, info->batches_per_epoch, pad_id(*tok), a.dp);
+    auto loss = validation_loss(model, *val, info->batches_per_epoch, pad_id(*tok), a.data_ranks());
     if (!loss) return fail("evaluating", loss.error());
     std::printf("eval_loss: %.6f\n", *loss);
     return 0;
@@ -176,8 +176,9 @@ int sft(const SftArgs& args, CLI::App& cmd) {
   if (!made) return refuse(context_of(made.error()));
   const int64_t max_length = made->max_length;
   const auto* chat = &made->chat;
-  if (a.batch_size < a.dp)
-    return refuse("--batch-size " + std::to_string(a.batch_size) + " is smaller than --dp " + std::to_string(a.dp) +
+  if (a.batch_size < a.data_ranks())
+    return refuse("--batch-size " + std::to_string(a.batch_size) + " is smaller than the data-parallel ranks (--dp x "
+                  "--mesh's fsdp) " + std::to_string(a.data_ranks()) +
                   ": every data-parallel rank needs a row");
   auto lora = recipe::lora_of(a);
   if (!lora) return refuse(context_of(lora.error()));
@@ -212,7 +213,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
     std::string skipped;
     auto usable = usable_rows(train_rows, *chat, skipped);
     if (!usable) return fail("encoding the training data", usable.error());
-    if (*usable < a.dp && !a.eval_only)
+    if (*usable < a.data_ranks() && !a.eval_only)
       return refuse("the training data has " + std::to_string(*usable) + " usable rows within --max-length " +
                     std::to_string(max_length) + " (" + skipped + "); check the layout, --max-length and --truncation");
     if (!val_rows.empty()) {
@@ -223,7 +224,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
     if (!a.eval_only) {
       // The schedule the run will set, checked now: batches of batch_size
       // (a last one of at least dp rows) per epoch.
-      const int64_t per_epoch = *usable / a.batch_size + (*usable % a.batch_size >= a.dp ? 1 : 0);
+      const int64_t per_epoch = *usable / a.batch_size + (*usable % a.batch_size >= a.data_ranks() ? 1 : 0);
       const int64_t steps = a.max_steps > 0 ? a.max_steps
                                             : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
                                                                        a.epochs * static_cast<double>(per_epoch) /
@@ -254,7 +255,7 @@ int sft(const SftArgs& args, CLI::App& cmd) {
 
       actors::DataLoaderSpec spec{.dataset = data_dir + "/train.jsonl", .tokenizer = model_dir,
                                   .template_name = a.chat_template, .max_length = max_length,
-                                  .truncation = a.truncation, .batch_size = a.batch_size, .min_batch_size = a.dp,
+                                  .truncation = a.truncation, .batch_size = a.batch_size, .min_batch_size = a.data_ranks(),
                                   .seed = a.seed, .epochs = 0};
       auto loaders = recipe::open_loaders(rt, spec, has_val ? data_dir + "/val.jsonl" : "");
       if (!loaders) return fail("the data", loaders.error());
@@ -280,9 +281,9 @@ int sft(const SftArgs& args, CLI::App& cmd) {
 
       auto batch_of = [&](const std::vector<actors::DataRow>& rows, bool pack) {
         // Packed rows as long as the longest row: never more attention than padding.
-        return pack ? actors::padding_free_batch_of(rows, pad, a.dp) : actors::train_batch_of(rows, pad);
+        return pack ? actors::padding_free_batch_of(rows, pad, a.data_ranks()) : actors::train_batch_of(rows, pad);
       };
-      auto evaluate = [&]() { return validation_loss(model, *loaders->val, loaders->val_batches, pad, a.dp); };
+      auto evaluate = [&]() { return validation_loss(model, *loaders->val, loaders->val_batches, pad, a.data_ranks()); };
       const int64_t eval_every = a.eval_every > 0 ? a.eval_every : steps;
       const int64_t save_every = a.save_every > 0 ? a.save_every : eval_every;
 

@@ -74,6 +74,52 @@ Result<DeviceMesh> DeviceMesh::from_sizes(MeshSizes s) {
   return m;
 }
 
+std::vector<int32_t> DeviceMesh::sizes() const { return {sizes_.begin(), sizes_.end()}; }
+
+Result<DeviceMesh> DeviceMesh::from_dims(const std::vector<int32_t>& sizes) {
+  if (sizes.size() != num_dims)
+    return make_error(errc::invalid_argument, "a mesh has " + std::to_string(num_dims) +
+                                                  " sizes (pp, dp, fsdp, ep, cp, tp), not " +
+                                                  std::to_string(sizes.size()));
+  auto at = [&](Dim d) { return static_cast<int>(sizes[static_cast<size_t>(d)]); };
+  return from_sizes({.dp = at(Dim::dp), .fsdp = at(Dim::fsdp), .tp = at(Dim::tp), .pp = at(Dim::pp),
+                     .cp = at(Dim::cp), .ep = at(Dim::ep)});
+}
+
+Result<DeviceMesh> DeviceMesh::parse(std::string_view text) {
+  std::vector<int32_t> sizes(num_dims, 1);
+  std::vector<char> named(num_dims, 0);
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_argument, "mesh '" + std::string{text} + "': " + why +
+                                                  " (write it as dim=size,..., e.g. fsdp=2,dp=2; dims: pp, dp, fsdp, "
+                                                  "ep, cp, tp)");
+  };
+  size_t at = 0;
+  while (at <= text.size()) {
+    const auto end = std::min(text.find(',', at), text.size());
+    const auto part = text.substr(at, end - at);
+    const auto eq = part.find('=');
+    if (eq == std::string_view::npos) return bad("'" + std::string{part} + "' has no '='");
+    const auto name = part.substr(0, eq), value = part.substr(eq + 1);
+    size_t d = 0;
+    while (d < num_dims && to_string(static_cast<Dim>(d)) != name) ++d;
+    if (d == num_dims) return bad("no dimension '" + std::string{name} + "'");
+    if (named[d]) return bad("'" + std::string{name} + "' is named twice");
+    named[d] = 1;
+    int32_t n = 0;
+    if (value.empty() || value.size() > 7) return bad("'" + std::string{part} + "' needs a size from 1");
+    for (char c : value) {
+      if (c < '0' || c > '9') return bad("'" + std::string{part} + "' needs a size from 1");
+      n = n * 10 + (c - '0');
+    }
+    sizes[d] = n;
+    at = end + 1;
+  }
+  auto m = from_dims(sizes);
+  if (!m) return with_context(m.error(), "mesh '" + std::string{text} + "'");
+  return m;
+}
+
 Result<Coords> DeviceMesh::coords(int rank) const {
   if (rank < 0 || rank >= world_)
     return make_error(errc::invalid_argument, "rank " + std::to_string(rank) + " is outside mesh " + describe());

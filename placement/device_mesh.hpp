@@ -12,8 +12,10 @@
 #include <caf/meta/type_name.hpp>
 
 #include <array>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace glint::placement {
@@ -75,6 +77,13 @@ public:
   std::vector<std::vector<int>> groups(Dim d) const;
   /// The set along `d` that contains `rank`.
   std::vector<int> group_of(int rank, Dim d) const;
+
+  /// The sizes by Dim (RankContext::mesh), and back (every size >= 1).
+  std::vector<int32_t> sizes() const;
+  static Result<DeviceMesh> from_dims(const std::vector<int32_t>& sizes);
+  /// A mesh from "fsdp=2,dp=2" (any of pp, dp, fsdp, ep, cp, tp, each once;
+  /// the others 1): what the examples' and recipes' --mesh flag takes.
+  static Result<DeviceMesh> parse(std::string_view text);
 
   int data_rank(int rank) const;
   int data_size() const { return size(Dim::dp) * size(Dim::fsdp); }

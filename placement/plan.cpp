@@ -242,6 +242,7 @@ Result<void> apply_mesh(const std::string& group, const DeviceMesh& mesh, std::v
   for (size_t r = 0; r < slots.size(); ++r) {
     slots[r].dp_rank = mesh.data_rank(static_cast<int>(r));
     slots[r].dp_size = mesh.data_size();
+    slots[r].mesh = mesh.sizes();
   }
   return {};
 }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <set>
 #include <vector>
 
 namespace glint {
@@ -63,6 +64,9 @@ struct Gather final : Replies {
   Result<Out> (*finish)(std::vector<V>&&) = nullptr;
   std::shared_ptr<const std::vector<std::string>> labels;  ///< of every rank of the group
   int first_rank = 0;
+  /// Which slots' answers are folded (empty: all): under slice_dp, one per
+  /// data-parallel part (the others are awaited, their answers dropped).
+  std::vector<char> folded;
 
   const std::string& label(size_t slot) const { return (*labels)[static_cast<size_t>(first_rank) + slot]; }
 
@@ -96,7 +100,8 @@ struct Gather final : Replies {
       if (--remaining > 0) return;
       done = true;
       all.reserve(results.size());
-      for (auto& r : results) all.push_back(std::move(*r));
+      for (size_t k = 0; k < results.size(); ++k)
+        if (folded.empty() || folded[k]) all.push_back(std::move(*results[k]));
     }
     out.set(finish(std::move(all)));
   }
@@ -205,7 +210,7 @@ public:
     int world = static_cast<int>(slots.size());
     for (int r = 0; r < world; ++r) {
       const auto& s = slots[static_cast<size_t>(r)];
-      auto one = spawn_rank(rt, *spawner, RankContext{name, r, world, s.node, s.device, s.cpus, s.dp_rank, s.dp_size});
+      auto one = spawn_rank(rt, *spawner, RankContext{name, r, world, s.node, s.device, s.cpus, s.dp_rank, s.dp_size, s.mesh});
       if (!one) {
         for (auto& done : *ranks) caf::anon_send_exit(done.handle(), caf::exit_reason::user_shutdown);
         return with_context(one.error(), "rank " + std::to_string(r) + " of group '" + name + "'");
@@ -333,6 +338,15 @@ public:
       per_rank.push_back(std::move(args));
     }
     auto g = detail::make_gather<C, R, V, FutOut>(targets.size(), labels_, targets.front());
+    if (d == Dispatch::slice_dp && C != Collect::first) {
+      // Ranks that share a part (tensor-parallel or pipeline ranks of one
+      // data-parallel replica) answer for it together: the first of them
+      // speaks for it, so a mean, sum or flatten counts each part once.
+      std::vector<char> folded(targets.size(), 1);
+      std::set<int> seen;
+      for (size_t k = 0; k < targets.size(); ++k) folded[k] = seen.insert(rank(targets[k]).ctx.dp_rank).second;
+      if (seen.size() < targets.size()) g->folded = std::move(folded);
+    }
     for (size_t k = 0; k < targets.size(); ++k) send_one(rank(targets[k]), k, std::move(per_rank[k]), g);
     return g->future_of(g);
   }

@@ -22,13 +22,17 @@ struct RankContext {
   std::vector<int> cpus;     ///< OS CPU ids the actor's thread is bound to (empty: unbound)
   int dp_rank = 0;           ///< data-parallel coordinate in the group's mesh
   int dp_size = 1;           ///< data-parallel size of the group's mesh
+  /// The group's mesh: its sizes by placement::Dim (pp, dp, fsdp, ep, cp,
+  /// tp); empty: data parallel only, over dp_size. A component finds the
+  /// other dimensions' groups from it and `rank`.
+  std::vector<int32_t> mesh{};
   friend bool operator==(const RankContext&, const RankContext&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankContext& x) {
   return f(caf::meta::type_name("glint.rank_context"), x.group, x.rank, x.world_size, x.node, x.device, x.cpus,
-           x.dp_rank, x.dp_size);
+           x.dp_rank, x.dp_size, x.mesh);
 }
 
 /// Where a rank should live: the output of placement.
@@ -42,12 +46,13 @@ struct RankSlot {
   std::vector<int> cpus;
   int dp_rank = 0;
   int dp_size = 1;
+  std::vector<int32_t> mesh{};  ///< as RankContext::mesh
   friend bool operator==(const RankSlot&, const RankSlot&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankSlot& x) {
-  return f(caf::meta::type_name("glint.rank_slot"), x.node, x.device, x.cpus, x.dp_rank, x.dp_size);
+  return f(caf::meta::type_name("glint.rank_slot"), x.node, x.device, x.cpus, x.dp_rank, x.dp_size, x.mesh);
 }
 
 /// A node process introducing itself to the driver.

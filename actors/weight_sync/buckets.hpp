@@ -8,6 +8,9 @@
 #include "actors/model.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <memory>
 
 #include <vector>
 
@@ -25,5 +28,25 @@ Result<std::vector<NamedTensors>> buckets_of(NamedTensors weights, int64_t bucke
 /// message limit (Options::max_message_bytes: a bucket is one message); the
 /// first sampler that refuses, named with its bucket.
 Result<Metrics> push(caf::actor_system& sys, const WeightPush& push, NamedTensors weights);
+
+/// The same a bucket at a time, for weights that come so (a model cut over
+/// its ranks gathers them piece by piece: Trainer::stream_parameters).
+class Pusher {
+public:
+  /// The options' errors, before anything is gathered.
+  static Result<void> check(const WeightPush& push);
+  Pusher(caf::actor_system& sys, WeightPush push);
+  ~Pusher();
+  /// `bucket` to every sampler (stage_weights; the last as update_weights),
+  /// returning once all answered; the first refusal, named with its bucket.
+  Result<void> send(const NamedTensors& bucket, bool last);
+  /// Tensors, buckets and bytes sent (per sampler).
+  Metrics report() const;
+
+private:
+  std::unique_ptr<caf::scoped_actor> me_;
+  WeightPush push_;
+  int64_t tensors_ = 0, buckets_ = 0, bytes_ = 0;
+};
 
 }  // namespace glint::actors::weight_sync

@@ -1,4 +1,5 @@
 #include "components/comm/process_group_impl.hpp"
+#include "components/comm/store_host.hpp"
 
 #include "components/comm/peer_watch.hpp"
 
@@ -149,9 +150,46 @@ public:
   }
 };
 
+Result<std::shared_ptr<ProcessGroup>> create_group(const CommConfig& cfg, bool host_store);
+
 }  // namespace
 
 Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg) {
+  return create_group(cfg, /*host_store=*/cfg.rank == 0);
+}
+
+Result<std::shared_ptr<ProcessGroup>> join_hosted_group(const CommConfig& cfg) {
+  return create_group(cfg, /*host_store=*/false);
+}
+
+struct StoreHost::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+Result<std::unique_ptr<StoreHost>> StoreHost::open(const std::string& host, uint16_t port,
+                                                   std::chrono::milliseconds timeout) {
+  if (port == 0) return make_error(errc::invalid_argument, "a store host needs a port");
+  auto out = std::unique_ptr<StoreHost>(new StoreHost);
+  out->impl_ = std::make_unique<Impl>();
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = port;
+    so.isServer = true;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    out->impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    return make_error(errc::unavailable, "cannot host the process groups' store on " + host + ":" +
+                                             std::to_string(port) + ": " + e.what());
+  }
+  return out;
+}
+
+StoreHost::~StoreHost() = default;
+
+namespace {
+
+Result<std::shared_ptr<ProcessGroup>> create_group(const CommConfig& cfg, bool host_store) {
   if (cfg.world_size < 1 || cfg.rank < 0 || cfg.rank >= cfg.world_size)
     return make_error(errc::invalid_argument, "process group rank " + std::to_string(cfg.rank) +
                                                   " is outside a world of " + std::to_string(cfg.world_size));
@@ -172,7 +210,7 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
   auto ok = impl.run("joining the process group", [&] {
     c10d::TCPStoreOptions so;
     so.port = cfg.store_port;
-    so.isServer = cfg.rank == 0;
+    so.isServer = host_store;
     so.numWorkers = static_cast<size_t>(cfg.world_size);
     so.waitWorkers = false;
     so.timeout = cfg.timeout;
@@ -222,6 +260,8 @@ Result<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const CommConfig& cfg
   }
   return std::shared_ptr<ProcessGroup>{std::move(pg)};
 }
+
+}  // namespace
 
 Result<void> GlooGroup::all_reduce_sum(std::vector<Tensor>& tensors) {
   if (tensors.empty() || size() == 1) return {};

@@ -1313,6 +1313,90 @@ double Trainer::current_lr() const {
 }
 CausalLM& Trainer::model() { return impl_->model; }
 
+namespace {
+
+// forward_only on a pipeline stage: the batch through the stages in turn
+// (each receives the activations, runs its layers, sends them on), the last
+// stage's log-probs then broadcast to all. A stage that fails (its pass, or
+// its receive) still sends zeros on and joins the stages' agreement, so that
+// no stage waits out the group's timeout.
+Result<Tensor> pipeline_forward(CausalLM::Impl& m, ProcessGroup& pp, const TokenBatch& batch) {
+  c10::NoGradGuard no_grad;
+  // Every stage checks the same batch: the same error on each, before any message.
+  auto p = model_detail::prepare(m.cfg, batch);
+  if (!p) return p.error();
+  const int64_t B = p->ids.size(0), T = p->ids.size(1);
+  const int s = pp.rank(), last = pp.size() - 1;
+  const std::vector<int64_t> shape{B, T, m.cfg.hidden_size};
+  constexpr int tag = 1 << 21;  // apart from the training schedule's
+  Result<void> mine{};
+  auto note = [&](Result<void> r, const std::string& what) {
+    if (!r && mine) mine = with_context(r.error(), what);
+  };
+  PassOptions pass;
+  if (s > 0) {
+    pass.stage_input = at::zeros(shape, m.options());
+    auto in = from_torch(pass.stage_input);
+    note(in ? pp.recv(*in, s - 1, tag) : Result<void>{in.error()}, "forward_only: the previous stage's activations");
+  }
+  at::Tensor out;
+  if (mine) {
+    try {
+      auto o = m.run(*p, false, false, pass);
+      out = s == last ? o.logprobs.to(at::kFloat).contiguous() : o.activations.contiguous();
+    } catch (const std::exception& e) {
+      mine = carried_error(e).value_or(error_of_exception(e, "forward_only on pipeline stage " + std::to_string(s)));
+    }
+  }
+  if (s < last) {
+    if (!out.defined()) out = at::zeros(shape, m.options());
+    auto t = from_torch(out);
+    note(t ? pp.send(*t, s + 1, tag) : Result<void>{t.error()}, "forward_only: sending the activations on");
+  }
+  std::vector<at::Tensor> failed{at::tensor({mine ? 0.0 : 1.0}, at::kDouble)};
+  if (auto ok = all_reduce_sum(pp, failed); !ok) return mine ? ok.error() : mine.error();
+  if (!mine) return mine.error();
+  if (failed[0].item<double>() > 0)
+    return make_error(errc::aborted, "forward_only failed on another pipeline stage (its error says why)");
+  if (s != last) out = at::empty({B, T}, at::kFloat);
+  auto lp = from_torch(out);
+  if (!lp) return lp.error();
+  std::vector<Tensor> v{*lp};
+  if (auto ok = pp.broadcast(v, last); !ok) return with_context(ok.error(), "forward_only: the last stage's answer");
+  return v.front();
+}
+
+}  // namespace
+
+Result<Tensor> Trainer::forward_only(const TokenBatch& batch, const std::string& adapter) try {
+  auto& im = *impl_;
+  // Tensor-parallel ranks and pipeline stages take the same batch: checked,
+  // so that a mismatch is an error rather than mismatched collectives.
+  for (auto [g, what] : {std::pair{&im.cfg.tp_group, "tensor-parallel"}, {&im.cfg.pp_group, "pipeline-parallel"}})
+    if (*g && (*g)->size() > 1)
+      if (auto ok = same_batch_on_ranks(**g, what, TrainBatch{.tokens = batch}, LossSpec{}, true); !ok) return ok.error();
+  if (const auto& pp = im.cfg.pp_group; pp && pp->size() > 1) {
+    if (!adapter.empty())
+      return make_error(errc::unimplemented, "forward_only with adapter '" + adapter +
+                                                 "' on pipeline stages: they run the full model only");
+    return pipeline_forward(im.model.impl(), *pp, batch);
+  }
+  // FSDP: the whole base for the pass, freed after whatever happens.
+  if (im.fsdp)
+    if (auto ok = im.fsdp->gather_all(); !ok) return ok.error();
+  struct Release {
+    Fsdp* f;
+    ~Release() {
+      if (f) f->release_all();
+    }
+  } release{im.fsdp.get()};
+  auto out = im.model.forward(batch, {.adapter = adapter});
+  if (!out) return out.error();
+  return std::move(out->logprobs);
+} catch (const std::exception& e) {
+  return carried_error(e).value_or(error_of_exception(e, "forward_only"));
+}
+
 Result<void> Trainer::gather_parameters() {
   if (!impl_->fsdp) return {};
   return impl_->fsdp->gather_all();

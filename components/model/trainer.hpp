@@ -238,6 +238,16 @@ public:
   /// rank of the group answers it. Ranks of dp_group other than 0 call
   /// nothing.
   Result<void> stream_parameters(int64_t bucket_bytes, const std::function<Result<void>(NamedTensors)>& sink);
+  /// The log-probabilities of the batch's targets (f32 [B, T], 0 where no
+  /// target), without gradients, with LoRA adapter `adapter` ("" : none),
+  /// whatever the groups. With fsdp_group, tp_group or pp_group it is a
+  /// collective (every rank of the group calls it): FSDP gathers the base
+  /// for the pass and frees it after; TP's pass is collective as it is
+  /// (the ranks take the same batch); pipeline stages pass the activations
+  /// on, stage by stage, and the last stage's answer is every stage's (the
+  /// same batch on every stage). A failure on one stage fails the call on
+  /// every stage, which stay in step.
+  Result<Tensor> forward_only(const TokenBatch& batch, const std::string& adapter = "");
   /// The bytes this rank holds of the trained parameters, their gradients
   /// and the optimizer state (with FSDP, its shards' only).
   int64_t state_bytes() const;

@@ -33,6 +33,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <numeric>
 #include <cstdio>
 #include <filesystem>
 
@@ -59,6 +60,7 @@ struct Args {
   std::string loss = "auto";  ///< auto: grpo when synchronous, decoupled_ppo when not
   double weight_cap = 5.0;
   std::string cap_mode = "mask";
+  std::string mesh = "dp=1";  ///< the model group's mesh
 };
 
 constexpr const char* kSystem = "Compute.";
@@ -166,8 +168,17 @@ int main(int argc, char** argv) {
   app.add_option("--cap-mode", a.cap_mode, "decoupled_ppo: mask (tokens above the cap count nothing) or clamp")
       ->capture_default_str()
       ->check(CLI::IsMember({"mask", "clamp"}));
+  app.add_option("--mesh", a.mesh,
+                 "The model group's mesh: dp=N and one of fsdp=N (sharded data parallel), tp=N (tensor parallel), "
+                 "pp=N (pipeline stages), e.g. fsdp=2; a rank each (docs/parallelism.md)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // results in order with the progress lines on stderr
+  auto model_mesh = placement::DeviceMesh::parse(a.mesh);
+  if (!model_mesh) {
+    std::fprintf(stderr, "grpo: --mesh: %s\n", describe(model_mesh.error()).c_str());
+    return 2;
+  }
   components::LossSpec grpo_loss;
   {
     auto kind = components::parse_loss_kind(a.loss == "auto" ? (a.max_staleness > 0 ? "decoupled_ppo" : "grpo") : a.loss);
@@ -236,7 +247,16 @@ int main(int argc, char** argv) {
     auto on = [&](const char* name, int core) {
       return cores >= 2 ? placement::DeviceGroup::on(name, {core}) : placement::DeviceGroup::of(name, 1);
     };
-    auto model = actors::open_model_group(rt, on("model", 0), one, {.model_dir = model_dir});
+    // A mesh of several ranks: its own cores where there are enough, else shared.
+    const int model_ranks = model_mesh->world_size();
+    auto model_group = placement::DeviceGroup::of("model", model_ranks);
+    if (model_ranks == 1) model_group = on("model", 0);
+    else if (cores > model_ranks) {
+      std::vector<int> first(static_cast<size_t>(model_ranks));
+      std::iota(first.begin(), first.end(), 0);
+      model_group = placement::DeviceGroup::on("model", first);
+    }
+    auto model = actors::open_model_group(rt, model_group, *model_mesh, {.model_dir = model_dir});
     if (!model) return fail("opening the model group", model.error());
     auto sampler = actors::open_sampler_group(rt, on("sampler", cores - 1), one,
                                               {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = 16 << 20});

@@ -46,6 +46,7 @@ struct Args {
   uint64_t seed = 1;
   bool fresh = false;  ///< start over, deleting the run's earlier checkpoints
   std::string adapter_from{};  ///< a PEFT adapter directory to start from
+  std::string mesh = "dp=1";   ///< the model group's mesh
 };
 
 constexpr int64_t kHeldOut = 8;
@@ -75,7 +76,16 @@ int main(int argc, char** argv) {
   app.add_option("--adapter-from", a.adapter_from,
                  "Start from this saved LoRA adapter (adapter_config.json + adapter_model.safetensors, e.g. a "
                  "checkpoint's model/) instead of a fresh one; its own rank and targets replace --rank");
+  app.add_option("--mesh", a.mesh,
+                 "The model group's mesh: dp=N and fsdp=N (the base sharded, the adapter trained data-parallel), "
+                 "e.g. fsdp=2; a rank each (docs/parallelism.md). tp and pp do not train adapters yet")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  auto model_mesh = placement::DeviceMesh::parse(a.mesh);
+  if (!model_mesh) {
+    std::fprintf(stderr, "sft: --mesh: %s\n", describe(model_mesh.error()).c_str());
+    return 2;
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
   return run_main([&](Runtime& rt) -> int {
@@ -102,10 +112,8 @@ int main(int argc, char** argv) {
     RunReport report{out};
     if (auto svc = placement::service(rt, {.strategy = placement::Strategy::spread}); !svc)
       return fail("placement", svc.error());
-    auto mesh = placement::DeviceMesh::from_sizes({.dp = 1});
-    if (!mesh) return fail("the device mesh", mesh.error());
-    const auto& one = *mesh;
-    auto base = actors::open_model_group(rt, placement::DeviceGroup::of("model", 1), one, {.model_dir = model_dir});
+    auto base = actors::open_model_group(rt, placement::DeviceGroup::of("model", model_mesh->world_size()), *model_mesh,
+                                         {.model_dir = model_dir});
     if (!base) return fail("opening the model group", base.error());
     const std::string adapter = "default";
     const std::vector<std::string> all_linear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -206,7 +214,9 @@ int main(int argc, char** argv) {
                 checkpoints->run_dir().c_str(), best_name.c_str());
 
     // The adapter, synced to a sampler, answers a question of the held-out rows.
-    auto sampler = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 1), one,
+    auto one = placement::DeviceMesh::from_sizes({.dp = 1});
+    if (!one) return fail("the sampler's mesh", one.error());
+    auto sampler = actors::open_sampler_group(rt, placement::DeviceGroup::of("sampler", 1), *one,
                                               {.model_dir = model_dir, .cache_bytes = 4 << 20});
     if (!sampler) return fail("opening the sampler", sampler.error());
     // The sampler's adapter has the trained one's shape (read from the same

@@ -147,6 +147,44 @@ TEST_P(CheckpointEngineTest, AnAdapterSyncedEqualsTheSameAdapterMergedIntoTheBas
   expect_same(sample(with_lora), base_before);  // the sampler's base is untouched by an adapter sync
 }
 
+// A model cut over its ranks (FSDP, TP, PP: two ranks, on two nodes in
+// cluster mode) syncs its whole weights: every rank takes part in the
+// gathering, a piece at a time, and rank 0 sends the buckets as they fill.
+// The sampler then generates as one loaded with the model's weights. The
+// transports that send from rank 0 alone refuse, naming the one that works.
+TEST_P(CheckpointEngineTest, AModelCutOverItsRanksSyncsItsWholeWeightsBucketByBucket) {
+  auto reference = sample(sampler(3, 1));
+  const std::pair<const char*, placement::MeshSizes> meshes[] = {
+      {"fsdp", {.fsdp = 2}}, {"tp", {.tp = 2}}, {"pp", {.pp = 2}}};
+  for (const auto& [name, sizes] : meshes) {
+    SCOPED_TRACE(name);
+    auto g = open_model_group(*job_.rt, DeviceGroup::of(name, 2), *DeviceMesh::from_sizes(sizes),
+                              {.config_json = tiny().to_json(), .seed = 3});
+    ASSERT_TRUE(g) << describe(g.error());
+    auto m = *g;
+    // A step at learning rate 0 cuts the model and leaves its weights.
+    ASSERT_TRUE(m.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .lr = 0}).take());
+    Batch b;
+    b.tensors["input_ids"] = *Tensor::from_values(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+    ASSERT_TRUE(m.forward_backward(b).take());
+    ASSERT_TRUE(m.clip_grad_and_step().take());
+    auto s = sampler(9);
+    CheckpointEngine ckpt{m, s};
+    auto refused = ckpt.sync_weights({.transport = SyncTransport::stream});
+    ASSERT_FALSE(refused);
+    EXPECT_NE(describe(refused.error()).find("use the messages transport"), std::string::npos)
+        << describe(refused.error());
+    auto r = ckpt.sync_weights({.bucket_bytes = 16 << 10});
+    ASSERT_TRUE(r) << describe(r.error());
+    EXPECT_EQ(r->transport, SyncTransport::messages);
+    EXPECT_GT(r->buckets, 3) << "16 KiB buckets split the weights";
+    EXPECT_EQ(r->bytes, tiny().num_parameters() * 4);
+    auto out = sample(s);
+    expect_same(out, reference);
+    for (const auto& q : out) EXPECT_EQ(q.weight_version, r->version);
+  }
+}
+
 TEST_P(CheckpointEngineTest, RefusalsChangeNothing) {
   auto m = model(3);
   auto s = sampler(9);

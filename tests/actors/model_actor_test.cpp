@@ -2,6 +2,7 @@
 // trains like one trainer on the whole batch; adapters, save/load and bad
 // input through the actor interface.
 #include "actors/model.hpp"
+#include "actors/model_group.hpp"
 #include "actors/sampler.hpp"
 #include "components/model/trainer.hpp"
 #include "placement/service.hpp"
@@ -96,8 +97,9 @@ TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
 
 // A mesh the group cannot honour is refused at spawn: before, tp=2 ranks
 // were each given the whole batch as if they were one data-parallel rank.
+// The model group runs dp with one of fsdp, tp and pp; the sampler only dp.
 TEST_P(ModelActorTest, AMeshWithDimensionsTheGroupDoesNotRunIsRefused) {
-  for (auto sizes : {placement::MeshSizes{.tp = 2}, placement::MeshSizes{.pp = 2}, placement::MeshSizes{.fsdp = 2}}) {
+  for (auto sizes : {placement::MeshSizes{.cp = 2}, placement::MeshSizes{.ep = 2}}) {
     auto mesh = placement::DeviceMesh::from_sizes(sizes);
     ASSERT_TRUE(mesh);
     auto g = actors::spawn_model_group(*job_.rt, placement::DeviceGroup::of("model", 2), *mesh,
@@ -105,9 +107,114 @@ TEST_P(ModelActorTest, AMeshWithDimensionsTheGroupDoesNotRunIsRefused) {
     ASSERT_FALSE(g) << mesh->describe();
     EXPECT_NE(describe(g.error()).find("model group 'model' cannot run on mesh"), std::string::npos)
         << describe(g.error());
+  }
+  auto both = placement::DeviceMesh::from_sizes({.fsdp = 2, .tp = 2});
+  ASSERT_TRUE(both);
+  auto g = actors::spawn_model_group(*job_.rt, placement::DeviceGroup::of("model", 4), *both,
+                                     {.config_json = tiny().to_json(), .seed = 7});
+  ASSERT_FALSE(g);
+  EXPECT_NE(describe(g.error()).find("combines fsdp, tp and pp"), std::string::npos) << describe(g.error());
+  for (auto sizes : {placement::MeshSizes{.tp = 2}, placement::MeshSizes{.pp = 2}, placement::MeshSizes{.fsdp = 2}}) {
+    auto mesh = placement::DeviceMesh::from_sizes(sizes);
+    ASSERT_TRUE(mesh);
     auto s = actors::spawn_sampler_group(*job_.rt, placement::DeviceGroup::of("sampler", 2), *mesh,
                                          {.config_json = tiny().to_json(), .seed = 7});
     ASSERT_FALSE(s) << mesh->describe();
+  }
+}
+
+// A model group cut over its two ranks (FSDP, TP, PP) trains as one
+// trainer on the whole batch, through the driver's ModelGroup: the batch
+// goes to the ranks by their data coordinate (FSDP halves it; the TP and
+// PP ranks of the one replica share it and answer once for it), and saves,
+// exports and forward_only gather the whole model. The saved directory
+// loads as a plain model with the same weights (the mesh is not in it), and
+// with its per-rank optimizer state back into the group.
+TEST_P(ModelActorTest, AModelCutOverItsRanksTrainsAsOneTrainerOnTheWholeBatch) {
+  // tiny()'s 31 rows of vocabulary split 16 and 15 over the TP ranks.
+  auto ids = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 0, 0, 0}, {4, 4, 4, 4, 0, 0}, {9, 8, 7, 6, 5, 4}});
+  auto mask = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}, {1, 1, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 1}});
+  const auto batch = batch_of(ids, mask);
+  // SGD with momentum, as the data-parallel test above: sums in another
+  // order stay within 1e-5.
+  const actors::OptimizerConfig opt{.kind = actors::OptimizerConfig::Kind::sgd, .lr = 0.1, .momentum = 0.9};
+  const std::pair<const char*, placement::MeshSizes> meshes[] = {
+      {"fsdp", {.fsdp = 2}}, {"tp", {.tp = 2}}, {"pp", {.pp = 2}}};
+  const auto tmp = testing::fresh_dir("cut-model");
+  for (const auto& [name, sizes] : meshes) {
+    SCOPED_TRACE(name);
+    auto mesh = placement::DeviceMesh::from_sizes(sizes);
+    ASSERT_TRUE(mesh);
+    auto g = actors::open_model_group(*job_.rt, placement::DeviceGroup::of(name, 2), *mesh,
+                                      {.config_json = tiny().to_json(), .seed = 7});
+    ASSERT_TRUE(g) << describe(g.error());
+    auto model = *g;
+    ASSERT_TRUE(model.set_optimizer(opt).take());
+    auto single = components::Trainer::create(*components::CausalLM::init_random(tiny(), 7), {.optimizer = opt});
+    ASSERT_TRUE(single);
+    for (int step = 0; step < 3; ++step) {
+      auto m = model.forward_backward(batch).take();
+      ASSERT_TRUE(m) << describe(m.error());
+      auto want = single->forward_backward({.tokens = {.input_ids = ids, .attention_mask = mask}}, {});
+      ASSERT_TRUE(want);
+      EXPECT_NEAR(m->at("loss"), want->at("loss"), 1e-5) << "step " << step;
+      auto s = model.clip_grad_and_step().take();
+      ASSERT_TRUE(s) << describe(s.error());
+      auto ws = single->clip_grad_and_step();
+      ASSERT_TRUE(ws);
+      EXPECT_NEAR(s->at("grad_norm"), ws->at("grad_norm"), 1e-5 * (1 + ws->at("grad_norm")));
+    }
+    auto expect_weights = [&](const NamedTensors& got, const std::string& what) {
+      auto want = *single->model().named_parameters();
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got[i].first, want[i].first) << what;
+        ASSERT_EQ(got[i].second.shape(), want[i].second.shape()) << what << " " << want[i].first;
+        auto a = *got[i].second.values<float>();
+        auto b = *want[i].second.values<float>();
+        double worst = 0;
+        for (size_t k = 0; k < b.size(); ++k)
+          worst = std::max(worst, std::abs(a[k] - b[k]) / (1.0 + std::abs(static_cast<double>(b[k]))));
+        EXPECT_LT(worst, 1e-5) << what << " " << want[i].first;
+      }
+    };
+    auto exported = model.export_weights().take();
+    ASSERT_TRUE(exported) << describe(exported.error());
+    expect_weights(*exported, "export_weights");
+    // forward_only: one answer per row of the batch (not one per rank).
+    auto lp = model.forward_only(batch).take();
+    ASSERT_TRUE(lp) << describe(lp.error());
+    auto want = single->model().forward({.input_ids = ids, .attention_mask = mask});
+    ASSERT_TRUE(want);
+    ASSERT_EQ(lp->shape(), want->logprobs.shape());
+    auto a = *lp->values<float>();
+    auto b = *want->logprobs.values<float>();
+    for (size_t k = 0; k < b.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-4) << k;
+    // The group trains one tenant: the model is cut for the full model.
+    auto other = model.add_adapter("late", {.r = 2}, 1).take();
+    ASSERT_FALSE(other);
+    EXPECT_NE(describe(other.error()).find("cut over its ranks"), std::string::npos) << describe(other.error());
+
+    const auto dir = tmp + "/" + name;
+    auto saved = model.save({.dir = dir, .with_optimizer = true}).take();
+    ASSERT_TRUE(saved) << describe(saved.error());
+    // One optimizer file per part of the cut (named by it, not by the rank).
+    for (int part : {0, 1})
+      EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer-" + name + std::to_string(part) + "-of-2.safetensors"));
+    auto plain = components::CausalLM::load(dir);
+    ASSERT_TRUE(plain) << describe(plain.error());
+    expect_weights(*plain->named_parameters(), "the saved directory");
+    // Back into the group with its optimizer state: the next step is the
+    // single trainer's next step.
+    ASSERT_TRUE(model.load({.dir = dir, .with_optimizer = true}).take());
+    auto m = model.forward_backward(batch).take();
+    ASSERT_TRUE(m) << describe(m.error());
+    ASSERT_TRUE(model.clip_grad_and_step().take());
+    ASSERT_TRUE(single->forward_backward({.tokens = {.input_ids = ids, .attention_mask = mask}}, {}));
+    ASSERT_TRUE(single->clip_grad_and_step());
+    auto after = model.export_weights().take();
+    ASSERT_TRUE(after) << describe(after.error());
+    expect_weights(*after, "after the load and a step");
   }
 }
 

@@ -161,6 +161,13 @@ TEST(Pipeline, APipelineTrainsAsGradientAccumulation) {
       }
       for (const auto& [n, p] : held)
         EXPECT_TRUE(near(p, single->model().impl().params.at(n), 1e-12)) << n << " on stage " << r;
+      // forward_only through the stages: the whole model's log-probs on every stage.
+      auto whole = single->model().forward(batch.tokens);
+      ASSERT_TRUE(whole);
+      auto lp = tr->forward_only(batch.tokens);
+      ASSERT_TRUE(lp) << describe(lp.error());
+      EXPECT_TRUE(near(to_torch(*lp).to(at::kDouble), to_torch(whole->logprobs).to(at::kDouble), 1e-6)) << "stage " << r;
+      EXPECT_FALSE(tr->forward_only(batch.tokens, "some-adapter")) << "stages run the full model only";
       // The model alone is one stage: reading it whole, or adapting it, is
       // refused, not wrong; its optimizer state names its stage.
       auto fwd = tr->model().forward(batch.tokens);

@@ -71,6 +71,15 @@ assert len(rows) == 3 and all(r["reward/total/std"] == 0 and r["reward/total/mea
 assert any(r["reward/accuracy/mean"] > 0 for r in rows), "no right answer at all: the check would prove nothing"
 EOF
 
+# 2b. The model cut over two ranks (--mesh): full training on pipeline stages
+#     and LoRA on an FSDP base, the weights synced to the sampler each step.
+for m in "--train-type full --mesh pp=2" "--mesh fsdp=2"; do
+  # shellcheck disable=SC2086
+  "$glint" grpo --model runs/sft/last "${common[@]}" $m --prompts-per-step 4 --num-generations 4 --max-steps 2 \
+    --output "runs/mesh-${m##* }" > mesh.log 2>&1 || { cat mesh.log; fail "grpo with $m"; }
+  [[ $(wc -l < "runs/mesh-${m##* }/metrics.jsonl") == 2 ]] || fail "grpo with $m did not write 2 steps"
+done
+
 # 3. Training raises a reward: the share of digits in the completions of
 #    the untrained model (a reward command, full training).
 cat > digits.py <<'EOF'

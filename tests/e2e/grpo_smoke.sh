@@ -4,7 +4,9 @@
 # async: --max-staleness 2 twice gives the same rows (finish_old: a batch's
 # samples do not depend on timing), every row within the bound, and a
 # resume continues the run.
-#   grpo_smoke.sh GRPO_BINARY GLINT_BINARY local|cluster|async
+# mesh: the model cut into 2 pipeline stages (--mesh pp=2); tp=2 and fsdp=2
+# run their steps too.
+#   grpo_smoke.sh GRPO_BINARY GLINT_BINARY local|cluster|async|mesh
 set -euo pipefail
 grpo=$1 glint=$2 mode=$3
 root=$(mktemp -d /tmp/glint-grpo-smoke-XXXXXX)
@@ -49,6 +51,13 @@ PY
   grep -q "max-staleness" "$root/log4" || { cat "$root/log4"; exit 1; }
   echo "grpo smoke (async): ok"
   exit 0
+elif [[ $mode == mesh ]]; then
+  for m in tp=2 fsdp=2; do
+    "$grpo" --out "$root/${m%=*}" --sft-steps 5 --steps 2 --prompts 4 --generations 4 --mesh $m > "$root/log" 2>&1 \
+      || { cat "$root/log"; exit 1; }
+    [[ $(grep -c '"phase": "grpo"' "$root/${m%=*}/metrics.jsonl") == 2 ]] || { echo "--mesh $m: expected 2 grpo lines"; exit 1; }
+  done
+  "$grpo" "${args[@]}" --mesh pp=2 > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
 elif [[ $mode == cluster ]]; then
   "$glint" run --nproc 2 -- "$grpo" "${args[@]}" > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
   grep -q "cluster mode: the model group runs on node 0, the sampler group on node 1" "$root/log" || { cat "$root/log"; exit 1; }

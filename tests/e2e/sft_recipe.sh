@@ -20,6 +20,21 @@ awk 'BEGIN{srand(2); for(i=0;i<100;i++){a=int(rand()*20);b=int(rand()*20);
 cat qr.jsonl alpaca.jsonl > all.jsonl
 "$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
   --max-positions 256 --tokenizer-from all.jsonl > init.log 2>&1 || { cat init.log; exit 1; }
+# same_metrics A B N: two metrics.jsonl of N steps with the same rows; losses
+# and norms to rounding (identical runs can differ in the last bit:
+# docs/recipes.md, "Resuming").
+same_metrics() {
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert len(a) == len(b) == int(sys.argv[3]), (len(a), len(b))
+for x, y in zip(a, b):
+    assert x.keys() == y.keys(), (x, y)
+    for k in x:
+        close = abs(x[k] - y[k]) <= 1e-5 * max(1, abs(x[k])) if k in ("loss", "grad_norm", "eval_loss") else x[k] == y[k]
+        assert close, (x["step"], k, x[k], y[k])
+EOF
+}
 mean() { awk -v from="$2" -v to="$3" -F'"loss": ' 'NR>=from && NR<=to {split($2,v,/[,}]/); s+=v[1]; n++} END {printf "%.6f", s/n}' "$1"; }
 
 # 1. LoRA on a mix, with a validation split and evaluation.
@@ -62,18 +77,7 @@ args=(--model model --dataset qr.jsonl --lr 3e-3 --max-steps 20 --save-every 10)
 rm -rf runs/cut/checkpoint-20 runs/cut/last   # as if killed after step 19
 "$glint" sft "${args[@]}" --output runs/cut --resume > resume.log 2>&1 || { cat resume.log; fail "--resume"; }
 grep -q "resumed at step 10" resume.log || fail "the run did not resume at step 10"
-# The same rows; losses and norms to rounding (identical runs can differ in
-# the last bit: docs/recipes.md, "Resuming").
-python3 - runs/whole/metrics.jsonl runs/cut/metrics.jsonl <<'EOF' || fail "the resumed run's metrics differ"
-import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-assert len(a) == len(b) == 20, (len(a), len(b))
-for x, y in zip(a, b):
-    assert x.keys() == y.keys(), (x, y)
-    for k in x:
-        close = abs(x[k] - y[k]) <= 1e-5 * max(1, abs(x[k])) if k in ("loss", "grad_norm", "eval_loss") else x[k] == y[k]
-        assert close, (x["step"], k, x[k], y[k])
-EOF
+same_metrics runs/whole/metrics.jsonl runs/cut/metrics.jsonl 20 || fail "the resumed run's metrics differ"
 code=0; "$glint" sft "${args[@]/3e-3/1e-2}" --output runs/cut --resume > changed.log 2>&1 || code=$?
 [[ $code != 0 ]] && grep -q "other values of lr" changed.log || fail "a resume with another --lr was not refused"
 code=0; "$glint" sft "${args[@]}" --output runs/cut > again.log 2>&1 || code=$?
@@ -91,6 +95,26 @@ grep -qx "packing = false" runs/padded/config.toml || fail "the padded run's con
 "$glint" run --nproc 2 -- "$glint" sft --model model --dataset qr.jsonl --val-split 0.1 --lr 3e-3 --max-steps 6 \
   --eval-every 3 --dp 2 --packing --output runs/cluster > cluster.log 2>&1 || { cat cluster.log; fail "a 2-process run"; }
 [[ -f runs/cluster/best/adapter_model.safetensors ]] || fail "the 2-process run wrote no best/"
+
+# 4c. The model cut over two ranks (--mesh): LoRA on an FSDP base, evaluated
+# (forward_only gathers the base), whose resume matches the uninterrupted
+# run; full training on tensor-parallel ranks (this tokenizer's 283 rows of
+# vocabulary split 142 and 141) and on pipeline stages, evaluated.
+margs=(--model model --dataset qr.jsonl --val-split 0.1 --lr 3e-3 --max-steps 4 --save-every 2 --eval-every 2 --mesh fsdp=2)
+"$glint" sft "${margs[@]}" --output runs/fsdp > fsdp.log 2>&1 || { cat fsdp.log; fail "an fsdp=2 run"; }
+[[ -f runs/fsdp/best/adapter_model.safetensors ]] || fail "the fsdp=2 run wrote no best/"
+[[ -f runs/fsdp/checkpoint-4/model/optimizer-fsdp1-of-2.safetensors ]] || fail "the fsdp=2 checkpoint has no per-part optimizer state"
+if compgen -G 'runs/fsdp/best/optimizer*' > /dev/null; then fail "best/ holds optimizer state"; fi
+"$glint" sft "${margs[@]}" --output runs/fsdp-cut > /dev/null 2>&1 || fail "the fsdp=2 run to cut"
+rm -rf runs/fsdp-cut/checkpoint-4 runs/fsdp-cut/last   # as if killed after step 3
+"$glint" sft "${margs[@]}" --output runs/fsdp-cut --resume > fsdp-resume.log 2>&1 || { cat fsdp-resume.log; fail "--resume on fsdp=2"; }
+same_metrics runs/fsdp/metrics.jsonl runs/fsdp-cut/metrics.jsonl 4 || fail "the resumed fsdp=2 run's metrics differ"
+for m in tp=2 pp=2; do
+  "$glint" sft --model model --dataset qr.jsonl --val-split 0.1 --train-type full --lr 1e-3 --max-steps 3 --eval-every 3 \
+    --mesh $m --output runs/full-$m > full-$m.log 2>&1 || { cat full-$m.log; fail "full training on --mesh $m"; }
+  [[ -f runs/full-$m/last/model.safetensors ]] || fail "full training on --mesh $m wrote no last/model.safetensors"
+  grep -q '"eval_loss"' runs/full-$m/metrics.jsonl || fail "no evaluation on --mesh $m"
+done
 
 # 5. Full training: a Hugging Face model directory with its tokenizer.
 "$glint" sft --model model --dataset qr.jsonl --train-type full --lr 1e-3 --max-steps 5 --output runs/full > full.log 2>&1 \
@@ -116,4 +140,8 @@ expect_refusal typo-module "'v_projj' is not a module" --model model --dataset q
 expect_refusal warmup "warmup" --model model --dataset qr.jsonl --max-steps 5 --warmup-steps 9
 expect_refusal too-long "beyond the model's max_position_embeddings" --model model --dataset qr.jsonl --max-length 100000
 expect_refusal both "pick one" --model model --dataset qr.jsonl --resume --overwrite
+expect_refusal mesh-typo "no dimension 'tq'" --model model --dataset qr.jsonl --mesh tq=2
+expect_refusal mesh-lora "train-type full" --model model --dataset qr.jsonl --mesh tp=2
+expect_refusal mesh-mix "combines fsdp, tp and pp" --model model --dataset qr.jsonl --train-type full --mesh fsdp=2,tp=2
+expect_refusal mesh-dp "two data-parallel sizes" --model model --dataset qr.jsonl --dp 2 --mesh fsdp=2,dp=3
 echo "sft recipe: ok (loss $first -> $last)"

@@ -2,12 +2,14 @@
 # SFT example smoke test: a short LoRA run saves its best checkpoint, lists
 # it, and the synced adapter answers; --adapter-from starts a run from the
 # saved adapter, which scores as it did when saved.
-#   sft_smoke.sh SFT_BINARY GLINT_BINARY local|cluster
+# mesh: the same with the base sharded over two ranks (--mesh fsdp=2).
+#   sft_smoke.sh SFT_BINARY GLINT_BINARY local|cluster|mesh
 set -euo pipefail
 sft=$1 glint=$2 mode=$3
 root=$(mktemp -d /tmp/glint-sft-smoke-XXXXXX)
 trap 'rm -rf "$root"' EXIT
 args=(--out "$root/sft" --steps 40 --eval-every 10)
+[[ $mode == mesh ]] && args+=(--mesh fsdp=2)
 if [[ $mode == cluster ]]; then cmd=("$glint" run --nproc 2 -- "$sft" "${args[@]}"); else cmd=("$sft" "${args[@]}"); fi
 "${cmd[@]}" > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
 grep -q "best held-out loss" "$root/log" || { cat "$root/log"; exit 1; }

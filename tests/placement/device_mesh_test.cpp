@@ -86,3 +86,29 @@ TEST(DeviceGroup, ValidatesItsRanks) {
 
 }  // namespace
 }  // namespace glint::placement
+
+namespace glint::placement {
+namespace {
+
+// --mesh's text, and the sizes a rank's context carries, back to the mesh.
+TEST(DeviceMesh, ParsesTheMeshFlagAndRoundTripsItsSizes) {
+  auto m = DeviceMesh::parse("fsdp=2,dp=3");
+  ASSERT_TRUE(m) << describe(m.error());
+  EXPECT_EQ(m->size(Dim::fsdp), 2);
+  EXPECT_EQ(m->size(Dim::dp), 3);
+  EXPECT_EQ(m->size(Dim::tp), 1);
+  EXPECT_EQ(m->world_size(), 6);
+  auto back = DeviceMesh::from_dims(m->sizes());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->describe(), m->describe());
+  EXPECT_EQ(DeviceMesh::parse("tp=2")->world_size(), 2);
+  for (const char* bad : {"", "tp", "tp=", "tp=0", "tp=-1", "tq=2", "tp=2,tp=2", "tp=2,", "tp=x"}) {
+    auto r = DeviceMesh::parse(bad);
+    EXPECT_FALSE(r) << bad;
+    if (!r) EXPECT_NE(describe(r.error()).find("mesh '"), std::string::npos) << describe(r.error());
+  }
+  EXPECT_FALSE(DeviceMesh::from_dims({1, 2}));
+}
+
+}  // namespace
+}  // namespace glint::placement

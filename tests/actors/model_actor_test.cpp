@@ -215,6 +215,25 @@ TEST_P(ModelActorTest, AModelCutOverItsRanksTrainsAsOneTrainerOnTheWholeBatch) {
     auto after = model.export_weights().take();
     ASSERT_TRUE(after) << describe(after.error());
     expect_weights(*after, "after the load and a step");
+    // What the FSDP group saved loads into this mesh (its weights: the
+    // optimizer state does not move between cuts), cut again at the next
+    // training call, with the same log-probs as the saved model alone.
+    if (std::string{name} == "fsdp") continue;
+    const auto from_fsdp = tmp + "/fsdp";
+    auto wrong_cut = model.load({.dir = from_fsdp, .with_optimizer = true}).take();
+    ASSERT_FALSE(wrong_cut);
+    EXPECT_NE(describe(wrong_cut.error()).find("from another mesh"), std::string::npos) << describe(wrong_cut.error());
+    ASSERT_TRUE(model.load({.dir = from_fsdp}).take());
+    ASSERT_TRUE(model.forward_backward(batch).take());  // cuts it
+    auto saved_lp = model.forward_only(batch).take();
+    ASSERT_TRUE(saved_lp) << describe(saved_lp.error());
+    auto alone = components::CausalLM::load(from_fsdp);
+    ASSERT_TRUE(alone);
+    auto alone_lp = alone->forward({.input_ids = ids, .attention_mask = mask});
+    ASSERT_TRUE(alone_lp);
+    auto x = *saved_lp->values<float>();
+    auto y = *alone_lp->logprobs.values<float>();
+    for (size_t k = 0; k < y.size(); ++k) EXPECT_NEAR(x[k], y[k], 1e-4) << k;
   }
 }
 

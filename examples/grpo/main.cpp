@@ -261,8 +261,12 @@ int main(int argc, char** argv) {
     auto sampler = actors::open_sampler_group(rt, on("sampler", cores - 1), one,
                                               {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = 16 << 20});
     if (!sampler) return fail("opening the sampler group", sampler.error());
-    std::printf("%s mode: the model group runs on node %d, the sampler group on node %d\n",
-                std::string{to_string(rt.mode())}.c_str(), model->info().ranks[0].node, sampler->info().ranks[0].node);
+    // The model's nodes, rank by rank ("0", or "0,1" for a mesh over both).
+    std::string model_nodes;
+    for (const auto& r : model->info().ranks) model_nodes += (model_nodes.empty() ? "" : ",") + std::to_string(r.node);
+    std::printf("%s mode: the model group runs on node %s (mesh %s), the sampler group on node %d\n",
+                std::string{to_string(rt.mode())}.c_str(), model_nodes.c_str(), model_mesh->describe().c_str(),
+                sampler->info().ranks[0].node);
     actors::DataLoaderSpec loader{.dataset = data, .slice_begin = 256, .preprocess = "gsm8k", .system_prompt = kSystem,
                                   .tokenizer = model_dir, .seed = a.seed, .epochs = 0};
 

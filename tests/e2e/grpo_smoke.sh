@@ -5,7 +5,7 @@
 # samples do not depend on timing), every row within the bound, and a
 # resume continues the run.
 # mesh: the model cut into 2 pipeline stages (--mesh pp=2); tp=2 and fsdp=2
-# run their steps too.
+# run their steps too, fsdp=2 also as a 2-process job.
 #   grpo_smoke.sh GRPO_BINARY GLINT_BINARY local|cluster|async|mesh
 set -euo pipefail
 grpo=$1 glint=$2 mode=$3
@@ -57,10 +57,14 @@ elif [[ $mode == mesh ]]; then
       || { cat "$root/log"; exit 1; }
     [[ $(grep -c '"phase": "grpo"' "$root/${m%=*}/metrics.jsonl") == 2 ]] || { echo "--mesh $m: expected 2 grpo lines"; exit 1; }
   done
+  # fsdp=2 as a 2-process job: a model rank in each process, their Gloo groups across them.
+  "$glint" run --nproc 2 -- "$grpo" --out "$root/cluster" --sft-steps 5 --steps 2 --prompts 4 --generations 4 \
+    --mesh fsdp=2 > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
+  grep -q "cluster mode: the model group runs on node 0,1 (mesh fsdp=2 (2 ranks))" "$root/log" || { cat "$root/log"; exit 1; }
   "$grpo" "${args[@]}" --mesh pp=2 > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
 elif [[ $mode == cluster ]]; then
   "$glint" run --nproc 2 -- "$grpo" "${args[@]}" > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
-  grep -q "cluster mode: the model group runs on node 0, the sampler group on node 1" "$root/log" || { cat "$root/log"; exit 1; }
+  grep -q "cluster mode: the model group runs on node 0 (mesh single rank (1 rank)), the sampler group on node 1" "$root/log" || { cat "$root/log"; exit 1; }
 else
   "$grpo" "${args[@]}" > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
 fi

@@ -147,18 +147,20 @@ TEST_P(CheckpointEngineTest, AnAdapterSyncedEqualsTheSameAdapterMergedIntoTheBas
   expect_same(sample(with_lora), base_before);  // the sampler's base is untouched by an adapter sync
 }
 
-// A model cut over its ranks (FSDP, TP, PP: two ranks, on two nodes in
-// cluster mode) syncs its whole weights: every rank takes part in the
+// A model cut over its ranks (FSDP, TP, PP on two ranks, on two nodes in
+// cluster mode; TP replicated over dp on four) syncs its whole weights: every rank takes part in the
 // gathering, a piece at a time, and rank 0 sends the buckets as they fill.
 // The sampler then generates as one loaded with the model's weights. The
 // transports that send from rank 0 alone refuse, naming the one that works.
 TEST_P(CheckpointEngineTest, AModelCutOverItsRanksSyncsItsWholeWeightsBucketByBucket) {
   auto reference = sample(sampler(3, 1));
   const std::pair<const char*, placement::MeshSizes> meshes[] = {
-      {"fsdp", {.fsdp = 2}}, {"tp", {.tp = 2}}, {"pp", {.pp = 2}}};
+      {"fsdp", {.fsdp = 2}}, {"tp", {.tp = 2}}, {"pp", {.pp = 2}}, {"dp-tp", {.dp = 2, .tp = 2}}};
   for (const auto& [name, sizes] : meshes) {
     SCOPED_TRACE(name);
-    auto g = open_model_group(*job_.rt, DeviceGroup::of(name, 2), *DeviceMesh::from_sizes(sizes),
+    auto mesh = DeviceMesh::from_sizes(sizes);
+    ASSERT_TRUE(mesh);
+    auto g = open_model_group(*job_.rt, DeviceGroup::of(name, mesh->world_size()), *mesh,
                               {.config_json = tiny().to_json(), .seed = 3});
     ASSERT_TRUE(g) << describe(g.error());
     auto m = *g;

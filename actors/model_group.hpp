@@ -35,7 +35,10 @@ namespace glint::actors {
 /// Where a save writes, and whether the optimizer state goes with it.
 struct SaveRequest {
   std::string dir;              ///< a new directory (HF layout for the full model, PEFT for an adapter)
-  bool with_optimizer = false;  ///< also optimizer.safetensors: moments and step
+  /// Also the optimizer state: optimizer.safetensors (moments and step), or
+  /// one file per part of the cut for a model cut over its ranks
+  /// (optimizer-fsdp1-of-2.safetensors: docs/parallelism.md).
+  bool with_optimizer = false;
   /// The full model's weights go in shards of at most this many bytes
   /// (transformers' max_shard_size; a bigger tensor gets a shard alone).
   int64_t max_shard_bytes = components::default_max_shard_bytes;

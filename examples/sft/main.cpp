@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   auto model_mesh = placement::DeviceMesh::parse(a.mesh);
+  if (model_mesh && (model_mesh->size(placement::Dim::tp) > 1 || model_mesh->size(placement::Dim::pp) > 1))
+    model_mesh = make_error(errc::invalid_argument, a.mesh + ": tp and pp train the full model, and this example "
+                                                             "trains a LoRA adapter (use fsdp=N, dp=N)");
   if (!model_mesh) {
     std::fprintf(stderr, "sft: --mesh: %s\n", describe(model_mesh.error()).c_str());
     return 2;

@@ -9,7 +9,12 @@ sft=$1 glint=$2 mode=$3
 root=$(mktemp -d /tmp/glint-sft-smoke-XXXXXX)
 trap 'rm -rf "$root"' EXIT
 args=(--out "$root/sft" --steps 40 --eval-every 10)
-[[ $mode == mesh ]] && args+=(--mesh fsdp=2)
+if [[ $mode == mesh ]]; then
+  args+=(--mesh fsdp=2)
+  # tp and pp train the full model: refused before anything runs.
+  code=0; "$sft" --out "$root/tp" --mesh tp=2 > "$root/tp.log" 2>&1 || code=$?
+  [[ $code == 2 ]] && grep -q "train the full model" "$root/tp.log" || { echo "--mesh tp=2 was not refused"; cat "$root/tp.log"; exit 1; }
+fi
 if [[ $mode == cluster ]]; then cmd=("$glint" run --nproc 2 -- "$sft" "${args[@]}"); else cmd=("$sft" "${args[@]}"); fi
 "${cmd[@]}" > "$root/log" 2>&1 || { cat "$root/log"; exit 1; }
 grep -q "best held-out loss" "$root/log" || { cat "$root/log"; exit 1; }

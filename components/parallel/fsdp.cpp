@@ -211,7 +211,10 @@ Result<void> Fsdp::gather_all() {
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: gather_all inside a pass");
   for (auto& u : units_)
     if (auto ok = u.gather(*pg_); !ok) {
+      // Other ranks may have gathered more units: out of step, as a failed
+      // read of one unit leaves them (gather_unit_to_read).
       for (auto& v : units_) v.free_full();
+      broken_ = true;
       return ok;
     }
   gathered_all_ = true;

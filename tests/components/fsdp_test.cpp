@@ -6,6 +6,7 @@
 #include "components/parallel/fsdp.hpp"
 #include "components/tensor/torch_bridge.hpp"
 
+#include "support/fake_process_group.hpp"
 #include "support/tensors.hpp"
 #include "support/near.hpp"
 #include "support/thread_ranks.hpp"
@@ -281,6 +282,25 @@ TEST(Fsdp, TheGatheredModelIsReadOnlyAndItsCopiesOutliveIt) {
     auto loaded = tr->load_optimizer_state(theirs);
     EXPECT_FALSE(loaded) << "rank " << r << " took rank " << other << "'s optimizer state";
   });
+}
+
+// A gather of the whole model (forward_only, a read) that fails part way
+// leaves the ranks out of step, as a failed unit read does: the group says
+// so at the next call instead of running collectives that no longer pair.
+TEST(Fsdp, AFailedGatherOfTheWholeModelBreaksTheGroup) {
+  auto pg = std::make_shared<glint::testing::FakeProcessGroup>(0, 2);
+  auto lm = CausalLM::init_random(uneven(), 3);
+  ASSERT_TRUE(lm);
+  auto tr = Trainer::create(std::move(*lm), {.fsdp_group = pg});
+  ASSERT_TRUE(tr) << describe(tr.error());
+  pg->script({caf::error{}, make_error(errc::unavailable, "a peer is gone")});  // the second unit's gather fails
+  auto failed = tr->gather_parameters();
+  ASSERT_FALSE(failed);
+  EXPECT_NE(describe(failed.error()).find("a peer is gone"), std::string::npos) << describe(failed.error());
+  auto next = tr->gather_parameters();
+  ASSERT_FALSE(next);
+  EXPECT_NE(describe(next.error()).find("out of step"), std::string::npos) << describe(next.error());
+  EXPECT_FALSE(tr->forward_only({.input_ids = ids_of({{1, 2}})}));
 }
 
 TEST(Fsdp, ShardingIsRefusedWhereItCannotWork) {

@@ -51,6 +51,11 @@ Result<TrainBatch> to_train_batch(const Batch& b) {
   return out;
 }
 
+// "the full model" or "adapter 'a'": what a tenant is called in errors.
+std::string tenant_label(const std::string& adapter) {
+  return adapter.empty() ? std::string{"the full model"} : "adapter '" + adapter + "'";
+}
+
 }  // namespace
 
 struct ModelState::Sync {
@@ -66,10 +71,8 @@ ModelState::ModelState(RankContext ctx, ModelSpec spec)
     if (m && m->world_size() != ctx_.world_size)
       m = make_error(errc::invalid_argument, "the mesh " + m->describe() + " does not fit a group of " +
                                                  std::to_string(ctx_.world_size) + " ranks");
-    if (m) {
-      using placement::Dim;
-      if (auto ok = m->require_only({Dim::dp, Dim::fsdp, Dim::tp, Dim::pp}, "a model group"); !ok) m = ok.error();
-    }
+    if (m)
+      if (auto ok = check_model_mesh(*m, "a model group"); !ok) m = ok.error();
     if (m) mesh_ = std::move(*m);
     else mesh_error_ = fail(m.error());
   }
@@ -111,11 +114,7 @@ Result<ModelState::Tenant*> ModelState::tenant(const std::string& adapter) {
   return &tenants_[adapter];
 }
 
-bool ModelState::model_parallel() const {
-  using placement::Dim;
-  return !ctx_.mesh.empty() && !mesh_error_ &&
-         (mesh_.size(Dim::fsdp) > 1 || mesh_.size(Dim::tp) > 1 || mesh_.size(Dim::pp) > 1);
-}
+bool ModelState::model_parallel() const { return !mesh_error_ && actors::model_parallel(ctx_); }
 
 Result<const ModelState::Groups*> ModelState::groups() {
   if (groups_) return &*groups_;
@@ -175,12 +174,14 @@ Trainer* ModelState::cutter() {
   return it != tenants_.end() && it->second.trainer ? &*it->second.trainer : nullptr;
 }
 
+Trainer* ModelState::gatherer(const std::string& adapter, bool merged) {
+  return adapter.empty() || merged ? cutter() : nullptr;
+}
+
 caf::error ModelState::refused_when_cut(const std::string& what) const {
   return make_error(errc::failed_precondition,
                     what + " is not built for a model cut over its ranks (model group '" + ctx_.group + "', mesh " +
-                        mesh_.describe() + ", cut at the first training call of " +
-                        (cut_for_ && !cut_for_->empty() ? "adapter '" + *cut_for_ + "'" : std::string{"the full model"}) +
-                        ")");
+                        mesh_.describe() + ", cut at the first training call of " + tenant_label(*cut_for_) + ")");
 }
 
 std::string ModelState::optimizer_file() const {
@@ -205,9 +206,7 @@ Result<Trainer*> ModelState::trainer(const std::string& adapter) {
   if (cut_for_)
     return make_error(errc::failed_precondition,
                       "model group '" + ctx_.group + "' is cut over its ranks (" + mesh_.describe() + ") to train " +
-                          (cut_for_->empty() ? std::string{"the full model"} : "adapter '" + *cut_for_ + "'") +
-                          "; it trains only that (train " +
-                          (adapter.empty() ? std::string{"the full model"} : "adapter '" + adapter + "'") +
+                          tenant_label(*cut_for_) + "; it trains only that (train " + tenant_label(adapter) +
                           " on a model group of its own)");
   auto g = groups();
   if (!g) return g.error();
@@ -455,7 +454,7 @@ Result<NamedTensors> ModelState::export_weights(const std::string& adapter, bool
   if (!t) return t.error();
   if (merged && adapter.empty())
     return make_error(errc::invalid_argument, "merge_and_sync needs the adapter to fold into the base weights");
-  if (auto* cut = cutter(); cut && (adapter.empty() || merged)) {
+  if (auto* cut = gatherer(adapter, merged)) {
     // The whole base, gathered a piece at a time; rank 0 keeps it (the
     // others take part and answer nothing). A sync streams it instead.
     if (merged) return refused_when_cut("merging an adapter into the weights");
@@ -479,7 +478,7 @@ Result<NamedTensors> ModelState::export_weights(const std::string& adapter, bool
 }
 
 Result<SyncManifest> ModelState::sync_manifest(const std::string& adapter, bool merged) {
-  if (cutter() && (adapter.empty() || merged)) {
+  if (gatherer(adapter, merged)) {
     auto t = tenant(adapter);
     if (!t) return t.error();
     if (merged) return refused_when_cut("merging an adapter into the weights");
@@ -498,7 +497,7 @@ Result<SyncManifest> ModelState::sync_manifest(const std::string& adapter, bool 
 }
 
 Result<int64_t> ModelState::sync_send(const std::string& adapter, bool merged, const SyncGroupAddress& at) {
-  if (cutter() && (adapter.empty() || merged))
+  if (gatherer(adapter, merged))
     return refused_when_cut("the collective weight sync (sync by messages: SyncTransport::messages)");
   auto w = export_weights(adapter, merged, false);
   if (!w) return w.error();
@@ -512,8 +511,8 @@ Result<int64_t> ModelState::sync_send(const std::string& adapter, bool merged, c
 
 Result<Metrics> ModelState::push_weights(caf::actor_system& sys, const WeightPush& push) {
   if (auto ok = weight_sync::Pusher::check(push); !ok) return ok.error();
-  auto* cut = cutter();
-  if (!cut || (!push.adapter.empty() && !push.merged)) {
+  auto* cut = gatherer(push.adapter, push.merged);
+  if (!cut) {
     if (!first() && model_parallel()) return Metrics{};  // rank 0 pushes for the group
     auto w = export_weights(push.adapter, push.merged, /*snapshot=*/false);
     if (!w) return w.error();
@@ -541,7 +540,6 @@ Result<int32_t> ModelState::stream_listen(int32_t receivers, const std::string& 
   if (receivers < 1) return make_error(errc::invalid_argument, "stream_listen needs at least one receiver");
   auto m = ready();
   if (!m) return m.error();
-
   auto l = weight_sync::Listener::open(host);
   if (!l) return l.error();
   sync_->listener.emplace(std::move(*l));
@@ -555,7 +553,7 @@ Result<int64_t> ModelState::stream_send(const std::string& adapter, bool merged,
   auto listener = std::move(*sync_->listener);
   sync_->listener.reset();
   if (timeout_ms < 1) return make_error(errc::invalid_argument, "stream_send needs a timeout >= 1 ms");
-  if (cutter() && (adapter.empty() || merged))
+  if (gatherer(adapter, merged))
     return refused_when_cut("the stream weight sync (sync by messages: SyncTransport::messages)");
   auto w = export_weights(adapter, merged, false);
   if (!w) return w.error();

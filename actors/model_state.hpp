@@ -110,6 +110,10 @@ private:
   bool model_parallel() const;
   /// The trainer that cut the model over the ranks, once one did; else null.
   components::Trainer* cutter();
+  /// cutter() where the weights of (adapter, merged) are the cut base's,
+  /// gathered a piece at a time (the base, or an adapter merged into it);
+  /// else null (a whole model, or an adapter whole on every rank).
+  components::Trainer* gatherer(const std::string& adapter, bool merged);
   /// An error for what a model cut over its ranks cannot do (`what`).
   caf::error refused_when_cut(const std::string& what) const;
   /// Whether this rank answers for the group where only one does (rank 0).

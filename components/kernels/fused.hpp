@@ -86,4 +86,34 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
                      double scale);
 
+/// The constants of one AdamW step (decoupled weight decay, as PyTorch's
+/// AdamW): the optimizer's settings and the step's bias corrections.
+struct AdamwStep {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double decay = 1;       ///< the weights' factor before the update: 1 - lr x weight_decay (1: none)
+  double correction1 = 1; ///< 1 - beta1^step
+  double correction2 = 1; ///< 1 - beta2^step
+};
+
+/// One AdamW step over one parameter in one pass, where the unfused
+/// composition makes eight over it and allocates a temporary of its size:
+///   p *= decay  (where decay_mask is true; everywhere when it is undefined)
+///   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+///   p += -lr / correction1 x m / (sqrt(v / correction2) + eps)
+/// in that order and the parameter's precision, as the composition rounds.
+/// p, g, m and v: contiguous CPU tensors of one shape and dtype (f32 or f64),
+/// p, m and v updated in place; decay_mask bool of that shape. Not
+/// differentiable: a step runs outside autograd.
+void adamw_step(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                const at::Tensor& decay_mask, const AdamwStep& s);
+
+/// Whether adamw_step takes these tensors (else use the composition).
+bool adamw_step_fits(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                     const at::Tensor& decay_mask);
+
+/// The sum of t's squares, accumulated in float64 without the float64 copy
+/// (and its square) the composition t.to(kDouble).pow(2).sum() makes: for
+/// gradient norms. t: f32 or f64 on the CPU, any layout.
+double sum_of_squares(const at::Tensor& t);
+
 }  // namespace glint::components::kernels

@@ -52,6 +52,11 @@ private:
 /// before clipping.
 double clip_grad_norm(const ParamList& params, double max_norm);
 
+/// The sum of a gradient's squares in float64 (kernels::sum_of_squares, or
+/// LibTorch's composition where the fused kernels are off): what gradient
+/// norms add up, locally or before a sum over ranks.
+double grad_squares(const at::Tensor& g);
+
 /// The clipping of clip_grad_norm for callers that compute the global norm
 /// themselves (sharded parameters, whose squares sum over ranks): scales
 /// `grads` (undefined ones skipped) by max_norm / (norm + 1e-6) when `norm`

@@ -1214,7 +1214,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
       if (tp::gradient_is_partial(n) && p.grad().defined()) parts.push_back(p.grad());
     auto shard_sq = at::zeros({1}, at::kDouble);
     for (auto& [n, p] : params)
-      if (tp::is_shard(n) && p.grad().defined()) shard_sq += p.grad().to(at::kDouble).pow(2).sum();
+      if (tp::is_shard(n) && p.grad().defined()) shard_sq += grad_squares(p.grad());
     parts.push_back(shard_sq);
     if (auto ok = all_reduce_sum(*tpg, parts); !ok) {
       zero_grad();
@@ -1222,7 +1222,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     }
     double whole_sq = 0;
     for (auto& [n, p] : params)
-      if (!tp::is_shard(n) && p.grad().defined()) whole_sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+      if (!tp::is_shard(n) && p.grad().defined()) whole_sq += grad_squares(p.grad());
     norm = std::sqrt(parts.back().item<double>() + whole_sq);
     std::vector<at::Tensor> grads;
     for (auto& [n, p] : params) grads.push_back(p.grad());
@@ -1250,7 +1250,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     auto sq = at::zeros({1}, at::kDouble);
     for (auto& [n, p] : params)
       if (p.grad().defined() && !(m.pp->last() && shared.defined() && p.is_same(shared)))
-        sq += p.grad().to(at::kDouble).pow(2).sum();
+        sq += grad_squares(p.grad());
     std::vector<at::Tensor> total_sq{sq};
     if (auto ok = all_reduce_sum(*ppg, total_sq); !ok) {
       zero_grad();

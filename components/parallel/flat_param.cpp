@@ -106,7 +106,7 @@ Result<double> clip_grad_norm(const std::vector<FlatParam*>& params, ProcessGrou
   // In double: the squares of many shards' gradients summed over ranks.
   auto sum = at::zeros({1}, at::kDouble);
   for (auto* f : params)
-    if (const auto& g = f->local().grad(); g.defined()) sum += g.to(at::kDouble).pow(2).sum();
+    if (const auto& g = f->local().grad(); g.defined()) sum += grad_squares(g);
   auto t = from_torch(sum);
   if (!t) return t.error();
   std::vector<Tensor> ts{*t};

@@ -2,6 +2,8 @@
 // composition, forward and gradients, in float64.
 #include "components/kernels/fused.hpp"
 
+#include "components/kernels/cpu/common.hpp"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -331,6 +333,115 @@ TEST(FusedKernels, RefuseWhatTheyCannotCompute) {
   auto none = allowed.clone();
   none[1][2].fill_(false);  // a query with no key
   EXPECT_THROW(attention(x, x, x, none, 1.0), c10::Error);
+}
+
+TEST(FusedExp, Float32IsWithinTwoUlpOfExpAndKeepsItsSpecialValues) {
+  // Every 2^-12 over the whole float range of e^x, the subnormals included.
+  double worst = 0;
+  float worst_at = 0;
+  for (float x = -110.0f; x < 90.0f; x += 1.0f / 4096) {
+    const double ref = std::exp(static_cast<double>(x));
+    const float want = static_cast<float>(ref), got = cpu::exp_f32(x);
+    if (std::isinf(want)) {
+      EXPECT_EQ(got, want) << "exp(" << x << ")";
+      continue;
+    }
+    if (want < std::numeric_limits<float>::min()) {
+      // Underflow to zero and the subnormals: within one subnormal step.
+      EXPECT_LE(std::abs(static_cast<double>(got) - ref), std::numeric_limits<float>::denorm_min())
+          << "exp(" << x << ") = " << got << ", not " << want;
+      continue;
+    }
+    const double ulp = std::nextafter(want, std::numeric_limits<float>::infinity()) - want;
+    if (const double e = std::abs(static_cast<double>(got) - ref) / ulp; e > worst) {
+      worst = e;
+      worst_at = x;
+    }
+  }
+  EXPECT_LE(worst, 2.0) << "at x = " << worst_at;
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(cpu::exp_f32(-inf), 0.0f);
+  EXPECT_EQ(cpu::exp_f32(inf), inf);
+  EXPECT_EQ(cpu::exp_f32(89.0f), inf);
+  EXPECT_EQ(cpu::exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(cpu::exp_f32(-0.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(cpu::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// The unfused AdamW step of components/model/optim.cpp, as a reference.
+void adamw_composition(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const at::Tensor& mask,
+                       const AdamwStep& s) {
+  if (mask.defined())
+    p.mul_(at::where(mask, at::scalar_tensor(s.decay, p.options()), at::scalar_tensor(1.0, p.options())));
+  else
+    p.mul_(s.decay);
+  m.mul_(s.beta1).add_(g, 1.0 - s.beta1);
+  v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
+  auto denom = (v / s.correction2).sqrt_().add_(s.eps);
+  p.addcdiv_(m, denom, -s.lr / s.correction1);
+}
+
+// Five steps of each on the same gradients, from the same state.
+std::vector<at::Tensor> adamw_run(at::ScalarType dtype, bool fused, bool with_mask, double weight_decay) {
+  at::manual_seed(31);
+  const int64_t n = 100003;  // several tasks, and a tail that is not a vector's width
+  auto p = at::randn({n}, at::kDouble).to(dtype), m = at::zeros_like(p), v = at::zeros_like(p);
+  auto mask = with_mask ? at::rand({n}, at::kDouble) < 0.5 : at::Tensor{};
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.999;
+  for (int step = 1; step <= 5; ++step) {
+    auto g = (at::randn({n}, at::kDouble) * std::pow(10.0, step - 3)).to(dtype);
+    AdamwStep s{.lr = lr, .beta1 = b1, .beta2 = b2, .eps = 1e-8, .decay = 1.0 - lr * weight_decay,
+                .correction1 = 1.0 - std::pow(b1, step), .correction2 = 1.0 - std::pow(b2, step)};
+    if (fused) adamw_step(p, g, m, v, mask, s);
+    else adamw_composition(p, g, m, v, mask, s);
+  }
+  return {p, m, v};
+}
+
+TEST(FusedAdamw, EqualsTheUnfusedStepInFloat64WithAndWithoutDecayAndMask) {
+  for (bool mask : {false, true})
+    for (double wd : {0.0, 0.1}) {
+      auto f = adamw_run(at::kDouble, true, mask, wd), r = adamw_run(at::kDouble, false, mask, wd);
+      const char* names[] = {"p", "m", "v"};
+      for (size_t i = 0; i < 3; ++i)
+        // Relative: v reaches the hundreds, where FMA moves its last bit.
+        EXPECT_LE(((f[i] - r[i]).abs() / r[i].abs().clamp_min(1)).max().item<double>(), 1e-14)
+            << names[i] << " (mask " << mask << ", weight decay " << wd << ")";
+    }
+}
+
+TEST(FusedAdamw, Float32IsAsCloseToFloat64AsTheUnfusedStep) {
+  auto ref = adamw_run(at::kDouble, false, true, 0.1);
+  auto fused = adamw_run(at::kFloat, true, true, 0.1), unfused = adamw_run(at::kFloat, false, true, 0.1);
+  const char* names[] = {"p", "m", "v"};
+  for (size_t i = 0; i < 3; ++i) {
+    const double f = (fused[i].to(at::kDouble) - ref[i]).abs().max().item<double>();
+    const double u = (unfused[i].to(at::kDouble) - ref[i]).abs().max().item<double>();
+    EXPECT_LE(f, 2 * u + 1e-12) << names[i] << ": fused " << f << " from float64, unfused " << u;
+  }
+}
+
+TEST(FusedAdamw, TakesOnlyWhatItCanUpdateInPlace) {
+  auto p = at::zeros({4, 6}), g = at::zeros({4, 6}), m = at::zeros({4, 6}), v = at::zeros({4, 6});
+  EXPECT_TRUE(adamw_step_fits(p, g, m, v, at::Tensor{}));
+  EXPECT_TRUE(adamw_step_fits(p, g, m, v, at::ones({4, 6}, at::kBool)));
+  EXPECT_FALSE(adamw_step_fits(p, g.t().contiguous().t(), m, v, at::Tensor{}));  // strided gradient
+  EXPECT_FALSE(adamw_step_fits(p, g.to(at::kDouble), m, v, at::Tensor{}));
+  EXPECT_FALSE(adamw_step_fits(p, g, m, v.view({6, 4}), at::Tensor{}));
+  EXPECT_FALSE(adamw_step_fits(p, g, m, v, at::ones({4, 6})));  // a float mask
+  EXPECT_FALSE(adamw_step_fits(p.to(at::kHalf), g.to(at::kHalf), m.to(at::kHalf), v.to(at::kHalf), at::Tensor{}));
+  EXPECT_THROW(adamw_step(p, g.t(), m, v, at::Tensor{}, {}), c10::Error);
+}
+
+TEST(FusedSumOfSquares, EqualsTheFloat64CompositionForAnyLayout) {
+  at::manual_seed(5);
+  auto x = at::randn({300, 517}) * 3;
+  const double ref = x.to(at::kDouble).pow(2).sum().item<double>();
+  EXPECT_NEAR(sum_of_squares(x), ref, 1e-12 * ref);
+  EXPECT_NEAR(sum_of_squares(x.t()), ref, 1e-12 * ref);  // not contiguous
+  EXPECT_NEAR(sum_of_squares(x.to(at::kDouble)), ref, 1e-12 * ref);
+  EXPECT_EQ(sum_of_squares(at::zeros({0})), 0.0);
+  EXPECT_THROW(sum_of_squares(at::zeros({3}, at::kInt)), c10::Error);
 }
 
 }  // namespace

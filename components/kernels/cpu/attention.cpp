@@ -62,23 +62,35 @@ struct Layout {
   int64_t k1(int64_t row, int64_t blk) const { return span[static_cast<size_t>(2 * (row * blocks + blk) + 1)]; }
 };
 
+// The mask's bools as bytes (0 or 1): GCC vectorises no loop that loads a
+// bool (no vector type for it), so the row loops below read bytes.
+const uint8_t* mask_bytes(const at::Tensor& allowed) {
+  static_assert(sizeof(bool) == 1);
+  return reinterpret_cast<const uint8_t*>(allowed.data_ptr<bool>());
+}
+
 // P = softmax(S * scale, masked) in place over a block's [n, kn] scores;
 // returns each row's logsumexp of the scaled, masked scores in lse.
 template <typename T>
-void softmax_block(T* S, int64_t n, int64_t kn, const bool* mask, int64_t mask_ld, T scale, T* lse) {
+GLINT_KERNEL_CLONES void softmax_block(T* S, int64_t n, int64_t kn, const uint8_t* mask, int64_t mask_ld, T scale,
+                                       T* lse) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t i = 0; i < n; ++i) {
     T* s = S + i * kn;
-    const bool* a = mask + i * mask_ld;
+    const uint8_t* a = mask + i * mask_ld;
     T mx = neg_inf;
+#pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < kn; ++j) {
-      s[j] = a[j] ? s[j] * scale : neg_inf;
-      mx = std::max(mx, s[j]);
+      const T v = a[j] ? s[j] * scale : neg_inf;
+      s[j] = v;
+      mx = v > mx ? v : mx;
     }
     T sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < kn; ++j) {
-      s[j] = a[j] ? std::exp(s[j] - mx) : T{0};
-      sum += s[j];
+      const T e = a[j] ? cpu::exp(s[j] - mx) : T{0};
+      s[j] = e;
+      sum += e;
     }
     const T inv = T{1} / sum;
 #pragma omp simd
@@ -87,18 +99,27 @@ void softmax_block(T* S, int64_t n, int64_t kn, const bool* mask, int64_t mask_l
   }
 }
 
-// One query row of the backward pass: p holds its scores q.k, d its dP =
-// dO.v. P again from the saved logsumexp; then with delta = sum_j P dP
-// (= dO . O), dS = P (dP - delta) scale, into d.
+// The rows of a block in the backward pass: p holds their scores q.k, d
+// their dP = dO.v. P again from the saved logsumexps; then with delta =
+// sum_j P dP (= dO . O), dS = P (dP - delta) scale, into d.
 template <typename T>
-void score_gradients_row(T* p, T* d, const bool* a, int64_t kn, T scale, T lse) {
-  T delta = 0;
-  for (int64_t j = 0; j < kn; ++j) {
-    p[j] = a[j] ? std::exp(p[j] * scale - lse) : T{0};
-    delta += p[j] * d[j];
-  }
+GLINT_KERNEL_CLONES void score_gradients_block(T* P, T* D, int64_t n, int64_t kn, const uint8_t* mask, int64_t mask_ld,
+                                               T scale, const T* lse) {
+  for (int64_t i = 0; i < n; ++i) {
+    T* p = P + i * kn;
+    T* d = D + i * kn;
+    const uint8_t* a = mask + i * mask_ld;
+    const T l = lse[i];
+    T delta = 0;
+#pragma omp simd reduction(+ : delta)
+    for (int64_t j = 0; j < kn; ++j) {
+      const T e = a[j] ? cpu::exp(p[j] * scale - l) : T{0};
+      p[j] = e;
+      delta += e * d[j];
+    }
 #pragma omp simd
-  for (int64_t j = 0; j < kn; ++j) d[j] = p[j] * (d[j] - delta) * scale;
+    for (int64_t j = 0; j < kn; ++j) d[j] = p[j] * (d[j] - delta) * scale;
+  }
 }
 
 struct AttentionFn : torch::autograd::Function<AttentionFn> {
@@ -115,7 +136,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
       const auto* vp = v.data_ptr<scalar_t>();
       auto* op = out.data_ptr<scalar_t>();
       auto* lp = lse.data_ptr<scalar_t>();
-      const bool* mp = allowed.data_ptr<bool>();
+      const uint8_t* mp = mask_bytes(allowed);
       const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
       const auto o = q.options();
       at::parallel_for(0, L.B * L.heads * L.blocks, 1, [&](int64_t b, int64_t e) {
@@ -158,7 +179,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
       const auto* vp = v.data_ptr<scalar_t>();
       const auto* gp = dout.data_ptr<scalar_t>();
       const auto* lp = lse.data_ptr<scalar_t>();
-      const bool* mp = allowed.data_ptr<bool>();
+      const uint8_t* mp = mask_bytes(allowed);
       auto *dqp = dq.data_ptr<scalar_t>(), *dkp = dk.data_ptr<scalar_t>(), *dvp = dv.data_ptr<scalar_t>();
       const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
       const auto o = q.options();
@@ -182,9 +203,8 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
               at::mm_out(P, Q, K.t());
               at::mm_out(dP, G, V.t());
               const scalar_t* l = lp + (row * L.heads + h) * L.T + r0;
-              const bool* mask = mp + (row * L.T + r0) * L.T + k0;
-              for (int64_t i = 0; i < n; ++i)
-                score_gradients_row(pbuf.data() + i * kn, dbuf.data() + i * kn, mask + i * L.T, kn, sc, l[i]);
+              const uint8_t* mask = mp + (row * L.T + r0) * L.T + k0;
+              score_gradients_block(pbuf.data(), dbuf.data(), n, kn, mask, L.T, sc, l);
               at::addmm_out(dV, dV, P.t(), G);
               auto dQ = view_of(dqp + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
               at::mm_out(dQ, dP, K);

@@ -22,7 +22,7 @@ using torch::autograd::variable_list;
 // One row: y = (x * rstd) * w, in the unfused composition's order, so that
 // both round alike; returns rstd.
 template <typename T>
-T rms_row_forward(const T* x, const T* w, T* y, int64_t H, T eps) {
+GLINT_KERNEL_CLONES T rms_row_forward(const T* x, const T* w, T* y, int64_t H, T eps) {
   T ss = 0;
 #pragma omp simd reduction(+ : ss)
   for (int64_t i = 0; i < H; ++i) ss += x[i] * x[i];
@@ -35,7 +35,7 @@ T rms_row_forward(const T* x, const T* w, T* y, int64_t H, T eps) {
 // One row's gradients: with g = dy * w and xh = x * rstd,
 // dx = rstd * (g - xh * mean(g * xh)); gw += dy * xh.
 template <typename T>
-void rms_row_backward(const T* x, const T* w, const T* dy, T rstd, T* dx, T* gw, int64_t H) {
+GLINT_KERNEL_CLONES void rms_row_backward(const T* x, const T* w, const T* dy, T rstd, T* dx, T* gw, int64_t H) {
   T dot = 0;
 #pragma omp simd reduction(+ : dot)
   for (int64_t i = 0; i < H; ++i) dot += dy[i] * w[i] * x[i];
@@ -98,6 +98,36 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 
 // -- SwiGLU ---------------------------------------------------------------------
 
+// y = silu(g) * u over a span; silu(g) = g / (1 + exp(-g)), as ATen writes it.
+template <typename T>
+GLINT_KERNEL_CLONES void swiglu_span(const T* g, const T* u, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (T{1} + cpu::exp(-g[i])) * u[i];
+}
+
+// The gradients over a span, into dg and du where not null. With s =
+// sigmoid(g): d silu(g) / dg = s (1 + g (1 - s)).
+template <typename T>
+GLINT_KERNEL_CLONES void swiglu_grads_span(const T* g, const T* u, const T* d, T* dg, T* du, int64_t n) {
+  if (dg && du) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const T s = T{1} / (T{1} + cpu::exp(-g[i]));
+      dg[i] = d[i] * u[i] * (s * (T{1} + g[i] * (T{1} - s)));
+      du[i] = d[i] * (g[i] * s);
+    }
+  } else if (dg) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const T s = T{1} / (T{1} + cpu::exp(-g[i]));
+      dg[i] = d[i] * u[i] * (s * (T{1} + g[i] * (T{1} - s)));
+    }
+  } else if (du) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) du[i] = d[i] * (g[i] * (T{1} / (T{1} + cpu::exp(-g[i]))));
+  }
+}
+
 // The gradients of silu(gate) * up in gate and up (those wanted) from dy.
 std::pair<at::Tensor, at::Tensor> swiglu_grads(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy,
                                                bool want_g, bool want_u) {
@@ -111,12 +141,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_grads(const at::Tensor& gate, const at:
     scalar_t* dgp = want_g ? dg.data_ptr<scalar_t>() : nullptr;
     scalar_t* dup = want_u ? du.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const scalar_t s = scalar_t{1} / (scalar_t{1} + std::exp(-g[i]));
-        // d silu(g) / dg = s (1 + g (1 - s)).
-        if (dgp) dgp[i] = d[i] * u[i] * (s * (scalar_t{1} + g[i] * (scalar_t{1} - s)));
-        if (dup) dup[i] = d[i] * (g[i] * s);
-      }
+      swiglu_grads_span(g + b, u + b, d + b, dgp ? dgp + b : nullptr, dup ? dup + b : nullptr, e - b);
     });
   });
   return {dg, du};
@@ -130,10 +155,7 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
       const scalar_t* g = gate.data_ptr<scalar_t>();
       const scalar_t* u = up.data_ptr<scalar_t>();
       scalar_t* yp = y.data_ptr<scalar_t>();
-      at::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) {
-        // silu(g) = g / (1 + exp(-g)), as ATen writes it.
-        for (int64_t i = b; i < e; ++i) yp[i] = g[i] / (scalar_t{1} + std::exp(-g[i])) * u[i];
-      });
+      at::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) { swiglu_span(g + b, u + b, yp + b, e - b); });
     });
     ctx->save_for_backward({gate, up});
     return y;
@@ -193,7 +215,7 @@ struct SwigluLinearFn : torch::autograd::Function<SwigluLinearFn> {
 // transpose (the backward pass): dx = dy * cos + rotate_half^T(dy * sin),
 // rotate_half^T(z) = [z2, -z1] for z = [z1, z2].
 template <typename T, bool Backward>
-void rope_row(const T* x, const T* cos, const T* sin, T* y, int64_t heads, int64_t D) {
+GLINT_KERNEL_CLONES void rope_row(const T* x, const T* cos, const T* sin, T* y, int64_t heads, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t h = 0; h < heads; ++h) {
     const T* xh = x + h * D;

@@ -100,7 +100,9 @@ struct AdamwStep {
 ///   p *= decay  (where decay_mask is true; everywhere when it is undefined)
 ///   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 ///   p += -lr / correction1 x m / (sqrt(v / correction2) + eps)
-/// in that order and the parameter's precision, as the composition rounds.
+/// in that order and the parameter's precision; equal to the composition
+/// up to the last bit (its x86-64-v3 build contracts into FMA, and ATen's
+/// addcdiv may round value x m before the division).
 /// p, g, m and v: contiguous CPU tensors of one shape and dtype (f32 or f64),
 /// p, m and v updated in place; decay_mask bool of that shape. Not
 /// differentiable: a step runs outside autograd.
@@ -113,7 +115,7 @@ bool adamw_step_fits(const at::Tensor& p, const at::Tensor& g, const at::Tensor&
 
 /// The sum of t's squares, accumulated in float64 without the float64 copy
 /// (and its square) the composition t.to(kDouble).pow(2).sum() makes: for
-/// gradient norms. t: f32 or f64 on the CPU, any layout.
+/// gradient norms. t: f32 or f64, strided (any strides), on the CPU.
 double sum_of_squares(const at::Tensor& t);
 
 }  // namespace glint::components::kernels

@@ -198,7 +198,8 @@ Result<void> Optimizer::load_state(const std::map<std::string, Tensor>& state, c
 }
 
 double grad_squares(const at::Tensor& g) {
-  if (kernels::enabled() && g.device().is_cpu() && (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble))
+  if (kernels::enabled() && g.device().is_cpu() && g.layout() == at::kStrided &&
+      (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble))
     return kernels::sum_of_squares(g);
   return g.to(at::kDouble).pow(2).sum().item<double>();
 }

@@ -1,5 +1,6 @@
 // Training a CausalLM: schedules, the optimizer, gradients against finite
 // differences, accumulation, and a tiny model that learns.
+#include "components/kernels/fused.hpp"
 #include "components/model/optim_impl.hpp"
 #include "components/model/trainer.hpp"
 #include "components/model/transformer.hpp"
@@ -41,6 +42,41 @@ TEST(Schedule, WarmupThenDecay) {
   EXPECT_EQ(*SchedulerConfig::parse_kind("cosine_with_warmup"), SchedulerConfig::Kind::cosine);
   EXPECT_FALSE(SchedulerConfig::parse_kind("exponential"));
   EXPECT_FALSE((SchedulerConfig{.kind = SchedulerConfig::Kind::linear, .warmup_steps = 5, .total_steps = 5}.validate()));
+}
+
+// The step through kernels::adamw_step and through LibTorch's composition:
+// decay by name (a weight, a norm), by mask, and none; a strided gradient
+// (which the kernel does not take) beside them; three steps each.
+TEST(Optimizer, TheFusedStepIsTheComposedOne) {
+  auto run = [](bool fused, double weight_decay) {
+    const bool was = kernels::enabled();
+    kernels::set_enabled(fused);
+    at::manual_seed(3);
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const char* n : {"l.weight", "l.norm.weight", "masked.weight", "strided.weight"})
+      named.emplace_back(n, at::randn({37, 29}).requires_grad_(true));
+    ParamList params{named.begin(), named.end()};
+    std::map<std::string, at::Tensor> masks{{"masked.weight", at::rand({37, 29}) < 0.5}};
+    Optimizer opt{{.lr = 0.05, .weight_decay = weight_decay, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8}};
+    for (int step = 0; step < 3; ++step) {
+      for (auto& [n, p] : params)
+        p.mutable_grad() = n == "strided.weight" ? at::randn({29, 37}).t() : at::randn({37, 29});
+      opt.step(params, 0.05, &masks);
+    }
+    kernels::set_enabled(was);
+    std::vector<at::Tensor> out;
+    for (auto& [n, p] : params) out.push_back(p.detach().clone());
+    return out;
+  };
+  for (double wd : {0.0, 0.3}) {
+    auto f = run(true, wd), u = run(false, wd);
+    for (size_t i = 0; i < f.size(); ++i)
+      EXPECT_TRUE(at::allclose(f[i], u[i], 1e-6, 1e-6)) << "parameter " << i << ", weight decay " << wd << ": "
+                                                       << (f[i] - u[i]).abs().max().item<double>();
+  }
+  // And the decay is there: with it the weights end elsewhere.
+  EXPECT_FALSE(at::allclose(run(true, 0.3)[0], run(true, 0.0)[0], 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(run(true, 0.3)[1], run(true, 0.0)[1], 0, 0));  // a norm: never decayed
 }
 
 TEST(Optimizer, AdamWMatchesItsFormulaAndSkipsDecayOnNormsAndBiases) {
@@ -144,7 +180,8 @@ TEST(Training, AccumulatedMicroBatchesEqualOneBatch) {
   ASSERT_TRUE(whole.forward_backward({.tokens = {.input_ids = batch, .attention_mask = mask}}, {}));
   std::map<std::string, at::Tensor> whole_grads;
   for (auto& [n, p] : whole.model().impl().params) whole_grads[n] = p.grad().clone();
-  ASSERT_TRUE(whole.clip_grad_and_step());
+  auto whole_step = whole.clip_grad_and_step();
+  ASSERT_TRUE(whole_step);
   for (int64_t k = 0; k < 4; k += 2) {
     auto r = parts.forward_backward(
         {.tokens = {.input_ids = *batch.slice(k, k + 2), .attention_mask = *mask.slice(k, k + 2)}}, {});
@@ -156,7 +193,12 @@ TEST(Training, AccumulatedMicroBatchesEqualOneBatch) {
     const double diff = (p.grad() - w).abs().max().item<double>(), scale = w.abs().max().item<double>();
     EXPECT_LE(diff, 1e-5 * scale) << n << " (gradient)";
   }
-  ASSERT_TRUE(parts.clip_grad_and_step());
+  auto parts_step = parts.clip_grad_and_step();
+  ASSERT_TRUE(parts_step);
+  // The norm is taken after the division by the batch's token count: a
+  // micro-batch's tokens counted wrong would show here (the first AdamW step
+  // moves each weight by about lr x sign(g), whatever g's scale).
+  EXPECT_NEAR(parts_step->at("grad_norm"), whole_step->at("grad_norm"), 1e-5 * whole_step->at("grad_norm"));
   for (auto& [n, p] : whole.model().impl().params)
     EXPECT_TRUE(at::allclose(p, parts.model().impl().params.at(n), 1e-6, 1e-7)) << n;
 }

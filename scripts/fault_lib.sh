@@ -2,8 +2,14 @@
 # tests/e2e/model_restart.sh). Source it; it defines:
 #
 #   same_metrics A B      0 when two metrics.jsonl agree row by row (timing
-#                         fields aside; loss and grad_norm to 1e-5, other
+#                         fields aside; loss to 1e-5, grad_norm to 1e-4, other
 #                         floats to 1e-9); else prints the first difference.
+#                         A run whose sampler process died has its rows
+#                         sampled by another rank, batched with other rows:
+#                         the same tokens, log-probs that round differently,
+#                         and a gradient norm that moves by up to 1.3e-5
+#                         (seen once in six runs); a different token would
+#                         move the loss by far more.
 #   tiny_setup GLINT ROWS STEPS  in the current directory: arith.jsonl (ROWS
 #                         generated rows), a tiny Qwen3 model in model/ and a
 #                         copy trained by STEPS of full SFT in sft/last; 1
@@ -22,7 +28,8 @@ timing = ("tokens_per_second", "weight_sync_seconds", "step_seconds", "seconds")
 def differs(x, y, key):
     if isinstance(x, float) or isinstance(y, float):
         if x is None or y is None: return True
-        tol = 1e-5 * max(1.0, abs(x), abs(y)) if key in ("loss", "grad_norm") else 1e-9 * max(1.0, abs(x))
+        rel = {"loss": 1e-5, "grad_norm": 1e-4}.get(key, 1e-9)
+        tol = rel * max(1.0, abs(x), abs(y)) if key in ("loss", "grad_norm") else rel * max(1.0, abs(x))
         return not math.isclose(x, y, rel_tol=0, abs_tol=tol)
     return x != y
 if len(a) != len(b):

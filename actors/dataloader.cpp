@@ -69,4 +69,12 @@ Result<Batch> packed_batch_of(const std::vector<DataRow>& rows, int64_t pad_id, 
   return detail::pack_rows(rows, pad_id, row_tokens, min_rows);
 }
 
+GLINT_DEFINE_REGISTRATIONS(dataloader, types) {
+  types.add_message_type<DataLoaderSpec>("glint.dataloader_spec");
+  types.add_message_type<LoaderState>("glint.loader_state");
+  types.add_message_type<DataBatch>("glint.data_batch");
+  types.add_message_type<LoaderInfo>("glint.loader_info");
+  types.add(dataloader_type, dataloader_rank);
+}
+
 }  // namespace glint::actors

@@ -179,10 +179,6 @@ Result<Batch> padding_free_batch_of(
     const std::vector<DataRow>& rows, int64_t pad_id, int64_t min_rows = 1,
     std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns = {});
 
-GLINT_REGISTER_MESSAGE_TYPE(dataloader_spec, DataLoaderSpec, "glint.dataloader_spec");
-GLINT_REGISTER_MESSAGE_TYPE(loader_state, LoaderState, "glint.loader_state");
-GLINT_REGISTER_MESSAGE_TYPE(data_batch, DataBatch, "glint.data_batch");
-GLINT_REGISTER_MESSAGE_TYPE(loader_info, LoaderInfo, "glint.loader_info");
-GLINT_REGISTER_ACTOR(dataloader, dataloader_type, dataloader_rank);
+GLINT_REGISTRATIONS(dataloader);
 
 }  // namespace glint::actors

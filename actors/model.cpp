@@ -141,4 +141,20 @@ Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::Devic
   return Group<model_actor>::spawn(rt, group.name, model_type, std::move(*slots), spec);
 }
 
+GLINT_DEFINE_REGISTRATIONS(model, types) {
+  types.add_message_type<ModelSpec>("glint.model_spec");
+  types.add_message_type<LossSpec>("glint.loss_spec");
+  types.add_message_type<TrainOutput>("glint.train_output");
+  types.add_message_type<OptimizerConfig>("glint.optimizer_config");
+  types.add_message_type<SchedulerConfig>("glint.scheduler_config");
+  types.add_message_type<LoraConfig>("glint.lora_config");
+  types.add_message_type<NamedTensors>("glint.named_tensors");
+  types.add_message_type<SyncManifest>("glint.sync_manifest");
+  types.add_message_type<SyncGroupAddress>("glint.sync_group_address");
+  types.add_message_type<StreamAddress>("glint.stream_address");
+  types.add_message_type<WeightUpdate>("glint.weight_update");
+  types.add_message_type<WeightPush>("glint.weight_push");
+  types.add(model_type, model_shard);
+}
+
 }  // namespace glint::actors

@@ -311,18 +311,6 @@ std::string address_of_node(Runtime& rt, int node);
 Result<Group<model_actor>> spawn_model_group(Runtime& rt, const placement::DeviceGroup& group,
                                              const placement::DeviceMesh& mesh, ModelSpec spec);
 
-GLINT_REGISTER_MESSAGE_TYPE(model_spec, ModelSpec, "glint.model_spec");
-GLINT_REGISTER_MESSAGE_TYPE(loss_spec, LossSpec, "glint.loss_spec");
-GLINT_REGISTER_MESSAGE_TYPE(train_output, TrainOutput, "glint.train_output");
-GLINT_REGISTER_MESSAGE_TYPE(optimizer_config, OptimizerConfig, "glint.optimizer_config");
-GLINT_REGISTER_MESSAGE_TYPE(scheduler_config, SchedulerConfig, "glint.scheduler_config");
-GLINT_REGISTER_MESSAGE_TYPE(lora_config, LoraConfig, "glint.lora_config");
-GLINT_REGISTER_MESSAGE_TYPE(named_tensors, NamedTensors, "glint.named_tensors");
-GLINT_REGISTER_MESSAGE_TYPE(sync_manifest, SyncManifest, "glint.sync_manifest");
-GLINT_REGISTER_MESSAGE_TYPE(sync_group_address, SyncGroupAddress, "glint.sync_group_address");
-GLINT_REGISTER_MESSAGE_TYPE(stream_address, StreamAddress, "glint.stream_address");
-GLINT_REGISTER_MESSAGE_TYPE(weight_update, WeightUpdate, "glint.weight_update");
-GLINT_REGISTER_MESSAGE_TYPE(weight_push, WeightPush, "glint.weight_push");
-GLINT_REGISTER_ACTOR(model, model_type, model_shard);
+GLINT_REGISTRATIONS(model);
 
 }  // namespace glint::actors

@@ -57,4 +57,10 @@ probe_actor::behavior_type probe(probe_actor::stateful_pointer<Tensor> self, Ran
   };
 }
 
+GLINT_DEFINE_REGISTRATIONS(probe, types) {
+  types.add_message_type<ProbeInfo>("glint.probe_info");
+  types.add(probe_type, probe);
+  types.add(probe_scheduled_type, probe, ActorOptions{.detached = false});
+}
+
 }  // namespace glint::actors

@@ -71,8 +71,6 @@ inline constexpr const char* probe_scheduled_type = "glint.probe.scheduled";
 
 probe_actor::behavior_type probe(probe_actor::stateful_pointer<Tensor> self, RankContext ctx);
 
-GLINT_REGISTER_MESSAGE_TYPE(probe_info, ProbeInfo, "glint.probe_info");
-GLINT_REGISTER_ACTOR(probe, probe_type, probe);
-GLINT_REGISTER_ACTOR(probe_scheduled, probe_scheduled_type, probe, ActorOptions{.detached = false});
+GLINT_REGISTRATIONS(probe);
 
 }  // namespace glint::actors

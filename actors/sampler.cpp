@@ -185,4 +185,14 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
   return (*stream)->finish(std::move(result), sampler.timeout());
 }
 
+GLINT_DEFINE_REGISTRATIONS(sampler, types) {
+  types.add_message_type<SamplerSpec>("glint.sampler_spec");
+  types.add_message_type<SamplingParams>("glint.sampling_params");
+  types.add_message_type<std::vector<SampleRequest>>("glint.sample_requests");
+  types.add_message_type<std::vector<SampledSequence>>("glint.sampled_sequences");
+  types.add_message_type<SampleChunk>("glint.sample_chunk");
+  types.add_message_type<sample_listener>("glint.sample_listener");
+  types.add(sampler_type, sampler_rank);
+}
+
 }  // namespace glint::actors

@@ -282,12 +282,6 @@ Result<std::vector<SampledSequence>> sample_streaming(Runtime& rt, const Group<s
                                                       const SamplingParams& params, const std::string& adapter,
                                                       std::function<void(const SampleChunk&)> on_chunk);
 
-GLINT_REGISTER_MESSAGE_TYPE(sampler_spec, SamplerSpec, "glint.sampler_spec");
-GLINT_REGISTER_MESSAGE_TYPE(sampling_params, SamplingParams, "glint.sampling_params");
-GLINT_REGISTER_MESSAGE_TYPE(sample_requests, std::vector<SampleRequest>, "glint.sample_requests");
-GLINT_REGISTER_MESSAGE_TYPE(sampled_sequences, std::vector<SampledSequence>, "glint.sampled_sequences");
-GLINT_REGISTER_MESSAGE_TYPE(sample_chunk, SampleChunk, "glint.sample_chunk");
-GLINT_REGISTER_MESSAGE_TYPE(sample_listener, sample_listener, "glint.sample_listener");
-GLINT_REGISTER_ACTOR(sampler, sampler_type, sampler_rank);
+GLINT_REGISTRATIONS(sampler);
 
 }  // namespace glint::actors

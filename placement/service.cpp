@@ -118,4 +118,13 @@ Result<RankSlot> replace(Runtime& rt, const std::string& group, int rank) {
   return std::move(slot->at(0));
 }
 
+GLINT_DEFINE_REGISTRATIONS(placement_service, types) {
+  types.add_message_type<MachineTopology>("glint.machine_topology");
+  types.add_message_type<std::vector<MachineTopology>>("glint.machine_topologies");
+  types.add_message_type<DeviceGroup>("glint.device_group");
+  types.add_message_type<std::vector<RankSlot>>("glint.rank_slots");
+  types.add_message_type<NodeSet>("glint.node_set");
+  types.add("glint.topology", topology_probe, ActorOptions{.detached = false});
+}
+
 }  // namespace glint::placement

@@ -41,12 +41,7 @@ using placement_actor = caf::typed_actor<caf::replies_to<place_atom, DeviceGroup
 using topology_actor = caf::typed_actor<caf::replies_to<topology_atom>::with<MachineTopology>>;
 topology_actor::behavior_type topology_probe(topology_actor::pointer self, RankContext ctx);
 
-GLINT_REGISTER_MESSAGE_TYPE(machine_topology, MachineTopology, "glint.machine_topology");
-GLINT_REGISTER_MESSAGE_TYPE(machine_topologies, std::vector<MachineTopology>, "glint.machine_topologies");
-GLINT_REGISTER_MESSAGE_TYPE(device_group, DeviceGroup, "glint.device_group");
-GLINT_REGISTER_MESSAGE_TYPE(rank_slots, std::vector<RankSlot>, "glint.rank_slots");
-GLINT_REGISTER_MESSAGE_TYPE(node_set, NodeSet, "glint.node_set");
-GLINT_REGISTER_ACTOR(topology_probe, "glint.topology", topology_probe, ActorOptions{.detached = false});
+GLINT_REGISTRATIONS(placement_service);
 
 /// The runtime's placement service, started on first use with `opts`
 /// (later calls ignore `opts`).

@@ -11,11 +11,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <mutex>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -211,7 +217,56 @@ Result<std::string> local_address_towards(const std::string& host, uint16_t port
   return std::string{text};
 }
 
+namespace {
+
+// Whether a TCP listener could bind `port` on every IPv4 address now.
+bool bindable(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(port);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The first port of the kernel's ephemeral range (32768 unless configured).
+int ephemeral_low() {
+  std::ifstream in{"/proc/sys/net/ipv4/ip_local_port_range"};
+  int lo = 0, hi = 0;
+  if (in >> lo >> hi && lo > 0) return lo;
+  return 32768;
+}
+
+}  // namespace
+
 Result<uint16_t> pick_free_port() {
+  // From the 12,000 ports below the ephemeral range: the kernel gives those
+  // above to outgoing connections and to bind(0), so a connection another
+  // test or process opens between this pick and the listener's bind cannot
+  // take the port (a flake seen in the test suite with bind(0)'s ports). A
+  // port this process picked before is never picked again, so two picks
+  // before either is bound differ.
+  static std::mutex mx;
+  static std::set<uint16_t> picked;
+  static std::mt19937 rng{static_cast<uint32_t>(::getpid()) ^
+                          static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  const int hi = ephemeral_low() - 1, lo = std::max(1024, hi - 12000);
+  if (hi - lo >= 1000) {
+    std::lock_guard<std::mutex> guard{mx};
+    if (picked.size() > 4096) picked.clear();  // a long-lived process: the first picks are long bound or gone
+    std::uniform_int_distribution<int> any{lo, hi};
+    for (int attempt = 0; attempt < 256; ++attempt) {
+      const auto port = static_cast<uint16_t>(any(rng));
+      if (picked.count(port) || !bindable(port)) continue;
+      picked.insert(port);
+      return port;
+    }
+  }
+  // A machine whose ephemeral range starts low, or whose low ports are all
+  // taken: one the kernel chooses.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return make_error(errc::unavailable, std::string{"cannot open a socket: "} + std::strerror(errno));
   sockaddr_in addr{};

@@ -73,7 +73,9 @@ std::string signal_name(int sig);
 /// The path of the running executable (/proc/self/exe).
 std::string self_executable();
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port free on every IPv4 address a moment ago: below the kernel's
+/// ephemeral range (which outgoing connections draw from), and never one this
+/// process returned before.
 Result<uint16_t> pick_free_port();
 
 /// The address of this machine's interface that packets to host:port leave

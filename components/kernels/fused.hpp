@@ -27,21 +27,32 @@ bool enabled();
 /// Overrides `enabled()` (tests and benchmarks that compare both paths).
 void set_enabled(bool on);
 
+/// What linear_logprob and logprob return, for logits z = x @ w^T.
 struct LinearLogprob {
-  at::Tensor logprobs;   ///< [...]: log softmax(x @ w^T)[target]
-  at::Tensor entropies;  ///< [...]: the entropy of softmax(x @ w^T), when asked (else undefined)
+  at::Tensor logprobs;   ///< [...]: log softmax(z)[target]
+  at::Tensor entropies;  ///< [...]: the entropy of softmax(z), when asked (else undefined)
 };
 
 /// The log-probability of each target, and the entropy, under the
 /// distribution softmax(x @ w^T) -- the LM head and its loss -- without ever
 /// holding the [N, V] logits: rows go through in chunks of `chunk_rows`
-/// (0: as many as fit in about 32 MiB of logits), each chunk's logits are
+/// (0: as many as fit in 16 MiB of float32 logits, one buffer reused), each chunk's logits are
 /// reduced to a logsumexp, a target logit and an entropy and freed, and the
 /// backward pass computes them again chunk by chunk (one more x @ w^T, the
 /// price of the memory). Differentiable in x and w, through both outputs.
 /// x [..., H], w [V, H], targets [...] (int64, each in [0, V)).
 LinearLogprob linear_logprob(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
                              bool entropies = true, int64_t chunk_rows = 0);
+
+/// The same two outputs from logits already formed, logits [..., V]: one
+/// pass over each row forward (no log-softmax, gather or softmax tensors),
+/// and a backward that writes the logits' gradient straight into one new
+/// tensor, where LibTorch's logsumexp, gather and softmax backward make four
+/// or five the size of the logits (at a 32 MiB threshold glibc maps each one
+/// and the kernel zeroes its pages again every step). Float32 and float64
+/// run the row kernels, other dtypes LibTorch's composition. Differentiable
+/// in the logits.
+LinearLogprob logprob(const at::Tensor& logits, const at::Tensor& targets, bool entropies = true);
 
 /// RMSNorm over the last dimension, as Llama and Qwen define it:
 /// x / sqrt(mean(x^2) + eps) * weight. x [..., H], weight [H]. Saves x and

@@ -492,12 +492,22 @@ CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, boo
     return out;
   }
   auto lg = logits(h, pass);
-  // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
-  // log-softmax is materialised (or kept for backward) besides the logits.
-  auto lse = at::logsumexp(lg, -1);
   Outputs out;
-  out.logprobs = (lg.gather(-1, p.targets.unsqueeze(-1)).squeeze(-1) - lse).masked_fill(p.target_mask.logical_not(), 0);
-  if (entropies) out.entropies = lse - (at::softmax(lg, -1) * lg).sum(-1);
+  if (kernels::enabled() && lg.device().is_cpu()) {
+    // One pass over each row of logits, and their gradient written once
+    // (kernels::logprob); the composition below makes four or five tensors
+    // the size of the logits in its backward.
+    auto fused = kernels::logprob(lg, p.targets, entropies);
+    out.logprobs = fused.logprobs.masked_fill(p.target_mask.logical_not(), 0);
+    if (entropies) out.entropies = fused.entropies;
+  } else {
+    // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
+    // log-softmax is materialised (or kept for backward) besides the logits.
+    auto lse = at::logsumexp(lg, -1);
+    out.logprobs =
+        (lg.gather(-1, p.targets.unsqueeze(-1)).squeeze(-1) - lse).masked_fill(p.target_mask.logical_not(), 0);
+    if (entropies) out.entropies = lse - (at::softmax(lg, -1) * lg).sum(-1);
+  }
   if (keep_logits) out.logits = lg;
   return out;
 }

@@ -26,6 +26,15 @@ Reference unfused(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ta
   return {logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)};
 }
 
+// The fused outputs: linear_logprob in chunks of `chunk` rows, or with chunk
+// -1 logprob over the logits formed first (the model's path when it keeps
+// them, or the LM head has an adapter).
+LinearLogprob fused_outputs(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets, int64_t chunk,
+                            bool entropies = true) {
+  if (chunk < 0) return logprob(at::matmul(x, w.t()), targets, entropies);
+  return linear_logprob(x, w, targets, entropies, chunk);
+}
+
 // Values and gradients in x and w of sum(a * logprobs + b * entropies),
 // with either term left out (its output then gets no gradient).
 void expect_same(at::ScalarType dtype, int64_t chunk, bool use_logprobs, bool use_entropies, double scale,
@@ -39,7 +48,7 @@ void expect_same(at::ScalarType dtype, int64_t chunk, bool use_logprobs, bool us
     auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     at::Tensor lp, ent;
     if (fused) {
-      auto out = linear_logprob(x, w, targets, true, chunk);
+      auto out = fused_outputs(x, w, targets, chunk);
       lp = out.logprobs;
       ent = out.entropies;
     } else {
@@ -72,6 +81,30 @@ TEST(FusedLinearLogprob, GradientsFlowThroughEitherOutputAlone) {
   expect_same(at::kDouble, 4, false, true, 1.0, 1e-12);
 }
 
+TEST(FusedLogprob, EqualsTheUnfusedReferenceInFloat64FromLogits) {
+  expect_same(at::kDouble, -1, true, true, 1.0, 1e-12);
+  expect_same(at::kDouble, -1, true, false, 1.0, 1e-12);
+  expect_same(at::kDouble, -1, false, true, 1.0, 1e-12);
+  expect_same(at::kDouble, -1, true, true, 30.0, 1e-10);  // logits in the hundreds
+}
+
+TEST(FusedLogprob, BFloat16RunsLibTorchsComposition) {
+  at::manual_seed(5);
+  auto z64 = at::randn({6, 40}, at::kDouble) * 3;
+  auto targets = at::randint(0, 40, {6}, at::kLong);
+  auto z = z64.to(at::kBFloat16).requires_grad_(true);
+  auto out = logprob(z, targets);
+  out.logprobs.sum().backward();
+  // Against float64 on the same (rounded) logits, within bfloat16's 8 bits.
+  auto ref = unfused(z.detach().to(at::kDouble), at::eye(40, at::kDouble), targets);
+  EXPECT_EQ(out.logprobs.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::allclose(out.logprobs.detach().to(at::kDouble), ref.logprobs, 0.02, 0.05)) << out.logprobs;
+  EXPECT_TRUE(at::allclose(out.entropies.detach().to(at::kDouble), ref.entropies, 0.02, 0.05)) << out.entropies;
+  ASSERT_TRUE(z.grad().defined());
+  // d sum(logp(t)) / dz = onehot(t) - p, whose rows sum to zero.
+  EXPECT_LE(z.grad().to(at::kDouble).sum(1).abs().max().item<double>(), 0.05);
+}
+
 TEST(FusedLinearLogprob, IsAsAccurateAsTheUnfusedPathInFloat32WithLargeLogits) {
   // Logits in the hundreds: a naive exp would overflow; both sides subtract
   // the logsumexp. Against float64's answer, the fused float32 kernel's error
@@ -83,9 +116,9 @@ TEST(FusedLinearLogprob, IsAsAccurateAsTheUnfusedPathInFloat32WithLargeLogits) {
   auto x64 = at::randn({4, 9, 16}, at::kDouble) * 30, w64 = at::randn({50, 16}, at::kDouble);
   auto targets = at::randint(0, 50, {4, 9}, at::kLong);
   auto a = at::randn({4, 9}, at::kDouble), b = at::randn({4, 9}, at::kDouble);
-  auto run = [&](at::ScalarType dtype, bool fused) {
+  auto run = [&](at::ScalarType dtype, bool fused, int64_t chunk = 8) {
     auto x = x64.to(dtype).detach().clone().requires_grad_(true), w = w64.to(dtype).detach().clone().requires_grad_(true);
-    auto out = fused ? linear_logprob(x, w, targets, true, 8) : LinearLogprob{};
+    auto out = fused ? fused_outputs(x, w, targets, chunk) : LinearLogprob{};
     if (!fused) {
       auto r = unfused(x, w, targets);
       out = {r.logprobs, r.entropies};
@@ -94,13 +127,17 @@ TEST(FusedLinearLogprob, IsAsAccurateAsTheUnfusedPathInFloat32WithLargeLogits) {
     return std::vector<at::Tensor>{out.logprobs.detach().to(at::kDouble), out.entropies.detach().to(at::kDouble),
                                    x.grad().to(at::kDouble), w.grad().to(at::kDouble)};
   };
-  auto truth = run(at::kDouble, false), fused = run(at::kFloat, true), plain = run(at::kFloat, false);
-  const char* names[] = {"logprobs", "entropies", "grad x", "grad w"};
-  for (size_t i = 0; i < 4; ++i) {
-    const double ef = (fused[i] - truth[i]).abs().max().item<double>();
-    const double ep = (plain[i] - truth[i]).abs().max().item<double>();
-    const double size = truth[i].abs().max().item<double>();
-    EXPECT_LE(ef, 4 * ep + 1e-6 * size) << names[i] << ": fused float32 is off by " << ef << ", unfused by " << ep;
+  auto truth = run(at::kDouble, false), plain = run(at::kFloat, false);
+  for (int64_t chunk : {8, -1}) {
+    auto fused = run(at::kFloat, true, chunk);
+    const char* names[] = {"logprobs", "entropies", "grad x", "grad w"};
+    for (size_t i = 0; i < 4; ++i) {
+      const double ef = (fused[i] - truth[i]).abs().max().item<double>();
+      const double ep = (plain[i] - truth[i]).abs().max().item<double>();
+      const double size = truth[i].abs().max().item<double>();
+      EXPECT_LE(ef, 4 * ep + 1e-6 * size) << names[i] << " (chunk " << chunk << "): fused float32 is off by " << ef
+                                          << ", unfused by " << ep;
+    }
   }
 }
 
@@ -108,21 +145,44 @@ TEST(FusedLinearLogprob, WithoutEntropiesGivesTheSameLogprobsAndGradients) {
   at::manual_seed(3);
   auto x0 = at::randn({2, 9, 16}, at::kDouble), w0 = at::randn({40, 16}, at::kDouble);
   auto targets = at::randint(0, 40, {2, 9}, at::kLong);
-  auto run = [&](bool with) {
-    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-    auto out = linear_logprob(x, w, targets, with, 4);
-    EXPECT_EQ(out.entropies.defined(), with);
-    (out.logprobs * at::arange(18, at::kDouble).view({2, 9})).sum().backward();
-    return std::vector<at::Tensor>{out.logprobs.detach(), x.grad(), w.grad()};
-  };
-  auto with = run(true), without = run(false);
-  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::allclose(with[i], without[i], 0, 1e-13)) << i;
+  for (int64_t chunk : {4, -1}) {
+    auto run = [&](bool with) {
+      auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      auto out = fused_outputs(x, w, targets, chunk, with);
+      EXPECT_EQ(out.entropies.defined(), with);
+      (out.logprobs * at::arange(18, at::kDouble).view({2, 9})).sum().backward();
+      return std::vector<at::Tensor>{out.logprobs.detach(), x.grad(), w.grad()};
+    };
+    auto with = run(true), without = run(false);
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::allclose(with[i], without[i], 0, 1e-13)) << i << " chunk " << chunk;
+  }
 }
 
 TEST(FusedLinearLogprob, RefusesShapesThatDoNotFit) {
   auto x = at::randn({2, 3, 8}), w = at::randn({10, 8});
   EXPECT_THROW(linear_logprob(x, at::randn({10, 7}), at::zeros({2, 3}, at::kLong)), c10::Error);
   EXPECT_THROW(linear_logprob(x, w, at::zeros({2, 4}, at::kLong)), c10::Error);
+  EXPECT_THROW(logprob(at::randn({2, 3, 10}), at::zeros({2, 4}, at::kLong)), c10::Error);
+}
+
+TEST(FusedLinearLogprob, RefusesTargetsOutsideTheVocabulary) {
+  // The kernels index rows with the targets: one past the end, or negative,
+  // must be an error, not a read of another row's memory.
+  auto x = at::randn({2, 3, 8}), w = at::randn({10, 8});
+  auto past = at::zeros({2, 3}, at::kLong);
+  past[1][2] = 10;
+  auto negative = at::zeros({2, 3}, at::kLong);
+  negative[0][0] = -1;
+  for (const auto& t : {past, negative}) {
+    EXPECT_THROW(linear_logprob(x, w, t), c10::Error);
+    EXPECT_THROW(logprob(at::randn({2, 3, 10}), t), c10::Error);
+  }
+  try {
+    logprob(at::randn({2, 3, 10}), past);
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string{e.what()}.find("targets run from 0 to 10; the vocabulary has 10 entries"), std::string::npos)
+        << e.what();
+  }
 }
 
 // -- RMSNorm, SwiGLU, RoPE, attention -------------------------------------------

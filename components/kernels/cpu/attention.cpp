@@ -62,13 +62,6 @@ struct Layout {
   int64_t k1(int64_t row, int64_t blk) const { return span[static_cast<size_t>(2 * (row * blocks + blk) + 1)]; }
 };
 
-// The mask's bools as bytes (0 or 1): GCC vectorises no loop that loads a
-// bool (no vector type for it), so the row loops below read bytes.
-const uint8_t* mask_bytes(const at::Tensor& allowed) {
-  static_assert(sizeof(bool) == 1);
-  return reinterpret_cast<const uint8_t*>(allowed.data_ptr<bool>());
-}
-
 // P = softmax(S * scale, masked) in place over a block's [n, kn] scores;
 // returns each row's logsumexp of the scaled, masked scores in lse.
 template <typename T>
@@ -136,7 +129,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
       const auto* vp = v.data_ptr<scalar_t>();
       auto* op = out.data_ptr<scalar_t>();
       auto* lp = lse.data_ptr<scalar_t>();
-      const uint8_t* mp = mask_bytes(allowed);
+      const uint8_t* mp = cpu::bool_bytes(allowed);
       const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
       const auto o = q.options();
       at::parallel_for(0, L.B * L.heads * L.blocks, 1, [&](int64_t b, int64_t e) {
@@ -179,7 +172,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
       const auto* vp = v.data_ptr<scalar_t>();
       const auto* gp = dout.data_ptr<scalar_t>();
       const auto* lp = lse.data_ptr<scalar_t>();
-      const uint8_t* mp = mask_bytes(allowed);
+      const uint8_t* mp = cpu::bool_bytes(allowed);
       auto *dqp = dq.data_ptr<scalar_t>(), *dkp = dk.data_ptr<scalar_t>(), *dvp = dv.data_ptr<scalar_t>();
       const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
       const auto o = q.options();

@@ -35,6 +35,14 @@ inline void check_floating_cpu(const at::Tensor& t, const char* op, const char* 
               t.scalar_type(), "; the kernel takes float32 or float64");
 }
 
+/// A bool tensor's elements as bytes (0 or 1): GCC vectorises no loop that
+/// loads a bool (it has no vector type for one), so the kernels' loops read
+/// masks through this.
+inline const uint8_t* bool_bytes(const at::Tensor& t) {
+  static_assert(sizeof(bool) == 1);
+  return reinterpret_cast<const uint8_t*>(t.data_ptr<bool>());
+}
+
 /// Rows per at::parallel_for task so that each task touches about `work`
 /// elements: small tensors stay on one thread.
 inline int64_t grain_rows(int64_t row_elems, int64_t work = 32768) {

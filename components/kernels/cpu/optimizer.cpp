@@ -73,8 +73,7 @@ void adamw_step(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
     const T* gp = g.data_ptr<T>();
     T* mp = m.data_ptr<T>();
     T* vp = v.data_ptr<T>();
-    const auto* mask =
-        decay_mask.defined() ? reinterpret_cast<const uint8_t*>(decay_mask.data_ptr<bool>()) : nullptr;
+    const uint8_t* mask = decay_mask.defined() ? cpu::bool_bytes(decay_mask) : nullptr;
     // The scalars as the composition's in-place ops see them: rounded to the
     // parameter's precision.
     const auto decay = static_cast<T>(s.decay), b1 = static_cast<T>(s.beta1), c1 = static_cast<T>(1.0 - s.beta1),

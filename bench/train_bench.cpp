@@ -48,6 +48,13 @@ using namespace std::chrono_literals;
 constexpr const char* kName = "glint bench train";
 constexpr uint64_t kSeed = 1;  // weights and tokens
 constexpr int kWarmupSteps = 1;
+// Each timed run starts from malloc_trim (for the peak it measures), which
+// hands every freed block back to the kernel; one untimed step then faults
+// the step's memory in again, so the timed steps run as a training loop's
+// do (the trainer keeps freed memory: runtime/memory.hpp). Until 2026-11-28
+// the timed steps included that one, on both sides: with the default
+// --steps 1, every timed step was a first step after a trim.
+constexpr int kSettleSteps = 1;
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", kName, what.c_str());
@@ -87,22 +94,30 @@ public:
     return s;
   }
 
-  /// `steps` steps; the wall time and the losses of the first and last.
-  Result<RunResult> run(int steps) {
+  /// `settle` untimed steps, then `steps` timed ones: the wall time of the
+  /// timed ones, the losses of the first and last step run, and the peak
+  /// bytes of all of them (as the Python side's `run N S`).
+  Result<RunResult> run(int steps, int settle = 0) {
     RunResult r;
     caf::error err;
-    r.peak_bytes = peak_bytes_added([&] { r.seconds = seconds_of([&] {
-      for (int i = 0; i < steps && !err; ++i) {
-        auto m = trainer_.forward_backward(batch_, {.kind = LossKind::cross_entropy});
-        if (!m) {
-          err = m.error();
-          break;
-        }
-        if (i == 0) r.first_loss = m->at("loss");
-        r.last_loss = m->at("loss");
-        if (auto s = trainer_.clip_grad_and_step(); !s) err = s.error();
+    int done = 0;
+    auto step = [&] {
+      if (err) return;
+      auto m = trainer_.forward_backward(batch_, {.kind = LossKind::cross_entropy});
+      if (!m) {
+        err = m.error();
+        return;
       }
-    }); });
+      if (done++ == 0) r.first_loss = m->at("loss");
+      r.last_loss = m->at("loss");
+      if (auto s = trainer_.clip_grad_and_step(); !s) err = s.error();
+    };
+    r.peak_bytes = peak_bytes_added([&] {
+      for (int i = 0; i < settle; ++i) step();
+      r.seconds = seconds_of([&] {
+        for (int i = 0; i < steps; ++i) step();
+      });
+    });
     if (err) return err;
     return r;
   }
@@ -113,8 +128,8 @@ private:
 };
 
 // The Python side, over PythonChild's line protocol (see train_baseline.py).
-Result<RunResult> run_python(PythonChild& py, int steps, std::chrono::milliseconds timeout) {
-  if (!py.send("run " + std::to_string(steps) + "\n"))
+Result<RunResult> run_python(PythonChild& py, int steps, std::chrono::milliseconds timeout, int settle = 0) {
+  if (!py.send("run " + std::to_string(steps) + " " + std::to_string(settle) + "\n"))
     return make_error(errc::unavailable, "the Python baseline closed its input");
   auto reply = py.read_line(timeout);
   if (!reply) return reply.error();
@@ -178,13 +193,14 @@ int train(const TrainBenchArgs& a) {
 
   std::printf("# %s: Qwen3 %s parameters (vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads, "
               "%lld kv heads), %s AdamW lr 1e-4, batch %lld x %lld tokens, libtorch threads: %d; medians of %d "
-              "runs of %d steps after %d warm-up step\n",
+              "runs of %d timed steps, each run after a malloc_trim and %d untimed step (the peak counts it), after %d "
+              "warm-up step\n",
               kName, millions(cfg.num_parameters()).c_str(), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),
               static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(cfg.num_attention_heads),
               static_cast<long long>(cfg.num_key_value_heads),
               lora ? "LoRA (r 8, alpha 16, all-linear; base frozen)" : "full-parameter", static_cast<long long>(a.batch),
-              static_cast<long long>(a.seq), threads, a.repeats, a.steps, kWarmupSteps);
+              static_cast<long long>(a.seq), threads, a.repeats, a.steps, kSettleSteps, kWarmupSteps);
   std::printf("# baseline train_python_*: the same model, weights, tokens and step in PyTorch (%s, %s), its runs "
               "interleaved with glint's (alternately first)\n",
               a.python.c_str(), script.c_str());
@@ -276,11 +292,11 @@ int train(const TrainBenchArgs& a) {
   for (int rep = 0; rep < a.repeats; ++rep) {
     Result<RunResult> g = make_error(errc::internal, "not run"), p = g;
     if (rep % 2 == 0) {
-      g = glint->run(a.steps);
-      if (g) p = run_python(*py, a.steps, timeout(g->seconds));
+      g = glint->run(a.steps, kSettleSteps);
+      if (g) p = run_python(*py, a.steps, timeout(g->seconds * (a.steps + kSettleSteps) / a.steps), kSettleSteps);
     } else {
-      p = run_python(*py, a.steps, timeout(g0->seconds * a.steps));
-      if (p) g = glint->run(a.steps);
+      p = run_python(*py, a.steps, timeout(g0->seconds * (a.steps + kSettleSteps)), kSettleSteps);
+      if (p) g = glint->run(a.steps, kSettleSteps);
     }
     if (!g) return fail(describe(g.error()));
     if (!p) return fail(describe(p.error()));
@@ -308,7 +324,7 @@ int train(const TrainBenchArgs& a) {
               "initial weights: glint %.6f, python %.6f (relative difference %.1e); after %d updates: glint %.6f, "
               "python %.6f\n",
               median(aten) / 1e9, median(onednn) / 1e9, flops.size(), g0->first_loss, p0->first_loss, loss_rel,
-              kWarmupSteps + a.repeats * a.steps - 1, g_last.last_loss, p_last.last_loss);
+              kWarmupSteps + a.repeats * (kSettleSteps + a.steps) - 1, g_last.last_loss, p_last.last_loss);
   std::printf("# glint's matmuls: %s for this step's products of %lld rows (the faster here at 2048 rows; "
               "GLINT_MATMUL=aten|onednn overrides)\n",
               components::onednn_matmul_enabled(a.batch * a.seq) ? "oneDNN" : "ATen (the system BLAS)",

@@ -17,11 +17,14 @@ interleave its own timed runs with these in one process (the machines are
 noisy; interleaving puts both sides under the same load):
 
     -> ready: PARAMETERS THREADS           after loading
-    <- run N                               N training steps on the batch
+    <- run N [S]                           S untimed steps (default 0), then N timed ones
     -> ran: SECONDS FIRST_LOSS LAST_LOSS PEAK
-                                           wall time of the N steps, losses of the first and
-                                           last of them, and the resident bytes they added at
-                                           their peak (VmHWM after clear_refs - VmRSS before)
+                                           wall time of the N timed steps, losses of the first
+                                           and last step run, and the resident bytes all of them
+                                           added at their peak (VmHWM after clear_refs - VmRSS
+                                           before); an untimed step after the reset faults the
+                                           step's memory back in, so the timed ones run as a
+                                           training loop's steps do
     (end of input, or "quit", ends it)
 
 Errors go to stdout as `error: ...` (exit code 3 when torch is missing).
@@ -309,13 +312,15 @@ def main():
 
     print(f"ready: {sum(p.numel() for p in params)} {torch.get_num_threads()}", flush=True)
     for words in commands():
-        if words[0] != "run" or len(words) != 2 or not words[1].isdigit() or int(words[1]) < 1:
-            print(f"error: unknown command {' '.join(words)!r}; expected 'run N' or 'quit'", flush=True)
+        if (words[0] != "run" or len(words) not in (2, 3) or not all(w.isdigit() for w in words[1:])
+                or int(words[1]) < 1):
+            print(f"error: unknown command {' '.join(words)!r}; expected 'run N [S]' or 'quit'", flush=True)
             continue
         reset_peak()
         before = status_bytes("VmRSS:")
+        losses = [train_step() for _ in range(int(words[2]) if len(words) == 3 else 0)]
         t0 = time.perf_counter()
-        losses = [train_step() for _ in range(int(words[1]))]
+        losses += [train_step() for _ in range(int(words[1]))]
         seconds = time.perf_counter() - t0
         peak = max(0, status_bytes("VmHWM:") - before)
         print(f"ran: {seconds:.6f} {losses[0]:.9g} {losses[-1]:.9g} {peak}", flush=True)

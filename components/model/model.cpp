@@ -233,7 +233,16 @@ at::Tensor CausalLM::Impl::add_lora(const std::string& prefix, const at::Tensor&
       if (pass.train && p > 0)
         in = pass.dropout_rng ? x * at::empty_like(x).bernoulli_(1.0 - p, *pass.dropout_rng) / (1.0 - p)
                               : at::dropout(x, p, true);
-      y = y + fast_linear(fast_linear(in, a), b) * pass.lora->scaling.at(prefix);
+      // y + s (x A^T) B^T as one addmm: s scales the rank-r product, and the
+      // sum is the GEMM's own accumulation, where y + (x A^T B^T) s made and
+      // read two more [tokens, out] tensors each way.
+      auto low = fast_linear(in, a) * pass.lora->scaling.at(prefix);
+      if (b.is_mkldnn()) {
+        y = y + fast_linear(low, b);
+      } else {
+        const auto out_sizes = y.sizes().vec();
+        y = at::addmm(y.reshape({-1, y.size(-1)}), low.reshape({-1, low.size(-1)}), b.t()).view(out_sizes);
+      }
     }
   }
   const int64_t row_dim = x.dim() - 2;

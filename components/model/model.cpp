@@ -469,6 +469,13 @@ bool use_fused_logprob(int64_t rows, int64_t vocab) {
   return static_cast<double>(rows) * static_cast<double>(vocab) * 4 > 256.0 * (1 << 20);
 }
 
+// A fused kernel's log-probs, zero where the target is masked, and its
+// entropies when it made them.
+void take_logprobs(CausalLM::Impl::Outputs& out, kernels::LinearLogprob fused, const at::Tensor& target_mask) {
+  out.logprobs = fused.logprobs.masked_fill(target_mask.logical_not(), 0);
+  if (fused.entropies.defined()) out.entropies = std::move(fused.entropies);
+}
+
 }  // namespace
 
 CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, bool entropies, bool keep_logits,
@@ -494,21 +501,17 @@ CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, boo
   if (!keep_logits && !adapted("lm_head", pass) && use_fused_logprob(h.numel() / h.size(-1), cfg.vocab_size)) {
     // The LM head and its log-softmax in row chunks: the [B, T, V] logits
     // are never held, in the forward pass or the backward.
-    auto fused = kernels::linear_logprob(h, module_weight("lm_head"), p.targets, entropies);
     Outputs out;
-    out.logprobs = fused.logprobs.masked_fill(p.target_mask.logical_not(), 0);
-    if (entropies) out.entropies = fused.entropies;
+    take_logprobs(out, kernels::linear_logprob(h, module_weight("lm_head"), p.targets, entropies), p.target_mask);
     return out;
   }
   auto lg = logits(h, pass);
   Outputs out;
-  if (kernels::enabled() && lg.device().is_cpu()) {
+  if (fusable(lg)) {
     // One pass over each row of logits, and their gradient written once
     // (kernels::logprob); the composition below makes four or five tensors
     // the size of the logits in its backward.
-    auto fused = kernels::logprob(lg, p.targets, entropies);
-    out.logprobs = fused.logprobs.masked_fill(p.target_mask.logical_not(), 0);
-    if (entropies) out.entropies = fused.entropies;
+    take_logprobs(out, kernels::logprob(lg, p.targets, entropies), p.target_mask);
   } else {
     // log p(target) = logit[target] - logsumexp(logits): no [B, T, V]
     // log-softmax is materialised (or kept for backward) besides the logits.

@@ -77,6 +77,20 @@ using MatmulNT = std::function<at::Tensor(const at::Tensor& a, const at::Tensor&
 /// multiplies (empty: at::mm).
 at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& w, const MatmulNT& mm = {});
 
+/// A linear layer with a LoRA adapter, as one autograd node:
+///   y = x w^T (+ bias) + scale (x a^T) b^T
+/// x [..., in], w [out, in], bias [out] (optional), a [r, in], b [out, r]
+/// (PEFT's lora_A and lora_B) -> [..., out]. The adapter's products of rank
+/// r (up to 32: row loops; above, BLAS) are accumulated into the base
+/// product's output, and in the backward pass into its input gradient, in
+/// place: the composition forms (x a^T) b^T and (g b) a as [N, out] and
+/// [N, in] tensors, each zeroed, written, added and freed, per adapted
+/// projection and step. Saves x and the [N, r] x a^T. Differentiable in x,
+/// w, bias, a and b (the frozen base's w and bias usually need none). `mm`
+/// computes the base products (empty: at::mm).
+at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm = {});
+
 /// Rotary position embedding in the rotate-half layout (Hugging Face's):
 /// x * cos + rotate_half(x) * sin, per head. x [..., heads, D]; cos and sin
 /// [..., D], the leading dimensions of x without its heads (the same angles

@@ -219,13 +219,53 @@ at::Tensor CausalLM::Impl::linear(const std::string& prefix, const at::Tensor& x
   const at::Tensor* w = &param(prefix + ".weight");
   if (pass.packed)
     if (auto it = pass.packed->find(prefix + ".weight"); it != pass.packed->end()) w = &it->second;
-  auto y = bias ? fast_linear(x, *w, param(prefix + ".bias")) : fast_linear(x, *w);
-  return add_lora(prefix, x, std::move(y), pass);
+  return project(prefix, x, *w, bias ? c10::optional<at::Tensor>{param(prefix + ".bias")} : c10::nullopt, pass);
+}
+
+namespace {
+
+// Whether a tensor can go through components/kernels (f32 or f64 on the CPU)
+// and the kernels are on (kernels::enabled; GLINT_FUSED_KERNELS=0 is the
+// unfused composition, kept as the reference).
+bool fusable(const at::Tensor& x) {
+  return kernels::enabled() && x.device().is_cpu() &&
+         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+}
+
+// The pass's own adapter on `prefix` (A, B), when kernels::lora_linear can
+// take the layer and it whole: every tensor f32 or f64 alike, none packed
+// for oneDNN, and no dropout to apply (dropout's mask sits between the
+// adapter's input and the base's, which the kernel shares).
+const std::pair<at::Tensor, at::Tensor>* kernel_adapter(const std::string& prefix, const at::Tensor& x,
+                                                        const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                                                        const PassOptions& pass) {
+  if (!pass.lora || pass.lora->merged || (pass.train && pass.lora->cfg.dropout > 0) || !fusable(x)) return nullptr;
+  auto it = pass.lora->weights.find(prefix);
+  if (it == pass.lora->weights.end()) return nullptr;
+  const auto& [a, b] = it->second;
+  for (const auto* t : {&w, &a, &b, bias ? &*bias : &w})
+    if (t->is_mkldnn() || t->scalar_type() != x.scalar_type() || !t->device().is_cpu()) return nullptr;
+  return &it->second;
+}
+
+}  // namespace
+
+at::Tensor CausalLM::Impl::project(const std::string& prefix, const at::Tensor& x, const at::Tensor& w,
+                                   const c10::optional<at::Tensor>& bias, const PassOptions& pass) const {
+  if (const auto* ab = kernel_adapter(prefix, x, w, bias, pass)) {
+    // The base product and the adapter's in one node: the adapter's rank-r
+    // products go into the base's output, and backward into its input's
+    // gradient, in place (kernels::lora_linear).
+    auto y = kernels::lora_linear(x, w, bias, ab->first, ab->second, pass.lora->scaling.at(prefix),
+                                  [](const at::Tensor& p, const at::Tensor& q) { return fast_linear(p, q); });
+    return add_lora(prefix, x, std::move(y), pass, /*own=*/false);
+  }
+  return add_lora(prefix, x, fast_linear(x, w, bias), pass);
 }
 
 at::Tensor CausalLM::Impl::add_lora(const std::string& prefix, const at::Tensor& x, at::Tensor y,
-                                    const PassOptions& pass) const {
-  if (pass.lora && !pass.lora->merged) {
+                                    const PassOptions& pass, bool own) const {
+  if (own && pass.lora && !pass.lora->merged) {
     if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
       const auto& [a, b] = it->second;
       const double p = pass.lora->cfg.dropout;
@@ -258,14 +298,6 @@ at::Tensor CausalLM::Impl::add_lora(const std::string& prefix, const at::Tensor&
 }
 
 namespace {
-
-// Whether a tensor can go through components/kernels (f32 or f64 on the CPU)
-// and the kernels are on (kernels::enabled; GLINT_FUSED_KERNELS=0 is the
-// unfused composition, kept as the reference).
-bool fusable(const at::Tensor& x) {
-  return kernels::enabled() && x.device().is_cpu() &&
-         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
-}
 
 // Whether a LoRA adapter of the pass changes module `prefix`.
 bool adapted(const std::string& prefix, const PassOptions& pass) {
@@ -450,7 +482,7 @@ const at::Tensor& CausalLM::Impl::module_weight(const std::string& module) const
 at::Tensor CausalLM::Impl::logits(const at::Tensor& hidden, const PassOptions& pass) const {
   if (tp)  // its LM head is this rank's rows: these would be a part of the logits
     throw_error(make_error(errc::unimplemented, "the logits of a tensor-parallel model are not built yet"));
-  return add_lora("lm_head", hidden, fast_linear(hidden, module_weight("lm_head")), pass);
+  return project("lm_head", hidden, module_weight("lm_head"), c10::nullopt, pass);
 }
 
 namespace {

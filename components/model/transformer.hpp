@@ -155,8 +155,15 @@ struct CausalLM::Impl {
   /// the LM head's ("lm_head": the embeddings when they are tied).
   const at::Tensor& module_weight(const std::string& module) const;
   /// y plus, for each adapter of `pass` that targets `prefix`, its scaling *
-  /// dropout(x) A^T B^T (the adapter's rows only, for row adapters).
-  at::Tensor add_lora(const std::string& prefix, const at::Tensor& x, at::Tensor y, const PassOptions& pass) const;
+  /// dropout(x) A^T B^T (the adapter's rows only, for row adapters). `own`
+  /// false: pass.lora's adapter is in y already (project's kernel added it).
+  at::Tensor add_lora(const std::string& prefix, const at::Tensor& x, at::Tensor y, const PassOptions& pass,
+                      bool own = true) const;
+  /// x @ w^T (+ bias) plus the adapters of `pass` that target `prefix`: the
+  /// pass's own through kernels::lora_linear where it can (one node, the
+  /// adapter's products accumulated in place), else add_lora.
+  at::Tensor project(const std::string& prefix, const at::Tensor& x, const at::Tensor& w,
+                     const c10::optional<at::Tensor>& bias, const PassOptions& pass) const;
   /// x @ W^T (+ b) for the projection `prefix` ("model.layers.0.mlp.up_proj"),
   /// plus the adapter's scaling * dropout(x) A^T B^T when it targets it.
   at::Tensor linear(const std::string& prefix, const at::Tensor& x, bool bias, const PassOptions& pass) const;

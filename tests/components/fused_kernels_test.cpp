@@ -302,6 +302,89 @@ TEST(FusedSwigluLinear, EqualsTheUnfusedReferenceInFloat64WithTheCallersMatmul) 
   EXPECT_THROW(swiglu_linear(gate, up, at::randn({10, 23}, at::kDouble)), c10::Error);
 }
 
+at::Tensor lora_reference(const std::vector<at::Tensor>& in, double scale) {
+  // x, w, a, b[, bias]
+  auto base = in.size() > 4 ? at::linear(in[0], in[1], in[4]) : at::linear(in[0], in[1]);
+  return base + at::linear(at::linear(in[0], in[2]), in[3]) * scale;
+}
+
+TEST(FusedLoraLinear, EqualsTheCompositionInFloat64AtEveryRankAndWithWhatNeedsGradients) {
+  at::manual_seed(31);
+  // 21 rows (the four-row blocks' tail), 300 columns in and out (past the
+  // loops' column chunks); rank 1 in the row loops' run-time form, 4 to 32
+  // in their fixed-rank forms, 40 through BLAS.
+  for (int64_t r : {1, 4, 8, 16, 32, 40}) {
+    for (int64_t in : {24, 300}) {
+      const int64_t out = in == 24 ? 10 : 300;
+      auto x = at::randn({3, 7, in}, at::kDouble), w = at::randn({out, in}, at::kDouble);
+      auto a = at::randn({r, in}, at::kDouble), b = at::randn({out, r}, at::kDouble);
+      auto bias = at::randn({out}, at::kDouble), g = at::randn({3, 7, out}, at::kDouble);
+      const double scale = 2.0 / static_cast<double>(r);
+      int calls = 0;
+      MatmulNT counted = [&](const at::Tensor& p, const at::Tensor& q) {
+        ++calls;
+        return at::mm(p, q.t());
+      };
+      // LoRA's case (x, a, b: the base frozen), everything, only the adapter.
+      for (std::vector<bool> grads : {std::vector<bool>{true, false, true, true, false},
+                                      std::vector<bool>{true, true, true, true, true},
+                                      std::vector<bool>{false, false, true, true, false}}) {
+        for (bool with_bias : {false, true}) {
+          std::vector<at::Tensor> inputs{x, w, a, b};
+          if (with_bias) inputs.push_back(bias);
+          auto wanted = grads;
+          wanted.resize(inputs.size());
+          calls = 0;
+          auto fused = value_and_grads(inputs, wanted, g, [&](auto& t) {
+            return lora_linear(t[0], t[1], t.size() > 4 ? c10::optional<at::Tensor>{t[4]} : c10::nullopt, t[2], t[3],
+                               scale, counted);
+          });
+          // The base product forward; the input's gradient and w's when asked.
+          EXPECT_EQ(calls, 1 + (wanted[0] ? 1 : 0) + (wanted[1] ? 1 : 0)) << "rank " << r;
+          auto ref = value_and_grads(inputs, wanted, g, [&](auto& t) { return lora_reference(t, scale); });
+          std::vector<std::string> names{"y"};
+          for (auto [i, name] : {std::pair{0, "grad x"}, {1, "grad w"}, {2, "grad a"}, {3, "grad b"}, {4, "grad bias"}})
+            if (i < static_cast<int>(wanted.size()) && wanted[i]) names.push_back(name);
+          SCOPED_TRACE("rank " + std::to_string(r) + ", in " + std::to_string(in) + (with_bias ? ", bias" : ""));
+          expect_close(fused, ref, names, 1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedLoraLinear, Float32IsAsCloseToFloat64AsTheComposition) {
+  at::manual_seed(32);
+  auto x = at::randn({64, 512}), w = at::randn({384, 512}) * 0.05;
+  auto a = at::randn({8, 512}) * 0.05, b = at::randn({384, 8}) * 0.05, g = at::randn({64, 384});
+  const std::vector<bool> grads{true, false, true, true};
+  auto run = [&](at::ScalarType dt, bool fused) {
+    std::vector<at::Tensor> in{x.to(dt), w.to(dt), a.to(dt), b.to(dt)};
+    return value_and_grads(in, grads, g.to(dt), [&](auto& t) {
+      return fused ? lora_linear(t[0], t[1], c10::nullopt, t[2], t[3], 2.0) : lora_reference(t, 2.0);
+    });
+  };
+  auto exact = run(at::kDouble, false), fused = run(at::kFloat, true), unfused = run(at::kFloat, false);
+  const std::vector<std::string> names{"y", "grad x", "grad a", "grad b"};
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double f = (fused[i].to(at::kDouble) - exact[i]).abs().max().item<double>();
+    const double u = (unfused[i].to(at::kDouble) - exact[i]).abs().max().item<double>();
+    EXPECT_LE(f, 4 * u + 1e-6) << names[i] << ": fused float32 is " << f << " from float64, the composition " << u;
+  }
+}
+
+TEST(FusedLoraLinear, RefusesShapesAndDtypesThatDoNotFit) {
+  auto x = at::randn({4, 6}), w = at::randn({5, 6}), a = at::randn({2, 6}), b = at::randn({5, 2});
+  EXPECT_NO_THROW(lora_linear(x, w, c10::nullopt, a, b, 1.0));
+  EXPECT_THROW(lora_linear(x, w, c10::nullopt, at::randn({2, 7}), b, 1.0), c10::Error);  // a's in
+  EXPECT_THROW(lora_linear(x, w, c10::nullopt, a, at::randn({5, 3}), 1.0), c10::Error);  // b's rank
+  EXPECT_THROW(lora_linear(x, w, c10::nullopt, a, at::randn({4, 2}), 1.0), c10::Error);  // b's out
+  EXPECT_THROW(lora_linear(x, w, at::randn({4}), a, b, 1.0), c10::Error);                 // bias
+  EXPECT_THROW(lora_linear(x, w, c10::nullopt, a.to(at::kDouble), b, 1.0), c10::Error);   // mixed dtypes
+  EXPECT_THROW(lora_linear(x.to(at::kBFloat16), w, c10::nullopt, a, b, 1.0), c10::Error);
+  EXPECT_THROW(lora_linear(x, w, c10::nullopt, at::randn({0, 6}), at::randn({5, 0}), 1.0), c10::Error);  // rank 0
+}
+
 at::Tensor rotate_half(const at::Tensor& x) {
   auto half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);

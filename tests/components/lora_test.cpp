@@ -1,5 +1,6 @@
 // LoRA adapters: zero-init equals the base, training touches only its
 // adapter, PEFT layout round trips, merge/unmerge, several tenants on one base.
+#include "components/kernels/fused.hpp"
 #include "components/model/trainer.hpp"
 #include "components/model/transformer.hpp"
 
@@ -497,6 +498,58 @@ TEST(Lora, SavedAdaptersNameTheirBaseModel) {
 // or not. It starts at the base, trains only itself, round trips in PEFT's
 // layout (base_model.model.lm_head.lora_A.weight), and merges only where
 // the head has a weight of its own.
+// The pass's adapter through kernels::lora_linear (one node per projection)
+// and through the composition: the same log-probs and the same gradients
+// for A, B and the base, on every projection and the LM head, with Qwen2's
+// biases, in float64.
+TEST(Lora, TheFusedAdapterKernelGivesTheComposedValuesAndGradients) {
+  auto cfg = ModelConfig::make(Architecture::qwen2, 29, 16, 32, 2, 4, 2);
+  cfg.tie_word_embeddings = false;
+  auto lm = *CausalLM::init_random(cfg, 4);
+  ASSERT_TRUE(lm.add_adapter("a", {.r = 4, .alpha = 8, .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}}, 1));
+  auto& impl = lm.impl();
+  auto& adapter = impl.adapters.at("a");
+  ASSERT_EQ(adapter.weights.size(), 2u * 7 + 1);
+  at::manual_seed(8);
+  for (auto& [n, t] : impl.params) t = t.to(at::kDouble);
+  for (auto& [m, ab] : adapter.weights) {
+    ab.first = ab.first.to(at::kDouble);
+    ab.second = at::randn(ab.second.sizes(), at::kDouble) * 0.3;  // B starts at zero: give it values
+  }
+  auto p = model_detail::prepare(cfg, {.input_ids = ids_of({{3, 17, 6, 0, 5, 9}, {1, 12, 7, 4, 8, 2}})});
+  ASSERT_TRUE(p) << describe(p.error());
+  auto w = at::randn({2, 6}, at::kDouble);
+  auto run = [&](bool fused, bool base_grads) {
+    kernels::set_enabled(fused);
+    for (auto& [n, t] : impl.params) t = t.detach().requires_grad_(base_grads);
+    for (auto& [m, ab] : adapter.weights) {
+      ab.first = ab.first.detach().requires_grad_(true);
+      ab.second = ab.second.detach().requires_grad_(true);
+    }
+    PassOptions pass{.lora = &adapter, .train = true};
+    auto out = impl.run(*p, /*entropies=*/false, /*logits=*/false, pass);
+    (out.logprobs * w).sum().backward();
+    std::map<std::string, at::Tensor> r{{"logprobs", out.logprobs.detach()}};
+    for (auto& [m, ab] : adapter.weights) {
+      r[m + " A"] = ab.first.grad();
+      r[m + " B"] = ab.second.grad();
+    }
+    if (base_grads)
+      for (auto& [n, t] : impl.params) r[n] = t.grad();
+    return r;
+  };
+  for (bool base_grads : {false, true}) {
+    auto fused = run(true, base_grads), composed = run(false, base_grads);
+    kernels::set_enabled(true);
+    EXPECT_EQ(fused.size(), composed.size());
+    for (const auto& [name, want] : composed) {
+      ASSERT_TRUE(want.defined() && fused[name].defined()) << name;
+      const double diff = (fused[name] - want).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-11 * std::max(1.0, want.abs().max().item<double>())) << name;
+    }
+  }
+}
+
 TEST(Lora, AnAdapterOnTheLmHeadTrainsRoundTripsAndMergesOnlyUntied) {
   for (bool tied : {true, false}) {
     auto cfg = ModelConfig::make(Architecture::qwen2, 29, 16, 32, 2, 4, 2);

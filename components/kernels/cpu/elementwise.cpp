@@ -1,6 +1,7 @@
 // kernels::rms_norm, swiglu and rope on the CPU: one pass over each row, no
 // temporaries, with hand-written backward passes.
 #include "components/kernels/cpu/common.hpp"
+#include "components/kernels/cpu/matmul_holder.hpp"
 #include "components/kernels/fused.hpp"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -171,13 +172,6 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
 
 // -- SwiGLU into the down projection ---------------------------------------------
 
-// The caller's matmul, kept for the backward pass in the context's saved
-// data (which holds IValues only).
-struct MatmulHolder : torch::CustomClassHolder {
-  explicit MatmulHolder(MatmulNT f) : mm(std::move(f)) {}
-  MatmulNT mm;
-};
-
 at::Tensor swiglu_raw(const at::Tensor& gate, const at::Tensor& up) {
   at::NoGradGuard no_grad;
   return SwigluFn::apply(gate, up);
@@ -189,14 +183,14 @@ struct SwigluLinearFn : torch::autograd::Function<SwigluLinearFn> {
                             const MatmulNT& mm) {
     auto y = mm(swiglu_raw(gate, up), w);  // the product is a temporary
     ctx->save_for_backward({gate, up, w});
-    ctx->saved_data["mm"] = c10::IValue::make_capsule(c10::make_intrusive<MatmulHolder>(mm));
+    cpu::save_matmul(ctx, mm);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &gate = saved[0], &up = saved[1], &w = saved[2];
-    const auto& mm = static_cast<MatmulHolder*>(ctx->saved_data["mm"].toCapsule().get())->mm;
+    const auto& mm = cpu::saved_matmul(ctx);
     auto dy = grads[0].contiguous();
     at::Tensor dw;
     if (ctx->needs_input_grad(2)) dw = mm(dy.t(), swiglu_raw(gate, up).t());  // dy^T @ product

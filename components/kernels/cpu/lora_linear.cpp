@@ -30,35 +30,41 @@ constexpr int64_t rank_or(int64_t r) {
   return R > 0 ? R : r;
 }
 
+// Rows project_rows takes at a time: as many as keep their r sums in eight
+// 256-bit registers (at most 8): each row of vt then serves them all, and
+// their sums make that many independent chains of FMAs.
+template <typename T, int R>
+constexpr int64_t project_block() {
+  if constexpr (R <= 0) {
+    return 4;
+  } else {
+    constexpr int64_t b = 256 / (R * static_cast<int64_t>(sizeof(T)));
+    return b >= 8 ? 8 : b >= 4 ? 4 : b >= 2 ? 2 : 1;
+  }
+}
+
 // out[i, :] = sum_d x[i, d] vt[d, :], rows [i0, i1): x [N, D], vt [D, r]
-// (v^T), out [N, r]. Four rows at a time: each row of vt serves four.
+// (v^T), out [N, r]. project_block rows at a time, then one at a time.
 template <typename T, int R>
 GLINT_KERNEL_CLONES void project_rows(const T* x, const T* vt, T* out, int64_t i0, int64_t i1, int64_t D,
                                       int64_t r_) {
   const int64_t r = rank_or<R>(r_);
   constexpr int64_t n = R > 0 ? R : kLoopRank;
+  constexpr int64_t B = project_block<T, R>();
   int64_t i = i0;
-  for (; i + 4 <= i1; i += 4) {
-    const T* x0 = x + i * D;
-    const T *x1 = x0 + D, *x2 = x1 + D, *x3 = x2 + D;
-    T a0[n] = {}, a1[n] = {}, a2[n] = {}, a3[n] = {};
+  for (; i + B <= i1; i += B) {
+    const T* xb = x + i * D;
+    T a[B][n] = {};
     for (int64_t d = 0; d < D; ++d) {
       const T* vd = vt + d * r;
-      const T e0 = x0[d], e1 = x1[d], e2 = x2[d], e3 = x3[d];
+      for (int64_t b = 0; b < B; ++b) {
+        const T e = xb[b * D + d];
 #pragma omp simd
-      for (int64_t k = 0; k < r; ++k) {
-        a0[k] += e0 * vd[k];
-        a1[k] += e1 * vd[k];
-        a2[k] += e2 * vd[k];
-        a3[k] += e3 * vd[k];
+        for (int64_t k = 0; k < r; ++k) a[b][k] += e * vd[k];
       }
     }
-    for (int64_t k = 0; k < r; ++k) {
-      out[i * r + k] = a0[k];
-      out[(i + 1) * r + k] = a1[k];
-      out[(i + 2) * r + k] = a2[k];
-      out[(i + 3) * r + k] = a3[k];
-    }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t k = 0; k < r; ++k) out[(i + b) * r + k] = a[b][k];
   }
   for (; i < i1; ++i) {
     const T* xi = x + i * D;

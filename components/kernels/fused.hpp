@@ -87,9 +87,13 @@ at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at:
 /// [N, in] tensors, each zeroed, written, added and freed, per adapted
 /// projection and step. Saves x and the [N, r] x a^T. Differentiable in x,
 /// w, bias, a and b (the frozen base's w and bias usually need none). `mm`
-/// computes the base products (empty: at::mm).
+/// computes the base products (empty: at::mm). `adapter_input` (x's shape;
+/// undefined: x itself) is what the adapter reads instead of x, such as
+/// LoRA dropout's masked x: the adapter's part of the input gradient then
+/// goes to it, as a new tensor, and the base's alone to x.
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm = {});
+                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm = {},
+                       const at::Tensor& adapter_input = {});
 
 /// Rotary position embedding in the rotate-half layout (Hugging Face's):
 /// x * cos + rotate_half(x) * sin, per head. x [..., heads, D]; cos and sin

@@ -234,12 +234,11 @@ bool fusable(const at::Tensor& x) {
 
 // The pass's own adapter on `prefix` (A, B), when kernels::lora_linear can
 // take the layer and it whole: every tensor f32 or f64 alike, none packed
-// for oneDNN, and no dropout to apply (dropout's mask sits between the
-// adapter's input and the base's, which the kernel shares).
+// for oneDNN.
 const std::pair<at::Tensor, at::Tensor>* kernel_adapter(const std::string& prefix, const at::Tensor& x,
                                                         const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                                                         const PassOptions& pass) {
-  if (!pass.lora || pass.lora->merged || (pass.train && pass.lora->cfg.dropout > 0) || !fusable(x)) return nullptr;
+  if (!pass.lora || pass.lora->merged || !fusable(x)) return nullptr;
   auto it = pass.lora->weights.find(prefix);
   if (it == pass.lora->weights.end()) return nullptr;
   const auto& [a, b] = it->second;
@@ -250,14 +249,24 @@ const std::pair<at::Tensor, at::Tensor>* kernel_adapter(const std::string& prefi
 
 }  // namespace
 
+at::Tensor CausalLM::Impl::lora_input(const at::Tensor& x, const PassOptions& pass) {
+  const double p = pass.lora ? pass.lora->cfg.dropout : 0.0;
+  if (!pass.train || p <= 0) return x;
+  return pass.dropout_rng ? x * at::empty_like(x).bernoulli_(1.0 - p, *pass.dropout_rng) / (1.0 - p)
+                          : at::dropout(x, p, true);
+}
+
 at::Tensor CausalLM::Impl::project(const std::string& prefix, const at::Tensor& x, const at::Tensor& w,
                                    const c10::optional<at::Tensor>& bias, const PassOptions& pass) const {
   if (const auto* ab = kernel_adapter(prefix, x, w, bias, pass)) {
     // The base product and the adapter's in one node: the adapter's rank-r
     // products go into the base's output, and backward into its input's
     // gradient, in place (kernels::lora_linear).
+    // With dropout in training the adapter reads its own masked x.
+    auto in = lora_input(x, pass);
     auto y = kernels::lora_linear(x, w, bias, ab->first, ab->second, pass.lora->scaling.at(prefix),
-                                  [](const at::Tensor& p, const at::Tensor& q) { return fast_linear(p, q); });
+                                  [](const at::Tensor& p, const at::Tensor& q) { return fast_linear(p, q); },
+                                  in.is_same(x) ? at::Tensor{} : in);
     return add_lora(prefix, x, std::move(y), pass, /*own=*/false);
   }
   return add_lora(prefix, x, fast_linear(x, w, bias), pass);
@@ -268,11 +277,7 @@ at::Tensor CausalLM::Impl::add_lora(const std::string& prefix, const at::Tensor&
   if (own && pass.lora && !pass.lora->merged) {
     if (auto it = pass.lora->weights.find(prefix); it != pass.lora->weights.end()) {
       const auto& [a, b] = it->second;
-      const double p = pass.lora->cfg.dropout;
-      at::Tensor in = x;
-      if (pass.train && p > 0)
-        in = pass.dropout_rng ? x * at::empty_like(x).bernoulli_(1.0 - p, *pass.dropout_rng) / (1.0 - p)
-                              : at::dropout(x, p, true);
+      auto in = lora_input(x, pass);
       // y + s (x A^T) B^T as one addmm: s scales the rank-r product, and the
       // sum is the GEMM's own accumulation, where y + (x A^T B^T) s made and
       // read two more [tokens, out] tensors each way.

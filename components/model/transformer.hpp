@@ -159,9 +159,13 @@ struct CausalLM::Impl {
   /// false: pass.lora's adapter is in y already (project's kernel added it).
   at::Tensor add_lora(const std::string& prefix, const at::Tensor& x, at::Tensor y, const PassOptions& pass,
                       bool own = true) const;
+  /// What the pass's own adapter reads of a projection's input x: x, or in
+  /// training with LoRA dropout, x masked and rescaled (a fresh mask each call).
+  static at::Tensor lora_input(const at::Tensor& x, const PassOptions& pass);
   /// x @ w^T (+ bias) plus the adapters of `pass` that target `prefix`: the
   /// pass's own through kernels::lora_linear where it can (one node, the
-  /// adapter's products accumulated in place), else add_lora.
+  /// adapter's products accumulated in place; its dropout input beside x),
+  /// else add_lora.
   at::Tensor project(const std::string& prefix, const at::Tensor& x, const at::Tensor& w,
                      const c10::optional<at::Tensor>& bias, const PassOptions& pass) const;
   /// x @ W^T (+ b) for the projection `prefix` ("model.layers.0.mlp.up_proj"),

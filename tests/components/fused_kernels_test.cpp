@@ -353,6 +353,29 @@ TEST(FusedLoraLinear, EqualsTheCompositionInFloat64AtEveryRankAndWithWhatNeedsGr
   }
 }
 
+TEST(FusedLoraLinear, AnAdapterInputOfItsOwnTakesTheAdaptersGradient) {
+  // LoRA dropout's case: the adapter reads u (x masked), the base x.
+  at::manual_seed(33);
+  for (int64_t r : {3, 8}) {
+    auto x = at::randn({2, 5, 20}, at::kDouble), u = at::randn({2, 5, 20}, at::kDouble);
+    auto w = at::randn({12, 20}, at::kDouble), a = at::randn({r, 20}, at::kDouble), b = at::randn({12, r}, at::kDouble);
+    auto g = at::randn({2, 5, 12}, at::kDouble);
+    const std::vector<bool> grads{true, false, true, true, true};  // x, w, a, b, u
+    auto fused = value_and_grads({x, w, a, b, u}, grads, g, [&](auto& t) {
+      return lora_linear(t[0], t[1], c10::nullopt, t[2], t[3], 0.5, {}, t[4]);
+    });
+    auto ref = value_and_grads({x, w, a, b, u}, grads, g, [&](auto& t) {
+      return at::linear(t[0], t[1]) + at::linear(at::linear(t[4], t[2]), t[3]) * 0.5;
+    });
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_close(fused, ref, {"y", "grad x", "grad a", "grad b", "grad u"}, 1e-12);
+  }
+  auto x = at::randn({4, 6});
+  EXPECT_THROW(lora_linear(x, at::randn({5, 6}), c10::nullopt, at::randn({2, 6}), at::randn({5, 2}), 1.0, {},
+                           at::randn({4, 7})),
+               c10::Error);
+}
+
 TEST(FusedLoraLinear, Float32IsAsCloseToFloat64AsTheComposition) {
   at::manual_seed(32);
   auto x = at::randn({64, 512}), w = at::randn({384, 512}) * 0.05;

@@ -503,10 +503,12 @@ TEST(Lora, SavedAdaptersNameTheirBaseModel) {
 // for A, B and the base, on every projection and the LM head, with Qwen2's
 // biases, in float64.
 TEST(Lora, TheFusedAdapterKernelGivesTheComposedValuesAndGradients) {
+ for (double dropout : {0.0, 0.25}) {
+  SCOPED_TRACE("dropout " + std::to_string(dropout));
   auto cfg = ModelConfig::make(Architecture::qwen2, 29, 16, 32, 2, 4, 2);
   cfg.tie_word_embeddings = false;
   auto lm = *CausalLM::init_random(cfg, 4);
-  ASSERT_TRUE(lm.add_adapter("a", {.r = 4, .alpha = 8, .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}}, 1));
+  ASSERT_TRUE(lm.add_adapter("a", {.r = 4, .alpha = 8, .dropout = dropout, .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}}, 1));
   auto& impl = lm.impl();
   auto& adapter = impl.adapters.at("a");
   ASSERT_EQ(adapter.weights.size(), 2u * 7 + 1);
@@ -526,7 +528,9 @@ TEST(Lora, TheFusedAdapterKernelGivesTheComposedValuesAndGradients) {
       ab.first = ab.first.detach().requires_grad_(true);
       ab.second = ab.second.detach().requires_grad_(true);
     }
-    PassOptions pass{.lora = &adapter, .train = true};
+    // The same dropout masks both ways: one generator, seeded alike.
+    auto rng = at::make_generator<at::CPUGeneratorImpl>(77);
+    PassOptions pass{.lora = &adapter, .train = true, .dropout_rng = &rng};
     auto out = impl.run(*p, /*entropies=*/false, /*logits=*/false, pass);
     (out.logprobs * w).sum().backward();
     std::map<std::string, at::Tensor> r{{"logprobs", out.logprobs.detach()}};
@@ -548,6 +552,12 @@ TEST(Lora, TheFusedAdapterKernelGivesTheComposedValuesAndGradients) {
       EXPECT_LE(diff, 1e-11 * std::max(1.0, want.abs().max().item<double>())) << name;
     }
   }
+  if (dropout > 0) {  // and the masks did apply: without them the log-probs differ
+    auto rng = at::make_generator<at::CPUGeneratorImpl>(77);
+    PassOptions train{.lora = &adapter, .train = true, .dropout_rng = &rng}, eval{.lora = &adapter};
+    EXPECT_FALSE(at::allclose(impl.run(*p, false, false, train).logprobs, impl.run(*p, false, false, eval).logprobs));
+  }
+ }
 }
 
 TEST(Lora, AnAdapterOnTheLmHeadTrainsRoundTripsAndMergesOnlyUntied) {

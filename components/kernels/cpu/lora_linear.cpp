@@ -221,49 +221,60 @@ at::Tensor outer(const at::Tensor& u, const at::Tensor& x, double alpha) {
 
 struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
   // x [N, in], w [out, in], bias [out] (with_bias; else empty: autograd
-  // takes no undefined input), a [r, in], b [out, r], all contiguous ->
-  // [N, out].
+  // takes no undefined input), a [r, in], b [out, r], u [N, in] the
+  // adapter's own input (separate; else empty, and the adapter reads x),
+  // all contiguous -> [N, out].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                            bool with_bias, const at::Tensor& a, const at::Tensor& b, double scale,
-                            const MatmulNT& mm) {
+                            bool with_bias, const at::Tensor& a, const at::Tensor& b, const at::Tensor& u,
+                            bool separate, double scale, const MatmulNT& mm) {
     auto y = mm(x, w);
     if (with_bias) y.add_(bias);
-    auto xa = project(x, a.t().contiguous());        // x a^T [N, r]
-    add_low_rank(y, xa, b.t().contiguous(), scale);  // y += s (x a^T) b^T
-    ctx->save_for_backward({x, w, a, b, xa});
+    const auto& in = separate ? u : x;
+    auto xa = project(in, a.t().contiguous());       // in a^T [N, r]
+    add_low_rank(y, xa, b.t().contiguous(), scale);  // y += s (in a^T) b^T
+    ctx->save_for_backward({x, w, a, b, xa, u});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["with_bias"] = with_bias;
+    ctx->saved_data["separate"] = separate;
     cpu::save_matmul(ctx, mm);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &w = saved[1], &a = saved[2], &b = saved[3], &xa = saved[4];
+    const auto &x = saved[0], &w = saved[1], &a = saved[2], &b = saved[3], &xa = saved[4], &u = saved[5];
     const double s = ctx->saved_data["scale"].toDouble();
+    const bool separate = ctx->saved_data["separate"].toBool();
     const auto& mm = cpu::saved_matmul(ctx);
     auto g = grads[0].contiguous();  // [N, out]
-    at::Tensor dx, dw, dbias, da, db;
+    // needs_input_grad counts the tensor inputs only: x w bias a b u.
+    const bool need_x = ctx->needs_input_grad(0), need_a = ctx->needs_input_grad(3);
+    const bool need_u = separate && ctx->needs_input_grad(5);
+    at::Tensor dx, dw, dbias, da, db, du;
     // g b: [N, r], what the adapter's down projection receives (before s).
     at::Tensor gb;
-    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(3)) gb = project(g, b);
-    if (ctx->needs_input_grad(0)) {
-      dx = mm(g, w.t()).contiguous();  // g w
-      add_low_rank(dx, gb, a, s);      // + s (g b) a
+    if ((need_x && !separate) || need_a || need_u) gb = project(g, b);
+    if (need_x) {
+      dx = mm(g, w.t()).contiguous();             // g w
+      if (!separate) add_low_rank(dx, gb, a, s);  // + s (g b) a
+    }
+    if (need_u) {
+      du = at::zeros_like(u);
+      add_low_rank(du, gb, a, s);  // s (g b) a
     }
     if (ctx->needs_input_grad(1)) dw = mm(g.t(), x.t());  // g^T x
     if (ctx->needs_input_grad(2) && ctx->saved_data["with_bias"].toBool()) dbias = g.sum(0);
-    // needs_input_grad counts the tensor inputs only: x w bias a b.
-    if (ctx->needs_input_grad(3)) da = outer(gb, x, s).t().contiguous();  // s (g b)^T x
-    if (ctx->needs_input_grad(4)) db = outer(xa, g, s);                   // s g^T (x a^T)
-    return {dx, dw, dbias, at::Tensor{}, da, db, at::Tensor{}, at::Tensor{}};
+    if (need_a) da = outer(gb, separate ? u : x, s).t().contiguous();  // s (g b)^T in
+    if (ctx->needs_input_grad(4)) db = outer(xa, g, s);                // s g^T (in a^T)
+    return {dx, dw, dbias, at::Tensor{}, da, db, du, at::Tensor{}, at::Tensor{}, at::Tensor{}};
   }
 };
 
 }  // namespace
 
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm) {
+                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm,
+                       const at::Tensor& adapter_input) {
   cpu::check_floating_cpu(x, "lora_linear", "x");
   cpu::check_floating_cpu(w, "lora_linear", "w");
   cpu::check_floating_cpu(a, "lora_linear", "a");
@@ -280,15 +291,24 @@ at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == w.size(0), "lora_linear: bias is ", bias->sizes(), ", w ",
                 w.sizes());
   }
-  for (const auto* t : {&w, &a, &b})
-    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "lora_linear: x is ", x.scalar_type(), " but a weight is ",
+  const bool separate = adapter_input.defined();
+  if (separate) {
+    cpu::check_floating_cpu(adapter_input, "lora_linear", "adapter_input");
+    TORCH_CHECK(adapter_input.sizes() == x.sizes(), "lora_linear: adapter_input is ", adapter_input.sizes(),
+                "; it must have x's shape ", x.sizes());
+  }
+  std::vector<const at::Tensor*> same{&w, &a, &b};
+  if (with_bias) same.push_back(&*bias);
+  if (separate) same.push_back(&adapter_input);
+  for (const auto* t : same)
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "lora_linear: x is ", x.scalar_type(), " but a weight or input is ",
                 t->scalar_type());
-  TORCH_CHECK(!with_bias || bias->scalar_type() == x.scalar_type(), "lora_linear: x is ", x.scalar_type(),
-              ", bias ", bias->scalar_type());
   MatmulNT product = mm ? mm : MatmulNT{[](const at::Tensor& p, const at::Tensor& q) { return at::mm(p, q.t()); }};
   auto y = LoraLinearFn::apply(x.reshape({-1, in}).contiguous(), w.contiguous(),
                                with_bias ? bias->contiguous() : at::empty({0}, x.options()), with_bias, a.contiguous(),
-                               b.contiguous(), scale, product);
+                               b.contiguous(),
+                               separate ? adapter_input.reshape({-1, in}).contiguous() : at::empty({0}, x.options()),
+                               separate, scale, product);
   auto sizes = x.sizes().vec();
   sizes.back() = w.size(0);
   return y.view(sizes);

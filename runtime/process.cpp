@@ -254,9 +254,9 @@ Result<uint16_t> pick_free_port() {
   static std::mt19937 rng{static_cast<uint32_t>(::getpid()) ^
                           static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
   const int hi = ephemeral_low() - 1, lo = std::max(1024, hi - 12000);
+  std::lock_guard<std::mutex> guard{mx};
+  if (picked.size() > 4096) picked.clear();  // a long-lived process: the first picks are long bound or gone
   if (hi - lo >= 1000) {
-    std::lock_guard<std::mutex> guard{mx};
-    if (picked.size() > 4096) picked.clear();  // a long-lived process: the first picks are long bound or gone
     std::uniform_int_distribution<int> any{lo, hi};
     for (int attempt = 0; attempt < 256; ++attempt) {
       const auto port = static_cast<uint16_t>(any(rng));
@@ -266,21 +266,27 @@ Result<uint16_t> pick_free_port() {
     }
   }
   // A machine whose ephemeral range starts low, or whose low ports are all
-  // taken: one the kernel chooses.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return make_error(errc::unavailable, std::string{"cannot open a socket: "} + std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  // taken: one the kernel chooses, on every IPv4 address, and again not one
+  // this process returned before.
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return make_error(errc::unavailable, std::string{"cannot open a socket: "} + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return make_error(errc::unavailable, std::string{"cannot find a free port: "} + std::strerror(err));
+    }
     ::close(fd);
-    return make_error(errc::unavailable, std::string{"cannot find a free port: "} + std::strerror(errno));
+    const auto port = ntohs(addr.sin_port);
+    if (picked.insert(port).second) return port;
   }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  return make_error(errc::unavailable, "cannot find a free port this process has not handed out already");
 }
 
 }  // namespace glint

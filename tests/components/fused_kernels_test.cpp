@@ -88,6 +88,35 @@ TEST(FusedLogprob, EqualsTheUnfusedReferenceInFloat64FromLogits) {
   expect_same(at::kDouble, -1, true, true, 30.0, 1e-10);  // logits in the hundreds
 }
 
+TEST(FusedLogprob, MaskedOutLogitsOfMinusInfinityAddNothingToTheEntropyOrItsGradient) {
+  // A vocabulary mask's -inf logits: p log p -> 0 there, not 0 x -inf = NaN.
+  // Against the same rows with those entries left out, for every dtype path.
+  const double inf = std::numeric_limits<double>::infinity();
+  auto full = at::tensor({0.0, -inf, 1.0, 0.5, -inf, -2.0}, at::kDouble).view({1, 6});
+  auto kept = at::tensor({0.0, 1.0, 0.5, -2.0}, at::kDouble).view({1, 4});
+  auto targets = at::tensor({2}, at::kLong), kept_targets = at::tensor({1}, at::kLong);
+  for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
+    auto z = full.to(dtype).detach().clone().requires_grad_(true);
+    auto zk = kept.to(dtype).detach().clone().requires_grad_(true);
+    auto out = logprob(z, targets), ref = logprob(zk, kept_targets);
+    (out.logprobs + out.entropies).sum().backward();
+    (ref.logprobs + ref.entropies).sum().backward();
+    const double tol = dtype == at::kBFloat16 ? 0.03 : 1e-6;
+    SCOPED_TRACE(c10::toString(dtype));
+    EXPECT_TRUE(std::isfinite(out.entropies.item<double>()));
+    EXPECT_NEAR(out.entropies.item<double>(), ref.entropies.item<double>(), tol);
+    EXPECT_NEAR(out.logprobs.item<double>(), ref.logprobs.item<double>(), tol);
+    auto g = z.grad().to(at::kDouble).view({6}), gk = zk.grad().to(at::kDouble).view({4});
+    EXPECT_EQ(g[1].item<double>(), 0.0);
+    EXPECT_EQ(g[4].item<double>(), 0.0);
+    for (auto [i, k] : {std::pair{0, 0}, {2, 1}, {3, 2}, {5, 3}})
+      EXPECT_NEAR(g[i].item<double>(), gk[k].item<double>(), tol) << "logit " << i;
+  }
+  // And logits with an empty vocabulary and no rows give empty outputs.
+  auto none = logprob(at::zeros({0, 0}), at::zeros({0}, at::kLong));
+  EXPECT_EQ(none.logprobs.numel(), 0);
+}
+
 TEST(FusedLogprob, BFloat16RunsLibTorchsComposition) {
   at::manual_seed(5);
   auto z64 = at::randn({6, 40}, at::kDouble) * 3;

@@ -6,7 +6,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,6 +87,44 @@ TEST(PickFreePort, SkipsAPortSomeoneListensOn) {
     EXPECT_EQ(held.count(*port), 0u) << "picked " << *port << ", which this test listens on";
   }
   for (int fd : fds) ::close(fd);
+}
+
+TEST(PickFreePort, FallsBackToTheKernelsChoiceWhereTheRangeStartsLowAndStillNeverRepeats) {
+  // In a network namespace of its own (the port range is per namespace), a
+  // child sets the ephemeral range to start at 1024, so that no range lies
+  // below it: every pick takes the kernel's bind(0) fallback.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNET) != 0) ::_exit(77);  // not root: nothing to test here
+    {
+      std::ofstream range{"/proc/sys/net/ipv4/ip_local_port_range"};
+      range << "1024 65535\n";
+      if (!range.flush()) ::_exit(77);
+    }
+    if (ephemeral_low() != 1024) ::_exit(3);
+    // 1000 picks, none bound in between: the kernel's own choices would
+    // repeat some (about 8 expected among 1000 of 64,000 ports).
+    std::set<uint16_t> seen;
+    for (int i = 0; i < 1000; ++i) {
+      auto port = pick_free_port();
+      if (!port) ::_exit(4);
+      if (!seen.insert(*port).second) ::_exit(5);  // the fallback handed a port out twice
+    }
+    // Each free on every IPv4 address.
+    for (auto port : seen) {
+      const int fd = listen_on(port);
+      if (fd < 0) ::_exit(6);
+      ::close(fd);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "needs root to make a network namespace";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the range did not change; 4: a pick failed; 5: a port twice; 6: a picked "
+                                       "port could not be listened on";
 }
 
 }  // namespace

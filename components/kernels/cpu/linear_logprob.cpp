@@ -50,7 +50,8 @@ GLINT_KERNEL_CLONES void logprob_rows(const T* Z, int64_t n, int64_t V, const in
 #pragma omp simd reduction(+ : h)
       for (int64_t j = 0; j < V; ++j) {
         const T lp = z[j] - l;
-        h -= cpu::exp(lp) * lp;
+        const T p = cpu::exp(lp);
+        h -= p == T{0} ? T{0} : p * lp;  // p log p -> 0 as p -> 0: a -inf logit adds nothing, not NaN
       }
       ent[i] = h;
     }
@@ -74,7 +75,8 @@ GLINT_KERNEL_CLONES void logprob_grad_rows(const T* Z, T* D, int64_t n, int64_t 
       for (int64_t j = 0; j < V; ++j) {
         const T lp = z[j] - l;
         const T p = cpu::exp(lp);
-        d[j] = -(g * p) - ge * p * (lp + H);
+        const T t = p == T{0} ? T{0} : p * (lp + H);  // as above: 0, not 0 x -inf
+        d[j] = -(g * p) - ge * t;
       }
     } else {
 #pragma omp simd
@@ -100,7 +102,8 @@ void rows_forward(const at::Tensor& z, const at::Tensor& targets, const at::Tens
     tlp.copy_(z.gather(1, targets.unsqueeze(1)).squeeze(1) - l);
     if (ent.defined()) {
       auto logp = z - l.unsqueeze(1);
-      ent.copy_(-(logp.exp() * logp).sum(1));
+      auto p = logp.exp();
+      ent.copy_(-at::where(p == 0, at::zeros_like(p), p * logp).sum(1));
     }
     return;
   }
@@ -127,7 +130,8 @@ void rows_backward(const at::Tensor& z, const at::Tensor& d, const at::Tensor& t
     auto p = logp.exp();
     auto dz = g_lp.defined() ? -g_lp.unsqueeze(1) * p : at::zeros_like(logp);
     if (g_lp.defined()) dz.scatter_add_(1, targets.unsqueeze(1), g_lp.unsqueeze(1));
-    if (g_ent.defined()) dz.sub_(g_ent.unsqueeze(1) * p * (logp + ent.unsqueeze(1)));
+    if (g_ent.defined())
+      dz.sub_(g_ent.unsqueeze(1) * at::where(p == 0, at::zeros_like(p), p * (logp + ent.unsqueeze(1))));
     d.copy_(dz);
     return;
   }
@@ -251,7 +255,8 @@ LinearLogprob logprob(const at::Tensor& logits, const at::Tensor& targets, bool 
   auto flat_targets = targets.reshape({-1}).to(at::kLong).contiguous();
   check_targets(flat_targets, V, "logprob");
   auto lead = targets.sizes().vec();
-  auto out = LogprobFn::apply(logits.reshape({-1, V}).contiguous(), flat_targets, entropies);
+  // Rows counted, not reshape's -1: that cannot tell them when V is 0.
+  auto out = LogprobFn::apply(logits.reshape({flat_targets.numel(), V}).contiguous(), flat_targets, entropies);
   return {out[0].view(lead), entropies ? out[1].view(lead) : at::Tensor{}};
 }
 

@@ -227,7 +227,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                             bool with_bias, const at::Tensor& a, const at::Tensor& b, const at::Tensor& u,
                             bool separate, double scale, const MatmulNT& mm) {
-    auto y = mm(x, w);
+    auto y = mm(x, w).contiguous();  // written in place below: rows of out contiguous
     if (with_bias) y.add_(bias);
     const auto& in = separate ? u : x;
     auto xa = project(in, a.t().contiguous());       // in a^T [N, r]

@@ -220,17 +220,27 @@ Result<std::string> local_address_towards(const std::string& host, uint16_t port
 namespace {
 
 // Whether a TCP listener could bind `port` on every IPv4 address now.
-bool bindable(uint16_t port) {
+// Binds a socket to `port` (0: one the kernel chooses) on every IPv4
+// address and closes it; the port it was bound to, or -1 with errno set.
+int bind_any(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return -1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(port);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  socklen_t len = sizeof(addr);
+  int bound = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    bound = ntohs(addr.sin_port);
+  const int err = errno;
   ::close(fd);
-  return ok;
+  errno = err;
+  return bound;
 }
+
+bool bindable(uint16_t port) { return bind_any(port) >= 0; }
 
 // The first port of the kernel's ephemeral range (32768 unless configured).
 int ephemeral_low() {
@@ -269,22 +279,9 @@ Result<uint16_t> pick_free_port() {
   // taken: one the kernel chooses, on every IPv4 address, and again not one
   // this process returned before.
   for (int attempt = 0; attempt < 64; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return make_error(errc::unavailable, std::string{"cannot open a socket: "} + std::strerror(errno));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return make_error(errc::unavailable, std::string{"cannot find a free port: "} + std::strerror(err));
-    }
-    ::close(fd);
-    const auto port = ntohs(addr.sin_port);
-    if (picked.insert(port).second) return port;
+    const int port = bind_any(0);
+    if (port < 0) return make_error(errc::unavailable, std::string{"cannot find a free port: "} + std::strerror(errno));
+    if (picked.insert(static_cast<uint16_t>(port)).second) return static_cast<uint16_t>(port);
   }
   return make_error(errc::unavailable, "cannot find a free port this process has not handed out already");
 }

@@ -245,6 +245,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     const auto &x = saved[0], &w = saved[1], &a = saved[2], &b = saved[3], &xa = saved[4], &u = saved[5];
     const double s = ctx->saved_data["scale"].toDouble();
     const bool separate = ctx->saved_data["separate"].toBool();
+    const auto& in = separate ? u : x;  // what the adapter read
     const auto& mm = cpu::saved_matmul(ctx);
     auto g = grads[0].contiguous();  // [N, out]
     // needs_input_grad counts the tensor inputs only: x w bias a b u.
@@ -264,8 +265,8 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     }
     if (ctx->needs_input_grad(1)) dw = mm(g.t(), x.t());  // g^T x
     if (ctx->needs_input_grad(2) && ctx->saved_data["with_bias"].toBool()) dbias = g.sum(0);
-    if (need_a) da = outer(gb, separate ? u : x, s).t().contiguous();  // s (g b)^T in
-    if (ctx->needs_input_grad(4)) db = outer(xa, g, s);                // s g^T (in a^T)
+    if (need_a) da = outer(gb, in, s).t().contiguous();  // s (g b)^T in
+    if (ctx->needs_input_grad(4)) db = outer(xa, g, s);   // s g^T (in a^T)
     return {dx, dw, dbias, at::Tensor{}, da, db, du, at::Tensor{}, at::Tensor{}, at::Tensor{}};
   }
 };

@@ -77,22 +77,31 @@ using MatmulNT = std::function<at::Tensor(const at::Tensor& a, const at::Tensor&
 /// multiplies (empty: at::mm).
 at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& w, const MatmulNT& mm = {});
 
+/// out = a @ b^T, or out += a @ b^T when `accumulate`, for 2-d tensors
+/// without autograd; out [M, P] contiguous, written in place. The caller's
+/// product, as MatmulNT, for kernels that write part of a result first and
+/// have the product add the rest: a GEMM with beta = 1 skips the pass that
+/// clears its output (OpenBLAS zeroes C for beta = 0), and the part written
+/// first costs one write instead of a read and a write after the product.
+using MatmulIntoNT = std::function<void(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate)>;
+
 /// A linear layer with a LoRA adapter, as one autograd node:
 ///   y = x w^T (+ bias) + scale (x a^T) b^T
 /// x [..., in], w [out, in], bias [out] (optional), a [r, in], b [out, r]
 /// (PEFT's lora_A and lora_B) -> [..., out]. The adapter's products of rank
-/// r (up to 32: row loops; above, BLAS) are accumulated into the base
-/// product's output, and in the backward pass into its input gradient, in
-/// place: the composition forms (x a^T) b^T and (g b) a as [N, out] and
-/// [N, in] tensors, each zeroed, written, added and freed, per adapted
-/// projection and step. Saves x and the [N, r] x a^T. Differentiable in x,
-/// w, bias, a and b (the frozen base's w and bias usually need none). `mm`
-/// computes the base products (empty: at::mm). `adapter_input` (x's shape;
+/// r (up to 32: row loops; above, BLAS) are written first, with the bias,
+/// into the output, and the base product adds itself to them (`mm` with
+/// accumulate); the backward pass does the same with the input gradient.
+/// The composition forms (x a^T) b^T and (g b) a as [N, out] and [N, in]
+/// tensors, each zeroed, written, added and freed, per adapted projection
+/// and step. Saves x and the [N, r] x a^T. Differentiable in x, w, bias, a
+/// and b (the frozen base's w and bias usually need none). `mm` computes the
+/// base products (empty: ATen's addmm). `adapter_input` (x's shape;
 /// undefined: x itself) is what the adapter reads instead of x, such as
 /// LoRA dropout's masked x: the adapter's part of the input gradient then
 /// goes to it, as a new tensor, and the base's alone to x.
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm = {},
+                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulIntoNT& mm = {},
                        const at::Tensor& adapter_input = {});
 
 /// Rotary position embedding in the rotate-half layout (Hugging Face's):

@@ -162,6 +162,19 @@ at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   return b && b->defined() ? y + *b : y;
 }
 
+void fast_linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  if (a.scalar_type() == at::kFloat && a.size(0) * b.numel() >= (1 << 16) && wanted(a, a.size(0))) {
+    auto y = dnnl_mm_nt(a, b);
+    if (accumulate) {
+      out.add_(y);
+    } else {
+      out.copy_(y);
+    }
+    return;
+  }
+  out.addmm_(a, b.t(), accumulate ? 1.0 : 0.0, 1.0);
+}
+
 at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b) {
   if (b.scalar_type() != at::kFloat || a.size(1) * a.size(2) * b.size(2) < (1 << 16) || !wanted(a, a.size(1)))
     return at::matmul(a, b);

@@ -20,6 +20,12 @@ namespace glint::components {
 /// x [..., in] @ w[out, in]^T (+ b[out]), like at::linear.
 at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b = {});
 
+/// out = a @ b^T, or out += a @ b^T when `accumulate` (2-d, no autograd;
+/// out [M, P] contiguous), by fast_linear's choice of library: ATen's addmm
+/// (a GEMM with beta 0 or 1 on `out` itself), or oneDNN's product then
+/// copied or added in. kernels::MatmulIntoNT for the model's fused kernels.
+void fast_linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
+
 /// `w` [out, in] converted once to oneDNN's own layout, for inference that
 /// reuses it every step (the sampler): fast_linear then skips converting it
 /// on every call. Without oneDNN (or for another dtype) `w` itself. No

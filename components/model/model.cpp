@@ -265,7 +265,7 @@ at::Tensor CausalLM::Impl::project(const std::string& prefix, const at::Tensor& 
     // With dropout in training the adapter reads its own masked x.
     auto in = lora_input(x, pass);
     auto y = kernels::lora_linear(x, w, bias, ab->first, ab->second, pass.lora->scaling.at(prefix),
-                                  [](const at::Tensor& p, const at::Tensor& q) { return fast_linear(p, q); },
+                                  fast_linear_into,
                                   in.is_same(x) ? at::Tensor{} : in);
     return add_lora(prefix, x, std::move(y), pass, /*own=*/false);
   }

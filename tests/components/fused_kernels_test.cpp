@@ -349,10 +349,17 @@ TEST(FusedLoraLinear, EqualsTheCompositionInFloat64AtEveryRankAndWithWhatNeedsGr
       auto a = at::randn({r, in}, at::kDouble), b = at::randn({out, r}, at::kDouble);
       auto bias = at::randn({out}, at::kDouble), g = at::randn({3, 7, out}, at::kDouble);
       const double scale = 2.0 / static_cast<double>(r);
-      int calls = 0;
-      MatmulNT counted = [&](const at::Tensor& p, const at::Tensor& q) {
+      int calls = 0, accumulated = 0;
+      MatmulIntoNT counted = [&](at::Tensor& out, const at::Tensor& p, const at::Tensor& q, bool accumulate) {
         ++calls;
-        return at::mm(p, q.t());
+        accumulated += accumulate ? 1 : 0;
+        // What the kernel writes first must be there; otherwise whatever
+        // the buffer held must not count.
+        if (accumulate) {
+          out.addmm_(p, q.t());
+        } else {
+          out.fill_(std::numeric_limits<double>::quiet_NaN()).copy_(at::mm(p, q.t()));
+        }
       };
       // LoRA's case (x, a, b: the base frozen), everything, only the adapter.
       for (std::vector<bool> grads : {std::vector<bool>{true, false, true, true, false},
@@ -363,13 +370,16 @@ TEST(FusedLoraLinear, EqualsTheCompositionInFloat64AtEveryRankAndWithWhatNeedsGr
           if (with_bias) inputs.push_back(bias);
           auto wanted = grads;
           wanted.resize(inputs.size());
-          calls = 0;
+          calls = accumulated = 0;
           auto fused = value_and_grads(inputs, wanted, g, [&](auto& t) {
             return lora_linear(t[0], t[1], t.size() > 4 ? c10::optional<at::Tensor>{t[4]} : c10::nullopt, t[2], t[3],
                                scale, counted);
           });
           // The base product forward; the input's gradient and w's when asked.
           EXPECT_EQ(calls, 1 + (wanted[0] ? 1 : 0) + (wanted[1] ? 1 : 0)) << "rank " << r;
+          // The forward product and the input's gradient add themselves to
+          // the adapter's part (and the bias); w's gradient is a product alone.
+          EXPECT_EQ(accumulated, 1 + (wanted[0] ? 1 : 0)) << "rank " << r;
           auto ref = value_and_grads(inputs, wanted, g, [&](auto& t) { return lora_reference(t, scale); });
           std::vector<std::string> names{"y"};
           for (auto [i, name] : {std::pair{0, "grad x"}, {1, "grad w"}, {2, "grad a"}, {3, "grad b"}, {4, "grad bias"}})

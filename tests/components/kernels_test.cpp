@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace glint::components {
 namespace {
 
@@ -69,6 +71,28 @@ TEST_F(Kernels, BatchedProductMatchesATenWithGradients) {
   (ref * g).sum().backward();
   expect_close(a.grad(), a2.grad(), "grad a");
   expect_close(b.grad(), b2.grad(), "grad b");
+}
+
+// fast_linear_into writes or adds a @ b^T in place, with oneDNN (this
+// fixture) and with ATen, and with a transposed operand (a gradient's g^T).
+TEST_F(Kernels, ProductIntoAnOutputWritesOrAddsInPlace) {
+  at::manual_seed(3);
+  auto a = at::randn({300, 64}), b = at::randn({80, 64}), start = at::randn({300, 80});
+  for (bool onednn : {true, false}) {
+    ASSERT_TRUE(set_onednn_matmul(onednn, onednn) || !onednn);
+    SCOPED_TRACE(onednn ? "oneDNN" : "ATen");
+    auto out = start.clone();
+    const auto* data = out.data_ptr<float>();
+    fast_linear_into(out, a, b, /*accumulate=*/true);
+    expect_close(out, start + at::mm(a, b.t()), "accumulated");
+    EXPECT_EQ(out.data_ptr<float>(), data);
+    out.fill_(std::numeric_limits<float>::quiet_NaN());
+    fast_linear_into(out, a, b, /*accumulate=*/false);
+    expect_close(out, at::mm(a, b.t()), "written over NaN");
+    auto t = at::empty({64, 80});
+    fast_linear_into(t, a.t(), start.t(), /*accumulate=*/false);  // a^T start, as w's gradient g^T x
+    expect_close(t, at::mm(a.t(), start), "transposed operands");
+  }
 }
 
 TEST_F(Kernels, OtherDtypesFallBackToATen) {

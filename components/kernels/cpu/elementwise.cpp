@@ -190,7 +190,7 @@ struct SwigluLinearFn : torch::autograd::Function<SwigluLinearFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &gate = saved[0], &up = saved[1], &w = saved[2];
-    const auto& mm = cpu::saved_matmul(ctx);
+    const auto& mm = cpu::saved_matmul<MatmulNT>(ctx);
     auto dy = grads[0].contiguous();
     at::Tensor dw;
     if (ctx->needs_input_grad(2)) dw = mm(dy.t(), swiglu_raw(gate, up).t());  // dy^T @ product

@@ -79,27 +79,30 @@ GLINT_KERNEL_CLONES void project_rows(const T* x, const T* vt, T* out, int64_t i
   }
 }
 
-// y[i, :] += alpha sum_k u[i, k] v[k, :], rows [i0, i1): y [N, D], u [N, r],
-// v [r, D]. y is read and written once; the [N, D] product is never formed.
-// At a fixed rank the k loop unrolls and each vector of y takes its r
-// terms in a register; at another rank y's row takes them one v row at a
-// time (it stays in L1).
-template <typename T, int R>
-GLINT_KERNEL_CLONES void add_low_rank_rows(T* y, const T* u, const T* v, T alpha, int64_t i0, int64_t i1, int64_t D,
-                                           int64_t r_) {
+// y[i, :] = bias + alpha sum_k u[i, k] v[k, :], rows [i0, i1): y [N, D],
+// u [N, r], v [r, D], bias [D] or null (none). y is only written, once; the
+// [N, D] product is never formed. At a fixed rank the k loop unrolls and
+// each vector of y takes its r terms in a register; at another rank y's row
+// takes them one v row at a time (it stays in L1).
+template <typename T, int R, bool Bias>
+GLINT_KERNEL_CLONES void write_low_rank_rows(T* __restrict y, const T* __restrict u, const T* __restrict v,
+                                             const T* __restrict bias, T alpha, int64_t i0, int64_t i1, int64_t D,
+                                             int64_t r_) {
   const int64_t r = rank_or<R>(r_);
   T c[R > 0 ? R : kLoopRank];
   for (int64_t i = i0; i < i1; ++i) {
-    T* yi = y + i * D;
+    T* __restrict yi = y + i * D;
     for (int64_t k = 0; k < r; ++k) c[k] = alpha * u[i * r + k];
     if constexpr (R > 0) {
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) {
-        T t = yi[d];
+        T t = Bias ? bias[d] : T(0);
         for (int64_t k = 0; k < R; ++k) t += c[k] * v[k * D + d];
         yi[d] = t;
       }
     } else {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) yi[d] = Bias ? bias[d] : T(0);
       for (int64_t k = 0; k < r; ++k) {
         const T* vk = v + k * D;
         const T ck = c[k];
@@ -181,22 +184,31 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& vt) {
   return out;
 }
 
-// y += alpha u v, in place: y [N, D], u [N, r], v [r, D], all contiguous.
-void add_low_rank(at::Tensor& y, const at::Tensor& u, const at::Tensor& v, double alpha) {
-  const int64_t N = y.size(0), D = y.size(1), r = u.size(1);
+// [N, D] = bias + alpha u v: u [N, r], v [r, D], bias [D] (undefined:
+// none), all contiguous. The base product then adds itself to it.
+at::Tensor write_low_rank(const at::Tensor& u, const at::Tensor& v, double alpha, const at::Tensor& bias = {}) {
+  const int64_t N = u.size(0), D = v.size(1), r = u.size(1);
   if (r > kLoopRank) {
-    y.addmm_(u, v, 1.0, alpha);
-    return;
+    auto y = bias.defined() ? bias.expand({N, D}).clone(at::MemoryFormat::Contiguous) : at::zeros({N, D}, u.options());
+    return y.addmm_(u, v, 1.0, alpha);
   }
-  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "lora_add_low_rank", [&] {
+  auto y = at::empty({N, D}, u.options());
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "lora_write_low_rank", [&] {
     auto* py = y.data_ptr<scalar_t>();
     const auto *pu = u.data_ptr<scalar_t>(), *pv = v.data_ptr<scalar_t>();
+    const scalar_t* pb = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
     with_rank(r, [&](auto R) {
       at::parallel_for(0, N, cpu::grain_rows(D * r), [&](int64_t i0, int64_t i1) {
-        add_low_rank_rows<scalar_t, decltype(R)::value>(py, pu, pv, static_cast<scalar_t>(alpha), i0, i1, D, r);
+        const auto alpha_ = static_cast<scalar_t>(alpha);
+        if (pb) {
+          write_low_rank_rows<scalar_t, decltype(R)::value, true>(py, pu, pv, pb, alpha_, i0, i1, D, r);
+        } else {
+          write_low_rank_rows<scalar_t, decltype(R)::value, false>(py, pu, pv, pb, alpha_, i0, i1, D, r);
+        }
       });
     });
   });
+  return y;
 }
 
 // alpha x^T u: u [N, r], x [N, D] contiguous -> [D, r].
@@ -226,12 +238,13 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
   // all contiguous -> [N, out].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                             bool with_bias, const at::Tensor& a, const at::Tensor& b, const at::Tensor& u,
-                            bool separate, double scale, const MatmulNT& mm) {
-    auto y = mm(x, w).contiguous();  // written in place below: rows of out contiguous
-    if (with_bias) y.add_(bias);
+                            bool separate, double scale, const MatmulIntoNT& mm) {
     const auto& in = separate ? u : x;
-    auto xa = project(in, a.t().contiguous());       // in a^T [N, r]
-    add_low_rank(y, xa, b.t().contiguous(), scale);  // y += s (in a^T) b^T
+    auto xa = project(in, a.t().contiguous());  // in a^T [N, r]
+    // y = bias + s (in a^T) b^T, then += x w^T: the product's GEMM adds
+    // into what is there (rows of out contiguous).
+    auto y = write_low_rank(xa, b.t().contiguous(), scale, with_bias ? bias : at::Tensor{});
+    mm(y, x, w, /*accumulate=*/true);
     ctx->save_for_backward({x, w, a, b, xa, u});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["with_bias"] = with_bias;
@@ -246,7 +259,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     const double s = ctx->saved_data["scale"].toDouble();
     const bool separate = ctx->saved_data["separate"].toBool();
     const auto& in = separate ? u : x;  // what the adapter read
-    const auto& mm = cpu::saved_matmul(ctx);
+    const auto& mm = cpu::saved_matmul<MatmulIntoNT>(ctx);
     auto g = grads[0].contiguous();  // [N, out]
     // needs_input_grad counts the tensor inputs only: x w bias a b u.
     const bool need_x = ctx->needs_input_grad(0), need_a = ctx->needs_input_grad(3);
@@ -256,14 +269,15 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
     at::Tensor gb;
     if ((need_x && !separate) || need_a || need_u) gb = project(g, b);
     if (need_x) {
-      dx = mm(g, w.t()).contiguous();             // g w
-      if (!separate) add_low_rank(dx, gb, a, s);  // + s (g b) a
+      // s (g b) a, then += g w; or g w alone where the adapter read u.
+      dx = separate ? at::empty({g.size(0), w.size(1)}, g.options()) : write_low_rank(gb, a, s);
+      mm(dx, g, w.t(), /*accumulate=*/!separate);
     }
-    if (need_u) {
-      du = at::zeros_like(u);
-      add_low_rank(du, gb, a, s);  // s (g b) a
+    if (need_u) du = write_low_rank(gb, a, s);  // s (g b) a
+    if (ctx->needs_input_grad(1)) {
+      dw = at::empty_like(w);
+      mm(dw, g.t(), x.t(), /*accumulate=*/false);  // g^T x
     }
-    if (ctx->needs_input_grad(1)) dw = mm(g.t(), x.t());  // g^T x
     if (ctx->needs_input_grad(2) && ctx->saved_data["with_bias"].toBool()) dbias = g.sum(0);
     if (need_a) da = outer(gb, in, s).t().contiguous();  // s (g b)^T in
     if (ctx->needs_input_grad(4)) db = outer(xa, g, s);   // s g^T (in a^T)
@@ -274,7 +288,7 @@ struct LoraLinearFn : torch::autograd::Function<LoraLinearFn> {
 }  // namespace
 
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulNT& mm,
+                       const at::Tensor& a, const at::Tensor& b, double scale, const MatmulIntoNT& mm,
                        const at::Tensor& adapter_input) {
   cpu::check_floating_cpu(x, "lora_linear", "x");
   cpu::check_floating_cpu(w, "lora_linear", "w");
@@ -304,7 +318,9 @@ at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   for (const auto* t : same)
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "lora_linear: x is ", x.scalar_type(), " but a weight or input is ",
                 t->scalar_type());
-  MatmulNT product = mm ? mm : MatmulNT{[](const at::Tensor& p, const at::Tensor& q) { return at::mm(p, q.t()); }};
+  MatmulIntoNT product = mm ? mm : MatmulIntoNT{[](at::Tensor& out, const at::Tensor& p, const at::Tensor& q, bool acc) {
+    out.addmm_(p, q.t(), acc ? 1.0 : 0.0, 1.0);
+  }};
   auto y = LoraLinearFn::apply(x.reshape({-1, in}).contiguous(), w.contiguous(),
                                with_bias ? bias->contiguous() : at::empty({0}, x.options()), with_bias, a.contiguous(),
                                b.contiguous(),

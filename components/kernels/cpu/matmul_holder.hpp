@@ -10,19 +10,22 @@
 
 namespace glint::components::kernels::cpu {
 
+template <typename F>
 struct MatmulHolder : torch::CustomClassHolder {
-  explicit MatmulHolder(MatmulNT f) : mm(std::move(f)) {}
-  MatmulNT mm;
+  explicit MatmulHolder(F f) : mm(std::move(f)) {}
+  F mm;
 };
 
-/// Saves `mm` in ctx under "mm".
-inline void save_matmul(torch::autograd::AutogradContext* ctx, const MatmulNT& mm) {
-  ctx->saved_data["mm"] = c10::IValue::make_capsule(c10::make_intrusive<MatmulHolder>(mm));
+/// Saves `mm` (a MatmulNT or MatmulIntoNT) in ctx under "mm".
+template <typename F>
+void save_matmul(torch::autograd::AutogradContext* ctx, const F& mm) {
+  ctx->saved_data["mm"] = c10::IValue::make_capsule(c10::make_intrusive<MatmulHolder<F>>(mm));
 }
 
-/// The matmul save_matmul kept.
-inline const MatmulNT& saved_matmul(torch::autograd::AutogradContext* ctx) {
-  return static_cast<MatmulHolder*>(ctx->saved_data["mm"].toCapsule().get())->mm;
+/// The matmul save_matmul<F> kept.
+template <typename F>
+const F& saved_matmul(torch::autograd::AutogradContext* ctx) {
+  return static_cast<MatmulHolder<F>*>(ctx->saved_data["mm"].toCapsule().get())->mm;
 }
 
 }  // namespace glint::components::kernels::cpu

@@ -14,6 +14,7 @@
 #include "components/checkpoint/safetensors.hpp"
 #include "components/model/kernels.hpp"
 #include "components/model/trainer.hpp"
+#include "components/tensor/block_cache.hpp"
 
 // The few ATen pieces the matmul FLOP/s measurement needs, not <ATen/ATen.h>
 // (compile time: see STYLE.md).
@@ -112,6 +113,8 @@ public:
       r.last_loss = m->at("loss");
       if (auto s = trainer_.clip_grad_and_step(); !s) err = s.error();
     };
+    // What the trainer's block cache kept goes back with malloc_trim's.
+    release_kept_tensor_blocks();
     r.peak_bytes = peak_bytes_added([&] {
       for (int i = 0; i < settle; ++i) step();
       r.seconds = seconds_of([&] {
@@ -193,7 +196,8 @@ int train(const TrainBenchArgs& a) {
 
   std::printf("# %s: Qwen3 %s parameters (vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads, "
               "%lld kv heads), %s AdamW lr 1e-4, batch %lld x %lld tokens, libtorch threads: %d; medians of %d "
-              "runs of %d timed steps, each run after a malloc_trim and %d untimed step (the peak counts it), after %d "
+              "runs of %d timed steps, each run after a malloc_trim (and glint's release_kept_tensor_blocks) and %d untimed step "
+              "(the peak counts it), after %d "
               "warm-up step\n",
               kName, millions(cfg.num_parameters()).c_str(), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),

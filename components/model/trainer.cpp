@@ -11,6 +11,7 @@
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/hash.hpp"
 #include "runtime/log.hpp"
+#include "components/tensor/block_cache.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/stop.hpp"
 
@@ -292,6 +293,7 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
   if (auto ok = cfg.optimizer.validate(); !ok) return ok.error();
   if (auto ok = cfg.scheduler.validate(); !ok) return ok.error();
   keep_freed_memory();  // every step allocates what the last one freed
+  keep_freed_tensor_blocks();
   auto impl = std::make_shared<Impl>();
   impl->model = std::move(model);
   impl->cfg = cfg;
@@ -569,7 +571,8 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
     for (const auto& [n, p] : params()) copy += static_cast<double>(p.numel() * p.element_size());
   const bool fixed = cfg.memory_budget_bytes > 0;
   const double budget = fixed ? static_cast<double>(cfg.memory_budget_bytes)
-                              : 0.8 * static_cast<double>(memory_available_bytes());
+                              // the blocks the cache keeps are this process's to reuse
+                              : 0.8 * static_cast<double>(memory_available_bytes() + kept_tensor_block_bytes());
   const double room = budget - copy;
   const double least = pairs ? 2 * per_row : per_row;
   if (room < least)

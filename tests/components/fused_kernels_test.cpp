@@ -494,19 +494,24 @@ at::Tensor mask_of(int64_t B, int64_t T, int64_t window) {
 
 TEST(FusedAttention, EqualsTheUnfusedReferenceInFloat64WithGroupedHeadsSegmentsPaddingAndWindows) {
   at::manual_seed(25);
-  // 150 tokens: three query blocks of 64, the last one short.
-  const int64_t B = 2, T = 150, H = 4, KV = 2, D = 8;
-  auto q = at::randn({B, T, H, D}, at::kDouble) * 2, k = at::randn({B, T, KV, D}, at::kDouble) * 2,
-       v = at::randn({B, T, KV, D}, at::kDouble);
-  auto g = at::randn({B, T, H * D}, at::kDouble);
-  for (int64_t window : {0, 20}) {
-    auto allowed = mask_of(B, T, window);
-    const double scale = 1 / std::sqrt(double(D));
-    auto fused = value_and_grads({q, k, v}, {true, true, true}, g,
-                                 [&](auto& in) { return attention(in[0], in[1], in[2], allowed, scale); });
-    auto ref = value_and_grads({q, k, v}, {true, true, true}, g,
-                               [&](auto& in) { return attention_reference(in[0], in[1], in[2], allowed, scale); });
-    expect_close(fused, ref, {"out", "grad q", "grad k", "grad v"}, 1e-12);
+  // 150 tokens: three query blocks of 64, the last one short. Groups of 2
+  // query heads per kv head (stacked into one product) and of 6 (stacked 4,
+  // then 2).
+  for (auto [H, KV] : {std::pair<int64_t, int64_t>{4, 2}, {12, 2}}) {
+    for (int64_t window : {0, 20}) {
+      const int64_t B = 2, T = 150, D = 8;
+      auto q = at::randn({B, T, H, D}, at::kDouble) * 2, k = at::randn({B, T, KV, D}, at::kDouble) * 2,
+           v = at::randn({B, T, KV, D}, at::kDouble);
+      auto g = at::randn({B, T, H * D}, at::kDouble);
+      SCOPED_TRACE(std::to_string(H) + " heads, " + std::to_string(KV) + " kv heads, window " + std::to_string(window));
+      auto allowed = mask_of(B, T, window);
+      const double scale = 1 / std::sqrt(double(D));
+      auto fused = value_and_grads({q, k, v}, {true, true, true}, g,
+                                   [&](auto& in) { return attention(in[0], in[1], in[2], allowed, scale); });
+      auto ref = value_and_grads({q, k, v}, {true, true, true}, g,
+                                 [&](auto& in) { return attention_reference(in[0], in[1], in[2], allowed, scale); });
+      expect_close(fused, ref, {"out", "grad q", "grad k", "grad v"}, 1e-12);
+    }
   }
 }
 

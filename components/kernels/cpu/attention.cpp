@@ -1,5 +1,6 @@
-// kernels::attention on the CPU: per (row, head), blocks of query rows
-// against the span of keys their mask allows; probabilities live only in a
+// kernels::attention on the CPU: per (row, kv head), blocks of query rows
+// of the heads that share it, stacked, against the span of keys their mask
+// allows; probabilities live only in a
 // thread's block buffer, and the backward pass computes them again from the
 // saved logsumexps (FlashAttention's recomputation, with whole key spans per
 // block instead of key tiles: a block's [rows, keys] fits in cache-sized
@@ -22,11 +23,31 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr int64_t kBlockRows = 64;  // query rows per block
+// Query heads stacked into one product, at most (their blocks' rows and
+// probabilities stay cache-sized).
+constexpr int64_t kStackedHeads = 4;
 
 // A strided [rows, cols] matrix over memory owned elsewhere (row stride ld),
 // for at::mm_out: no copy, no allocation.
 at::Tensor view_of(const void* p, int64_t rows, int64_t cols, int64_t ld, const at::TensorOptions& o) {
   return at::from_blob(const_cast<void*>(p), {rows, cols}, {ld, 1}, o);
+}
+
+// The query heads that share a kv head read the same keys and values: their
+// blocks are stacked, [group * n, D], so that each product is one call of
+// group * n rows (OpenBLAS runs a 64-row product well below its rate, and
+// each call has its own overhead). rows(h) is head h's [n, D] block of a
+// [T, heads * D] matrix (row stride ld); stack copies the group's blocks in,
+// unstack copies a stacked result out.
+template <typename T>
+void stack(T* dst, const T* src, int64_t group, int64_t n, int64_t D, int64_t ld) {
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t i = 0; i < n; ++i) std::copy_n(src + i * ld + g * D, D, dst + (g * n + i) * D);
+}
+template <typename T>
+void unstack(T* dst, const T* src, int64_t group, int64_t n, int64_t D, int64_t ld) {
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t i = 0; i < n; ++i) std::copy_n(src + (g * n + i) * D, D, dst + i * ld + g * D);
 }
 
 // The shapes of one call, and the key span [k0, k1) each (row, block) may
@@ -120,7 +141,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& allowed, double scale) {
     Layout L{q, k, allowed};
-    const int64_t group = L.heads / L.kv_heads;
+    const int64_t group = L.heads / L.kv_heads, stacked = std::min(group, kStackedHeads);
     auto out = at::empty_like(q);
     auto lse = at::empty({L.B, L.heads, L.T}, q.options());
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention", [&] {
@@ -132,21 +153,34 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
       const uint8_t* mp = cpu::bool_bytes(allowed);
       const int64_t ldq = L.heads * L.D, ldk = L.kv_heads * L.D;
       const auto o = q.options();
-      at::parallel_for(0, L.B * L.heads * L.blocks, 1, [&](int64_t b, int64_t e) {
-        std::vector<scalar_t> buf(static_cast<size_t>(kBlockRows * L.T));
+      // One task per (row, kv head, block): the group's query heads stacked,
+      // kStackedHeads at a time (one head reads and writes q and out in
+      // place).
+      at::parallel_for(0, L.B * L.kv_heads * L.blocks, 1, [&](int64_t b, int64_t e) {
+        std::vector<scalar_t> buf(static_cast<size_t>(stacked * kBlockRows * L.T));
+        const size_t rows = stacked > 1 ? static_cast<size_t>(stacked * kBlockRows * L.D) : 0;
+        std::vector<scalar_t> qbuf(rows), obuf(rows);
         for (int64_t t = b; t < e; ++t) {
-          const int64_t row = t / (L.heads * L.blocks), h = t / L.blocks % L.heads, blk = t % L.blocks;
+          const int64_t row = t / (L.kv_heads * L.blocks), kh = t / L.blocks % L.kv_heads, blk = t % L.blocks;
           const int64_t r0 = blk * kBlockRows, n = std::min(L.T, r0 + kBlockRows) - r0;
-          const int64_t k0 = L.k0(row, blk), kn = L.k1(row, blk) - k0, kh = h / group;
-          auto Q = view_of(qp + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
-          auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
-          auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
-          auto S = view_of(buf.data(), n, kn, kn, o);
-          at::mm_out(S, Q, K.t());
-          softmax_block(buf.data(), n, kn, mp + (row * L.T + r0) * L.T + k0, L.T, static_cast<scalar_t>(scale),
-                        lp + (row * L.heads + h) * L.T + r0);
-          auto O = view_of(op + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
-          at::mm_out(O, S, V);
+          const int64_t k0 = L.k0(row, blk), kn = L.k1(row, blk) - k0;
+          for (int64_t h0 = kh * group; h0 < (kh + 1) * group; h0 += stacked) {
+            const int64_t heads = std::min(stacked, (kh + 1) * group - h0);  // in this product
+            const scalar_t* qs = qp + (row * L.T + r0) * ldq + h0 * L.D;
+            scalar_t* os = op + (row * L.T + r0) * ldq + h0 * L.D;
+            if (heads > 1) stack(qbuf.data(), qs, heads, n, L.D, ldq);
+            auto Q = heads > 1 ? view_of(qbuf.data(), heads * n, L.D, L.D, o) : view_of(qs, n, L.D, ldq, o);
+            auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+            auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
+            auto S = view_of(buf.data(), heads * n, kn, kn, o);
+            at::mm_out(S, Q, K.t());
+            for (int64_t g = 0; g < heads; ++g)
+              softmax_block(buf.data() + g * n * kn, n, kn, mp + (row * L.T + r0) * L.T + k0, L.T,
+                            static_cast<scalar_t>(scale), lp + (row * L.heads + h0 + g) * L.T + r0);
+            auto O = heads > 1 ? view_of(obuf.data(), heads * n, L.D, L.D, o) : view_of(os, n, L.D, ldq, o);
+            at::mm_out(O, S, V);
+            if (heads > 1) unstack(os, obuf.data(), heads, n, L.D, ldq);
+          }
         }
       });
     });
@@ -161,7 +195,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
     const double scale = ctx->saved_data["scale"].toDouble();
     auto dout = grads[0].contiguous();
     Layout L{q, k, allowed};
-    const int64_t group = L.heads / L.kv_heads;
+    const int64_t group = L.heads / L.kv_heads, stacked = std::min(group, kStackedHeads);
     // dQ is written whole block by block; dK and dV sum over the query
     // blocks and the heads that share them, so each task owns one kv head of
     // one row and everything that adds into it.
@@ -178,29 +212,41 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
       const auto o = q.options();
       const auto sc = static_cast<scalar_t>(scale);
       at::parallel_for(0, L.B * L.kv_heads, 1, [&](int64_t b, int64_t e) {
-        std::vector<scalar_t> pbuf(static_cast<size_t>(kBlockRows * L.T)), dbuf(pbuf.size());
+        std::vector<scalar_t> pbuf(static_cast<size_t>(stacked * kBlockRows * L.T)), dbuf(pbuf.size());
+        // The heads' q, dO and dQ blocks stacked (one head in place).
+        const size_t rows = stacked > 1 ? static_cast<size_t>(stacked * kBlockRows * L.D) : 0;
+        std::vector<scalar_t> qbuf(rows), gbuf(rows), dqbuf(rows);
         for (int64_t t = b; t < e; ++t) {
           const int64_t row = t / L.kv_heads, kh = t % L.kv_heads;
-          for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+          for (int64_t h0 = kh * group; h0 < (kh + 1) * group; h0 += stacked) {
+            const int64_t heads = std::min(stacked, (kh + 1) * group - h0);
             for (int64_t blk = 0; blk < L.blocks; ++blk) {
-              const int64_t r0 = blk * kBlockRows, n = std::min(L.T, r0 + kBlockRows) - r0;
+              const int64_t r0 = blk * kBlockRows, n = std::min(L.T, r0 + kBlockRows) - r0, m = heads * n;
               const int64_t k0 = L.k0(row, blk), kn = L.k1(row, blk) - k0;
-              const scalar_t* Qp = qp + (row * L.T + r0) * ldq + h * L.D;
-              const scalar_t* Gp = gp + (row * L.T + r0) * ldq + h * L.D;
-              auto Q = view_of(Qp, n, L.D, ldq, o), G = view_of(Gp, n, L.D, ldq, o);
+              const scalar_t* Qp = qp + (row * L.T + r0) * ldq + h0 * L.D;
+              const scalar_t* Gp = gp + (row * L.T + r0) * ldq + h0 * L.D;
+              scalar_t* dQp = dqp + (row * L.T + r0) * ldq + h0 * L.D;
+              if (heads > 1) {
+                stack(qbuf.data(), Qp, heads, n, L.D, ldq);
+                stack(gbuf.data(), Gp, heads, n, L.D, ldq);
+              }
+              auto Q = heads > 1 ? view_of(qbuf.data(), m, L.D, L.D, o) : view_of(Qp, n, L.D, ldq, o);
+              auto G = heads > 1 ? view_of(gbuf.data(), m, L.D, L.D, o) : view_of(Gp, n, L.D, ldq, o);
               auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
               auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
               auto dK = view_of(dkp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
               auto dV = view_of(dvp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
-              auto P = view_of(pbuf.data(), n, kn, kn, o), dP = view_of(dbuf.data(), n, kn, kn, o);
+              auto P = view_of(pbuf.data(), m, kn, kn, o), dP = view_of(dbuf.data(), m, kn, kn, o);
               at::mm_out(P, Q, K.t());
               at::mm_out(dP, G, V.t());
-              const scalar_t* l = lp + (row * L.heads + h) * L.T + r0;
               const uint8_t* mask = mp + (row * L.T + r0) * L.T + k0;
-              score_gradients_block(pbuf.data(), dbuf.data(), n, kn, mask, L.T, sc, l);
+              for (int64_t g = 0; g < heads; ++g)
+                score_gradients_block(pbuf.data() + g * n * kn, dbuf.data() + g * n * kn, n, kn, mask, L.T, sc,
+                                      lp + (row * L.heads + h0 + g) * L.T + r0);
               at::addmm_out(dV, dV, P.t(), G);
-              auto dQ = view_of(dqp + (row * L.T + r0) * ldq + h * L.D, n, L.D, ldq, o);
+              auto dQ = heads > 1 ? view_of(dqbuf.data(), m, L.D, L.D, o) : view_of(dQp, n, L.D, ldq, o);
               at::mm_out(dQ, dP, K);
+              if (heads > 1) unstack(dQp, dqbuf.data(), heads, n, L.D, ldq);
               at::addmm_out(dK, dK, dP.t(), Q);
             }
           }

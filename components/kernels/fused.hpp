@@ -78,7 +78,11 @@ using MatmulNT = std::function<at::Tensor(const at::Tensor& a, const at::Tensor&
 at::Tensor swiglu_linear(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& w, const MatmulNT& mm = {});
 
 /// out = a @ b^T, or out += a @ b^T when `accumulate`, for 2-d tensors
-/// without autograd; out [M, P] contiguous, written in place. The caller's
+/// without autograd; out [M, P] contiguous, written in place (every element
+/// written when not accumulating: it may hold anything, NaN included). a and
+/// b may be transposed or otherwise strided views (lora_linear passes w^T,
+/// g^T and x^T): an implementation that needs contiguous operands makes
+/// them so. The caller's
 /// product, as MatmulNT, for kernels that write part of a result first and
 /// have the product add the rest: a GEMM with beta = 1 skips the pass that
 /// clears its output (OpenBLAS zeroes C for beta = 0), and the part written

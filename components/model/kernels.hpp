@@ -24,6 +24,9 @@ at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
 /// out [M, P] contiguous), by fast_linear's choice of library: ATen's addmm
 /// (a GEMM with beta 0 or 1 on `out` itself), or oneDNN's product then
 /// copied or added in. kernels::MatmulIntoNT for the model's fused kernels.
+/// Only ATen's path saves the pass that clears the output: oneDNN's makes
+/// its product apart and adds it (one [M, P] tensor and pass more than
+/// forming the product in out would take, as the old order did).
 void fast_linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 
 /// `w` [out, in] converted once to oneDNN's own layout, for inference that

@@ -570,9 +570,15 @@ Result<int64_t> Trainer::Impl::rows_per_pass(int64_t B, int64_t T, int64_t elem_
   if (keep_gradients)
     for (const auto& [n, p] : params()) copy += static_cast<double>(p.numel() * p.element_size());
   const bool fixed = cfg.memory_budget_bytes > 0;
-  const double budget = fixed ? static_cast<double>(cfg.memory_budget_bytes)
-                              // the blocks the cache keeps are this process's to reuse
-                              : 0.8 * static_cast<double>(memory_available_bytes() + kept_tensor_block_bytes());
+  const auto available = [] { return 0.8 * static_cast<double>(memory_available_bytes()); };
+  double budget = fixed ? static_cast<double>(cfg.memory_budget_bytes) : available();
+  // Where memory is short enough to split the batch, the large blocks the
+  // block cache keeps go back first: they serve only requests of about
+  // their own size, so they cannot be counted on as room.
+  if (!fixed && budget - copy < static_cast<double>(B) * per_row && kept_tensor_block_bytes() > 0) {
+    release_kept_tensor_blocks();
+    budget = available();
+  }
   const double room = budget - copy;
   const double least = pairs ? 2 * per_row : per_row;
   if (room < least)

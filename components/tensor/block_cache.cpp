@@ -2,92 +2,104 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
-#include <map>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace glint::components {
 
-namespace {
+namespace detail {
 
-// The blocks: those in use (pointer -> size: a DataPtr's deleter gets the
-// pointer only) and those kept (size -> pointer).
-struct Blocks {
-  std::mutex mu;
-  std::unordered_map<void*, size_t> in_use;
-  std::multimap<size_t, void*> kept;
-  size_t kept_bytes = 0;
-
-  // A kept block of `size` bytes up to a third more (a request up to a
-  // quarter less than the block), or null.
-  void* take(size_t size) {
-    std::lock_guard lock{mu};
-    auto it = kept.lower_bound(size);
-    if (it == kept.end() || it->first > size + size / 3) return nullptr;
-    void* p = it->second;
-    in_use.emplace(p, it->first);
-    kept_bytes -= it->first;
-    kept.erase(it);
-    return p;
-  }
-
-  void track(void* p, size_t size) {
-    std::lock_guard lock{mu};
-    in_use.emplace(p, size);
-  }
-
-  // Keeps a freed block while the cache has room for it; frees it (or, for
-  // room, the largest kept blocks) otherwise. Frees what it did not make.
-  void give_back(void* p) {
-    std::vector<void*> to_free;
-    {
-      std::lock_guard lock{mu};
-      auto it = in_use.find(p);
-      if (it == in_use.end()) {
-        to_free.push_back(p);
-      } else {
-        const size_t size = it->second;
-        in_use.erase(it);
-        while (kept_bytes + size > kKeptBlocksMaxBytes && !kept.empty() && std::prev(kept.end())->first > size) {
-          auto largest = std::prev(kept.end());
-          kept_bytes -= largest->first;
-          to_free.push_back(largest->second);
-          kept.erase(largest);
-        }
-        if (kept_bytes + size <= kKeptBlocksMaxBytes) {
-          kept.emplace(size, p);
-          kept_bytes += size;
-        } else {
-          to_free.push_back(p);
-        }
-      }
-    }
-    for (void* q : to_free) c10::free_cpu(q);
-  }
-
-  void release() {
-    std::multimap<size_t, void*> all;
-    {
-      std::lock_guard lock{mu};
-      all.swap(kept);
-      kept_bytes = 0;
-    }
-    for (auto& [size, p] : all) c10::free_cpu(p);
-  }
-};
-
-Blocks& blocks() {
-  static auto* b = new Blocks;  // never destroyed: tensors may be freed at exit
-  return *b;
+void* BlockKeeper::take(size_t n) {
+  std::lock_guard lock{mu_};
+  auto it = kept_.lower_bound(n);
+  if (it == kept_.end() || it->first > n + n / 3) return nullptr;
+  void* p = it->second;
+  in_use_.insert_or_assign(p, it->first);
+  kept_bytes_ -= it->first;
+  kept_.erase(it);
+  return p;
 }
 
-void free_block(void* p) { blocks().give_back(p); }
+void BlockKeeper::track(void* p, size_t n) {
+  std::lock_guard lock{mu_};
+  const bool fresh = in_use_.insert_or_assign(p, n).second;
+  TORCH_INTERNAL_ASSERT(fresh, "the block cache was handed a block it already has in use");
+}
+
+bool BlockKeeper::give_back(void* p) {
+  std::vector<void*> to_release;
+  {
+    std::lock_guard lock{mu_};
+    auto it = in_use_.find(p);
+    if (it == in_use_.end()) return false;
+    const size_t size = it->second;
+    in_use_.erase(it);
+    while (kept_bytes_ + size > max_ && !kept_.empty() && std::prev(kept_.end())->first > size) {
+      auto largest = std::prev(kept_.end());
+      kept_bytes_ -= largest->first;
+      to_release.push_back(largest->second);
+      kept_.erase(largest);
+    }
+    if (kept_bytes_ + size <= max_) {
+      kept_.emplace(size, p);
+      kept_bytes_ += size;
+    } else {
+      to_release.push_back(p);
+    }
+  }
+  for (void* q : to_release) release_(q);
+  return true;
+}
+
+void BlockKeeper::release_all() {
+  std::multimap<size_t, void*> all;
+  {
+    std::lock_guard lock{mu_};
+    all.swap(kept_);
+    kept_bytes_ = 0;
+  }
+  for (auto& [size, p] : all) release_(p);
+}
+
+size_t BlockKeeper::kept_bytes() const {
+  std::lock_guard lock{mu_};
+  return kept_bytes_;
+}
+
+size_t BlockKeeper::blocks_kept() const {
+  std::lock_guard lock{mu_};
+  return kept_.size();
+}
+
+}  // namespace detail
+
+namespace {
+
+detail::BlockKeeper& keeper() {
+  static auto* k = new detail::BlockKeeper{kKeptBlocksMaxBytes, &c10::free_cpu};  // never destroyed: tensors may
+  return *k;                                                                       // be freed at exit
+}
+
+// The deleter of the allocator below, for the pointers raw_deallocate hands
+// back that this cache did not make.
+std::atomic<c10::DeleterFnPtr> below_deleter{nullptr};
+
+void free_block(void* p) {
+  if (keeper().give_back(p)) {
+    c10::profiledCPUMemoryReporter().Delete(p);
+    return;
+  }
+  if (auto d = below_deleter.load()) {
+    d(p);
+  } else {
+    c10::free_cpu(p);
+  }
+}
 
 class BlockCache final : public c10::Allocator {
 public:
@@ -95,16 +107,24 @@ public:
 
   c10::DataPtr allocate(size_t n) const override {
     if (n < kKeptBlockMinBytes) return below_->allocate(n);
-    void* p = blocks().take(n);
+    void* p = keeper().take(n);
     if (!p) {
-      p = c10::alloc_cpu(n);  // throws, naming the size, when out of memory
-      blocks().track(p, n);
+      try {
+        p = c10::alloc_cpu(n);
+      } catch (const c10::Error&) {
+        // Out of memory: what the cache keeps goes back, and one more try
+        // (which throws LibTorch's own error, naming the size, if it fails).
+        keeper().release_all();
+        p = c10::alloc_cpu(n);
+      }
+      keeper().track(p, n);
     }
+    c10::profiledCPUMemoryReporter().New(p, n);
     return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
   }
 
-  // raw_allocate's blocks: free_block frees those it did not make (the
-  // allocator below makes them with alloc_cpu, as this one does).
+  // raw_allocate's context is its data (as here), and raw_deallocate hands
+  // back through this deleter the blocks of both allocators.
   c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
 
 private:
@@ -121,8 +141,10 @@ void keep_freed_tensor_blocks() {
     const char* v = std::getenv("GLINT_MALLOC_TUNING");
     if (v && std::strcmp(v, "0") == 0) return;
     // Only in front of LibTorch's own allocator, whose blocks free_cpu frees.
-    if (c10::GetCPUAllocator() != c10::GetDefaultCPUAllocator()) return;
-    static auto* cache = new BlockCache{c10::GetDefaultCPUAllocator()};  // never destroyed, as blocks()
+    c10::Allocator* below = c10::GetDefaultCPUAllocator();
+    if (c10::GetCPUAllocator() != below) return;
+    below_deleter.store(below->raw_deleter());
+    static auto* cache = new BlockCache{below};  // never destroyed, as keeper()
     c10::SetCPUAllocator(cache, /*priority=*/1);
     installed = true;
   });
@@ -130,12 +152,8 @@ void keep_freed_tensor_blocks() {
 
 bool tensor_block_cache_installed() { return installed; }
 
-void release_kept_tensor_blocks() { blocks().release(); }
+void release_kept_tensor_blocks() { keeper().release_all(); }
 
-size_t kept_tensor_block_bytes() {
-  auto& b = blocks();
-  std::lock_guard lock{b.mu};
-  return b.kept_bytes;
-}
+size_t kept_tensor_block_bytes() { return keeper().kept_bytes(); }
 
 }  // namespace glint::components

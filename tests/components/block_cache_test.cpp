@@ -1,6 +1,7 @@
 // The block cache in front of LibTorch's CPU allocator: large blocks come
-// back for requests of about their size, small ones never enter it, it keeps
-// at most kKeptBlocksMaxBytes, and GLINT_MALLOC_TUNING=0 leaves it out.
+// back for requests of about their size, small ones never enter it, its
+// bookkeeping keeps at most its ceiling, and GLINT_MALLOC_TUNING=0 leaves it
+// out.
 #include "components/tensor/block_cache.hpp"
 
 #include <ATen/ATen.h>
@@ -72,18 +73,52 @@ TEST_F(BlockCache, SmallBlocksNeverEnterIt) {
   EXPECT_EQ(kept_tensor_block_bytes(), 0u);
 }
 
-TEST_F(BlockCache, ItKeepsAtMostItsCeilingAndFreesTheRest) {
-  const int64_t each = static_cast<int64_t>(kKeptBlocksMaxBytes / 3) / kMiB + 1;  // three pass the ceiling
-  {
-    std::vector<at::Tensor> ts;
-    for (int i = 0; i < 4; ++i) ts.push_back(block(each));
-  }
-  EXPECT_LE(kept_tensor_block_bytes(), kKeptBlocksMaxBytes);
-  EXPECT_EQ(kept_tensor_block_bytes(), 2 * static_cast<size_t>(each * kMiB));
-  {
-    auto huge = block(static_cast<int64_t>(kKeptBlocksMaxBytes) / kMiB + 1);  // alone past the ceiling
-  }
-  EXPECT_EQ(kept_tensor_block_bytes(), 2 * static_cast<size_t>(each * kMiB)) << "a block past the ceiling is freed";
+// The bookkeeping alone, with a ceiling of 100 "bytes" (the sizes are
+// claimed; the blocks are one-byte allocations).
+std::vector<void*> released;
+void record_release(void* p) {
+  released.push_back(p);
+  std::free(p);
+}
+
+TEST(BlockKeeper, KeepsAtMostItsCeilingLettingLargerBlocksGoForSmallerOnes) {
+  released.clear();
+  detail::BlockKeeper k{100, &record_release};
+  auto block_of = [&](size_t n) {
+    void* p = std::malloc(1);
+    k.track(p, n);
+    return p;
+  };
+  void *a = block_of(40), *b = block_of(40), *c = block_of(40);
+  EXPECT_TRUE(k.give_back(a));
+  EXPECT_TRUE(k.give_back(b));
+  EXPECT_TRUE(k.give_back(c));  // 120 > 100: c is released
+  EXPECT_EQ(k.kept_bytes(), 80u);
+  ASSERT_EQ(released, std::vector<void*>{c});
+  // A 30-byte block evicts a 40-byte one to fit (the larger go first).
+  void* d = block_of(30);
+  EXPECT_TRUE(k.give_back(d));
+  EXPECT_EQ(k.kept_bytes(), 70u);
+  EXPECT_EQ(k.blocks_kept(), 2u);
+  // Requests: 40 takes the kept 40; 31 finds nothing as large (the 30 is
+  // too small); 25 takes the 30 (at most a third larger than it).
+  void* g = k.take(40);
+  EXPECT_NE(g, nullptr);
+  EXPECT_EQ(k.take(31), nullptr);
+  void* e = k.take(25);
+  EXPECT_EQ(e, d);
+  EXPECT_EQ(k.kept_bytes(), 0u);
+  // A block past the ceiling alone is released, not kept.
+  void* f = block_of(101);
+  EXPECT_TRUE(k.give_back(f));
+  EXPECT_EQ(released.back(), f);
+  EXPECT_FALSE(k.give_back(&released)) << "not a block of this keeper";
+  EXPECT_TRUE(k.give_back(e));
+  EXPECT_TRUE(k.give_back(g));
+  EXPECT_EQ(k.kept_bytes(), 70u);
+  k.release_all();
+  EXPECT_EQ(k.kept_bytes(), 0u);
+  EXPECT_EQ(released.size(), 5u);  // c, one 40 evicted, f, then e and g
 }
 
 TEST_F(BlockCache, ThreadsTakeAndGiveBackBlocksConcurrently) {
@@ -107,6 +142,7 @@ TEST_F(BlockCache, ThreadsTakeAndGiveBackBlocksConcurrently) {
 
 TEST(BlockCacheOptOut, MallocTuningZeroLeavesLibTorchsAllocatorAlone) {
   // A fresh process: the cache is installed once per process.
+  // (gtest puts its flags back after each test.)
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {

@@ -355,11 +355,8 @@ TEST(FusedLoraLinear, EqualsTheCompositionInFloat64AtEveryRankAndWithWhatNeedsGr
         accumulated += accumulate ? 1 : 0;
         // What the kernel writes first must be there; otherwise whatever
         // the buffer held must not count.
-        if (accumulate) {
-          out.addmm_(p, q.t());
-        } else {
-          out.fill_(std::numeric_limits<double>::quiet_NaN()).copy_(at::mm(p, q.t()));
-        }
+        if (!accumulate) out.fill_(std::numeric_limits<double>::quiet_NaN());
+        out.addmm_(p, q.t(), accumulate ? 1.0 : 0.0, 1.0);
       };
       // LoRA's case (x, a, b: the base frozen), everything, only the adapter.
       for (std::vector<bool> grads : {std::vector<bool>{true, false, true, true, false},

@@ -117,10 +117,12 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 /// Scaled dot-product attention with grouped-query heads and an arbitrary
 /// boolean mask, without the [B, heads, T, T] scores or probabilities:
-/// softmax(q k^T * scale, masked by `allowed`) v, computed per head in
-/// blocks of query rows, each block over only the span of keys its mask
-/// allows (half the work of a causal mask), keeping one logsumexp per query
-/// row for the backward pass, which computes the block's probabilities again.
+/// softmax(q k^T * scale, masked by `allowed`) v, computed per kv head in
+/// blocks of query rows (the blocks of the query heads that share it
+/// stacked, up to four, into one product), each block over only the span
+/// of keys its mask allows (half the work of a causal mask), keeping one
+/// logsumexp per query row for the backward pass, which computes the
+/// block's probabilities again.
 /// q [B, T, heads, D], k and v [B, T, kv_heads, D] (heads a multiple of
 /// kv_heads; query head h reads kv head h / (heads / kv_heads)), allowed
 /// [B, T, T] bool (query i may attend to key j; every row must allow at

@@ -26,6 +26,13 @@ bool wanted(const at::Tensor& x, int64_t rows) {
   return x.scalar_type() == at::kFloat && x.device().is_cpu() && onednn_matmul_enabled(rows);
 }
 
+// Whether the product of x (`rows` rows) and w, `madds` multiply-adds, goes
+// to oneDNN: both f32, oneDNN chosen for its size class, and at least ~64k
+// multiply-adds (below that the conversions cost more than they save).
+bool onednn_product(const at::Tensor& x, const at::Tensor& w, int64_t rows, int64_t madds) {
+  return w.scalar_type() == at::kFloat && madds >= (1 << 16) && wanted(x, rows);
+}
+
 struct DnnlLinear : torch::autograd::Function<DnnlLinear> {
   // The bias is added outside (LibTorch 1.13's custom functions take no
   // undefined tensors).
@@ -154,16 +161,14 @@ at::Tensor fast_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
     auto y = at::mkldnn_linear(x.reshape({-1, x.size(-1)}).contiguous().to_mkldnn(), w, {}).to_dense().view(sizes);
     return b && b->defined() ? y + *b : y;
   }
-  // Below ~64k multiply-adds the conversions cost more than they save.
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
-  if (w.scalar_type() != at::kFloat || rows * w.numel() < (1 << 16) || !wanted(x, rows))
-    return at::linear(x, w, b);
+  if (!onednn_product(x, w, rows, rows * w.numel())) return at::linear(x, w, b);
   auto y = DnnlLinear::apply(x, w);
   return b && b->defined() ? y + *b : y;
 }
 
 void fast_linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
-  if (a.scalar_type() == at::kFloat && a.size(0) * b.numel() >= (1 << 16) && wanted(a, a.size(0))) {
+  if (onednn_product(a, b, a.size(0), a.size(0) * b.numel())) {
     auto y = dnnl_mm_nt(a, b);
     if (accumulate) {
       out.add_(y);
@@ -176,8 +181,7 @@ void fast_linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
 }
 
 at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b) {
-  if (b.scalar_type() != at::kFloat || a.size(1) * a.size(2) * b.size(2) < (1 << 16) || !wanted(a, a.size(1)))
-    return at::matmul(a, b);
+  if (!onednn_product(a, b, a.size(1), a.size(1) * a.size(2) * b.size(2))) return at::matmul(a, b);
   return DnnlBmm::apply(a, b);
 }
 

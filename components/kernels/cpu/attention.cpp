@@ -50,6 +50,24 @@ void unstack(T* dst, const T* src, int64_t group, int64_t n, int64_t D, int64_t 
     for (int64_t i = 0; i < n; ++i) std::copy_n(src + (g * n + i) * D, D, dst + i * ld + g * D);
 }
 
+// The heads' blocks at src as one [heads * n, D] matrix: src's own rows for
+// one head, else stacked into buf.
+template <typename T>
+at::Tensor stacked_rows(T* buf, const T* src, int64_t heads, int64_t n, int64_t D, int64_t ld,
+                        const at::TensorOptions& o) {
+  if (heads == 1) return view_of(src, n, D, ld, o);
+  stack(buf, src, heads, n, D, ld);
+  return view_of(buf, heads * n, D, D, o);
+}
+
+// Where a product for the heads' blocks at dst goes: dst's own rows for one
+// head, else buf (unstack then copies it to dst).
+template <typename T>
+at::Tensor stacked_target(T* buf, T* dst, int64_t heads, int64_t n, int64_t D, int64_t ld,
+                          const at::TensorOptions& o) {
+  return heads == 1 ? view_of(dst, n, D, ld, o) : view_of(buf, heads * n, D, D, o);
+}
+
 // The shapes of one call, and the key span [k0, k1) each (row, block) may
 // attend to: the union of its query rows' allowed keys.
 struct Layout {
@@ -168,8 +186,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
             const int64_t heads = std::min(stacked, (kh + 1) * group - h0);  // in this product
             const scalar_t* qs = qp + (row * L.T + r0) * ldq + h0 * L.D;
             scalar_t* os = op + (row * L.T + r0) * ldq + h0 * L.D;
-            if (heads > 1) stack(qbuf.data(), qs, heads, n, L.D, ldq);
-            auto Q = heads > 1 ? view_of(qbuf.data(), heads * n, L.D, L.D, o) : view_of(qs, n, L.D, ldq, o);
+            auto Q = stacked_rows(qbuf.data(), qs, heads, n, L.D, ldq, o);
             auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
             auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
             auto S = view_of(buf.data(), heads * n, kn, kn, o);
@@ -177,7 +194,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
             for (int64_t g = 0; g < heads; ++g)
               softmax_block(buf.data() + g * n * kn, n, kn, mp + (row * L.T + r0) * L.T + k0, L.T,
                             static_cast<scalar_t>(scale), lp + (row * L.heads + h0 + g) * L.T + r0);
-            auto O = heads > 1 ? view_of(obuf.data(), heads * n, L.D, L.D, o) : view_of(os, n, L.D, ldq, o);
+            auto O = stacked_target(obuf.data(), os, heads, n, L.D, ldq, o);
             at::mm_out(O, S, V);
             if (heads > 1) unstack(os, obuf.data(), heads, n, L.D, ldq);
           }
@@ -226,12 +243,8 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
               const scalar_t* Qp = qp + (row * L.T + r0) * ldq + h0 * L.D;
               const scalar_t* Gp = gp + (row * L.T + r0) * ldq + h0 * L.D;
               scalar_t* dQp = dqp + (row * L.T + r0) * ldq + h0 * L.D;
-              if (heads > 1) {
-                stack(qbuf.data(), Qp, heads, n, L.D, ldq);
-                stack(gbuf.data(), Gp, heads, n, L.D, ldq);
-              }
-              auto Q = heads > 1 ? view_of(qbuf.data(), m, L.D, L.D, o) : view_of(Qp, n, L.D, ldq, o);
-              auto G = heads > 1 ? view_of(gbuf.data(), m, L.D, L.D, o) : view_of(Gp, n, L.D, ldq, o);
+              auto Q = stacked_rows(qbuf.data(), Qp, heads, n, L.D, ldq, o);
+              auto G = stacked_rows(gbuf.data(), Gp, heads, n, L.D, ldq, o);
               auto K = view_of(kp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
               auto V = view_of(vp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
               auto dK = view_of(dkp + (row * L.T + k0) * ldk + kh * L.D, kn, L.D, ldk, o);
@@ -244,7 +257,7 @@ struct AttentionFn : torch::autograd::Function<AttentionFn> {
                 score_gradients_block(pbuf.data() + g * n * kn, dbuf.data() + g * n * kn, n, kn, mask, L.T, sc,
                                       lp + (row * L.heads + h0 + g) * L.T + r0);
               at::addmm_out(dV, dV, P.t(), G);
-              auto dQ = heads > 1 ? view_of(dqbuf.data(), m, L.D, L.D, o) : view_of(dQp, n, L.D, ldq, o);
+              auto dQ = stacked_target(dqbuf.data(), dQp, heads, n, L.D, ldq, o);
               at::mm_out(dQ, dP, K);
               if (heads > 1) unstack(dQp, dqbuf.data(), heads, n, L.D, ldq);
               at::addmm_out(dK, dK, dP.t(), Q);

@@ -61,6 +61,11 @@ int serve(const ServeArgs& a) {
     if ((*server)->tinker_port() >= 0)
       std::printf("glint serve: Tinker-compatible API on %s://%s:%d (TINKER_BASE_URL)\n", config->tls() ? "https" : "http",
                   config->tinker_host.c_str(), (*server)->tinker_port());
+    if ((*server)->metrics_port() >= 0)
+      std::printf("glint serve: metrics on http://%s:%d/metrics (%s)\n", config->metrics_host.c_str(),
+                  (*server)->metrics_port(),
+                  config->metrics_token_file.empty() ? "no token: loopback only"
+                                                     : "Authorization: Bearer <the token_file's token>");
     // Where the groups run (under `glint run --nproc N`, across processes).
     auto nodes = [](const GroupInfo& g) {
       std::string out;

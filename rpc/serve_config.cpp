@@ -89,8 +89,9 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   auto metrics = section("metrics");
   if (!metrics) return metrics.error();
   if (*metrics) {
-    if (!(ok = only_keys(**metrics, "metrics.", {"host", "port"}, source))) return ok.error();
+    if (!(ok = only_keys(**metrics, "metrics.", {"host", "port", "token_file"}, source))) return ok.error();
     if (!(ok = read_string(**metrics, "metrics.", "host", c.metrics_host, source))) return ok.error();
+    if (!(ok = read_string(**metrics, "metrics.", "token_file", c.metrics_token_file, source))) return ok.error();
     int64_t port = 9464;
     if (!(ok = read_int(**metrics, "metrics.", "port", 0, 65535, port, source))) return ok.error();
     c.metrics_port = static_cast<int>(port);
@@ -100,7 +101,7 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (*tinker) {
     if (!(ok = only_keys(**tinker, "tinker.",
                          {"host", "port", "base_model", "tokenizer_id", "max_samples_in_flight", "poll_seconds",
-                          "seq_gap_seconds"},
+                          "seq_gap_seconds", "connections", "body_seconds"},
                          source)))
       return ok.error();
     if (!(ok = read_string(**tinker, "tinker.", "host", c.tinker_host, source))) return ok.error();
@@ -115,6 +116,8 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     if (!(ok = read_int(**tinker, "tinker.", "poll_seconds", 1, 40, c.tinker_poll_seconds, source))) return ok.error();
     if (!(ok = read_int(**tinker, "tinker.", "seq_gap_seconds", 1, 86400, c.tinker_seq_gap_seconds, source)))
       return ok.error();
+    if (!(ok = read_int(**tinker, "tinker.", "connections", 1, 1 << 20, c.tinker_connections, source))) return ok.error();
+    if (!(ok = read_int(**tinker, "tinker.", "body_seconds", 1, 3600, c.tinker_body_seconds, source))) return ok.error();
   }
   auto tls = section("tls");
   if (!tls) return tls.error();
@@ -141,7 +144,7 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
   if (*limits) {
     if (!(ok = only_keys(**limits, "limits.",
                          {"adapters", "max_rank", "tokens_per_call", "calls_in_flight", "message_mib", "idle_seconds",
-                          "memory_mib", "connections", "auth_seconds", "connections_per_tenant"},
+                          "memory_mib", "connections", "auth_seconds", "connections_per_tenant", "request_mib"},
                          source)))
       return ok.error();
     auto& l = c.limits;
@@ -163,6 +166,9 @@ Result<ServeConfig> ServeConfig::parse(const std::string& text, const std::strin
     if (!(ok = read_int(**limits, "limits.", "connections_per_tenant", 1, 1 << 20, l.connections_per_tenant, source)))
       return ok.error();
     c.max_message_bytes = mib << 20;
+    int64_t request_mib = l.request_bytes >> 20;
+    if (!(ok = read_int(**limits, "limits.", "request_mib", 1, int64_t{1} << 30, request_mib, source))) return ok.error();
+    l.request_bytes = request_mib << 20;
   }
   return c;
 }
@@ -176,7 +182,7 @@ Result<ServeConfig> ServeConfig::load(const std::string& path) {
   if (!c) return c;
   // Relative paths in the file are relative to the file.
   auto base = std::filesystem::absolute(path).parent_path();
-  for (auto* p : {&c->model_dir, &c->state_dir, &c->tls_cert, &c->tls_key})
+  for (auto* p : {&c->model_dir, &c->state_dir, &c->tls_cert, &c->tls_key, &c->metrics_token_file})
     if (!p->empty() && std::filesystem::path{*p}.is_relative()) *p = (base / *p).lexically_normal().string();
   return c;
 }
@@ -200,6 +206,16 @@ Result<void> ServeConfig::validate() const {
     return make_error(errc::permission_denied,
                       "[tinker] listens on " + tinker_host + " (not loopback) and would carry API keys in clear text: "
                       "configure [tls] cert and key, or pass --insecure on a network you trust");
+  if (metrics_port >= 0 && !is_loopback(metrics_host) && metrics_token_file.empty())
+    return make_error(errc::permission_denied,
+                      "[metrics] listens on " + metrics_host + " (not loopback) without a token: its counters name "
+                      "every tenant; set [metrics] token_file (the scraper sends Authorization: Bearer <token>) or bind "
+                      "it to 127.0.0.1");
+  if (limits.request_bytes < max_message_bytes)
+    return make_error(errc::invalid_argument,
+                      "[limits] request_mib (" + std::to_string(limits.request_bytes >> 20) +
+                          ") must be at least message_mib (" + std::to_string(max_message_bytes >> 20) +
+                          "): a tenant must be able to send one message of the largest size");
   if (state_dir.empty()) return make_error(errc::invalid_argument, "state_dir must not be empty");
   return {};
 }

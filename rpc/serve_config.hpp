@@ -25,9 +25,11 @@
 //   auth_seconds = 10                # a connection without a valid key by then is closed
 //   connections_per_tenant = 64      # a tenant's authenticated connections at most
 //   message_mib = 256                # largest message a peer may send
+//   request_mib = 512                # per tenant: bodies being read and calls queued for an earlier seq_id
 //   [metrics]                        # Prometheus text at http://host:port/metrics
-//   host = "127.0.0.1"
+//   host = "127.0.0.1"               # anything but loopback needs token_file
 //   port = 9464                      # absent: no metrics endpoint
+//   token_file = "metrics.token"     # then every scrape sends Authorization: Bearer <the file's text>
 //   [tinker]                         # the Tinker-compatible HTTP API (docs/tinker.md); absent: off
 //   host = "127.0.0.1"               # anything but loopback needs [tls] (the same cert) or --insecure
 //   port = 7734
@@ -36,6 +38,8 @@
 //   max_samples_in_flight = 12       # per tenant, below [limits] calls_in_flight; over it asample answers 429
 //   poll_seconds = 25                # retrieve_future holds a poll this long, then answers try_again
 //   seq_gap_seconds = 120            # a call waiting this long for an earlier seq_id fails
+//   connections = 256                # open HTTP connections at most
+//   body_seconds = 60                # a request body must arrive within this
 //
 // Every key is checked: an unknown key or a value of the wrong type is an
 // error naming it (a typo never silently keeps a default).
@@ -66,6 +70,9 @@ struct TenantLimits {
   /// Per tenant: its authenticated connections at most, so that one tenant
   /// cannot take every connection.
   int64_t connections_per_tenant = 64;
+  /// Per tenant: what its Tinker request bodies being read and its calls
+  /// waiting for an earlier seq_id may hold at once, in bytes.
+  int64_t request_bytes = int64_t{512} << 20;
 };
 
 struct ServeConfig {
@@ -88,6 +95,7 @@ struct ServeConfig {
   int64_t max_message_bytes = int64_t{256} << 20;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;  ///< -1: no metrics endpoint; 0: any free port
+  std::string metrics_token_file;  ///< empty: no token (then loopback only)
   /// The Tinker-compatible HTTP API ([tinker]); -1: off; 0: any free port.
   std::string tinker_host = "127.0.0.1";
   int tinker_port = -1;
@@ -98,6 +106,8 @@ struct ServeConfig {
   int64_t tinker_samples_in_flight = 12;
   int64_t tinker_poll_seconds = 25;
   int64_t tinker_seq_gap_seconds = 120;
+  int64_t tinker_connections = 256;
+  int64_t tinker_body_seconds = 60;
 
   static Result<ServeConfig> parse(const std::string& toml_text, const std::string& source);
   static Result<ServeConfig> load(const std::string& path);

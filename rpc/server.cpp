@@ -6,6 +6,7 @@
 #include "placement/service.hpp"
 #include "rpc/convert.hpp"
 #include "rpc/detail/kj_bridge.hpp"
+#include "rpc/detail/listener.hpp"
 #include "rpc/fingerprint.hpp"
 #include "rpc/keys.hpp"
 #include "rpc/tenant_store.hpp"
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -162,6 +165,8 @@ struct Server::Impl {
   tinker::Gateway* tinker_gateway = nullptr;  ///< while the Tinker API is served; I/O thread only
   std::string model_type;  ///< config.json's model_type
   std::atomic<uint64_t> upload_counter{0};
+  std::string metrics_token;      ///< [metrics] token_file's token; empty: none (loopback only)
+  detail::RateLimitedLog quiet_log;  ///< per-connection events, which a flood would make many of
 
   std::thread io;
   const kj::Executor* executor = nullptr;  ///< the I/O thread's, while it runs
@@ -940,11 +945,36 @@ private:
     const std::string checkpoint_root = (fs::path{s_.config.state_dir} / "checkpoints" / tenant_).string() + "/";
     for (const auto& [needle, with] : {std::pair<std::string, std::string>{tenant_ + ":", ""},
                                        {upload_root, "<upload>/"},
-                                       {checkpoint_root, "<checkpoint>/"}}) {
+                                       {checkpoint_root, "<checkpoint>/"},
+                                       {s_.config.state_dir + "/", "<server>/"},
+                                       {host_name(), "<host>"}}) {
+      if (needle.empty() || needle == "/") continue;
       for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + with.size()))
         text.replace(at, needle.size(), with);
     }
-    return text;
+    // Which process of the server's job failed is the operator's to know,
+    // not the tenant's: "node 1 (<host>, pid 4242)" becomes "a server process".
+    static const std::regex node{R"(node [0-9]+ \([^()]*, pid [0-9]+\))"};
+    return std::regex_replace(text, node, "a server process");
+  }
+
+  static const std::string& host_name() {
+    static const std::string name = [] {
+      char host[256] = {};
+      return ::gethostname(host, sizeof host - 1) == 0 ? std::string{host} : std::string{};
+    }();
+    return name;
+  }
+
+  /// The message a tenant reads for `err`: cleaned (clean), and for the
+  /// server's own failures (internal) an incident number instead, the
+  /// whole message going to the operator's log under it.
+  std::string tenant_message(const caf::error& err, const std::string& text) const {
+    if (code_of(err) != errc::internal) return clean(text);
+    static std::atomic<uint64_t> incidents{0};
+    const auto id = std::to_string(::getpid()) + "-" + std::to_string(++incidents);
+    log::warn("serve: incident " + id + " (tenant " + tenant_ + "): " + text);
+    return "the server failed this call (incident " + id + "; the operator's log has the details)";
   }
 
   caf::error unknown(const std::string& name) const {
@@ -1101,8 +1131,8 @@ private:
                         "limit memory_mib: this adapter needs " + mib(need) +
                             (sampler ? " (its weights on each sampler rank)"
                                      : " (weights, gradients and AdamW state on each model rank)") +
-                            ", and the server's adapters hold " + mib(used) + " of its " + mib(budget) +
-                            ": remove an adapter, or use a lower rank or fewer target modules");
+                            ", more than the server's adapter memory has free now ([limits] memory_mib): remove "
+                            "one of your adapters, or use a lower rank or fewer target modules");
     }
     // A load into an existing adapter may still fail and leave the old
     // one: it is charged the larger of the two (never less than it holds).
@@ -1191,7 +1221,7 @@ private:
     log_call(method, 0, std::chrono::microseconds{0}, err);
     auto res = ctx.getResults();
     write_status(res.initStatus(), err);
-    res.getStatus().setMessage(clean(std::string{res.getStatus().getMessage().cStr()}));
+    res.getStatus().setMessage(tenant_message(err, std::string{res.getStatus().getMessage().cStr()}));
     return kj::READY_NOW;
   }
 
@@ -1279,7 +1309,7 @@ private:
     log_call(method, tokens, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0), err);
     auto res = ctx.getResults();
     write_status(res.initStatus(), err);
-    if (err) res.getStatus().setMessage(clean(std::string{res.getStatus().getMessage().cStr()}));
+    if (err) res.getStatus().setMessage(tenant_message(err, std::string{res.getStatus().getMessage().cStr()}));
   }
 
   template <class Fut>
@@ -1336,7 +1366,7 @@ public:
     std::string key{p.getApiKey().cStr(), p.getApiKey().size()};
     auto tenant = s_.keys->authenticate(key);
     if (!tenant) {
-      log::info("serve: refused a connection: " + describe(tenant.error()));
+      s_.quiet_log.write("refused key", "serve: refused a connection: " + describe(tenant.error()), false);
       write_status(res.initStatus(), tenant.error());
       return kj::READY_NOW;
     }
@@ -1428,12 +1458,63 @@ std::string metrics_text(const ServerState& s) {
   return out.str();
 }
 
+// What one port may take: the metrics endpoint's connections (a scraper
+// needs one or two), descriptors kept for files (checkpoints, RocksDB,
+// logs) beyond every port's connections, and the bytes a Cap'n Proto peer
+// may send before its key is checked (an authenticate call is well under 1
+// KiB).
+constexpr int64_t kMetricsConnections = 16;
+constexpr int64_t kSpareDescriptors = 256;
+constexpr uint64_t kPreAuthBytes = 64 << 10;
+
+// Constant-time comparison of a presented secret with the expected one.
+bool same_secret(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+// A connection's view of an HTTP service: the connection counts as busy
+// while one of its requests runs (the port sheds only idle ones).
+class BusyMarking final : public kj::HttpService {
+public:
+  BusyMarking(kj::HttpService& inner, std::shared_ptr<detail::ConnectionState> state)
+      : inner_(inner), state_(std::move(state)) {}
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
+                            kj::AsyncInputStream& body, Response& response) override {
+    ++state_->busy;
+    auto idle = kj::defer([state = state_] { --state->busy; });
+    return kj::evalNow([&] { return inner_.request(method, url, headers, body, response); }).attach(kj::mv(idle));
+  }
+
+private:
+  kj::HttpService& inner_;
+  std::shared_ptr<detail::ConnectionState> state_;
+};
+
 class MetricsService final : public kj::HttpService {
 public:
-  MetricsService(const ServerState& s, const kj::HttpHeaderTable& table) : s_(s), table_(table) {}
-  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders&, kj::AsyncInputStream&,
+  MetricsService(const ServerState& s, const kj::HttpHeaderTable& table, kj::HttpHeaderId authorization,
+                 const std::string& token)
+      : s_(s), table_(table), authorization_(authorization), token_(token) {}
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& in, kj::AsyncInputStream&,
                             Response& response) override {
     kj::HttpHeaders headers(table_);
+    // With a token, every request presents it ("Authorization: Bearer
+    // <token>", as Prometheus' authorization.credentials_file sends it);
+    // without one the endpoint binds to loopback only (ServeConfig::validate).
+    if (!token_.empty()) {
+      std::string presented;
+      KJ_IF_MAYBE(v, in.get(authorization_)) { presented = v->cStr(); }
+      if (!same_secret(presented, "Bearer " + token_)) {
+        headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain");
+        headers.add("WWW-Authenticate", "Bearer");
+        static constexpr std::string_view refusal = "the metrics endpoint needs Authorization: Bearer <token>\n";
+        auto stream = response.send(401, "Unauthorized", headers, refusal.size());
+        auto write = stream->write(refusal.data(), refusal.size());
+        return write.attach(kj::mv(stream));
+      }
+    }
     if (method != kj::HttpMethod::GET || (url != "/metrics" && url != "/"))
       return response.sendError(404, "Not Found", headers);
     auto body = metrics_text(s_);
@@ -1447,6 +1528,8 @@ public:
 private:
   const ServerState& s_;
   const kj::HttpHeaderTable& table_;
+  kj::HttpHeaderId authorization_;
+  const std::string& token_;
 };
 
 }  // namespace
@@ -1475,30 +1558,46 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     auto addr = io.provider->getNetwork().parseAddress(config.host, static_cast<unsigned>(config.port)).wait(io.waitScope);
     kj::Own<kj::ConnectionReceiver> listener = addr->listen();
     port = static_cast<int>(listener->getPort());
-    if (tls) listener = tls->wrapPort(kj::mv(listener));
+
+    auto& timer = io.provider->getTimer();
+    // Descriptors for every connection the ports take, and room for files.
+    const int64_t wanted = config.limits.connections + (config.tinker_port >= 0 ? config.tinker_connections : 0) +
+                           (config.metrics_port >= 0 ? kMetricsConnections : 0) + kSpareDescriptors;
+    if (auto have = detail::Listener::raise_descriptor_limit(wanted); have < wanted)
+      log::warn("serve: the open-file limit is " + std::to_string(have) + ", below the " + std::to_string(wanted) +
+                " the configured connections need ([limits] connections, [tinker] connections and " +
+                std::to_string(kSpareDescriptors) +
+                " for files): when descriptors run out the server closes idle connections to go on (raise `ulimit -n`)");
 
     // The Prometheus endpoint, on the same loop.
-    kj::HttpHeaderTable header_table;
-    MetricsService metrics_service(*this, header_table);
-    kj::HttpServer http(io.provider->getTimer(), header_table, metrics_service);
-    kj::Own<kj::ConnectionReceiver> metrics_listener;
+    kj::HttpHeaderTable::Builder metrics_headers;
+    const auto authorization = metrics_headers.add("Authorization");
+    auto header_table = metrics_headers.build();
+    MetricsService metrics_service(*this, *header_table, authorization, metrics_token);
+    kj::HttpServer http(timer, *header_table, metrics_service);
+    kj::Own<detail::Listener> metrics_door;
     kj::Promise<void> metrics_loop = kj::READY_NOW;
     if (config.metrics_port >= 0) {
       auto maddr = io.provider->getNetwork()
                        .parseAddress(config.metrics_host, static_cast<unsigned>(config.metrics_port))
                        .wait(io.waitScope);
-      metrics_listener = maddr->listen();
+      auto metrics_listener = maddr->listen();
       metrics_port = static_cast<int>(metrics_listener->getPort());
-      metrics_loop = http.listenHttp(*metrics_listener).eagerlyEvaluate([](kj::Exception&& e) {
-        log::warn(std::string{"serve: the metrics endpoint stopped: "} + e.getDescription().cStr());
-      });
+      metrics_door = kj::heap<detail::Listener>(
+          timer, kj::mv(metrics_listener),
+          detail::Listener::Options{.name = "the metrics endpoint", .max_connections = kMetricsConnections},
+          [&](kj::Own<kj::AsyncIoStream> s, std::shared_ptr<detail::ConnectionState>) { return http.listenHttp(kj::mv(s)); });
+      metrics_loop = metrics_door->run().eagerlyEvaluate(nullptr);
+      log::info(std::string{"serve: metrics on "} + config.metrics_host + ":" + std::to_string(metrics_port.load()) +
+                (metrics_token.empty() ? " (no [metrics] token_file: loopback only)" : " (a bearer token is required)"));
     }
     // The Tinker-compatible HTTP API, on the same loop (and the same TLS).
     TinkerHost tinker_host(*this);
     kj::Own<tinker::Gateway> gateway;
     auto unhook = kj::defer([this] { tinker_gateway = nullptr; });  // before the gateway goes
     kj::Own<kj::HttpServer> tinker_http;
-    kj::Own<kj::ConnectionReceiver> tinker_listener;
+    std::map<kj::AsyncIoStream*, std::shared_ptr<detail::ConnectionState>> http_states;
+    kj::Own<detail::Listener> tinker_door;
     kj::Promise<void> tinker_loop = kj::READY_NOW;
     if (config.tinker_port >= 0) {
       tinker::BaseModel base;
@@ -1513,18 +1612,33 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       options.poll = std::chrono::seconds(config.tinker_poll_seconds);
       options.tokens_per_call = config.limits.tokens_per_call;
       options.seq_gap = std::chrono::seconds(config.tinker_seq_gap_seconds);
-      gateway = kj::heap<tinker::Gateway>(tinker_host, base, options, io.provider->getTimer());
+      options.body_timeout = std::chrono::seconds(config.tinker_body_seconds);
+      options.request_bytes = config.limits.request_bytes;
+      gateway = kj::heap<tinker::Gateway>(tinker_host, base, options, timer);
       tinker_gateway = gateway.get();
-      tinker_http = kj::heap<kj::HttpServer>(io.provider->getTimer(), gateway->headers(), *gateway);
+      // Each connection's service marks it busy while a request runs, so
+      // that running out of descriptors sheds idle connections only.
+      tinker_http = kj::heap<kj::HttpServer>(
+          timer, gateway->headers(),
+          [&](kj::AsyncIoStream& s) -> kj::Own<kj::HttpService> {
+            auto it = http_states.find(&s);
+            return kj::heap<BusyMarking>(*gateway, it == http_states.end() ? std::make_shared<detail::ConnectionState>()
+                                                                           : it->second);
+          });
       auto taddr = io.provider->getNetwork()
                        .parseAddress(config.tinker_host, static_cast<unsigned>(config.tinker_port))
                        .wait(io.waitScope);
-      tinker_listener = taddr->listen();
+      auto tinker_listener = taddr->listen();
       tinker_port = static_cast<int>(tinker_listener->getPort());
-      if (tls) tinker_listener = tls->wrapPort(kj::mv(tinker_listener));
-      tinker_loop = tinker_http->listenHttp(*tinker_listener).eagerlyEvaluate([](kj::Exception&& e) {
-        log::warn(std::string{"serve: the Tinker API stopped: "} + e.getDescription().cStr());
-      });
+      tinker_door = kj::heap<detail::Listener>(
+          timer, kj::mv(tinker_listener),
+          detail::Listener::Options{.name = "the Tinker API", .max_connections = config.tinker_connections, .tls = tls.get()},
+          [&](kj::Own<kj::AsyncIoStream> s, std::shared_ptr<detail::ConnectionState> state) {
+            auto* raw = s.get();
+            http_states[raw] = std::move(state);
+            return tinker_http->listenHttp(kj::mv(s)).attach(kj::defer([&http_states, raw] { http_states.erase(raw); }));
+          });
+      tinker_loop = tinker_door->run().eagerlyEvaluate(nullptr);
       log::info("serve: the Tinker-compatible API listens on " + config.tinker_host + ":" +
                 std::to_string(tinker_port.load()) + " (base_model \"" + base.name + "\")");
     }
@@ -1533,42 +1647,29 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       std::lock_guard<std::mutex> guard{stop_mx};
       stop = kj::mv(paf.fulfiller);
     }
-    struct ErrorLog final : kj::TaskSet::ErrorHandler {
-      void taskFailed(kj::Exception&& e) override { log::info(std::string{"serve: a connection ended: "} + e.getDescription().cStr()); }
-    } errors;
-    int64_t open_connections = 0;  // before the connections, whose ends count it down
-    kj::TaskSet connections{errors};
-    // The accept loop: a failed accept (a bad TLS handshake) is logged and
-    // the loop goes on. Past [limits] connections a new one is closed at
-    // once; one that has not authenticated within auth_seconds is closed.
-    std::function<kj::Promise<void>()> accept_loop = [&]() -> kj::Promise<void> {
-      return listener->accept()
-          .then(
-              [&](kj::Own<kj::AsyncIoStream> stream) {
-                if (open_connections >= config.limits.connections) {
-                  log::warn("serve: refused a connection: " + std::to_string(open_connections) +
-                            " are open, the most [limits] connections allows");
-                  return;
-                }
-                auto authenticated = std::make_shared<bool>(false);
-                auto c = kj::heap<Connection>(kj::mv(stream), kj::heap<GatewayImpl>(*this, authenticated),
-                                              static_cast<uint64_t>(config.max_message_bytes));
-                auto done = c->network.onDisconnect();
-                auto unauthenticated =
-                    io.provider->getTimer()
-                        .afterDelay(static_cast<uint64_t>(config.limits.auth_seconds) * kj::SECONDS)
-                        .then([authenticated]() -> kj::Promise<void> {
-                          if (*authenticated) return kj::NEVER_DONE;
-                          log::info("serve: closed a connection that did not authenticate in time");
-                          return kj::READY_NOW;
-                        });
-                ++open_connections;
-                auto count = kj::defer([&open_connections] { --open_connections; });
-                connections.add(done.exclusiveJoin(kj::mv(unauthenticated)).attach(kj::mv(c), kj::mv(count)));
-              },
-              [](kj::Exception&& e) { log::info(std::string{"serve: accept failed: "} + e.getDescription().cStr()); })
-          .then([&]() { return accept_loop(); });
-    };
+    // The native port. Past [limits] connections a new one is closed at
+    // once; one that has not authenticated within auth_seconds is closed,
+    // and until it has it may send kPreAuthBytes at most.
+    detail::Listener native_door(
+        timer, kj::mv(listener),
+        detail::Listener::Options{.name = "the native API", .max_connections = config.limits.connections, .tls = tls.get()},
+        [&](kj::Own<kj::AsyncIoStream> stream, std::shared_ptr<detail::ConnectionState> state) -> kj::Promise<void> {
+          auto authenticated = std::make_shared<bool>(false);
+          state->kept = [authenticated] { return *authenticated; };
+          auto guarded = kj::heap<detail::PreAuthLimit>(kj::mv(stream), authenticated, kPreAuthBytes);
+          auto c = kj::heap<Connection>(kj::mv(guarded), kj::heap<GatewayImpl>(*this, authenticated),
+                                        static_cast<uint64_t>(config.max_message_bytes));
+          auto done = c->network.onDisconnect();
+          auto unauthenticated =
+              timer.afterDelay(static_cast<uint64_t>(config.limits.auth_seconds) * kj::SECONDS)
+                  .then([this, authenticated]() -> kj::Promise<void> {
+                    if (*authenticated) return kj::NEVER_DONE;
+                    quiet_log.write("unauthenticated", "serve: closed a connection that did not authenticate in time",
+                                    false);
+                    return kj::READY_NOW;
+                  });
+          return done.exclusiveJoin(kj::mv(unauthenticated)).attach(kj::mv(c));
+        });
     // Idle tenants are looked for at a quarter of the idle time (at most
     // every 5 s).
     const auto sweep_ms = std::clamp<int64_t>(config.limits.idle_seconds * 250, 100, 5000);
@@ -1587,7 +1688,7 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
     reported = true;
     // Serve until shutdown; then stop accepting, and give the calls in
     // flight the grace period before the connections close.
-    paf.promise.exclusiveJoin(accept_loop()).wait(io.waitScope);
+    paf.promise.exclusiveJoin(native_door.run()).wait(io.waitScope);
     shutting_down = true;
     auto all_idle = [&] {
       for (auto& [_, t] : tenants)
@@ -1659,6 +1760,16 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, ServeConfig config) {
   auto store = TenantStore::open(config.state_dir);
   if (!store) return store.error();
   impl->store = std::move(*store);
+  if (!config.metrics_token_file.empty()) {
+    auto token = read_text_file(config.metrics_token_file);
+    if (!token) return with_context(token.error(), "reading [metrics] token_file");
+    while (!token->empty() && std::isspace(static_cast<unsigned char>(token->back()))) token->pop_back();
+    if (token->size() < 16)
+      return make_error(errc::invalid_argument, "[metrics] token_file " + config.metrics_token_file +
+                                                    " holds " + std::to_string(token->size()) +
+                                                    " characters: a token needs at least 16 (e.g. `openssl rand -hex 32`)");
+    impl->metrics_token = std::move(*token);
+  }
   std::error_code ec;
   fs::remove_all(fs::path{config.state_dir} / "tmp", ec);  // uploads a killed server left behind
 

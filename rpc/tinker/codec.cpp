@@ -25,6 +25,21 @@ caf::error bad(const std::string& what) { return make_error(errc::invalid_argume
 // own limits (tokens per call) refuse the call.
 constexpr size_t max_elements = size_t{1} << 26;
 
+/// The elements one request may still make (tokens, and every tensor's
+/// elements as they will be held), taken before each is made: a small body
+/// cannot name a shape that expands to gigabytes.
+struct Budget {
+  size_t total, left;
+  explicit Budget(size_t n) : total(n), left(n) {}
+  Result<void> take(size_t n, const std::string& field) {
+    if (n > left)
+      return make_error(errc::resource_exhausted, field + " takes the request past the " + std::to_string(total) +
+                                                      " elements (tokens and tensor entries) one call may hold");
+    left -= n;
+    return {};
+  }
+};
+
 Result<int64_t> integer(const json& v, const std::string& field) {
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
@@ -89,7 +104,7 @@ Result<TensorData::Dtype> dtype_of(std::string_view name, const std::string& fie
   return bad(field + ".dtype must be \"float32\" or \"int64\", not \"" + std::string{name.substr(0, 32)} + "\"");
 }
 
-Result<TensorData> tensor_json(const json& v, const std::string& field) {
+Result<TensorData> tensor_json(const json& v, const std::string& field, Budget& budget) {
   if (!v.is_object()) return bad(field + " must be a TensorData object");
   for (auto it = v.begin(); it != v.end(); ++it)
     if (it.key() != "data" && it.key() != "dtype" && it.key() != "shape" && it.key() != "sparse_crow_indices" &&
@@ -103,6 +118,7 @@ Result<TensorData> tensor_json(const json& v, const std::string& field) {
   if (!v.contains("data") || !v["data"].is_array()) return bad(field + ".data must be a list of numbers");
   const auto& data = v["data"];
   if (data.size() > max_elements) return bad(field + ".data is too large");
+  if (auto ok = budget.take(data.size(), field); !ok) return ok.error();
   std::vector<double> values;
   values.reserve(data.size());
   for (size_t i = 0; i < data.size(); ++i) {
@@ -127,6 +143,7 @@ Result<TensorData> tensor_json(const json& v, const std::string& field) {
   }
   if (auto ok = check_shape(t.shape, field); !ok) return ok.error();
   if (sparse) {
+    if (auto ok = budget.take(static_cast<size_t>(product(t.shape)), field); !ok) return ok.error();
     auto crow = int_list(v["sparse_crow_indices"], field + ".sparse_crow_indices");
     if (!crow) return crow.error();
     if (!v.contains("sparse_col_indices")) return bad(field + ".sparse_col_indices is required with the crow indices");
@@ -180,16 +197,19 @@ Result<std::vector<double>> proto_values(const std::string& bytes, tinker_public
   return out;
 }
 
-Result<TensorData> tensor_proto(const tinker_public::Tensor& p, const std::string& field) {
+Result<TensorData> tensor_proto(const tinker_public::Tensor& p, const std::string& field, Budget& budget) {
   TensorData t;
   if (p.dtype() == tinker_public::DTYPE_INT64) t.dtype = TensorData::Dtype::i64;
   else if (p.dtype() == tinker_public::DTYPE_FLOAT32) t.dtype = TensorData::Dtype::f32;
   else return bad(field + ".dtype must be FLOAT32 or INT64");
   t.shape.assign(p.shape().begin(), p.shape().end());
+  const size_t esize = t.dtype == TensorData::Dtype::i64 ? 8 : 4;
   std::vector<double> values;
   if (p.has_sparse_csr()) {
     if (t.shape.size() != 2) return bad(field + ": a sparse tensor needs a 2-dimensional shape");
     if (auto ok = check_shape(t.shape, field); !ok) return ok.error();
+    if (auto ok = budget.take(static_cast<size_t>(product(t.shape)) + p.sparse_csr().values().size() / esize, field); !ok)
+      return ok.error();
     auto nz = proto_values(p.sparse_csr().values(), p.dtype(), field);
     if (!nz) return nz.error();
     if (p.sparse_csr().crow_indices().size() % 8 || p.sparse_csr().col_indices().size() % 8)
@@ -199,6 +219,7 @@ Result<TensorData> tensor_proto(const tinker_public::Tensor& p, const std::strin
     if (!dense) return dense.error();
     values = std::move(*dense);
   } else {
+    if (auto ok = budget.take(p.dense().size() / esize, field); !ok) return ok.error();
     auto v = proto_values(p.dense(), p.dtype(), field);
     if (!v) return v.error();
     values = std::move(*v);
@@ -224,7 +245,8 @@ json number_or_null(float x) { return std::isnan(x) ? json(nullptr) : json(x); }
 
 }  // namespace
 
-Result<std::vector<int64_t>> parse_model_input_json(const json& input, const std::string& field) {
+namespace {
+Result<std::vector<int64_t>> model_input_json(const json& input, const std::string& field, Budget& budget) {
   if (!input.is_object() || !input.contains("chunks") || !input["chunks"].is_array())
     return bad(field + " must be {\"chunks\": [...]}");
   std::vector<int64_t> tokens;
@@ -237,6 +259,8 @@ Result<std::vector<int64_t>> parse_model_input_json(const json& input, const std
       return bad(name + " is a '" + c["type"].dump().substr(0, 40) +
                  "' chunk; this server's model reads text only (encoded_text chunks)");
     if (!c.contains("tokens")) return bad(name + ".tokens is required");
+    if (c["tokens"].is_array())
+      if (auto ok = budget.take(c["tokens"].size(), name + ".tokens"); !ok) return ok.error();
     auto t = int_list(c["tokens"], name + ".tokens");
     if (!t) return t.error();
     if (tokens.size() + t->size() > max_elements) return bad(field + " is too long");
@@ -244,8 +268,15 @@ Result<std::vector<int64_t>> parse_model_input_json(const json& input, const std
   }
   return tokens;
 }
+}  // namespace
 
-Result<ForwardBackwardRequest> parse_forward_backward_json(const json& body, bool forward) {
+Result<std::vector<int64_t>> parse_model_input_json(const json& input, const std::string& field, size_t max_elements) {
+  Budget budget{max_elements};
+  return model_input_json(input, field, budget);
+}
+
+Result<ForwardBackwardRequest> parse_forward_backward_json(const json& body, bool forward, size_t max_elements) {
+  Budget budget{max_elements};
   const char* key = forward ? "forward_input" : "forward_backward_input";
   if (!body.is_object()) return bad("the body must be a JSON object");
   ForwardBackwardRequest r;
@@ -272,13 +303,13 @@ Result<ForwardBackwardRequest> parse_forward_backward_json(const json& body, boo
     if (!d.is_object()) return bad(name + " must be a Datum object");
     Datum datum;
     if (!d.contains("model_input")) return bad(name + ".model_input is required");
-    auto tokens = parse_model_input_json(d["model_input"], name + ".model_input");
+    auto tokens = model_input_json(d["model_input"], name + ".model_input", budget);
     if (!tokens) return tokens.error();
     datum.tokens = std::move(*tokens);
     if (d.contains("loss_fn_inputs") && !d["loss_fn_inputs"].is_null()) {
       if (!d["loss_fn_inputs"].is_object()) return bad(name + ".loss_fn_inputs must be an object");
       for (auto it = d["loss_fn_inputs"].begin(); it != d["loss_fn_inputs"].end(); ++it) {
-        auto t = tensor_json(it.value(), name + ".loss_fn_inputs." + it.key().substr(0, 40));
+        auto t = tensor_json(it.value(), name + ".loss_fn_inputs." + it.key().substr(0, 40), budget);
         if (!t) return t.error();
         datum.inputs[it.key()] = std::move(*t);
       }
@@ -286,6 +317,38 @@ Result<ForwardBackwardRequest> parse_forward_backward_json(const json& body, boo
     r.data.push_back(std::move(datum));
   }
   return r;
+}
+
+Result<void> check_json_bounds(std::string_view text, size_t max_depth, size_t max_values) {
+  size_t depth = 0, values = 1;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    switch (ch) {
+      case '"': in_string = true; break;
+      case '[':
+      case '{':
+        if (++depth > max_depth)
+          return bad("the body nests deeper than " + std::to_string(max_depth) + " levels, more than any request needs");
+        break;
+      case ']':
+      case '}':
+        if (depth > 0) --depth;
+        break;
+      case ',':
+        if (++values > max_values)
+          return make_error(errc::resource_exhausted, "the body holds more than " + std::to_string(max_values) +
+                                                          " values, more than one call may (tokens_per_call bounds it)");
+        break;
+      default: break;
+    }
+  }
+  return {};
 }
 
 Result<std::pair<std::string, int64_t>> forward_backward_ids_proto(std::string_view body) {
@@ -296,7 +359,9 @@ Result<std::pair<std::string, int64_t>> forward_backward_ids_proto(std::string_v
   return std::pair{p.model_id(), static_cast<int64_t>(p.seq_id())};
 }
 
-Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view body, std::string* canonical) {
+Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view body, std::string* canonical,
+                                                            size_t max_elements) {
+  Budget budget{max_elements};
   tinker_public::ForwardBackwardRequest p;
   if (body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !p.ParseFromArray(body.data(), static_cast<int>(body.size())))
@@ -325,11 +390,12 @@ Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view bod
                    "] is not an encoded_text chunk; this server's model reads text only");
       const auto& bytes = chunk.encoded_text().tokens();
       if (bytes.size() % 4) return bad(name + ".model_input[" + std::to_string(c) + "].tokens holds a partial int32");
+      if (auto ok = budget.take(bytes.size() / 4, name + ".model_input"); !ok) return ok.error();
       for (auto t : unpack<int32_t>(bytes)) datum.tokens.push_back(t);
       if (datum.tokens.size() > max_elements) return bad(name + ".model_input is too long");
     }
     for (const auto& [k, v] : d.loss_fn_inputs()) {
-      auto t = tensor_proto(v, name + ".loss_fn_inputs." + k.substr(0, 40));
+      auto t = tensor_proto(v, name + ".loss_fn_inputs." + k.substr(0, 40), budget);
       if (!t) return t.error();
       datum.inputs[k] = std::move(*t);
     }

@@ -83,7 +83,11 @@ struct SampleResult {
 /// forward_backward (and forward) bodies. JSON: SDK 0.16's form (no type
 /// fields, nulls) and 0.18's (every default, type fields) alike; `forward`
 /// reads "forward_input" instead of "forward_backward_input".
-Result<ForwardBackwardRequest> parse_forward_backward_json(const nlohmann::json& body, bool forward);
+/// `max_elements` bounds what the request makes (its tokens and every
+/// tensor's entries, sparse ones as made dense), checked before each is
+/// made: over it, resource_exhausted.
+Result<ForwardBackwardRequest> parse_forward_backward_json(const nlohmann::json& body, bool forward,
+                                                           size_t max_elements = size_t{1} << 26);
 /// The model_id and seq_id of a protobuf forward_backward body whose
 /// content parse_forward_backward_proto refused (a call refused for its
 /// content still takes its seq_id's turn); an error if the message itself
@@ -93,7 +97,8 @@ Result<std::pair<std::string, int64_t>> forward_backward_ids_proto(std::string_v
 /// `canonical`: when not null, set to the message serialized
 /// deterministically (maps in key order): two encodings of one request give
 /// the same bytes, so a retry is recognised whatever order its maps came in.
-Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view body, std::string* canonical = nullptr);
+Result<ForwardBackwardRequest> parse_forward_backward_proto(std::string_view body, std::string* canonical = nullptr,
+                                                            size_t max_elements = size_t{1} << 26);
 
 std::string render_forward_backward_json(const ForwardBackwardResult& r);
 std::string render_forward_backward_proto(const ForwardBackwardResult& r);
@@ -102,7 +107,14 @@ std::string render_sample_proto(const SampleResult& r);
 
 /// A model input's tokens from {"chunks": [{"tokens": [...], "type": "encoded_text"}, ...]}
 /// (type may be absent, as SDK 0.16 sends it); other chunk kinds are refused.
-Result<std::vector<int64_t>> parse_model_input_json(const nlohmann::json& input, const std::string& field);
+Result<std::vector<int64_t>> parse_model_input_json(const nlohmann::json& input, const std::string& field,
+                                                    size_t max_elements = size_t{1} << 26);
+/// Whether a JSON text may be parsed: nested at most `max_depth` deep (a
+/// deeper document would overflow the stack of nlohmann's recursive dump
+/// and destructor) and holding at most about `max_values` values (counted
+/// by commas, outside strings). One pass over the bytes, before any value
+/// is made; invalid_argument (depth) or resource_exhausted (values).
+Result<void> check_json_bounds(std::string_view text, size_t max_depth, size_t max_values);
 
 /// A zstd frame's content (Content-Encoding: zstd), at most `max_bytes`.
 Result<std::string> zstd_decompress(std::string_view frame, size_t max_bytes);

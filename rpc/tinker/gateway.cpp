@@ -58,6 +58,10 @@ std::string random_id(size_t bytes = 16) {
 
 caf::error user(const std::string& what) { return make_error(errc::invalid_argument, what); }
 
+// The deepest JSON a request may nest. The SDK's deepest body (a datum's
+// loss_fn_inputs tensors) nests 6 levels.
+constexpr size_t kMaxJsonDepth = 64;
+
 // The HTTP status an error answers with: 4xx are the caller's to fix (the
 // SDK does not retry them, but a bare 400 three times), 429 and 5xx are
 // retried.
@@ -155,6 +159,8 @@ struct Future {
 };
 
 /// A LoRA training client's model: one adapter of the tenant's.
+struct Charge;
+
 struct Model {
   std::string id, adapter;
   int64_t rank = 0;
@@ -164,6 +170,7 @@ struct Model {
     std::function<kj::Promise<Outcome>()> start;
     std::string request_id;
     Clock::time_point since;
+    std::shared_ptr<Charge> charge;  ///< its batch, held until the call ends
   };
   std::map<int64_t, Waiting> waiting;  ///< calls that came before their turn
   std::map<int64_t, std::pair<size_t, std::string>> seen;  ///< seq_id -> (body digest, request id)
@@ -194,7 +201,26 @@ struct Tenant {
   /// Loads of a path's weights under way, which sessions of the same path wait for.
   std::map<std::string, kj::ForkedPromise<Reply>> path_loading;
   int64_t samples_in_flight = 0;
+  /// What its bodies being read and its model calls queued or running hold
+  /// (GatewayOptions::request_bytes bounds it).
+  int64_t request_bytes = 0;
 };
+
+/// Bytes held against a tenant's request_bytes while it lives.
+struct Charge {
+  Tenant* tenant;
+  int64_t bytes;
+  Charge(Tenant* t, int64_t b) : tenant(t), bytes(b) { tenant->request_bytes += bytes; }
+  ~Charge() { tenant->request_bytes -= bytes; }
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+};
+
+std::string mib_text(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
 
 // tinker://<run>/<weights|sampler_weights>/<name>
 struct TinkerPath {
@@ -337,6 +363,16 @@ struct PreparedBatch {
   // The inputs as read, for forward's loss:sum.
   std::vector<std::vector<double>> weights, sampler_logprobs, advantages;
 };
+
+/// What a prepared batch holds in memory, as its tenant is charged for it.
+int64_t held_bytes(const PreparedBatch& p) {
+  int64_t n = 0;
+  for (const auto& b : p.parts)
+    for (const auto& [_, t] : b.tensors) n += static_cast<int64_t>(t.nbytes());
+  for (const auto* v : {&p.weights, &p.sampler_logprobs, &p.advantages})
+    for (const auto& row : *v) n += static_cast<int64_t>(row.size() * sizeof(double));
+  return n;
+}
 
 Result<PreparedBatch> prepare_batch(const ForwardBackwardRequest& r, const BaseModel& base, int64_t tokens_per_call) {
   auto plan = plan_loss(r.loss_fn, r.loss_fn_config);
@@ -577,7 +613,8 @@ struct Gateway::Impl {
 
   /// Queues a model call to run at its seq_id's turn; answers its future's
   /// id (the original one for a retry of the same body).
-  Result<std::string> submit(Tenant& t, Model& m, int64_t seq, size_t digest, std::function<kj::Promise<Outcome>()> start) {
+  Result<std::string> submit(Tenant& t, Model& m, int64_t seq, size_t digest, std::function<kj::Promise<Outcome>()> start,
+                             int64_t bytes = 0) {
     m.last_request_ms = now_ms();
     if (auto it = m.seen.find(seq); it != m.seen.end()) {
       if (it->second.first == digest) return it->second.second;
@@ -591,11 +628,20 @@ struct Gateway::Impl {
     if (seq - m.next_seq > 4096 || m.waiting.size() >= 4096)
       return make_error(errc::resource_exhausted, "seq_id " + std::to_string(seq) + " is too far ahead of " +
                                                       std::to_string(m.next_seq) + ", the next to run");
+    // A queued batch counts against its tenant until its call ends: calls
+    // waiting for a seq_id that never comes cannot take the machine's memory.
+    if (bytes > 0 && t.request_bytes + bytes > o.request_bytes)
+      return make_error(errc::resource_exhausted,
+                        "limit request_mib: this call's batch needs " + mib_text(bytes) + ", and your calls queued or "
+                        "running and bodies being read hold " + mib_text(t.request_bytes) + " of the " +
+                        mib_text(o.request_bytes) + " a tenant may hold: wait for them to finish (calls wait for "
+                        "seq_id " + std::to_string(m.next_seq) + " of model " + m.id + ")");
+    auto charge = bytes > 0 ? std::make_shared<Charge>(&t, bytes) : nullptr;
     auto id = new_future(t.name);
     m.seen[seq] = {digest, id};
     // Remembered for retries, within bounds.
     while (m.seen.size() > 8192) m.seen.erase(m.seen.begin());
-    m.waiting[seq] = {std::move(start), id, Clock::now()};
+    m.waiting[seq] = {std::move(start), id, Clock::now(), std::move(charge)};
     pump(m);
     return id;
   }
@@ -634,8 +680,9 @@ struct Gateway::Impl {
     return queue(t, m, seq, digest, [err]() -> kj::Promise<Outcome> { return failed(err); });
   }
   /// submit, answered as the SDK expects: the future's id (or why not).
-  Reply queue(Tenant& t, Model& m, int64_t seq, size_t digest, std::function<kj::Promise<Outcome>()> start) {
-    auto id = submit(t, m, seq, digest, std::move(start));
+  Reply queue(Tenant& t, Model& m, int64_t seq, size_t digest, std::function<kj::Promise<Outcome>()> start,
+              int64_t bytes = 0) {
+    auto id = submit(t, m, seq, digest, std::move(start), bytes);
     if (!id) return error_reply(id.error());
     return json_reply(json{{"request_id", *id}, {"model_id", m.id}});
   }
@@ -652,7 +699,7 @@ struct Gateway::Impl {
                              finish(id, failed(make_error(errc::internal, std::string{"the call failed: "} +
                                                                               e.getDescription().cStr())));
                            });
-      m.tail = done.eagerlyEvaluate(nullptr).fork();
+      m.tail = done.attach(kj::mv(call.charge)).eagerlyEvaluate(nullptr).fork();
     }
   }
 
@@ -685,7 +732,14 @@ struct Gateway::Impl {
 
   // -- endpoints ---------------------------------------------------------------
 
-  kj::Promise<Reply> route(kj::HttpMethod method, std::string path, const RequestHeaders& h, std::string body);
+  kj::Promise<Reply> route(kj::HttpMethod method, std::string path, const RequestHeaders& h, std::string body,
+                           Result<Caller> c);
+  /// What one call may make of its body: its tokens and tensor entries
+  /// (16 per token of tokens_per_call: a datum's inputs and targets), and
+  /// the JSON values that carry them.
+  size_t element_budget() const {
+    return static_cast<size_t>(std::min<int64_t>(o.tokens_per_call, int64_t{1} << 22)) * 16 + 65536;
+  }
 
   kj::Promise<Reply> create_model(Caller c, const json& j);
   kj::Promise<Reply> forward_backward(Caller c, ForwardBackwardRequest r, size_t digest);
@@ -749,15 +803,27 @@ kj::Promise<Reply> Gateway::Impl::create_model(Caller c, const json& j) {
   static const std::set<std::string> known = {"rank", "seed", "train_mlp", "train_attn", "train_unembed"};
   for (auto it = lc.begin(); it != lc.end(); ++it)
     if (!known.count(it.key())) return error_reply(user("lora_config." + it.key().substr(0, 40) + " is not a LoRA option"));
+  std::string wrong_flag;
   auto flag = [&](const char* key) {
     const auto& v = field_or_null(lc, key);
-    return v.is_boolean() ? v.get<bool>() : true;  // the SDK's default
+    if (!v.is_null() && !v.is_boolean() && wrong_flag.empty()) wrong_flag = key;
+    return v.is_boolean() ? v.get<bool>() : true;  // absent or null: the SDK's default
   };
   Model m;
-  m.rank = field_or_null(lc, "rank").is_number_integer() ? field_or_null(lc, "rank").get<int64_t>() : 32;
+  // Absent or null: the SDK's default, 32. Anything else must be an integer
+  // (a string or 8.5 is refused, never read as the default).
+  m.rank = 32;
+  if (const auto& r = field_or_null(lc, "rank"); !r.is_null()) {
+    if (!r.is_number_integer() && !r.is_number_unsigned())
+      return error_reply(user("lora_config.rank must be an integer, not " + dump(r).substr(0, 40)));
+    if (r.is_number_unsigned() && r.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      return error_reply(user("lora_config.rank is too large"));
+    m.rank = r.get<int64_t>();
+  }
   m.mlp = flag("train_mlp");
   m.attn = flag("train_attn");
   m.unembed = flag("train_unembed");
+  if (!wrong_flag.empty()) return error_reply(user("lora_config." + wrong_flag + " must be true or false"));
   uint64_t seed = 0;
   if (const auto& s = field_or_null(lc, "seed"); !s.is_null()) {
     if (!s.is_number_integer()) return error_reply(user("lora_config.seed must be an integer"));
@@ -874,6 +940,7 @@ kj::Promise<Reply> Gateway::Impl::forward_backward(Caller c, ForwardBackwardRequ
   st->session = std::make_shared<wire::Session::Client>(c.session);
   st->adapter = (*m)->adapter;
   st->forward = r.forward_only;
+  const int64_t bytes = held_bytes(*st->p);
   auto start = [st]() mutable -> kj::Promise<Outcome> {
     if (st->forward) return run_parts(st, 0);
     // The loss first, then the batch: a refused loss must not leave the
@@ -886,7 +953,7 @@ kj::Promise<Reply> Gateway::Impl::forward_backward(Caller c, ForwardBackwardRequ
       return run_parts(st, 0);
     });
   };
-  return queue(*c.tenant, **m, r.seq_id, digest, std::move(start));
+  return queue(*c.tenant, **m, r.seq_id, digest, std::move(start), bytes);
 }
 
 kj::Promise<Reply> Gateway::Impl::optim_step(Caller c, const json& j, size_t digest) {
@@ -1204,7 +1271,7 @@ kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest
       return error_reply(make_error(errc::aborted, "seq_id " + std::to_string(seq) + " of sampling session " + *sid +
                                                        " was already used by a different request"));
     }
-  auto prompt = parse_model_input_json(field_or_null(j, "prompt"), "prompt");
+  auto prompt = parse_model_input_json(field_or_null(j, "prompt"), "prompt", element_budget());
   if (!prompt) return error_reply(prompt.error());
   if (prompt->empty()) return error_reply(user("prompt is empty"));
   const auto& sp = field_or_null(j, "sampling_params");
@@ -1452,7 +1519,7 @@ kj::Promise<Reply> Gateway::Impl::training_runs(Caller c, const std::string& pat
 }
 
 kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path, const RequestHeaders& h,
-                                        std::string body) {
+                                        std::string body, Result<Caller> c) {
   std::string query;
   if (auto q = path.find('?'); q != std::string::npos) {
     query = path.substr(q + 1);
@@ -1461,7 +1528,6 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const bool get = method == kj::HttpMethod::GET, post = method == kj::HttpMethod::POST;
   if (get && path == "/api/v1/healthz") return json_reply(json{{"status", "ok"}});
-  auto c = caller(h);
   if (!c) {
     // The same answer whatever was wrong with the key.
     return json_reply(json{{"detail", describe(c.error())}, {"error", describe(c.error())}, {"category", "user"}}, 401);
@@ -1511,7 +1577,7 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   // not its bytes: the same request may come with its maps in another order.
   if (path == "/api/v1/forward_backward" && proto_body) {
     std::string canonical;
-    auto r = parse_forward_backward_proto(body, &canonical);
+    auto r = parse_forward_backward_proto(body, &canonical, element_budget());
     if (!r) {
       if (auto ids = forward_backward_ids_proto(body))
         if (auto m = model_of(*c->tenant, ids->first))
@@ -1521,6 +1587,10 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
     return forward_backward(*c, std::move(*r), std::hash<std::string>{}(path + "\n" + canonical));
   }
   if (proto_body) return error_reply(user(path.substr(0, 120) + " takes a JSON body, not protobuf"));
+  // Bounded before it is parsed: no request nests deeper than a few levels
+  // (nlohmann's dump and destructor recurse, so 100,000 levels would take
+  // the stack), nor holds more values than its tokens allow.
+  if (auto ok = check_json_bounds(body, kMaxJsonDepth, element_budget()); !ok) return error_reply(ok.error());
   auto j = body.empty() ? json::object() : json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return error_reply(user("the body is not a JSON object"));
   const size_t digest = std::hash<std::string>{}(path + "\n" + j.dump());  // keys in order
@@ -1550,7 +1620,7 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   if (path == "/api/v1/telemetry") return json_reply(json{{"status", "accepted"}});
   if (path == "/api/v1/create_model") return create_model(*c, j);
   if (path == "/api/v1/forward_backward" || path == "/api/v1/forward") {
-    auto r = parse_forward_backward_json(j, path == "/api/v1/forward");
+    auto r = parse_forward_backward_json(j, path == "/api/v1/forward", element_budget());
     if (!r) {
       // Readable ids: the call takes its seq_id's turn as a failed future.
       const auto& id = field_or_null(j, "model_id");
@@ -1613,11 +1683,37 @@ kj::Promise<void> send_reply(const kj::HttpHeaderTable& table, kj::HttpService::
 
 // A request's body: kept up to the limit, read to its end beyond it (and
 // dropped), so that a client still sending gets its 413 instead of a reset.
+// What it keeps counts against its tenant's request bytes while it lives.
 struct Body {
   std::string text;
-  bool over = false;
+  bool over = false, over_budget = false;
   size_t read = 0;
+  Tenant* tenant = nullptr;
+  int64_t budget = 0;   ///< the tenant's request_bytes limit
+  int64_t charged = 0;  ///< what this body adds to the tenant's request_bytes
   kj::byte buffer[65536];
+  ~Body() {
+    if (tenant) tenant->request_bytes -= charged;
+  }
+  void keep(size_t n) {
+    const auto more = static_cast<int64_t>(n);
+    if (tenant && tenant->request_bytes + more > budget) {
+      over_budget = true;
+      drop();
+      return;
+    }
+    text.append(reinterpret_cast<const char*>(buffer), n);
+    if (tenant) {
+      tenant->request_bytes += more;
+      charged += more;
+    }
+  }
+  void drop() {
+    text.clear();
+    text.shrink_to_fit();
+    if (tenant) tenant->request_bytes -= charged;
+    charged = 0;
+  }
 };
 
 kj::Promise<void> read_body(kj::AsyncInputStream& in, std::shared_ptr<Body> b, size_t limit) {
@@ -1626,20 +1722,24 @@ kj::Promise<void> read_body(kj::AsyncInputStream& in, std::shared_ptr<Body> b, s
     b->read += n;
     // Drained to its end for a polite 413, up to a bound: beyond, the
     // connection goes (a body that never ends must not hold it).
-    if (b->over && b->read > 4 * limit + (size_t{64} << 20)) return kj::READY_NOW;
-    if (!b->over) {
+    if ((b->over || b->over_budget) && b->read > 4 * limit + (size_t{64} << 20)) return kj::READY_NOW;
+    if (!b->over && !b->over_budget) {
       if (b->text.size() + n > limit) {
         b->over = true;
-        b->text.clear();
-        b->text.shrink_to_fit();
+        b->drop();
       } else {
-        b->text.append(reinterpret_cast<const char*>(b->buffer), n);
+        b->keep(n);
       }
     }
     return read_body(in, b, limit);
   });
 }
+
+Reply unauthorized(const caf::error& e) {
+  // The same answer whatever was wrong with the key.
+  return json_reply(json{{"detail", describe(e)}, {"error", describe(e)}, {"category", "user"}}, 401);
 }
+}  // namespace
 
 kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
                                    kj::AsyncInputStream& body, Response& response) {
@@ -1654,12 +1754,49 @@ kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, con
   copy(impl->content_encoding, h.content_encoding);
   copy(kj::HttpHeaderId::CONTENT_TYPE, h.content_type);
   const int64_t limit = impl->o.max_body_bytes;
+  // The key is checked before the body is read: a peer without one never
+  // has its body buffered (it gets 401, and KJ closes the connection if
+  // the body goes on).
+  std::string bare = path.substr(0, path.find('?'));
+  while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
+  Result<Impl::Caller> who = make_error(errc::permission_denied, "no key");
+  if (!(method == kj::HttpMethod::GET && bare == "/api/v1/healthz")) {
+    who = impl->caller(h);
+    if (!who) return send_reply(*impl->table, response, unauthorized(who.error()));
+    // A length over the limit is answered before a byte of it is read.
+    KJ_IF_MAYBE(length, body.tryGetLength()) {
+      if (*length > static_cast<uint64_t>(limit)) return send_reply(*impl->table, response, too_large(limit));
+    }
+  }
   auto state = std::make_shared<Body>();
+  if (who) {
+    state->tenant = who->tenant;
+    state->budget = impl->o.request_bytes;
+  }
+  auto timed_out = std::make_shared<bool>(false);
+  auto deadline = impl->timer.afterDelay(static_cast<uint64_t>(impl->o.body_timeout.count()) * kj::SECONDS)
+                      .then([timed_out] { *timed_out = true; });
   return read_body(body, state, static_cast<size_t>(limit))
-      .then([impl, method, path, h = std::move(h), limit, state]() -> kj::Promise<Reply> {
+      .exclusiveJoin(kj::mv(deadline))
+      .then([impl, method, path, h = std::move(h), limit, state, timed_out, who = std::move(who)]() mutable
+                -> kj::Promise<Reply> {
+        if (*timed_out) {
+          auto message = "the body did not arrive within " + std::to_string(impl->o.body_timeout.count()) +
+                         " s ([tinker] body_seconds)";
+          return json_reply(json{{"detail", message}, {"error", message}, {"category", "user"}}, 408);
+        }
         if (state->over) return too_large(limit);
+        if (state->over_budget)
+          return error_reply(make_error(
+              errc::resource_exhausted,
+              "limit request_mib: your bodies being read and calls queued or running hold more than the " +
+                  mib_text(impl->o.request_bytes) + " a tenant may hold: wait for your calls to finish"));
         try {
-          return impl->route(method, path, h, std::move(state->text));
+          // From here the text is the route's, parsed at once; what it
+          // makes is charged where it is kept (a queued call's batch).
+          auto text = std::move(state->text);
+          state->drop();
+          return impl->route(method, path, h, std::move(text), std::move(who));
         } catch (const std::exception& e) {
           return error_reply(make_error(errc::internal, std::string{"the gateway failed: "} + e.what()));
         }

@@ -71,6 +71,13 @@ struct GatewayOptions {
   /// tokens runs in parts, which add up (Tinker's losses are sums).
   int64_t tokens_per_call = 262144;
   double lora_alpha = 32;  ///< Tinker's LoRA scale is alpha / rank
+  /// A request's body must arrive within this (else 408 and the
+  /// connection closes): a trickled body does not hold a connection.
+  std::chrono::seconds body_timeout{60};
+  /// Per tenant: the bytes its bodies being read and its calls waiting for
+  /// an earlier seq_id may hold at once ([limits] request_mib); over it,
+  /// 429 (bodies) or a refused call (queued batches).
+  int64_t request_bytes = int64_t{512} << 20;
 };
 
 /// The HTTP service. Construct it on the I/O thread, serve it with a

@@ -14,8 +14,7 @@ cd "$root"
 mkdir local
 awk 'BEGIN{srand(1); for(i=0;i<60;i++){a=int(rand()*20);b=int(rand()*20);w=a+b+1;
   printf("{\"prompt\": \"What is %d plus %d?\", \"chosen\": \"%d plus %d is %d.\", \"rejected\": \"%d plus %d is %d.\", \"question\": \"What is %d plus %d?\", \"answer\": \"%d plus %d is %d. #### %d\"}\n",a,b,a,b,a+b,a,b,w,a,b,a,b,a+b,a+b)}}' > rows.jsonl
-"$glint" init-model local/model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
-  --max-positions 256 --tokenizer-from rows.jsonl > init.log 2>&1 || { cat init.log; exit 1; }
+tiny_base "$glint"
 fail() { echo "FAIL: $*"; exit 1; }
 declare -A cmds=(
   [sft]="sft --layout gsm8k --lr 3e-3 --max-steps 6 --batch-size 4"

@@ -8,10 +8,7 @@ source "$(dirname "$0")/serve_lib.sh"
 glint=$1 src=$2
 temp_root tinker-api
 cd "$root"
-mkdir local
-printf '{"text": "the quick brown fox jumps over the lazy dog %d times"}\n' $(seq 40) > rows.jsonl
-"$glint" init-model local/model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
-  --max-positions 256 --tokenizer-from rows.jsonl > init.log 2>&1 || { cat init.log; exit 1; }
+tiny_base "$glint"
 protoc --python_out="$root" -I"$src/rpc/tinker" tinker_public.proto
 start_server "$glint" "$root" "$(printf '[tinker]\nport = 0\nbase_model = "test/tiny-qwen3"\nmax_samples_in_flight = 2\npoll_seconds = 1\nseq_gap_seconds = 3\n[limits]\nmessage_mib = 2\n')"
 tport=$(grep -o 'Tinker-compatible API on http://127.0.0.1:[0-9]*' serve.out | grep -o '[0-9]*$')

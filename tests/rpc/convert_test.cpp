@@ -213,5 +213,43 @@ TEST(ServeConfig, TheTinkerSectionIsReadAndCheckedLikeTheRest) {
   EXPECT_TRUE(contains(describe(v.error()), "[tinker]")) << describe(v.error());
 }
 
+TEST(ServeConfig, ConnectionAndRequestLimitsAreReadAndMetricsOffLoopbackNeedAToken) {
+  auto c = ServeConfig::parse("model = \"m\"\n[tinker]\nport = 0\nconnections = 32\nbody_seconds = 5\n"
+                              "[limits]\nrequest_mib = 300\n[metrics]\nport = 0\ntoken_file = \"t\"\n",
+                              "s.toml");
+  ASSERT_TRUE(c) << describe(c.error());
+  EXPECT_EQ(c->tinker_connections, 32);
+  EXPECT_EQ(c->tinker_body_seconds, 5);
+  EXPECT_EQ(c->limits.request_bytes, int64_t{300} << 20);
+  EXPECT_EQ(c->metrics_token_file, "t");
+  auto defaults = ServeConfig::parse("model = \"m\"\n", "s.toml");
+  ASSERT_TRUE(defaults);
+  EXPECT_EQ(defaults->tinker_connections, 256);
+  EXPECT_EQ(defaults->tinker_body_seconds, 60);
+  EXPECT_EQ(defaults->limits.request_bytes, int64_t{512} << 20);
+  for (const char* bad : {"[tinker]\nconnections = 0\n", "[tinker]\nbody_seconds = \"x\"\n", "[limits]\nrequest_mib = 0\n",
+                          "[metrics]\ntoken = \"x\"\n"}) {
+    auto r = ServeConfig::parse(std::string{"model = \"m\"\n"} + bad, "s.toml");
+    EXPECT_FALSE(r) << bad;
+  }
+  auto dir = glint::testing::fresh_dir("serve-config-limits");
+  std::ofstream{dir + "/config.json"} << "{}";
+  // Per-tenant request memory below one message could never carry one.
+  auto small = ServeConfig::parse("model = \"" + dir + "\"\n[limits]\nmessage_mib = 64\nrequest_mib = 32\n", "s.toml");
+  ASSERT_TRUE(small);
+  auto v = small->validate();
+  ASSERT_FALSE(v);
+  EXPECT_TRUE(contains(describe(v.error()), "request_mib")) << describe(v.error());
+  // Metrics name every tenant: off loopback only with a token.
+  auto open = ServeConfig::parse("model = \"" + dir + "\"\n[metrics]\nhost = \"0.0.0.0\"\nport = 0\n", "s.toml");
+  ASSERT_TRUE(open);
+  v = open->validate();
+  ASSERT_FALSE(v);
+  EXPECT_EQ(code_of(v.error()), errc::permission_denied);
+  EXPECT_TRUE(contains(describe(v.error()), "token_file")) << describe(v.error());
+  open->metrics_token_file = "t";
+  EXPECT_TRUE(open->validate());
+}
+
 }  // namespace
 }  // namespace glint::rpc

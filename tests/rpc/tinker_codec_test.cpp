@@ -140,6 +140,55 @@ TEST(TinkerCodec, BadBodiesAreRefusedNamingTheField) {
   EXPECT_FALSE(parse_forward_backward_proto("not a protobuf message at all \xff\xff"));
 }
 
+TEST(TinkerCodec, JsonIsBoundedInDepthAndValuesBeforeItIsParsed) {
+  EXPECT_TRUE(check_json_bounds(R"({"a": [[1, 2], {"b": "[[[[[[[[[[,,,,,,"}]})", 4, 10))
+      << "brackets and commas inside strings do not count";
+  EXPECT_TRUE(check_json_bounds(R"({"s": "\"[[[[[\\"})", 1, 10)) << "escaped quotes stay inside the string";
+  std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto d = check_json_bounds(deep, 64, 1 << 20);
+  ASSERT_FALSE(d);
+  EXPECT_EQ(code_of(d.error()), errc::invalid_argument);
+  EXPECT_NE(describe(d.error()).find("deeper than 64"), std::string::npos) << describe(d.error());
+  EXPECT_TRUE(check_json_bounds("[" + std::string(64 - 1, '[') + std::string(64, ']'), 64, 10)) << "64 levels pass";
+  std::string wide = "[1" + std::string(20, ',') + "]";
+  auto w = check_json_bounds(wide, 64, 10);
+  ASSERT_FALSE(w);
+  EXPECT_EQ(code_of(w.error()), errc::resource_exhausted);
+}
+
+TEST(TinkerCodec, ARequestsElementsAreBoundedBeforeTheyAreMade) {
+  // One [1, 2^26] sparse tensor of one value: 2^26 elements once dense,
+  // refused before they are made.
+  auto sparse = json::parse(R"({"forward_backward_input": {"data": [{"loss_fn_inputs": {
+      "weights": {"data": [0.5], "dtype": "float32", "shape": [1, 67108864], "sparse_crow_indices": [0, 1],
+                  "sparse_col_indices": [0]}},
+      "model_input": {"chunks": [{"tokens": [1, 2]}]}}], "loss_fn": "cross_entropy"}, "model_id": "M", "seq_id": 1})");
+  auto r = parse_forward_backward_json(sparse, false, 1 << 20);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::resource_exhausted);
+  EXPECT_NE(describe(r.error()).find("data[0].loss_fn_inputs.weights"), std::string::npos) << describe(r.error());
+  // Tokens and dense tensors count alike, across datums.
+  auto two = json::parse(R"({"forward_backward_input": {"data": [
+      {"model_input": {"chunks": [{"tokens": [1, 2, 3]}]}, "loss_fn_inputs": {"w": {"data": [1, 1, 1], "dtype": "float32"}}},
+      {"model_input": {"chunks": [{"tokens": [1, 2, 3]}]}}], "loss_fn": "cross_entropy"}, "model_id": "M", "seq_id": 1})");
+  EXPECT_TRUE(parse_forward_backward_json(two, false, 9));
+  auto over = parse_forward_backward_json(two, false, 8);
+  ASSERT_FALSE(over);
+  EXPECT_NE(describe(over.error()).find("data[1].model_input"), std::string::npos) << describe(over.error());
+  EXPECT_FALSE(parse_model_input_json(json::parse(R"({"chunks": [{"tokens": [1, 2, 3]}]})"), "prompt", 2));
+  // The protobuf form: the SDK's request fits its own element count, not less.
+  const std::string body = from_hex(kSdkRequest);
+  auto whole = parse_forward_backward_proto(body);
+  ASSERT_TRUE(whole);
+  size_t n = 0;
+  for (const auto& d : whole->data) {
+    n += d.tokens.size();
+    for (const auto& [_, t] : d.inputs) n += t.values.size();
+  }
+  EXPECT_TRUE(parse_forward_backward_proto(body, nullptr, n));
+  EXPECT_FALSE(parse_forward_backward_proto(body, nullptr, n - 1));
+}
+
 TEST(TinkerCodec, ZstdBodiesAreReadAndBoundedInSize) {
   std::string plain = from_hex(kSdkRequest);
   std::string frame(ZSTD_compressBound(plain.size()), '\0');

@@ -378,8 +378,8 @@ int sample(const SampleBenchArgs& a) {
   }
   if (py) py->send("quit\n");
   const double rate = median(glint_rate);
-  std::printf("# glint's matmuls: %s for decoding steps, %s for prefills of %lld rows or more (each the faster "
-              "here; GLINT_MATMUL=aten|onednn overrides)\n",
+  std::printf("# glint's matmuls: %s for decoding steps, %s for prefills of %lld rows or more (the default "
+              "rule's choice; GLINT_MATMUL=aten|onednn|measure overrides)\n",
               onednn_matmul_enabled(1) ? "oneDNN" : "ATen (the system BLAS)",
               onednn_matmul_enabled() ? "oneDNN" : "ATen", static_cast<long long>(kLargeProductRows));
   print_metric("sample_tokens_per_s", rate, 1);

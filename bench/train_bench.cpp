@@ -329,8 +329,8 @@ int train(const TrainBenchArgs& a) {
               "python %.6f\n",
               median(aten) / 1e9, median(onednn) / 1e9, flops.size(), g0->first_loss, p0->first_loss, loss_rel,
               kWarmupSteps + a.repeats * (kSettleSteps + a.steps) - 1, g_last.last_loss, p_last.last_loss);
-  std::printf("# glint's matmuls: %s for this step's products of %lld rows (the faster here at 2048 rows; "
-              "GLINT_MATMUL=aten|onednn overrides)\n",
+  std::printf("# glint's matmuls: %s for this step's products of %lld rows (the default rule's "
+              "choice: oneDNN for large products on AVX-512 CPUs; GLINT_MATMUL=aten|onednn|measure overrides)\n",
               components::onednn_matmul_enabled(a.batch * a.seq) ? "oneDNN" : "ATen (the system BLAS)",
               static_cast<long long>(a.batch * a.seq));
   print_metric("train_tokens_per_s", rate, 1);

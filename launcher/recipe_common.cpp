@@ -1,9 +1,11 @@
 #include "launcher/recipe_common.hpp"
+#include "components/model/compute_info.hpp"
 
 #include "components/model/lora_config.hpp"
 #include "placement/service.hpp"
 #include "placement/toml.hpp"
 #include "runtime/file.hpp"
+#include "runtime/log.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -542,7 +544,16 @@ Result<actors::Checkpointer> open_run(const RecipeArgs& a, const std::string& ou
                                       const std::string& resolved) {
   auto checkpoints = actors::Checkpointer::open(fs::path{out}.parent_path().string(), fs::path{out}.filename().string());
   if (!checkpoints) return with_context(checkpoints.error(), "opening the run index");
-  if (resuming) return checkpoints;
+  // What decides the bits beyond the config (components/model/compute_info.hpp):
+  // recorded with the run, compared when it resumes.
+  const auto compute = components::compute_info().json();
+  if (resuming) {
+    auto recorded = read_text_file(out + "/compute.json");
+    if (recorded && *recorded != compute)
+      log::warn("this run was started with " + *recorded + "and resumes with " + compute +
+                "its steps from here may differ from an uninterrupted run's in the last bits");
+    return checkpoints;
+  }
   if (auto ok = checkpoints->start_over(a.overwrite); !ok) {
     if (code_of(ok.error()) != errc::failed_precondition) return with_context(ok.error(), "starting the run over");
     return make_error(errc::failed_precondition, context_of(ok.error()) + ": pass --resume to continue it, --overwrite "
@@ -559,6 +570,7 @@ Result<actors::Checkpointer> open_run(const RecipeArgs& a, const std::string& ou
   if (!val.empty())
     if (auto ok = components::save_jsonl(val, data_dir + "/val.jsonl"); !ok) return with_context(ok.error(), "writing data");
   if (auto ok = write_text(out + "/config.toml", resolved); !ok) return with_context(ok.error(), "writing config.toml");
+  if (auto ok = write_text(out + "/compute.json", compute); !ok) return with_context(ok.error(), "writing compute.json");
   return checkpoints;
 }
 

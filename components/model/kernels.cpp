@@ -1,5 +1,8 @@
 #include "components/model/kernels.hpp"
 
+#include "components/model/compute_info.hpp"
+
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -7,7 +10,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 
 namespace glint::components {
 
@@ -107,12 +112,10 @@ double best_seconds(const std::function<void()>& f) {
   return best;
 }
 
-bool decide(int cls) {
-  if (!onednn_available()) return false;
-  if (const char* env = std::getenv("GLINT_MATMUL")) {
-    if (std::strcmp(env, "aten") == 0) return false;
-    if (std::strcmp(env, "onednn") == 0) return true;
-  }
+// By timing, as GLINT_MATMUL=measure asks: the faster library on this
+// machine now, which a loaded machine can answer differently from run to
+// run (a 1-in-34 difference in the last bits of identical runs came from it).
+bool measure(int cls) {
   // A product of the class's size, [rows, 512] x [512, 1536], with oneDNN's
   // per-call conversions included, as fast_linear pays them. The two differ:
   // on an AVX-512 VM, oneDNN took 1.75x ATen's (OpenBLAS's) time at 256 rows
@@ -127,7 +130,33 @@ bool decide(int cls) {
   return dnnl < 0.8 * aten;
 }
 
+// The rule by default, fixed by the size class and the CPU so that every
+// run on a machine makes the same choice (and so the same bits): oneDNN
+// for large products on CPUs with AVX-512, where it measured 0.6 to 0.76x
+// OpenBLAS's time at 2048 rows; ATen (OpenBLAS) for small products
+// everywhere (oneDNN took 1.75x its time at 256 rows, its per-call
+// conversions dominating) and for large ones on AVX2 machines, where
+// oneDNN was not clearly faster (docs/models.md).
+bool rule(int cls) { return cls == 1 && __builtin_cpu_supports("avx512f"); }
+
+bool decide(int cls) {
+  if (!onednn_available()) return false;
+  if (const char* env = std::getenv("GLINT_MATMUL"); env && *env) {
+    if (std::strcmp(env, "aten") == 0) return false;
+    if (std::strcmp(env, "onednn") == 0) return true;
+    if (std::strcmp(env, "measure") == 0) return measure(cls);
+    static std::once_flag warned;
+    std::call_once(warned, [env] {
+      std::fprintf(stderr, "glint warning: GLINT_MATMUL=%s is not one of aten, onednn, measure: using the default rule\n",
+                   env);
+    });
+  }
+  return rule(cls);
+}
+
 }  // namespace
+
+bool onednn_by_rule(int64_t rows) { return onednn_available() && rule(size_class(rows)); }
 
 bool onednn_matmul_enabled(int64_t rows) {
   auto& choice = use_onednn[size_class(rows)];
@@ -183,6 +212,31 @@ void fast_linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
 at::Tensor fast_bmm(const at::Tensor& a, const at::Tensor& b) {
   if (!onednn_product(a, b, a.size(1), a.size(1) * a.size(2) * b.size(2))) return at::matmul(a, b);
   return DnnlBmm::apply(a, b);
+}
+
+}  // namespace glint::components
+
+namespace glint::components {
+
+ComputeInfo compute_info() {
+  ComputeInfo c;
+  c.matmul_small = onednn_matmul_enabled(1) ? "onednn" : "aten";
+  c.matmul_large = onednn_matmul_enabled(kLargeProductRows) ? "onednn" : "aten";
+  const char* env = std::getenv("GLINT_MATMUL");
+  c.matmul_choice = !env || !*env ? "rule"
+                    : std::strcmp(env, "measure") == 0 ? "GLINT_MATMUL=measure (timed: not deterministic)"
+                                                       : std::string{"GLINT_MATMUL="} + env;
+  c.intra_op_threads = at::get_num_threads();
+  c.inter_op_threads = at::get_num_interop_threads();
+  c.avx512 = __builtin_cpu_supports("avx512f");
+  return c;
+}
+
+std::string ComputeInfo::json() const {
+  return "{\"matmul_small\": \"" + matmul_small + "\", \"matmul_large\": \"" + matmul_large +
+         "\", \"matmul_choice\": \"" + matmul_choice + "\", \"intra_op_threads\": " + std::to_string(intra_op_threads) +
+         ", \"inter_op_threads\": " + std::to_string(inter_op_threads) + ", \"avx512\": " + (avx512 ? "true" : "false") +
+         "}\n";
 }
 
 }  // namespace glint::components

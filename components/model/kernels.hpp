@@ -5,11 +5,15 @@
 /// implementation unless an optimised one is installed, about 2 GFLOP/s on
 /// one core of the 2-core VM this was measured on, against ~70 for OpenBLAS.
 /// The same LibTorch ships oneDNN (~70 too, but its tensors are converted on
-/// every call). So the first product of each size class (kLargeProductRows)
-/// times both on a product of that size and keeps oneDNN only where it is
-/// clearly faster; otherwise these are ATen's own functions. GLINT_MATMUL=aten or =onednn decides
-/// instead. oneDNN runs f32 only, with autograd; other dtypes (f64 in the
-/// gradient tests) and tiny products always go to ATen.
+/// every call). Each size class (kLargeProductRows) has its library chosen
+/// by a fixed rule, so that every run on a machine computes the same bits:
+/// oneDNN for large products on CPUs with AVX-512 (where it measured clearly
+/// faster), ATen's own functions otherwise (onednn_by_rule).
+/// GLINT_MATMUL=aten or =onednn decides instead; GLINT_MATMUL=measure times
+/// both on the first product of each class and keeps the faster, which may
+/// differ from run to run on a loaded machine (not deterministic). oneDNN
+/// runs f32 only, with autograd; other dtypes (f64 in the gradient tests)
+/// and tiny products always go to ATen.
 
 #include <ATen/ATen.h>
 
@@ -45,6 +49,9 @@ constexpr int64_t kLargeProductRows = 1024;
 /// Whether fast_linear/fast_bmm use oneDNN for f32 products of `rows` rows
 /// in this process (measured once per size class, on first use).
 bool onednn_matmul_enabled(int64_t rows = kLargeProductRows);
+/// The default rule's choice for products of `rows` rows on this CPU (what
+/// onednn_matmul_enabled answers without GLINT_MATMUL).
+bool onednn_by_rule(int64_t rows);
 /// Whether this LibTorch has oneDNN at all.
 bool onednn_available();
 /// Overrides the choice for small and large products (tests and

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <limits>
 
 namespace glint::components {
@@ -35,6 +36,15 @@ TEST(KernelsChoice, SmallAndLargeProductsAreChosenApart) {
   EXPECT_TRUE(onednn_matmul_enabled(8));
   EXPECT_FALSE(onednn_matmul_enabled(4096));
   set_onednn_matmul(small, large);
+}
+
+// Without GLINT_MATMUL the choice is the rule's, never a timing: every run
+// on a machine computes the same bits.
+TEST(KernelsChoice, TheDefaultIsTheRuleNotATiming) {
+  if (const char* env = std::getenv("GLINT_MATMUL"); env && *env) GTEST_SKIP() << "GLINT_MATMUL=" << env;
+  for (int64_t rows : {int64_t{1}, int64_t{256}, kLargeProductRows, int64_t{4096}})
+    EXPECT_EQ(onednn_matmul_enabled(rows), onednn_by_rule(rows)) << rows << " rows";
+  EXPECT_FALSE(onednn_by_rule(1)) << "small products go to ATen on every CPU";
 }
 
 TEST_F(Kernels, LinearMatchesATenWithGradients) {

@@ -108,11 +108,10 @@ import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 assert len(a) == len(b) == 8, (len(a), len(b))
 for x, y in zip(a, b):
+    # Every number but the timings, to the last bit (runs are deterministic).
     for k in x:
-        if k.startswith("reward/") or k.startswith("completion_length/"):
+        if not (k.endswith("_seconds") or k.endswith("per_second")):
             assert x[k] == y[k], (x["step"], k, x[k], y[k])
-    # The losses and norms agree to rounding (docs/recipes.md, resume).
-    assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * max(1, x["grad_norm"]), (x["step"], x["grad_norm"], y["grad_norm"])
 EOF
 
 # 4a. Packing (the default) trains as padded batches: the first step's rows agree.

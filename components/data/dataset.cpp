@@ -59,6 +59,26 @@ Result<Row> row_of(const nlohmann::json& j, std::string origin) {
   return row;
 }
 
+// The longest line a .jsonl row may have; past it the reading stops
+// instead of taking a line without end (a binary file) into memory.
+constexpr size_t kMaxLineBytes = size_t{64} << 20;
+
+// std::getline, but stops a line one byte past kMaxLineBytes.
+bool read_line(std::istream& in, std::string& line) {
+  line.clear();
+  std::streambuf* buf = in.rdbuf();
+  for (;;) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      if (line.empty()) in.setstate(std::ios::eofbit);
+      return !line.empty();
+    }
+    if (c == '\n') return true;
+    line.push_back(static_cast<char>(c));
+    if (line.size() > kMaxLineBytes) return true;
+  }
+}
+
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
 }
@@ -92,6 +112,18 @@ void Dataset::skip(const std::string& reason, const std::string& origin, const s
 }
 
 Result<Dataset> Dataset::load(const DatasetMeta& meta) {
+  // Only regular files: a directory would read as "failed part way", a FIFO
+  // with no writer would block forever, and /dev/zero would be read until
+  // memory ran out.
+  std::error_code ec;
+  const auto status = std::filesystem::status(meta.path, ec);
+  if (!ec && std::filesystem::is_directory(status))
+    return make_error(errc::invalid_argument, "dataset " + meta.path +
+                                                  " is a directory: name a .jsonl or .json file (one of its files)");
+  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    return make_error(errc::invalid_argument, "dataset " + meta.path +
+                                                  " is not a regular file (a FIFO, socket or device): datasets are read "
+                                                  "from .jsonl or .json files");
   std::ifstream in{meta.path, std::ios::binary};
   if (!in) return make_error(errc::not_found, "cannot read dataset " + meta.path + " (does it exist, and may we read it?)");
   return parse(in, meta);
@@ -108,8 +140,11 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
   const bool jsonl = meta.path.size() >= 6 && meta.path.compare(meta.path.size() - 6, 6, ".jsonl") == 0;
   if (jsonl) {
     std::string line;
-    for (int64_t n = 1; std::getline(in, line); ++n) {
+    for (int64_t n = 1; read_line(in, line); ++n) {
       auto origin = meta.path + ":" + std::to_string(n);
+      if (line.size() > kMaxLineBytes)
+        return make_error(errc::invalid_argument, origin + " is longer than " + std::to_string(kMaxLineBytes >> 20) +
+                                                      " MiB: a .jsonl file holds one row per line (is it JSONL?)");
       if (trim(line).empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) {

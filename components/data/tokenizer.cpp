@@ -416,10 +416,32 @@ Result<Tokenizer> Tokenizer::parse_vocabulary(const std::string& text, const std
   }
   const auto& inv = detail::byte_level_inverse();
   Tokenizer t;
-  auto put = [&](int64_t id, std::string bytes) -> Result<void> {
-    if (id < 0 || id > (int64_t{1} << 24))
-      return make_error(errc::invalid_argument, origin + ": token id " + std::to_string(id) + " is out of range");
-    if (static_cast<size_t>(id) >= t.bytes_.size()) t.bytes_.resize(static_cast<size_t>(id) + 1);
+  // Ids are (nearly) dense: at most twice the entries the file has, so that
+  // one id of 16,777,216 is refused before a table of that size is made.
+  const auto listed = j.find("added_tokens");
+  const int64_t entries = static_cast<int64_t>(vocab.size()) +
+                          (listed != j.end() && listed->is_array() ? static_cast<int64_t>(listed->size()) : 0);
+  const int64_t max_id = std::min<int64_t>(2 * entries + 1024, int64_t{1} << 24);
+  std::vector<std::string> owner;  // the model.vocab token that holds each id, to name a second one
+  // `token` empty: an added token, which may stand in model.vocab under its id too.
+  auto put = [&](int64_t id, std::string bytes, const std::string& token = {}) -> Result<void> {
+    if (id < 0 || id >= max_id)
+      return make_error(errc::invalid_argument, origin + ": token '" + (token.empty() ? "(added)" : token.substr(0, 40)) + "' has id " +
+                                                    std::to_string(id) + ", out of range for a vocabulary of " +
+                                                    std::to_string(entries) + " entries");
+    if (static_cast<size_t>(id) >= t.bytes_.size()) {
+      t.bytes_.resize(static_cast<size_t>(id) + 1);
+      owner.resize(static_cast<size_t>(id) + 1);
+    }
+    // Two tokens with one id would train as one token: refused.
+    if (!token.empty()) {
+      auto& first = owner[static_cast<size_t>(id)];
+      if (!first.empty())
+        return make_error(errc::invalid_argument, origin + ": model.vocab gives tokens '" + first.substr(0, 40) +
+                                                      "' and '" + token.substr(0, 40) + "' the same id " +
+                                                      std::to_string(id));
+      first = token;
+    }
     t.bytes_[static_cast<size_t>(id)] = std::move(bytes);
     return {};
   };
@@ -434,7 +456,7 @@ Result<Tokenizer> Tokenizer::parse_vocabulary(const std::string& text, const std
     } else {
       bytes = decode_metaspace(token);
     }
-    if (auto ok = put(id.get<int64_t>(), std::move(bytes)); !ok) return ok.error();
+    if (auto ok = put(id.get<int64_t>(), std::move(bytes), token); !ok) return ok.error();
   }
   // Refused at load even for a tokenizer that only decodes: a normalizer
   // this cannot apply means the vocabulary was made for other text.

@@ -22,6 +22,9 @@
 #include "placement/service.hpp"
 #include "runtime/progress.hpp"
 
+#include <algorithm>
+
+#include <algorithm>
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -129,7 +132,11 @@ int main(int argc, char** argv) {
     }
     auto model = base->with_adapter(adapter);  // every call below trains or reads the adapter
     if (auto ok = model.set_optimizer({.lr = a.lr}).get(); !ok) return fail("setting the optimizer", ok.error());
-    if (auto ok = model.set_lr_scheduler({.kind = components::SchedulerConfig::Kind::cosine, .warmup_steps = 5, .total_steps = a.steps}).get(); !ok)
+    // Five warm-up steps, fewer in a run too short for them: a decaying
+    // schedule needs steps after its warm-up (--steps 4 used to fail on a
+    // warmup_steps nobody had set).
+    const int64_t warmup = std::min<int64_t>(5, (a.steps - 1) / 2);
+    if (auto ok = model.set_lr_scheduler({.kind = components::SchedulerConfig::Kind::cosine, .warmup_steps = warmup, .total_steps = a.steps}).get(); !ok)
       return fail("setting the schedule", ok.error());
 
     actors::DataLoaderSpec train_spec{.dataset = a.data, .slice_begin = kHeldOut, .preprocess = "self_cognition",

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -57,6 +59,38 @@ TEST(Dataset, JsonlSkipsBadRowsCountedByReasonAndLogsWhere) {
   EXPECT_NE(logged[0].find(path + ":2"), std::string::npos) << logged[0];
   EXPECT_EQ(ds->row(1).fields.at("tag"), "3");
   EXPECT_EQ(ds->row(0).origin, path + ":1");
+}
+
+// What is not a file of rows is refused at once, saying what it is: a
+// directory, a FIFO with no writer (which would block forever), a device
+// such as /dev/zero (which would be read until memory ran out), and a
+// .jsonl file whose "line" has no end.
+TEST(Dataset, WhatIsNotAFileOfRowsIsRefusedAtOnce) {
+  const auto dir = glint::testing::fresh_dir("dataset-kinds");
+  auto refused = [](const std::string& path, const std::string& needle) {
+    auto d = Dataset::load({.path = path});
+    ASSERT_FALSE(d) << path;
+    EXPECT_EQ(code_of(d.error()), errc::invalid_argument) << describe(d.error());
+    EXPECT_NE(describe(d.error()).find(needle), std::string::npos) << describe(d.error());
+  };
+  refused(dir, "is a directory");
+  const auto fifo = dir + "/rows.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  refused(fifo, "not a regular file");
+  refused("/dev/zero", "not a regular file");
+  const auto endless = dir + "/endless.jsonl";
+  {
+    std::ofstream out{endless, std::ios::binary};
+    const std::string chunk(1 << 20, 'x');
+    for (int i = 0; i < 65; ++i) out << chunk;
+  }
+  refused(endless, "longer than 64 MiB");
+  // A last line without its newline is still a row.
+  const auto tail = dir + "/tail.jsonl";
+  std::ofstream{tail} << "{\"text\": \"a\"}\n\n{\"text\": \"b\"}";
+  auto d = Dataset::load({.path = tail});
+  ASSERT_TRUE(d) << describe(d.error());
+  EXPECT_EQ(d->size(), 2u);
 }
 
 TEST(Dataset, JsonArraysLoadAndOtherJsonIsAnError) {

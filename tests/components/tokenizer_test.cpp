@@ -451,6 +451,25 @@ TEST(Tokenizer, ByteLevelPrefixSpaceAppliesToEachPieceOfAnEarlierSplit) {
   EXPECT_EQ(enc(*t, "a b"), (Ids{' ', 'a', ' ', ' ', 'b'}));
 }
 
+// A vocabulary whose ids collide would train distinct tokens as one (the
+// loss still falls), and one far beyond its size would make a table of
+// that size before anything refuses it: both are refused at load.
+TEST(Tokenizer, CollidingAndFarOutIdsAreRefusedAtLoad) {
+  auto j = bpe_tokenizer({}, {}, byte_level_pre);
+  auto same = j;
+  int64_t n = 0;
+  for (auto& [_, id] : same["model"]["vocab"].items()) id = n++ < 2 ? 7 : id.get<int64_t>() + 1000;
+  auto t = Tokenizer::parse(same.dump(), kOrigin);
+  ASSERT_FALSE(t);
+  EXPECT_NE(describe(t.error()).find("the same id 7"), std::string::npos) << describe(t.error());
+  auto far = j;
+  far["model"]["vocab"]["far"] = int64_t{1} << 24;
+  t = Tokenizer::parse(far.dump(), kOrigin);
+  ASSERT_FALSE(t);
+  EXPECT_NE(describe(t.error()).find("out of range"), std::string::npos) << describe(t.error());
+  EXPECT_TRUE(Tokenizer::parse(j.dump(), kOrigin)) << "the vocabulary itself loads";
+}
+
 TEST(Tokenizer, FieldsThatWouldChangeTheIdsAreRefusedByName) {
   auto expect_encode_refused = [](const nlohmann::json& j, std::vector<std::string> words) {
     auto e = encode_error(j);

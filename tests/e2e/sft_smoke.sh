@@ -34,6 +34,8 @@ if [[ $mode == local ]]; then
   grep -q "has checkpoints already" "$root/again" || { cat "$root/again"; exit 1; }
   ls "$root"/sft/checkpoint-*/model/adapter_model.safetensors > /dev/null
   "$sft" --out "$root/sft" --steps 10 --eval-every 10 --fresh > "$root/fresh" 2>&1 || { cat "$root/fresh"; exit 1; }
+  # A run shorter than the usual warm-up runs (it failed on a warmup_steps nobody set).
+  "$sft" --out "$root/short" --steps 4 --eval-every 2 > "$root/short.log" 2>&1 || { cat "$root/short.log"; exit 1; }
 fi
 # --adapter-from: the best checkpoint's adapter names its base and, loaded
 # into a new run, scores the held-out rows exactly as when it was saved.

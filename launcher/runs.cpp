@@ -5,6 +5,7 @@
 #include "launcher/commands.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <ctime>
 
 namespace glint::launcher {
@@ -47,7 +48,12 @@ int runs(const RunsArgs& a) {
     for (const auto& r : *list)
       std::printf("%-20s %-19s %11lld  %s\n", r.run.c_str(), when(r.created_ms).c_str(),
                   static_cast<long long>(r.checkpoints),
-                  r.latest ? (r.latest->name + " (step " + std::to_string(r.latest->step) + ")").c_str() : "-");
+                  r.latest ? (r.latest->name + " (step " + std::to_string(r.latest->step) + ")" +
+                              (std::filesystem::exists(std::filesystem::path{r.latest->path} / "manifest.json")
+                                   ? ""
+                                   : ", GONE from disk"))
+                                 .c_str()
+                           : "-");
     if (list->empty()) std::printf("(no runs under %s)\n", a.root.c_str());
     return 0;
   }
@@ -57,9 +63,21 @@ int runs(const RunsArgs& a) {
     return 1;
   }
   std::printf("%8s  %-20s %-19s  %-30s %s\n", "STEP", "NAME", "CREATED", "SUMMARY", "PATH");
-  for (const auto& c : *list)
+  // The index is read, not reconciled (another process may hold it): a
+  // directory deleted since is shown as gone, never as a checkpoint to use.
+  int64_t gone = 0;
+  for (const auto& c : *list) {
+    std::error_code ec;
+    const bool there = std::filesystem::exists(std::filesystem::path{c.path} / "manifest.json", ec);
+    gone += there ? 0 : 1;
     std::printf("%8lld  %-20s %-19s  %-30s %s\n", static_cast<long long>(c.step), c.name.c_str(),
-                when(c.created_ms).c_str(), c.summary.c_str(), c.path.c_str());
+                when(c.created_ms).c_str(), there ? c.summary.c_str() : "GONE (its directory was deleted)",
+                c.path.c_str());
+  }
+  if (gone > 0)
+    std::printf("%lld of these are gone from disk: `glint runs --repair --root %s` forgets them, and so does the run's "
+                "next --resume\n",
+                static_cast<long long>(gone), a.root.c_str());
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -159,6 +160,22 @@ Result<void> verify_dir(const std::string& dir, Verify how) {
   if (!text) return make_error(errc::not_found, dir + " has no " + kManifest + ": not a complete checkpoint");
   auto files = parse_manifest(*text, path);
   if (!files) return files.error();
+  // Every file of the directory is in its manifest, and a manifest lists
+  // something: an emptied manifest would otherwise vouch for any weights.
+  if (files->empty()) return make_error(errc::invalid_argument, path + " is damaged: it lists no files");
+  {
+    std::set<std::string> listed;
+    for (const auto& f : *files) listed.insert(f.path);
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (!it->is_regular_file()) continue;
+      const auto rel = fs::path{it->path()}.lexically_relative(dir).generic_string();
+      if (rel == kManifest || listed.count(rel)) continue;
+      return make_error(errc::invalid_argument, dir + "/" + rel + " is not in " + path +
+                                                    ": the manifest was changed, or a file was added after the save");
+    }
+  }
   for (const auto& want : *files) {
     const auto file = dir + "/" + want.path;
     if (how == Verify::sizes) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 namespace glint::components {
@@ -47,6 +48,34 @@ TEST(Manifest, DamagedEntriesAndPathsOutsideTheDirectoryAreErrors) {
   auto v = verify_dir(dir, Verify::sizes);
   ASSERT_FALSE(v);
   EXPECT_EQ(code_of(v.error()), errc::invalid_argument);
+}
+
+// A manifest emptied by hand (and a weight byte changed beside it) resumed
+// silently: a manifest must list files, and every file of the directory.
+TEST(Manifest, AnEmptiedManifestOrAFileItDoesNotListIsRefused) {
+  auto dir = glint::testing::fresh_dir("manifest-emptied");
+  auto d = AtomicDir::begin(dir + "/step-1");
+  ASSERT_TRUE(d) << describe(d.error());
+  ASSERT_TRUE(d->write_file("weights.bin", std::string(64, 'w')));
+  ASSERT_TRUE(d->write_file("trainer_state.json", "{}"));
+  ASSERT_TRUE(d->commit());
+  const auto step = dir + "/step-1";
+  ASSERT_TRUE(verify_dir(step)) << "as committed";
+  ASSERT_TRUE(verify_dir(step, Verify::sizes));
+  std::filesystem::create_directories(step + "/model");
+  { std::ofstream{step + "/model/extra.bin"} << "x"; }
+  for (auto how : {Verify::sizes, Verify::full}) {
+    auto v = verify_dir(step, how);
+    ASSERT_FALSE(v);
+    EXPECT_NE(describe(v.error()).find("model/extra.bin is not in"), std::string::npos) << describe(v.error());
+  }
+  std::filesystem::remove(step + "/model/extra.bin");
+  { std::ofstream{step + "/manifest.json", std::ios::trunc} << R"({"files": {}})"; }
+  auto v = verify_dir(step);
+  ASSERT_FALSE(v);
+  EXPECT_NE(describe(v.error()).find("lists no files"), std::string::npos) << describe(v.error());
+  { std::ofstream{step + "/manifest.json", std::ios::trunc} << ""; }
+  EXPECT_FALSE(verify_dir(step)) << "an empty file is no manifest";
 }
 
 }  // namespace

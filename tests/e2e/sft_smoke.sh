@@ -21,6 +21,15 @@ grep -q "best held-out loss" "$root/log" || { cat "$root/log"; exit 1; }
 grep -q "with the adapter: " "$root/log" || { cat "$root/log"; exit 1; }
 [[ $(grep -c '"eval_loss"' "$root/sft/metrics.jsonl") == 4 ]] || { echo "expected 4 evaluations"; exit 1; }
 "$glint" checkpoints sft --root "$root" | grep -q "checkpoint-" || { "$glint" checkpoints sft --root "$root"; exit 1; }
+if [[ $mode == local ]]; then
+  # A step directory deleted by hand is listed as gone, not as a checkpoint.
+  cp -r "$root/sft/checkpoint-10" "$root/kept-10"
+  rm -rf "$root/sft/checkpoint-10"
+  "$glint" checkpoints sft --root "$root" > "$root/listing"
+  grep -q "checkpoint-10 .*GONE" "$root/listing" && grep -q "1 of these are gone" "$root/listing" ||
+    { cat "$root/listing"; echo "a deleted checkpoint was listed as there"; exit 1; }
+  mv "$root/kept-10" "$root/sft/checkpoint-10"
+fi
 ls "$root"/sft/checkpoint-*/model/adapter_model.safetensors > /dev/null
 # The held-out loss falls.
 first=$(grep -o '"eval_loss": [0-9.]*' "$root/sft/metrics.jsonl" | head -1 | cut -d' ' -f2)

@@ -32,6 +32,19 @@ PYTHONPATH="$root:$src/tests/tinker" timeout 300 /usr/bin/python3 "$src/tests/ti
   "$mport" "$(cat metrics.token)" ||
   { tail -30 serve.err; exit 1; }
 kill -0 "$server" || { echo "the server died"; tail -30 serve.err; exit 1; }
+kill "$server"
+for _ in $(seq 300); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+cp serve.err attack.err
+# Fairness, on a server of default limits: a tenant's tight loop of
+# forward_backward calls does not starve another's.
+rm -rf state
+start_server "$glint" "$root" "$(printf '[tinker]\nport = 0\nbase_model = "test/tiny-qwen3"\n')"
+tport=$(grep -o 'Tinker-compatible API on http://127.0.0.1:[0-9]*' serve.out | grep -o '[0-9]*$')
+alice=$(new_key "$glint" "$root" alice)
+hog=$(new_key "$glint" "$root" hog)
+PYTHONPATH="$root:$src/tests/tinker" timeout 300 /usr/bin/python3 "$src/tests/tinker/fairness.py" \
+  "http://127.0.0.1:$tport" "$alice" "$hog" test/tiny-qwen3 || { tail -30 serve.err; exit 1; }
+mv attack.err serve.err
 # Refusals were logged, but rate-limited: a flood does not fill the disk.
 lines=$(wc -l < serve.err)
 echo "serve.err: $lines lines:"; cat serve.err

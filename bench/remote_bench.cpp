@@ -1,6 +1,7 @@
 // glint bench remote: see remote_bench.hpp.
 #include "bench/remote_bench.hpp"
 #include "bench/measure.hpp"
+#include "bench/tinker_client.hpp"
 
 #include "actors/model_group.hpp"
 #include "actors/sampler_group.hpp"
@@ -42,15 +43,6 @@ int fail(const std::string& what, const caf::error& e) {
 
 const actors::LoraConfig kLora{.r = 8, .alpha = 16, .target_modules = {"all-linear"}};
 
-// A batch of 8 rows of 64 tokens.
-Batch train_batch(int64_t vocab, int64_t offset) {
-  Batch b;
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < 8 * 64; ++i) ids.push_back((i * 31 + offset * 7) % (vocab - 3) + 3);
-  if (auto t = Tensor::from_values(ids, {8, 64})) b.tensors["input_ids"] = std::move(*t);
-  return b;
-}
-
 // A sample call of 4 prompts, 32 tokens each; answers the tokens it made.
 Result<int64_t> sample4(const SamplerGroup& sampler, int step) {
   std::vector<std::vector<int64_t>> prompts;
@@ -69,7 +61,7 @@ struct Unit {
 
 // One tenant's work unit: a training step and a sample call.
 Result<Unit> work(const ModelGroup& model, const SamplerGroup& sampler, int64_t vocab, int step) {
-  auto batch = train_batch(vocab, step);
+  auto batch = bench_batch(vocab, step);
   Unit u;
   caf::error err;
   u.train_s = seconds_of([&] {
@@ -84,131 +76,16 @@ Result<Unit> work(const ModelGroup& model, const SamplerGroup& sampler, int64_t 
   return u;
 }
 
-// A client of the server's Tinker API that does what SDK 0.25 does for a
-// training step: forward_backward as protobuf, optim_step as JSON, both
-// futures polled (retrieve_future) to their results.
-class TinkerStep {
-public:
-  TinkerStep(int port, std::string key) : http_("127.0.0.1", port), key_(std::move(key)) {
-    http_.set_read_timeout(120, 0);
-  }
-
-  Result<void> open(const std::string& base_model) {
-    auto session = post("/api/v1/create_session", R"({"tags": [], "sdk_version": "0.25.0"})");
-    if (!session) return session.error();
-    nlohmann::json create{{"session_id", (*session)["session_id"]},
-                          {"model_seq_id", 0},
-                          {"base_model", base_model},
-                          {"lora_config", {{"rank", 8}, {"train_unembed", false}}}};
-    auto f = post("/api/v1/create_model", create.dump());
-    if (!f) return f.error();
-    auto done = wait((*f)["request_id"], false);
-    if (!done) return done.error();
-    model_ = nlohmann::json::parse(*done)["model_id"];
-    return {};
-  }
-
-  // One step on `batch`'s rows: each row's tokens predict the next ones.
-  Result<void> step(const Batch& batch) {
-    tinker_public::ForwardBackwardRequest req;
-    req.set_model_id(model_);
-    req.set_seq_id(seq_++);
-    req.set_loss_fn("cross_entropy");
-    const auto& ids = batch.tensors.at("input_ids");
-    auto v = ids.values<int64_t>();
-    if (!v) return v.error();
-    const int64_t rows = ids.size(0), n = ids.size(1) - 1;
-    for (int64_t r = 0; r < rows; ++r) {
-      auto* d = req.add_data();
-      std::vector<int32_t> input(v->begin() + r * (n + 1), v->begin() + r * (n + 1) + n);
-      std::vector<int64_t> targets(v->begin() + r * (n + 1) + 1, v->begin() + (r + 1) * (n + 1));
-      std::vector<float> weights(static_cast<size_t>(n), 1.0f / static_cast<float>(n * rows));
-      d->add_model_input()->mutable_encoded_text()->set_tokens(
-          std::string(reinterpret_cast<const char*>(input.data()), input.size() * 4));
-      auto& t = (*d->mutable_loss_fn_inputs())["target_tokens"];
-      t.set_dtype(tinker_public::DTYPE_INT64);
-      t.add_shape(n);
-      t.set_dense(std::string(reinterpret_cast<const char*>(targets.data()), targets.size() * 8));
-      auto& w = (*d->mutable_loss_fn_inputs())["weights"];
-      w.set_dtype(tinker_public::DTYPE_FLOAT32);
-      w.add_shape(n);
-      w.set_dense(std::string(reinterpret_cast<const char*>(weights.data()), weights.size() * 4));
-    }
-    auto fb = post("/api/v1/forward_backward", req.SerializeAsString(), "application/x-protobuf");
-    if (!fb) return fb.error();
-    nlohmann::json opt{{"model_id", model_}, {"seq_id", seq_++}, {"adam_params", {{"learning_rate", 1e-3}}}};
-    auto st = post("/api/v1/optim_step", opt.dump());
-    if (!st) return st.error();
-    auto out = wait((*fb)["request_id"], true);
-    if (!out) return out.error();
-    tinker_public::ForwardBackwardOutput parsed;
-    if (!parsed.ParseFromString(*out) || !parsed.metrics().count("loss:sum"))
-      return make_error(errc::internal, "the forward_backward result is not a ForwardBackwardOutput");
-    auto stepped = wait((*st)["request_id"], false);
-    if (!stepped) return stepped.error();
-    return {};
-  }
-
-private:
-  Result<nlohmann::json> post(const std::string& path, const std::string& body,
-                              const std::string& type = "application/json", const std::string& accept = "") {
-    httplib::Headers h{{"X-API-Key", key_}};
-    if (!accept.empty()) h.emplace("Accept", accept);
-    auto r = http_.Post(path.c_str(), h, body, type.c_str());
-    if (!r) return make_error(errc::unavailable, "POST " + path + " failed: " + httplib::to_string(r.error()));
-    if (r->status != 200)
-      return make_error(errc::internal, "POST " + path + ": HTTP " + std::to_string(r->status) + " " + r->body);
-    if (accept == "application/x-protobuf" && r->get_header_value("Content-Type").find("protobuf") != std::string::npos)
-      return nlohmann::json{{"proto", r->body}};
-    auto j = nlohmann::json::parse(r->body, nullptr, false);
-    if (j.is_discarded()) return make_error(errc::internal, "POST " + path + " answered no JSON");
-    return j;
-  }
-  Result<std::string> wait(const std::string& id, bool proto) {
-    nlohmann::json body{{"request_id", id}, {"allow_metadata_only", true}};
-    for (;;) {
-      auto r = post("/api/v1/retrieve_future", body.dump(), "application/json",
-                    proto ? "application/x-protobuf" : "application/json");
-      if (!r) return r.error();
-      if (r->contains("proto")) return (*r)["proto"].get<std::string>();
-      if (r->value("type", "") == "try_again") continue;
-      if (r->contains("error")) return make_error(errc::internal, "a Tinker call failed: " + r->dump());
-      return r->dump();
-    }
-  }
-
-  httplib::Client http_;
-  std::string key_, model_;
-  int seq_ = 1;
-};
-
 }  // namespace
 
 int remote(const RemoteBenchArgs& a) {
-  namespace fs = std::filesystem;
-  auto root = fs::temp_directory_path() / ("glint-bench-remote-" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  struct Cleanup {
-    fs::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } cleanup{root};
+  ScratchDir scratch{"glint-bench-remote"};
+  const auto& root = scratch.path;
   // The base: a small Qwen3 (4 layers, hidden 256) with a trained tokenizer.
   auto model_dir = (root / "base").string();
-  auto rows = components::arithmetic_rows(200, {.seed = 1});
-  auto json = components::train_bpe(components::texts_of(components::Dataset::from_rows(rows)), {.vocab_size = 512});
-  if (!json) return fail("training the tokenizer", json.error());
-  auto tok = components::Tokenizer::parse(*json);
-  if (!tok) return fail("reading the tokenizer", tok.error());
-  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, tok->vocab_size(), 256, 768, 4, 8, 4);
-  cfg.max_position_embeddings = 512;
-  auto lm = components::CausalLM::init_random(cfg, 1);
-  if (!lm) return fail("making the model", lm.error());
-  if (auto ok = lm->save(model_dir); !ok) return fail("saving the model", ok.error());
-  if (auto ok = components::save_chatml_tokenizer(model_dir, *json); !ok) return fail("saving the tokenizer", ok.error());
-  const int64_t vocab = tok->vocab_size();
+  auto vocab_size = make_bench_base(model_dir);
+  if (!vocab_size) return fail("making the base model", vocab_size.error());
+  const int64_t vocab = *vocab_size;
 
   auto rt = initialize(Options{});
   if (!rt) return fail("starting the runtime", rt.error());
@@ -255,7 +132,7 @@ int remote(const RemoteBenchArgs& a) {
   // tenant of its own.
   auto tinker_key = rpc::KeyStore::create(config.state_dir, "tinker");
   if (!tinker_key) return fail("making a key", tinker_key.error());
-  TinkerStep tinker((*server)->tinker_port(), *tinker_key);
+  TinkerClient tinker((*server)->tinker_port(), *tinker_key);
   if (auto ok = tinker.open("bench/base"); !ok) return fail("opening a Tinker model", ok.error());
   std::vector<double> noops[2], steps[2], tinker_steps;
   for (int i = 0; i < a.repeats; ++i)
@@ -266,7 +143,7 @@ int remote(const RemoteBenchArgs& a) {
       }));
       if (err) return fail("calculate_metric", err);
     }
-  auto batch = train_batch(vocab, 0);
+  auto batch = bench_batch(vocab, 0);
   for (int i = 0; i < a.steps + 2; ++i)
     for (int m = 0; m < 2; ++m) {
       const auto& ad = adapters[static_cast<size_t>(m)];

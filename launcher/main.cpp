@@ -2,6 +2,7 @@
 #include "bench/faults_bench.hpp"
 #include "bench/parallel_bench.hpp"
 #include "bench/remote_bench.hpp"
+#include "bench/soak_bench.hpp"
 #include "bench/rl_bench.hpp"
 #include "bench/sample_bench.hpp"
 #include "bench/sync_bench.hpp"
@@ -289,6 +290,22 @@ int main(int argc, char** argv) {
   bench_remote->footer("Prints local_noop_rtt_us, remote_noop_rtt_us, remote_forward_backward_vs_local (goal <= 1.2), "
                        "tenants1_tokens_per_s, tenants4_tokens_per_s and tenants4_vs_1_tokens_per_s (goal >= 1.5).");
 
+  glint::bench::SoakBenchArgs soak_args;
+  auto* bench_soak = bench->add_subcommand(
+      "serve-soak", "A server under a steady load for a bounded time: N tenants running SDK-shaped Tinker calls "
+                    "(train steps, sampler saves, sample calls); calls, errors, latency, RSS and descriptors");
+  bench_soak->add_option("--minutes", soak_args.minutes, "How long it runs")->capture_default_str()->check(CLI::Range(0.1, 600.0));
+  bench_soak->add_option("--tenants", soak_args.tenants, "Tenants, each its own key, adapter and connection")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  bench_soak->add_option("--sample-every", soak_args.sample_every,
+                          "Training steps between a tenant's save_weights_for_sampler + sample calls (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  bench_soak->footer("Prints soak_calls, soak_errors (goal 0), soak_p50_ms, soak_p99_ms, soak_rss_start_mib, "
+                     "soak_rss_end_mib, soak_rss_growth (goal < 0.05), soak_fds_start, soak_fds_end and soak_fds_leaked "
+                     "(goal 0); exits 1 when a goal is missed.");
+
   glint::bench::RlBenchArgs rl_args;
   auto* bench_rl = bench->add_subcommand(
       "rl", "Asynchronous RL: the GRPO example at --max-staleness 0, 1 and 2 (model and sampler on different cores), "
@@ -369,6 +386,7 @@ int main(int argc, char** argv) {
   if (*bench_faults) return glint::bench::faults(faults_args);
   if (*bench_parallel) return glint::bench::parallel(parallel_args);
   if (*bench_remote) return glint::bench::remote(remote_args);
+  if (*bench_soak) return glint::bench::serve_soak(soak_args);
   if (*bench_rl) return glint::bench::rl(rl_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;

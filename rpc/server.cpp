@@ -7,6 +7,7 @@
 #include "rpc/convert.hpp"
 #include "rpc/detail/kj_bridge.hpp"
 #include "rpc/detail/listener.hpp"
+#include "rpc/detail/scrub.hpp"
 #include "rpc/fingerprint.hpp"
 #include "rpc/keys.hpp"
 #include "rpc/tenant_store.hpp"
@@ -27,12 +28,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -946,16 +947,12 @@ private:
     for (const auto& [needle, with] : {std::pair<std::string, std::string>{tenant_ + ":", ""},
                                        {upload_root, "<upload>/"},
                                        {checkpoint_root, "<checkpoint>/"},
-                                       {s_.config.state_dir + "/", "<server>/"},
-                                       {host_name(), "<host>"}}) {
+                                       {s_.config.state_dir + "/", "<server>/"}}) {
       if (needle.empty() || needle == "/") continue;
       for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + with.size()))
         text.replace(at, needle.size(), with);
     }
-    // Which process of the server's job failed is the operator's to know,
-    // not the tenant's: "node 1 (<host>, pid 4242)" becomes "a server process".
-    static const std::regex node{R"(node [0-9]+ \([^()]*, pid [0-9]+\))"};
-    return std::regex_replace(text, node, "a server process");
+    return detail::without_process_labels(std::move(text), host_name());
   }
 
   static const std::string& host_name() {

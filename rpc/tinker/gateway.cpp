@@ -1716,13 +1716,16 @@ struct Body {
   }
 };
 
+// How much of a body over the limit is read (and dropped) for a polite 413.
+size_t drain_bound(size_t limit) { return 4 * limit + (size_t{64} << 20); }
+
 kj::Promise<void> read_body(kj::AsyncInputStream& in, std::shared_ptr<Body> b, size_t limit) {
   return in.tryRead(b->buffer, 1, sizeof b->buffer).then([&in, b, limit](size_t n) -> kj::Promise<void> {
     if (n == 0) return kj::READY_NOW;
     b->read += n;
     // Drained to its end for a polite 413, up to a bound: beyond, the
     // connection goes (a body that never ends must not hold it).
-    if ((b->over || b->over_budget) && b->read > 4 * limit + (size_t{64} << 20)) return kj::READY_NOW;
+    if ((b->over || b->over_budget) && b->read > drain_bound(limit)) return kj::READY_NOW;
     if (!b->over && !b->over_budget) {
       if (b->text.size() + n > limit) {
         b->over = true;
@@ -1763,9 +1766,11 @@ kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, con
   if (!(method == kj::HttpMethod::GET && bare == "/api/v1/healthz")) {
     who = impl->caller(h);
     if (!who) return send_reply(*impl->table, response, unauthorized(who.error()));
-    // A length over the limit is answered before a byte of it is read.
+    // A length past what read_body would drain for a polite 413 is answered
+    // before a byte of it is read; a smaller one over the limit is drained
+    // (held nowhere), so that a client still sending gets its 413, not a reset.
     KJ_IF_MAYBE(length, body.tryGetLength()) {
-      if (*length > static_cast<uint64_t>(limit)) return send_reply(*impl->table, response, too_large(limit));
+      if (*length > drain_bound(static_cast<size_t>(limit))) return send_reply(*impl->table, response, too_large(limit));
     }
   }
   auto state = std::make_shared<Body>();

@@ -4,6 +4,7 @@
 // stored as salted hashes.
 #include "rpc/convert.hpp"
 #include "rpc/keys.hpp"
+#include "rpc/detail/scrub.hpp"
 #include "rpc/serve_config.hpp"
 #include "support/temp_dir.hpp"
 
@@ -211,6 +212,15 @@ TEST(ServeConfig, TheTinkerSectionIsReadAndCheckedLikeTheRest) {
   auto v = open->validate();
   ASSERT_FALSE(v);
   EXPECT_TRUE(contains(describe(v.error()), "[tinker]")) << describe(v.error());
+}
+
+// A trainer's failure named the host, pid and layout of the server's job.
+TEST(TenantErrors, ProcessLabelsAndTheHostNameAreTakenOut) {
+  const auto text = detail::without_process_labels(
+      "unavailable: node 1 (gpu-box-7, pid 4242) was lost (its process exited); rank 0 on gpu-box-7 waits", "gpu-box-7");
+  EXPECT_EQ(text, "unavailable: a server process was lost (its process exited); rank 0 on <host> waits");
+  EXPECT_EQ(detail::without_process_labels("a sample of vmware text", "vm"), "a sample of vmware text")
+      << "a host name too short to be told from words is left";
 }
 
 TEST(ServeConfig, ConnectionAndRequestLimitsAreReadAndMetricsOffLoopbackNeedAToken) {

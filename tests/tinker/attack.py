@@ -119,7 +119,7 @@ for s in held:
     s.close()
 alive("keyless bodies")
 
-# -- 3. A length over the limit is 413 before a byte of it is read -----------
+# -- 3. A length far over the limit is 413 before a byte of it is read ------
 status, _ = raw_http(post_head("/api/v1/forward_backward", 1 << 30, key_m))
 check(status == 413, status)
 

@@ -6,6 +6,7 @@
 #include "rpc/tinker/codec.hpp"
 #include "runtime/log.hpp"
 
+#include <capnp/serialize.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
 
@@ -177,6 +178,9 @@ struct Model {
   /// Calls run one after another: each starts when the one before ended.
   kj::ForkedPromise<void> tail = kj::Promise<void>(kj::READY_NOW).fork();
   std::deque<std::string> ephemeral;  ///< sampling sessions of its ephemeral saves, oldest first
+  /// The loss its adapter trains with now (loss_key), set by the last
+  /// forward_backward; empty: unknown (a call sets it first).
+  std::string loss;
   int64_t last_request_ms = 0;
 };
 
@@ -858,6 +862,15 @@ namespace {
 
 // A forward or forward_backward in progress: its parts run one after
 // another, their log-probs and loss adding up.
+// A loss spec as bytes (its Cap'n Proto form): equal specs, equal keys.
+std::string loss_key(const actors::LossSpec& spec) {
+  capnp::MallocMessageBuilder m;
+  write_loss(m.initRoot<wire::LossSpec>(), spec);
+  auto words = capnp::messageToFlatArray(m);
+  auto bytes = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+}
+
 struct PassState {
   std::shared_ptr<PreparedBatch> p;
   std::shared_ptr<wire::Session::Client> session;
@@ -941,15 +954,24 @@ kj::Promise<Reply> Gateway::Impl::forward_backward(Caller c, ForwardBackwardRequ
   st->adapter = (*m)->adapter;
   st->forward = r.forward_only;
   const int64_t bytes = held_bytes(*st->p);
-  auto start = [st]() mutable -> kj::Promise<Outcome> {
+  auto* t = c.tenant;
+  auto start = [st, t, model_id = (*m)->id, key = loss_key(st->p->plan.spec)]() mutable -> kj::Promise<Outcome> {
     if (st->forward) return run_parts(st, 0);
     // The loss first, then the batch: a refused loss must not leave the
     // batch to train under the previous one, so the batch waits for it.
+    // A loss the adapter has already (the same as the model's last call's:
+    // calls of a model run in turn) is not set again, which would take a
+    // turn of its own at the model group behind other tenants' calls.
+    auto owner = t->models.find(model_id);
+    if (owner != t->models.end() && owner->second.loss == key) return run_parts(st, 0);
+    if (owner != t->models.end()) owner->second.loss.clear();
     auto loss = st->session->setLossRequest();
     loss.setAdapter(st->adapter);
     write_loss(loss.initLoss(), st->p->plan.spec);
-    return loss.send().then([st](capnp::Response<wire::Session::SetLossResults>&& res) mutable -> kj::Promise<Outcome> {
+    return loss.send().then([st, t, model_id, key](capnp::Response<wire::Session::SetLossResults>&& res) mutable
+                                -> kj::Promise<Outcome> {
       if (auto e = status_error(res)) return failed(std::move(e));
+      if (auto owner = t->models.find(model_id); owner != t->models.end()) owner->second.loss = key;
       return run_parts(st, 0);
     });
   };
@@ -1131,6 +1153,7 @@ kj::Promise<Reply> Gateway::Impl::load_weights(Caller c, const json& j, size_t d
   const bool optimizer = field_or_null(j, "optimizer").is_boolean() && field_or_null(j, "optimizer").get<bool>();
   auto adapter = model.adapter;
   auto session = std::make_shared<wire::Session::Client>(c.session);
+  model.loss.clear();  // a load may bring the adapter's trainer back as saved: the next call sets the loss
   auto start = [adapter, session, path = *path, optimizer]() mutable -> kj::Promise<Outcome> {
     auto load = session->loadCheckpointRequest();
     load.setName(path.store_name());

@@ -210,14 +210,24 @@ struct Tenant {
   int64_t request_bytes = 0;
 };
 
-/// Bytes held against a tenant's request_bytes while it lives.
+/// Bytes held against a tenant's request_bytes while it lives: a queued
+/// call's batch (fixed), or a body being read (growing as it arrives).
 struct Charge {
-  Tenant* tenant;
-  int64_t bytes;
-  Charge(Tenant* t, int64_t b) : tenant(t), bytes(b) { tenant->request_bytes += bytes; }
-  ~Charge() { tenant->request_bytes -= bytes; }
+  Tenant* tenant = nullptr;  ///< none: nobody's (an unauthenticated healthz)
+  int64_t bytes = 0;
+  Charge() = default;
+  Charge(Tenant* t, int64_t b) : tenant(t) { add(b); }
+  ~Charge() { clear(); }
   Charge(const Charge&) = delete;
   Charge& operator=(const Charge&) = delete;
+  void add(int64_t n) {
+    tenant->request_bytes += n;
+    bytes += n;
+  }
+  void clear() {
+    if (tenant) tenant->request_bytes -= bytes;
+    bytes = 0;
+  }
 };
 
 std::string mib_text(int64_t bytes) {
@@ -1711,31 +1721,23 @@ struct Body {
   std::string text;
   bool over = false, over_budget = false;
   size_t read = 0;
-  Tenant* tenant = nullptr;
-  int64_t budget = 0;   ///< the tenant's request_bytes limit
-  int64_t charged = 0;  ///< what this body adds to the tenant's request_bytes
+  Charge charge;       ///< what the kept text holds, against its tenant
+  int64_t budget = 0;  ///< the tenant's request_bytes limit
   kj::byte buffer[65536];
-  ~Body() {
-    if (tenant) tenant->request_bytes -= charged;
-  }
   void keep(size_t n) {
     const auto more = static_cast<int64_t>(n);
-    if (tenant && tenant->request_bytes + more > budget) {
+    if (charge.tenant && charge.tenant->request_bytes + more > budget) {
       over_budget = true;
       drop();
       return;
     }
     text.append(reinterpret_cast<const char*>(buffer), n);
-    if (tenant) {
-      tenant->request_bytes += more;
-      charged += more;
-    }
+    if (charge.tenant) charge.add(more);
   }
   void drop() {
     text.clear();
     text.shrink_to_fit();
-    if (tenant) tenant->request_bytes -= charged;
-    charged = 0;
+    charge.clear();
   }
 };
 
@@ -1798,7 +1800,7 @@ kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, con
   }
   auto state = std::make_shared<Body>();
   if (who) {
-    state->tenant = who->tenant;
+    state->charge.tenant = who->tenant;
     state->budget = impl->o.request_bytes;
   }
   auto timed_out = std::make_shared<bool>(false);

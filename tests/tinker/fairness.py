@@ -1,19 +1,20 @@
 """A hostile tenant's load cannot starve another (docs/remote.md, "Security"):
-with `hog` sending forward_backward calls in a tight loop (four in flight at
-all times, each a larger batch than alice's), alice's p99 call latency stays
+with `hog` sending forward_backward calls in a tight loop (one to each of its
+four models in flight at all times, each a larger batch than alice's), alice's p99 call latency stays
 within 2x her unloaded p99 plus one of hog's steps. Bounded: 200 timed calls
-of alice's each way, hog's loop stops with them.
+of alice's each way, hog's loop stops with them; at most three attempts.
 
     fairness.py TINKER_URL KEY_ALICE KEY_HOG BASE_MODEL"""
 
 import sys
-import threading
+import multiprocessing
 import time
 
 from tinker_client import Client
 
 url, key_a, key_h, base_model = sys.argv[1:5]
 CALLS = 200
+ATTEMPTS = 3
 
 
 def fb(client, model, seq, rows, length):
@@ -33,7 +34,12 @@ def p99(xs):
 
 alice, hog = Client(url, key_a), Client(url, key_h)
 a_model = alice.create_model(base_model, alice.create_session(), rank=4)
-h_model = hog.create_model(base_model, hog.create_session(), rank=4)
+h_session = hog.create_session()
+h_model = hog.create_model(base_model, h_session, rank=4)
+# hog's calls to one model run in its order, one after another, so hog's loop
+# trains four models at once: four of its calls wait together.
+h_models = [hog.create_model(base_model, h_session, rank=4) for _ in range(4)]
+h_seqs = multiprocessing.Array("i", len(h_models))  # each model's last seq_id
 seq = {"a": 0}
 
 
@@ -47,40 +53,64 @@ def alice_calls():
     return out
 
 
-alice_calls()  # warm-up: the first calls allocate
-unloaded = alice_calls()
-# One of hog's steps, alone: its p99 over 10, as alice's latencies are p99s.
-solo = []
-for s in range(1, 11):
-    t0 = time.time()
-    hog.result(fb(hog, h_model, s, 8, 200), "fwdbwd")
-    solo.append(time.time() - t0)
-step = p99(solo)
-
-stop = threading.Event()
-hog_steps = []
-
-
-def hog_loop():
-    h = Client(url, key_h)
-    s, pending = 10, []
-    while not stop.is_set() and s < 2000:
-        while len(pending) < 4:
-            s += 1
-            pending.append((time.time(), fb(h, h_model, s, 8, 200)))
-        t0, f = pending.pop(0)
+def hog_loop(stop, started, calls):
+    """A call to each of hog's models in flight until `stop`, then the rest collected."""
+    h, n, pending = Client(url, key_h), len(h_models), []
+    for i in range(2000):
+        if stop.is_set():
+            break
+        while len(pending) < n:
+            k = (i + len(pending)) % n
+            h_seqs[k] += 1
+            pending.append(fb(h, h_models[k], h_seqs[k], 8, 200))
+        started.set()
+        h.result(pending.pop(0), "fwdbwd")
+        calls.value += 1
+    for f in pending:  # the next attempt starts with hog's queue empty
         h.result(f, "fwdbwd")
-        hog_steps.append(time.time() - t0)
 
 
-hog_thread = threading.Thread(target=hog_loop, daemon=True)
-hog_thread.start()
-time.sleep(2)  # hog's queue is full before alice starts
-loaded = alice_calls()
-stop.set()
-hog_thread.join(timeout=120)
-bound = 2 * p99(unloaded) + step
-print(f"fairness: alice p99 {p99(unloaded) * 1e3:.0f} ms unloaded, {p99(loaded) * 1e3:.0f} ms beside hog "
-      f"(hog's step {step * 1e3:.0f} ms, {len(hog_steps)} calls); bound {bound * 1e3:.0f} ms")
-if p99(loaded) > bound:
+def measure():
+    """One attempt: alice alone, hog's step alone, then alice beside hog's loop."""
+    unloaded = alice_calls()
+    # One of hog's steps, alone: its p99 over 20, as alice's latencies are p99s.
+    solo = []
+    for _ in range(20):
+        seq["h"] += 1
+        t0 = time.time()
+        hog.result(fb(hog, h_model, seq["h"], 8, 200), "fwdbwd")
+        solo.append(time.time() - t0)
+    step = p99(solo)
+
+    # hog's loop runs in a process of its own: in this one, its thread would
+    # hold the interpreter's lock while it encodes its requests, and alice's
+    # timings would measure that, not the server.
+    stop, started, calls = multiprocessing.Event(), multiprocessing.Event(), multiprocessing.Value("i", 0)
+    hog_proc = multiprocessing.Process(target=hog_loop, args=(stop, started, calls))
+    hog_proc.start()
+    started.wait(60)
+    time.sleep(2)  # hog's queue is full before alice starts
+    loaded = alice_calls()
+    stop.set()
+    hog_proc.join(timeout=120)
+    if hog_proc.exitcode != 0:
+        raise SystemExit(f"FAILED: hog's loop ended with {hog_proc.exitcode}")
+    bound = 2 * p99(unloaded) + step
+    print(f"fairness: alice p99 {p99(unloaded) * 1e3:.0f} ms unloaded, {p99(loaded) * 1e3:.0f} ms beside hog "
+          f"(hog's step {step * 1e3:.0f} ms, {calls.value} calls); bound {bound * 1e3:.0f} ms", flush=True)
+    return p99(loaded) <= bound
+
+
+# A scheduler that starves alice (first come, first served) makes her wait
+# behind hog's four queued steps
+# on every call, in every attempt; a noisy machine (the CI's two cores run the
+# server, both clients and ctest) can push one attempt's p99 a few ms past the
+# bound. So: up to three attempts, each measuring all three quantities afresh.
+alice_calls()  # warm-up: the first calls allocate
+seq["h"] = 0
+for attempt in range(1, ATTEMPTS + 1):
+    if measure():
+        break
+    print(f"fairness: attempt {attempt} of {ATTEMPTS} over its bound", flush=True)
+else:
     raise SystemExit("FAILED: a tenant's load starved another")

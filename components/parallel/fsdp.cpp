@@ -91,10 +91,7 @@ Fsdp::~Fsdp() = default;
 // A collective that failed leaves this rank out of step with the others
 // (which issued it or not): the group is unusable from then on.
 void Fsdp::gather_unit(size_t u) {
-  if (auto ok = units_[u].gather(*pg_); !ok) {
-    broken_ = true;
-    throw_error(ok.error());
-  }
+  if (auto ok = units_[u].gather(*pg_); !ok) throw_error(broken_by(ok.error()));
 }
 
 // Layer (or the rest) `u`'s gradients of this pass, summed over the group
@@ -107,10 +104,7 @@ void Fsdp::reduce_unit(size_t u, bool check) {
       if (!p.grad().defined())
         throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
                                             " has no gradient when its reduce is due"));
-  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) {
-    broken_ = true;
-    throw_error(ok.error());
-  }
+  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) throw_error(broken_by(ok.error()));
   unit.free_full();
 }
 
@@ -133,10 +127,15 @@ void Fsdp::finish_pending(bool check) {
   else units_[above].free_full();
 }
 
+const caf::error& Fsdp::broken_by(const caf::error& e) {
+  if (!broken_) broken_ = e;
+  return *broken_;
+}
+
 Result<void> Fsdp::usable() const {
   if (broken_)
-    return make_error(errc::unavailable, "an earlier collective of this FSDP group failed, so its ranks are out of "
-                                         "step; start the model group again (from a checkpoint)");
+    return with_context(*broken_, "this FSDP group's ranks are out of step since an earlier collective failed "
+                                  "(start the model group again, from a checkpoint)");
   return {};
 }
 
@@ -199,10 +198,7 @@ Result<void> Fsdp::end_pass() try {
 Result<Fsdp::Vote> Fsdp::vote(bool mine, bool failed) {
   if (auto ok = usable(); !ok) return ok.error();
   std::vector<at::Tensor> t{at::tensor({mine ? 1.0 : 0.0, failed ? 1.0 : 0.0}, at::kDouble)};
-  if (auto ok = all_reduce_sum(*pg_, t); !ok) {
-    broken_ = true;
-    return ok.error();
-  }
+  if (auto ok = all_reduce_sum(*pg_, t); !ok) return broken_by(ok.error());
   return Vote{t[0][0].item<double>() > 0, t[0][1].item<double>() > 0};
 }
 
@@ -214,8 +210,7 @@ Result<void> Fsdp::gather_all() {
       // Other ranks may have gathered more units: out of step, as a failed
       // read of one unit leaves them (gather_unit_to_read).
       for (auto& v : units_) v.free_full();
-      broken_ = true;
-      return ok;
+      return broken_by(ok.error());
     }
   gathered_all_ = true;
   model_->gathered = true;
@@ -230,10 +225,7 @@ size_t Fsdp::unit_of(const std::string& name) const {
 Result<void> Fsdp::gather_unit_to_read(size_t unit) {
   if (auto ok = usable(); !ok) return ok;
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a unit gathered to read inside a pass");
-  if (auto ok = units_.at(unit).gather(*pg_); !ok) {
-    broken_ = true;
-    return ok;
-  }
+  if (auto ok = units_.at(unit).gather(*pg_); !ok) return broken_by(ok.error());
   return {};
 }
 

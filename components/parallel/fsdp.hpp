@@ -118,7 +118,11 @@ private:
   int64_t next_backward_ = -1;         // the next layer the backward gathers
   int64_t pending_ = -1;               // gathered for the backward, not yet reduced (-1: none)
   bool gathered_all_ = false;
-  bool broken_ = false;                // a collective failed: out of step with the other ranks
+  // The collective that failed, whose rank is now out of step with the
+  // others; every later call is refused with it.
+  std::optional<caf::error> broken_;
+  // Marks the group broken by `e` (the first failure stays) and gives it back.
+  const caf::error& broken_by(const caf::error& e);
 };
 
 }  // namespace glint::components

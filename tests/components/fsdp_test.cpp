@@ -286,7 +286,8 @@ TEST(Fsdp, TheGatheredModelIsReadOnlyAndItsCopiesOutliveIt) {
 
 // A gather of the whole model (forward_only, a read) that fails part way
 // leaves the ranks out of step, as a failed unit read does: the group says
-// so at the next call instead of running collectives that no longer pair.
+// so at the next call instead of running collectives that no longer pair,
+// and says why (the first failure, naming the peer), not only that.
 TEST(Fsdp, AFailedGatherOfTheWholeModelBreaksTheGroup) {
   auto pg = std::make_shared<glint::testing::FakeProcessGroup>(0, 2);
   auto lm = CausalLM::init_random(uneven(), 3);
@@ -300,6 +301,7 @@ TEST(Fsdp, AFailedGatherOfTheWholeModelBreaksTheGroup) {
   auto next = tr->gather_parameters();
   ASSERT_FALSE(next);
   EXPECT_NE(describe(next.error()).find("out of step"), std::string::npos) << describe(next.error());
+  EXPECT_NE(describe(next.error()).find("a peer is gone"), std::string::npos) << describe(next.error());
   EXPECT_FALSE(tr->forward_only({.input_ids = ids_of({{1, 2}})}));
 }
 

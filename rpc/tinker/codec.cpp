@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 
 namespace glint::rpc::tinker {
 
@@ -273,6 +274,109 @@ Result<std::vector<int64_t>> model_input_json(const json& input, const std::stri
 Result<std::vector<int64_t>> parse_model_input_json(const json& input, const std::string& field, size_t max_elements) {
   Budget budget{max_elements};
   return model_input_json(input, field, budget);
+}
+
+Result<SampleBody> parse_sample_json(const json& j, const SampleBounds& bounds, size_t max_elements) {
+  if (!j.is_object()) return bad("the body must be a JSON object");
+  auto field = [&](const json& o, const char* key) -> const json& {
+    static const json none;
+    auto it = o.find(key);
+    return it == o.end() ? none : *it;
+  };
+  SampleBody out;
+  auto prompt = parse_model_input_json(field(j, "prompt"), "prompt", max_elements);
+  if (!prompt) return prompt.error();
+  if (prompt->empty()) return bad("prompt is empty");
+  out.prompt = std::move(*prompt);
+  const auto& sp = field(j, "sampling_params");
+  if (!sp.is_null() && !sp.is_object()) return bad("sampling_params must be an object");
+  static const std::set<std::string> known = {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"};
+  for (auto f = sp.begin(); sp.is_object() && f != sp.end(); ++f)
+    if (!known.count(f.key())) return bad("sampling_params." + f.key().substr(0, 40) + " is not a sampling parameter");
+  auto& params = out.params;
+  if (const auto& v = field(j, "num_samples"); !v.is_null()) {
+    auto n = integer(v, "num_samples");
+    if (!n) return n.error();
+    params.num_samples = *n;
+  }
+  params.logprobs = 0;  // the chosen tokens' log-probs: the RL loop needs them
+  const auto prompt_len = static_cast<int64_t>(out.prompt.size());
+  const auto room = bounds.max_context - prompt_len;
+  if (room < 1)
+    return bad("the prompt has " + std::to_string(prompt_len) + " tokens, the model's context " +
+               std::to_string(bounds.max_context) + ": nothing is left to generate");
+  // None given (SDK 0.16 may leave it out): up to the context, within the
+  // server's tokens_per_call for the call's samples.
+  params.max_tokens = std::max<int64_t>(
+      1, std::min(room, (bounds.tokens_per_call - prompt_len) / std::max<int64_t>(params.num_samples, 1)));
+  const json& none = field(j, "no such key");
+  const json& params_in = sp.is_object() ? sp : none;
+  if (const auto& v = field(params_in, "max_tokens"); !v.is_null()) {
+    auto n = integer(v, "sampling_params.max_tokens");
+    if (!n) return n.error();
+    params.max_tokens = *n;
+  }
+  if (const auto& v = field(params_in, "temperature"); !v.is_null()) {
+    if (!v.is_number()) return bad("sampling_params.temperature must be a number");
+    params.temperature = v.get<double>();
+  }
+  if (const auto& v = field(params_in, "top_p"); !v.is_null()) {
+    if (!v.is_number()) return bad("sampling_params.top_p must be a number");
+    params.top_p = v.get<double>();
+  }
+  if (const auto& v = field(params_in, "top_k"); !v.is_null()) {
+    auto k = integer(v, "sampling_params.top_k");
+    if (!k) return k.error();
+    params.top_k = *k < 0 ? 0 : *k;  // the SDK's -1: no limit
+  }
+  if (const auto& v = field(params_in, "seed"); !v.is_null()) {
+    auto seed = integer(v, "sampling_params.seed");
+    if (!seed || *seed < 0) return bad("sampling_params.seed must be an integer >= 0");
+    params.seed = *seed;
+  }
+  if (const auto& v = field(params_in, "stop"); !v.is_null()) {
+    if (v.is_string()) {
+      params.stop.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      for (const auto& s : v) {
+        if (s.is_string()) params.stop.push_back(s.get<std::string>());
+        else if (s.is_number_integer()) params.stop_token_ids.push_back(s.get<int64_t>());
+        else return bad("sampling_params.stop must be a string, strings or token ids");
+      }
+      if (!params.stop.empty() && !params.stop_token_ids.empty())
+        return bad("sampling_params.stop mixes strings and token ids");
+    } else {
+      return bad("sampling_params.stop must be a string, strings or token ids");
+    }
+  }
+  bool want_prompt = false;
+  if (const auto& v = field(j, "prompt_logprobs"); !v.is_null()) {
+    if (!v.is_boolean()) return bad("prompt_logprobs must be true or false");
+    want_prompt = v.get<bool>();
+  }
+  int64_t topk = 0;
+  if (const auto& v = field(j, "topk_prompt_logprobs"); !v.is_null()) {
+    auto k = integer(v, "topk_prompt_logprobs");
+    if (!k) return k.error();
+    if (*k < 0) return bad("topk_prompt_logprobs must be >= 0");
+    topk = *k;
+  }
+  params.prompt_logprobs = topk > 0 ? topk : want_prompt ? 0 : -1;
+  out.prompt_logprobs = want_prompt;
+  out.topk_prompt_logprobs = topk;
+  if (auto ok = params.validate(); !ok) return with_context(ok.error(), "sampling_params");
+  return out;
+}
+
+Result<json> decode_json_body(std::string_view body, size_t max_depth, size_t max_values) {
+  // Bounded before it is parsed: no request nests deeper than a few levels
+  // (nlohmann's dump and destructor recurse, so 100,000 levels would take
+  // the stack), nor holds more values than its tokens allow.
+  if (auto ok = check_json_bounds(body, max_depth, max_values); !ok) return ok.error();
+  if (body.empty()) return json::object();
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("the body is not a JSON object");
+  return j;
 }
 
 Result<ForwardBackwardRequest> parse_forward_backward_json(const json& body, bool forward, size_t max_elements) {

@@ -10,6 +10,7 @@
 ///   ... run it ...
 ///   auto out = tinker::render_forward_backward_proto(result); // or _json
 
+#include "components/sampler/params.hpp"
 #include "runtime/error.hpp"
 
 #include <nlohmann/json_fwd.hpp>
@@ -109,6 +110,33 @@ std::string render_sample_proto(const SampleResult& r);
 /// (type may be absent, as SDK 0.16 sends it); other chunk kinds are refused.
 Result<std::vector<int64_t>> parse_model_input_json(const nlohmann::json& input, const std::string& field,
                                                     size_t max_elements = size_t{1} << 26);
+/// What an asample body asks, beside its sampling_session_id and seq_id
+/// (which the gateway reads first, to find the session and a retry).
+struct SampleBody {
+  std::vector<int64_t> prompt;
+  components::SamplingParams params;
+  bool prompt_logprobs = false;      ///< the answer carries each prompt token's log-prob
+  int64_t topk_prompt_logprobs = 0;  ///< and the k likeliest at each prompt token
+};
+/// The server's bounds an asample body is read within.
+struct SampleBounds {
+  int64_t max_context = 0;      ///< the base model's context: prompt plus new tokens
+  int64_t tokens_per_call = 0;  ///< prompt plus every sample's new tokens, when max_tokens is not given
+};
+/// An asample body's prompt, sampling_params (max_tokens, seed, stop,
+/// temperature, top_k, top_p; any other key is refused), num_samples,
+/// prompt_logprobs and topk_prompt_logprobs, each checked for its type and
+/// the whole by SamplingParams::validate. max_tokens not given: as many as
+/// the context leaves, within tokens_per_call for the call's samples.
+Result<SampleBody> parse_sample_json(const nlohmann::json& body, const SampleBounds& bounds,
+                                     size_t max_elements = size_t{1} << 26);
+
+/// The JSON object of a POST body (decompressed), as the gateway reads every
+/// body that is not protobuf: bounded by check_json_bounds(max_depth,
+/// max_values), then parsed; an empty body is {}. An error when it is not
+/// a JSON object.
+Result<nlohmann::json> decode_json_body(std::string_view body, size_t max_depth, size_t max_values);
+
 /// Whether a JSON text may be parsed: nested at most `max_depth` deep (a
 /// deeper document would overflow the stack of nlohmann's recursive dump
 /// and destructor) and holding at most about `max_values` values (counted

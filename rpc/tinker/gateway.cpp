@@ -1304,67 +1304,13 @@ kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest
       return error_reply(make_error(errc::aborted, "seq_id " + std::to_string(seq) + " of sampling session " + *sid +
                                                        " was already used by a different request"));
     }
-  auto prompt = parse_model_input_json(field_or_null(j, "prompt"), "prompt", element_budget());
-  if (!prompt) return error_reply(prompt.error());
-  if (prompt->empty()) return error_reply(user("prompt is empty"));
-  const auto& sp = field_or_null(j, "sampling_params");
-  if (!sp.is_null() && !sp.is_object()) return error_reply(user("sampling_params must be an object"));
-  static const std::set<std::string> known = {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"};
-  for (auto f = sp.begin(); sp.is_object() && f != sp.end(); ++f)
-    if (!known.count(f.key()))
-      return error_reply(user("sampling_params." + f.key().substr(0, 40) + " is not a sampling parameter"));
-  actors::SamplingParams params;
-  params.num_samples = field_or_null(j, "num_samples").is_number_integer() ? field_or_null(j, "num_samples").get<int64_t>() : 1;
-  params.logprobs = 0;  // the chosen tokens' log-probs: the RL loop needs them
-  const auto room = base.max_context - static_cast<int64_t>(prompt->size());
-  if (room < 1)
-    return error_reply(user("the prompt has " + std::to_string(prompt->size()) + " tokens, the model's context " +
-                            std::to_string(base.max_context) + ": nothing is left to generate"));
-  // None given (SDK 0.16 may leave it out): up to the context, within the
-  // server's tokens_per_call for the call's samples.
-  params.max_tokens = std::max<int64_t>(
-      1, std::min(room, (o.tokens_per_call - static_cast<int64_t>(prompt->size())) / std::max<int64_t>(params.num_samples, 1)));
-  auto number = [&](const char* key) -> const json& { return field_or_null(sp, key); };
-  if (const auto& v = number("max_tokens"); !v.is_null()) {
-    if (!v.is_number_integer()) return error_reply(user("sampling_params.max_tokens must be an integer"));
-    params.max_tokens = v.get<int64_t>();
-  }
-  if (const auto& v = number("temperature"); !v.is_null()) {
-    if (!v.is_number()) return error_reply(user("sampling_params.temperature must be a number"));
-    params.temperature = v.get<double>();
-  }
-  if (const auto& v = number("top_p"); !v.is_null()) {
-    if (!v.is_number()) return error_reply(user("sampling_params.top_p must be a number"));
-    params.top_p = v.get<double>();
-  }
-  if (const auto& v = number("top_k"); !v.is_null()) {
-    if (!v.is_number_integer()) return error_reply(user("sampling_params.top_k must be an integer"));
-    params.top_k = v.get<int64_t>() < 0 ? 0 : v.get<int64_t>();
-  }
-  if (const auto& v = number("seed"); !v.is_null()) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) return error_reply(user("sampling_params.seed must be an integer >= 0"));
-    params.seed = v.get<int64_t>();
-  }
-  if (const auto& v = number("stop"); !v.is_null()) {
-    if (v.is_string()) params.stop.push_back(v.get<std::string>());
-    else if (v.is_array()) {
-      for (const auto& s : v) {
-        if (s.is_string()) params.stop.push_back(s.get<std::string>());
-        else if (s.is_number_integer()) params.stop_token_ids.push_back(s.get<int64_t>());
-        else return error_reply(user("sampling_params.stop must be a string, strings or token ids"));
-      }
-      if (!params.stop.empty() && !params.stop_token_ids.empty())
-        return error_reply(user("sampling_params.stop mixes strings and token ids"));
-    } else {
-      return error_reply(user("sampling_params.stop must be a string, strings or token ids"));
-    }
-  }
-  const bool want_prompt = field_or_null(j, "prompt_logprobs").is_boolean() && field_or_null(j, "prompt_logprobs").get<bool>();
-  int64_t topk = 0;
-  if (const auto& v = field_or_null(j, "topk_prompt_logprobs"); v.is_number_integer()) topk = v.get<int64_t>();
-  if (topk < 0) return error_reply(user("topk_prompt_logprobs must be >= 0"));
-  params.prompt_logprobs = topk > 0 ? topk : want_prompt ? 0 : -1;
-  if (auto ok = params.validate(); !ok) return error_reply(with_context(ok.error(), "sampling_params"));
+  auto body = parse_sample_json(j, {.max_context = base.max_context, .tokens_per_call = o.tokens_per_call},
+                                element_budget());
+  if (!body) return error_reply(body.error());
+  const auto& prompt = body->prompt;
+  const auto& params = body->params;
+  const bool want_prompt = body->prompt_logprobs;
+  const int64_t topk = body->topk_prompt_logprobs;
   if (c.tenant->samples_in_flight >= o.max_samples_in_flight)
     return error_reply(make_error(errc::resource_exhausted,
                                   "limit tinker.max_samples_in_flight: " + std::to_string(c.tenant->samples_in_flight) +
@@ -1376,11 +1322,11 @@ kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest
   }
   auto req = c.session.sampleRequest();
   req.setAdapter(sampler.adapter);
-  write_requests(req.initRequests(1), {actors::SampleRequest{0, *prompt}});
+  write_requests(req.initRequests(1), {actors::SampleRequest{0, prompt}});
   write_sampling(req.initParams(), params);
   auto* t = c.tenant;
   ++t->samples_in_flight;
-  const auto prompt_len = static_cast<int64_t>(prompt->size());
+  const auto prompt_len = static_cast<int64_t>(prompt.size());
   settle(id, req.send()
                  .then([want_prompt, topk, prompt_len](capnp::Response<wire::Session::SampleResults>&& res) {
                    if (auto e = status_error(res)) return failed(std::move(e));
@@ -1594,18 +1540,16 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
   }
   if (!post) return error_reply(make_error(errc::not_found, "no endpoint " + path.substr(0, 120)));
 
-  const auto& encoding = h.content_encoding;
-  const auto& content_type = h.content_type;
-  if (!encoding.empty() && encoding != "identity") {
-    if (encoding != "zstd")
-      return error_reply(user("Content-Encoding '" + encoding.substr(0, 40) + "' is not supported (zstd is)"));
+  if (!h.content_encoding.empty() && h.content_encoding != "identity") {
+    if (h.content_encoding != "zstd")
+      return error_reply(user("Content-Encoding '" + h.content_encoding.substr(0, 40) + "' is not supported (zstd is)"));
     auto plain_body = zstd_decompress(body, static_cast<size_t>(o.max_body_bytes));
     if (!plain_body)
       return code_of(plain_body.error()) == errc::resource_exhausted ? too_large(o.max_body_bytes)
                                                                      : error_reply(plain_body.error());
     body = std::move(*plain_body);
   }
-  const bool proto_body = content_type.find("application/x-protobuf") != std::string::npos;
+  const bool proto_body = h.content_type.find("application/x-protobuf") != std::string::npos;
   // A retry is recognised by its content (a digest of its canonical form),
   // not its bytes: the same request may come with its maps in another order.
   if (path == "/api/v1/forward_backward" && proto_body) {
@@ -1620,12 +1564,9 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
     return forward_backward(*c, std::move(*r), std::hash<std::string>{}(path + "\n" + canonical));
   }
   if (proto_body) return error_reply(user(path.substr(0, 120) + " takes a JSON body, not protobuf"));
-  // Bounded before it is parsed: no request nests deeper than a few levels
-  // (nlohmann's dump and destructor recurse, so 100,000 levels would take
-  // the stack), nor holds more values than its tokens allow.
-  if (auto ok = check_json_bounds(body, kMaxJsonDepth, element_budget()); !ok) return error_reply(ok.error());
-  auto j = body.empty() ? json::object() : json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return error_reply(user("the body is not a JSON object"));
+  auto decoded = decode_json_body(body, kMaxJsonDepth, element_budget());
+  if (!decoded) return error_reply(decoded.error());
+  const json& j = *decoded;
   const size_t digest = std::hash<std::string>{}(path + "\n" + j.dump());  // keys in order
 
   if (path == "/api/v1/client/config")

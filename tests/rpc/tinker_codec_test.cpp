@@ -140,6 +140,68 @@ TEST(TinkerCodec, BadBodiesAreRefusedNamingTheField) {
   EXPECT_FALSE(parse_forward_backward_proto("not a protobuf message at all \xff\xff"));
 }
 
+// An asample body: every field read with its type checked, none read and
+// then dropped (a num_samples or prompt_logprobs of the wrong type was taken
+// as its default before it had a home here), max_tokens defaulted within
+// the context and the server's tokens per call.
+TEST(TinkerCodec, SampleBodiesAreReadWithEveryFieldChecked) {
+  const SampleBounds bounds{.max_context = 64, .tokens_per_call = 40};
+  auto read = [&](const std::string& text) { return parse_sample_json(json::parse(text), bounds); };
+  const std::string prompt = R"("prompt": {"chunks": [{"tokens": [1, 2, 3, 4]}]})";
+  auto r = read("{" + prompt + R"(, "num_samples": 3, "prompt_logprobs": true, "topk_prompt_logprobs": 2,
+               "sampling_params": {"max_tokens": 5, "temperature": 0.5, "top_k": -1, "top_p": 0.9, "seed": 7,
+                                   "stop": ["END"]}})");
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->prompt, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(r->params.num_samples, 3);
+  EXPECT_EQ(r->params.max_tokens, 5);
+  EXPECT_EQ(r->params.temperature, 0.5);
+  EXPECT_EQ(r->params.top_k, 0) << "the SDK's -1 is no limit";
+  EXPECT_EQ(r->params.top_p, 0.9);
+  EXPECT_EQ(r->params.seed, 7);
+  EXPECT_EQ(r->params.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(r->prompt_logprobs);
+  EXPECT_EQ(r->topk_prompt_logprobs, 2);
+  EXPECT_EQ(r->params.prompt_logprobs, 2);
+  EXPECT_EQ(r->params.logprobs, 0);
+  auto d = read("{" + prompt + R"(, "num_samples": 4})");
+  ASSERT_TRUE(d) << describe(d.error());
+  EXPECT_EQ(d->params.max_tokens, (40 - 4) / 4) << "within tokens_per_call for 4 samples";
+  EXPECT_EQ(d->params.prompt_logprobs, -1);
+  auto refuse = [&](const std::string& text, const std::string& needle) {
+    auto bad = read(text);
+    ASSERT_FALSE(bad) << text;
+    EXPECT_NE(describe(bad.error()).find(needle), std::string::npos) << describe(bad.error());
+  };
+  refuse("{" + prompt + R"(, "num_samples": "3"})", "num_samples must be an integer");
+  refuse("{" + prompt + R"(, "prompt_logprobs": "yes"})", "prompt_logprobs must be true or false");
+  refuse("{" + prompt + R"(, "topk_prompt_logprobs": -1})", "topk_prompt_logprobs must be >= 0");
+  refuse("{" + prompt + R"(, "sampling_params": {"max_tokens": 2.5}})", "sampling_params.max_tokens");
+  refuse("{" + prompt + R"(, "sampling_params": {"beam_width": 2}})", "sampling_params.beam_width is not a sampling parameter");
+  refuse("{" + prompt + R"(, "sampling_params": {"stop": ["a", 3]}})", "mixes strings and token ids");
+  refuse("{" + prompt + R"(, "sampling_params": {"seed": -2}})", "seed must be an integer >= 0");
+  refuse("{" + prompt + R"(, "sampling_params": {"temperature": -1}})", "sampling_params");
+  refuse(R"({"prompt": {"chunks": []}})", "prompt is empty");
+  refuse(R"({"prompt": {"chunks": [{"tokens": [)" + [] {
+    std::string t = "1";
+    for (int i = 0; i < 63; ++i) t += ", 1";
+    return t;
+  }() + "]}]}}", "nothing is left to generate");
+}
+
+// The gateway's JSON bodies: bounded, parsed, an object or refused.
+TEST(TinkerCodec, JsonBodiesAreObjectsOrRefused) {
+  auto empty = decode_json_body("", 64, 100);
+  ASSERT_TRUE(empty);
+  EXPECT_TRUE(empty->is_object() && empty->empty());
+  EXPECT_FALSE(decode_json_body("[1, 2]", 64, 100));
+  EXPECT_FALSE(decode_json_body("{\"a\": ", 64, 100));
+  EXPECT_FALSE(decode_json_body("{\"a\": " + std::string(100, '[') + std::string(100, ']') + "}", 64, 100));
+  auto ok = decode_json_body(R"({"a": [1, 2]})", 64, 100);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ((*ok)["a"][1], 2);
+}
+
 TEST(TinkerCodec, JsonIsBoundedInDepthAndValuesBeforeItIsParsed) {
   EXPECT_TRUE(check_json_bounds(R"({"a": [[1, 2], {"b": "[[[[[[[[[[,,,,,,"}]})", 4, 10))
       << "brackets and commas inside strings do not count";

@@ -14,6 +14,12 @@
 #include "components/data/dataset.hpp"
 #include "components/model/config.hpp"
 #include "components/model/lora_config.hpp"
+#include "rpc/convert.hpp"
+#include "tinker_public.pb.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <zstd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -256,6 +262,151 @@ void manifest_seeds(const fs::path& tmp) {
   seed("manifest", R"({"files": {"../x": {"bytes": 1, "fnv1a": "00"}, "a": 3}})");
 }
 
+// The Tinker API's JSON bodies, as SDK 0.16 (no type fields) and 0.18
+// (every default) send them; byte 0 picks the endpoint (0 forward_backward,
+// 1 forward, 2 asample; +0x80: the rest is a zstd frame).
+void tinker_json_seeds() {
+  const std::string datum =
+      R"({"model_input": {"chunks": [{"tokens": [1, 2, 3], "type": "encoded_text"}]}, "loss_fn_inputs": )"
+      R"({"target_tokens": {"data": [2, 3, 4], "dtype": "int64", "shape": [3]},)"
+      R"( "weights": {"data": [1.0, 1.0, 0.5], "dtype": "float32", "shape": [3]}}})";
+  const std::string fb = R"({"model_id": "m-1", "seq_id": 1, "forward_backward_input": {"data": [)" + datum +
+                         R"(], "loss_fn": "cross_entropy", "loss_fn_config": null}})";
+  const std::string fwd = R"({"model_id": "m-1", "seq_id": 2, "forward_input": {"data": [)" + datum +
+                          R"(], "loss_fn": "importance_sampling", "loss_fn_config": {"clip": 0.2}}})";
+  const std::string sparse =
+      R"({"model_id": "m", "seq_id": 3, "forward_backward_input": {"loss_fn": "cross_entropy", "data": [)"
+      R"({"model_input": {"chunks": [{"tokens": [5, 6]}]}, "loss_fn_inputs": {"target_tokens": {"data": [6, 7],)"
+      R"( "dtype": "int64"}, "weights": {"sparse_crow_indices": [0, 1], "sparse_col_indices": [1], "data": [1.0],)"
+      R"( "dtype": "float32", "shape": [1, 2]}}}]}})";
+  const std::string sample =
+      R"({"sampling_session_id": "s-1", "seq_id": 1, "num_samples": 2, "prompt": {"chunks": [{"tokens": [1, 2, 3]}]},)"
+      R"( "sampling_params": {"max_tokens": 8, "temperature": 0.7, "top_k": -1, "top_p": 0.95, "seed": 3,)"
+      R"( "stop": ["\n"]}, "prompt_logprobs": true, "topk_prompt_logprobs": 2, "type": "sample"})";
+  const std::string sample_ids =
+      R"({"sampling_session_id": "s-1", "prompt": {"chunks": [{"tokens": [9]}]}, "sampling_params": {"stop": [0, 7]}})";
+  auto put = [](uint8_t how, const std::string& body) { seed("tinker_json", std::string(1, static_cast<char>(how)) + body); };
+  put(0, fb);
+  put(0, sparse);
+  put(1, fwd);
+  put(2, sample);
+  put(2, sample_ids);
+  put(0, R"({"model_id": "m", "seq_id": 1, "forward_backward_input": {"data": [], "loss_fn": "x"}})");
+  for (const auto& body : {fb, sample}) {
+    std::string frame(ZSTD_compressBound(body.size()), '\0');
+    frame.resize(ZSTD_compress(frame.data(), frame.size(), body.data(), body.size(), 3));
+    put(body == fb ? 0x80 : 0x82, frame);
+  }
+}
+
+// Protobuf forward_backward bodies (SDK 0.19 and newer), dense and sparse.
+void tinker_proto_seeds() {
+  auto i32 = [](std::initializer_list<int32_t> v) {
+    return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * 4);
+  };
+  auto i64 = [](std::initializer_list<int64_t> v) {
+    return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * 8);
+  };
+  auto f32 = [](std::initializer_list<float> v) {
+    return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * 4);
+  };
+  tinker_public::ForwardBackwardRequest r;
+  r.set_model_id("model-123");
+  r.set_seq_id(1);
+  r.set_loss_fn("cross_entropy");
+  auto* d = r.add_data();
+  d->add_model_input()->mutable_encoded_text()->set_tokens(i32({1, 2, 3}));
+  auto& targets = (*d->mutable_loss_fn_inputs())["target_tokens"];
+  targets.set_dense(i64({2, 3, 4}));
+  targets.set_dtype(tinker_public::DTYPE_INT64);
+  auto& weights = (*d->mutable_loss_fn_inputs())["weights"];
+  weights.set_dense(f32({1, 1, 0.5f}));
+  weights.set_dtype(tinker_public::DTYPE_FLOAT32);
+  weights.add_shape(3);
+  seed("tinker_proto", r.SerializeAsString());
+  auto* sparse = (*d->mutable_loss_fn_inputs())["advantages"].mutable_sparse_csr();
+  sparse->set_values(f32({0.25f}));
+  sparse->set_crow_indices(i64({0, 1}));
+  sparse->set_col_indices(i64({2}));
+  (*d->mutable_loss_fn_inputs())["advantages"].set_dtype(tinker_public::DTYPE_FLOAT32);
+  (*d->mutable_loss_fn_inputs())["advantages"].add_shape(1);
+  (*d->mutable_loss_fn_inputs())["advantages"].add_shape(3);
+  (*r.mutable_loss_fn_config())["clip_low"] = 0.8;
+  r.set_loss_fn("ppo");
+  r.set_forward_only(true);
+  *r.add_data() = *d;
+  seed("tinker_proto", r.SerializeAsString());
+}
+
+// The Cap'n Proto requests' parameters, written by glint's own writers;
+// byte 0 picks the method as fuzz/targets/capnp_request.cpp reads it.
+void capnp_request_seeds() {
+  using S = rpc::wire::Session;
+  auto put = [](uint8_t method, capnp::MallocMessageBuilder& m) {
+    auto words = capnp::messageToFlatArray(m);
+    seed("capnp_request", std::string(1, static_cast<char>(method)) +
+                              std::string(reinterpret_cast<const char*>(words.begin()), words.size() * sizeof(capnp::word)));
+  };
+  {
+    capnp::MallocMessageBuilder m;
+    auto p = m.initRoot<S::AddAdapterParams>();
+    p.setName("alice-1");
+    LoraConfig lora;
+    lora.r = 4;
+    lora.target_modules = {"all-linear"};
+    rpc::write_lora(p.initLora(), lora);
+    put(0, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    LossSpec loss;
+    loss.kind = LossKind::ppo;
+    loss.reduction = LossReduction::sum;
+    rpc::write_loss(m.initRoot<S::SetLossParams>().initLoss(), loss);
+    put(1, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    rpc::write_optimizer(m.initRoot<S::SetOptimizerParams>().initOptimizer(), OptimizerConfig{});
+    put(2, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    SchedulerConfig sc;
+    sc.kind = SchedulerConfig::Kind::cosine;
+    sc.warmup_steps = 2;
+    sc.total_steps = 10;
+    rpc::write_scheduler(m.initRoot<S::SetLrSchedulerParams>().initScheduler(), sc);
+    put(3, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    Batch b;
+    b.tensors.emplace("input_ids", ok(Tensor::from_values(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3}), "ids"));
+    b.tensors.emplace("loss_mask", ok(Tensor::from_values(std::vector<float>{0, 1, 1, 0, 1, 1}, {2, 3}), "mask"));
+    b.fields["prompt"] = {"a", "b"};
+    rpc::write_batch(m.initRoot<S::ForwardBackwardParams>().initBatch(), b, nullptr);
+    put(4, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    auto p = m.initRoot<S::SampleParams>();
+    SamplingParams sp;
+    sp.num_samples = 2;
+    sp.max_tokens = 4;
+    sp.stop = {"\n"};
+    rpc::write_sampling(p.initParams(), sp);
+    rpc::write_requests(p.initRequests(2), {actors::SampleRequest{0, {1, 2, 3}}, actors::SampleRequest{1, {7}}});
+    put(5, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    rpc::write_files(m.initRoot<S::LoadAdapterParams>().initFiles(2),
+                     {{"adapter_config.json", "{}"}, {"adapter_model.safetensors", std::string(16, '\0')}});
+    put(6, m);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -277,6 +428,9 @@ int main(int argc, char** argv) {
   job_toml_seeds();
   trainer_state_seeds();
   manifest_seeds(tmp);
+  tinker_json_seeds();
+  tinker_proto_seeds();
+  capnp_request_seeds();
   fs::remove_all(tmp);
   return 0;
 }

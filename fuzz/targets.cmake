@@ -12,4 +12,7 @@ set(GLINT_FUZZ_TARGETS
   job_toml          # the job TOML (placement::JobConfig::parse)
   trainer_state     # a checkpoint's trainer_state.json (parse_trainer_state)
   manifest          # a checkpoint's manifest.json (parse_manifest)
+  tinker_json       # the Tinker API's JSON bodies, zstd or not (decode_json_body, parse_*_json)
+  tinker_proto      # the Tinker API's protobuf forward_backward bodies (parse_forward_backward_proto)
+  capnp_request     # the Cap'n Proto requests' parameters as the server reads them (rpc/convert.hpp)
 )

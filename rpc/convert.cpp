@@ -22,8 +22,13 @@ std::vector<std::string> texts(capnp::List<capnp::Text>::Reader r) {
   return out;
 }
 
+// A string as Cap'n Proto text, every byte of it. KJ's implicit conversion
+// from std::string goes through c_str() and would end it at its first NUL:
+// a stop string or a prompt "a\0b" would reach the other end as "a".
+capnp::Text::Reader as_text(const std::string& s) { return {s.data(), s.size()}; }
+
 void write_texts(capnp::List<capnp::Text>::Builder b, const std::vector<std::string>& v) {
-  for (size_t i = 0; i < v.size(); ++i) b.set(static_cast<unsigned>(i), v[i]);
+  for (size_t i = 0; i < v.size(); ++i) b.set(static_cast<unsigned>(i), as_text(v[i]));
 }
 
 template <class T>
@@ -47,7 +52,7 @@ caf::error bad(const std::string& what) { return make_error(errc::invalid_argume
 
 void write_status(wire::Status::Builder b, const caf::error& err) {
   b.setCode(static_cast<uint16_t>(code_of(err)));
-  if (err) b.setMessage(context_of(err).empty() ? describe(err) : context_of(err));
+  if (err) b.setMessage(as_text(context_of(err).empty() ? describe(err) : context_of(err)));
 }
 
 caf::error read_status(wire::Status::Reader r) {
@@ -92,7 +97,7 @@ Result<Tensor> read_tensor(wire::Tensor::Reader r, const std::string& what) {
 void write_named(capnp::List<wire::NamedTensor>::Builder b, const NamedTensors& ts, KeepAlive* keep) {
   for (size_t i = 0; i < ts.size(); ++i) {
     auto e = b[static_cast<unsigned>(i)];
-    e.setName(ts[i].first);
+    e.setName(as_text(ts[i].first));
     write_tensor(e.initTensor(), ts[i].second, keep);
   }
 }
@@ -116,7 +121,7 @@ void write_batch(wire::Batch::Builder b, const Batch& batch, KeepAlive* keep) {
   auto fields = b.initFields(static_cast<unsigned>(batch.fields.size()));
   unsigned i = 0;
   for (const auto& [name, vals] : batch.fields) {
-    fields[i].setName(name);
+    fields[i].setName(as_text(name));
     write_texts(fields[i].initValues(static_cast<unsigned>(vals.size())), vals);
     ++i;
   }
@@ -141,7 +146,7 @@ Result<Batch> read_batch(wire::Batch::Reader r) {
 void write_metrics(capnp::List<wire::Metric>::Builder b, const Metrics& m) {
   unsigned i = 0;
   for (const auto& [name, v] : m) {
-    b[i].setName(name);
+    b[i].setName(as_text(name));
     b[i].setValue(v);
     ++i;
   }
@@ -187,7 +192,7 @@ Result<std::vector<FileBytes>> read_dir_files(const std::string& dir) {
 
 void write_files(capnp::List<wire::File>::Builder b, const std::vector<FileBytes>& files) {
   for (size_t i = 0; i < files.size(); ++i) {
-    b[static_cast<unsigned>(i)].setName(files[i].name);
+    b[static_cast<unsigned>(i)].setName(as_text(files[i].name));
     b[static_cast<unsigned>(i)].setData(
         capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(files[i].data.data()), files[i].data.size()));
   }
@@ -232,22 +237,22 @@ void write_lora(wire::LoraConfig::Builder b, const LoraConfig& c) {
   b.setDropout(c.dropout);
   write_texts(b.initTargetModules(static_cast<unsigned>(c.target_modules.size())), c.target_modules);
   b.setRslora(c.rslora);
-  b.setTargetRegex(c.target_regex);
+  b.setTargetRegex(as_text(c.target_regex));
   auto rp = b.initRankPattern(static_cast<unsigned>(c.rank_pattern.size()));
   for (size_t i = 0; i < c.rank_pattern.size(); ++i) {
-    rp[static_cast<unsigned>(i)].setPattern(c.rank_pattern[i].first);
+    rp[static_cast<unsigned>(i)].setPattern(as_text(c.rank_pattern[i].first));
     rp[static_cast<unsigned>(i)].setR(c.rank_pattern[i].second);
   }
   auto ap = b.initAlphaPattern(static_cast<unsigned>(c.alpha_pattern.size()));
   for (size_t i = 0; i < c.alpha_pattern.size(); ++i) {
-    ap[static_cast<unsigned>(i)].setPattern(c.alpha_pattern[i].first);
+    ap[static_cast<unsigned>(i)].setPattern(as_text(c.alpha_pattern[i].first));
     ap[static_cast<unsigned>(i)].setAlpha(c.alpha_pattern[i].second);
   }
   write_values<int64_t>(b.initLayersToTransform(static_cast<unsigned>(c.layers_to_transform.size())),
                         c.layers_to_transform);
   write_texts(b.initLayersPattern(static_cast<unsigned>(c.layers_pattern.size())), c.layers_pattern);
   write_texts(b.initExcludeModules(static_cast<unsigned>(c.exclude_modules.size())), c.exclude_modules);
-  b.setExcludeRegex(c.exclude_regex);
+  b.setExcludeRegex(as_text(c.exclude_regex));
 }
 
 Result<LoraConfig> read_lora(wire::LoraConfig::Reader r) {
@@ -402,13 +407,13 @@ void write_sequences(capnp::List<wire::SampledSequence>::Builder b, const std::v
     auto e = b[static_cast<unsigned>(i)];
     e.setIndex(s.index);
     e.setSample(s.sample);
-    e.setError(s.error);
+    e.setError(as_text(s.error));
     write_values<int64_t>(e.initTokens(static_cast<unsigned>(s.tokens.size())), s.tokens);
     write_logprobs(e.initLogprobs(), s.logprobs);
     e.setStopReason(static_cast<uint8_t>(s.stop_reason));
     e.setStopToken(s.stop_token);
-    e.setStopString(s.stop_string);
-    e.setText(s.text);
+    e.setStopString(as_text(s.stop_string));
+    e.setText(as_text(s.text));
     e.setWeightVersion(s.weight_version);
     write_logprobs(e.initPromptLogprobs(), s.prompt_logprobs);
     e.setCachedTokens(s.cached_tokens);

@@ -81,6 +81,16 @@ struct SampleResult {
   int64_t prompt_cache_hit_tokens = 0;
 };
 
+/// The deepest JSON a request may nest. The SDK's deepest body (a datum's
+/// loss_fn_inputs tensors) nests 6 levels.
+inline constexpr size_t kMaxJsonDepth = 64;
+
+/// The elements (tokens, tensor entries, JSON values) one request may make
+/// on a server of `tokens_per_call`: 16 per token, and 65,536 more.
+inline size_t request_element_budget(int64_t tokens_per_call) {
+  return static_cast<size_t>(tokens_per_call < (int64_t{1} << 22) ? tokens_per_call : int64_t{1} << 22) * 16 + 65536;
+}
+
 /// forward_backward (and forward) bodies. JSON: SDK 0.16's form (no type
 /// fields, nulls) and 0.18's (every default, type fields) alike; `forward`
 /// reads "forward_input" instead of "forward_backward_input".

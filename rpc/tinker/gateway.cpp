@@ -59,10 +59,6 @@ std::string random_id(size_t bytes = 16) {
 
 caf::error user(const std::string& what) { return make_error(errc::invalid_argument, what); }
 
-// The deepest JSON a request may nest. The SDK's deepest body (a datum's
-// loss_fn_inputs tensors) nests 6 levels.
-constexpr size_t kMaxJsonDepth = 64;
-
 // The HTTP status an error answers with: 4xx are the caller's to fix (the
 // SDK does not retry them, but a bare 400 three times), 429 and 5xx are
 // retried.
@@ -751,9 +747,7 @@ struct Gateway::Impl {
   /// What one call may make of its body: its tokens and tensor entries
   /// (16 per token of tokens_per_call: a datum's inputs and targets), and
   /// the JSON values that carry them.
-  size_t element_budget() const {
-    return static_cast<size_t>(std::min<int64_t>(o.tokens_per_call, int64_t{1} << 22)) * 16 + 65536;
-  }
+  size_t element_budget() const { return request_element_budget(o.tokens_per_call); }
 
   kj::Promise<Reply> create_model(Caller c, const json& j);
   kj::Promise<Reply> forward_backward(Caller c, ForwardBackwardRequest r, size_t digest);

@@ -103,6 +103,33 @@ TEST(WireCodec, SettingsRoundTripAndInvalidOnesAreRefused) {
   EXPECT_FALSE(read_optimizer(opt.asReader()));
 }
 
+// Strings cross the wire byte for byte, a NUL inside them too: KJ's
+// conversion from std::string stops at the first NUL, so a stop string
+// "a\0b" reached the other end as "a" (found by fuzz_capnp_request).
+TEST(WireCodec, StringsWithANulCrossWhole) {
+  const std::string nul{"a\0b", 3};
+  capnp::MallocMessageBuilder msg;
+  auto root = msg.initRoot<wire::SamplingParams>();
+  components::SamplingParams p{.stop = {nul}};
+  write_sampling(root, p);
+  auto back = read_sampling(root.asReader());
+  ASSERT_TRUE(back) << describe(back.error());
+  EXPECT_EQ(back->stop, std::vector<std::string>{nul});
+
+  capnp::MallocMessageBuilder m2;
+  Batch b;
+  b.tensors.emplace("input_ids", *Tensor::from_values(std::vector<int64_t>{1, 2}, {1, 2}));
+  b.fields["prompt"] = {nul};
+  write_batch(m2.initRoot<wire::Batch>(), b, nullptr);
+  auto bb = read_batch(m2.getRoot<wire::Batch>().asReader());
+  ASSERT_TRUE(bb) << describe(bb.error());
+  EXPECT_EQ(bb->fields.at("prompt"), std::vector<std::string>{nul});
+
+  capnp::MallocMessageBuilder m3;
+  write_status(m3.initRoot<wire::Status>(), make_error(errc::invalid_argument, "stop " + nul));
+  EXPECT_NE(describe(read_status(m3.getRoot<wire::Status>().asReader())).find(nul), std::string::npos);
+}
+
 TEST(WireCodec, FileNamesCannotLeaveTheirDirectory) {
   capnp::MallocMessageBuilder msg;
   auto files = msg.initRoot<wire::Session::LoadAdapterParams>().initFiles(1);

@@ -136,8 +136,14 @@ private:
     });
   }
   void record(const Op& op) {
-    if (policy_.max_restarts <= 0) return;  // nothing will replay it
     std::lock_guard<std::mutex> guard{mx_};
+    if (op.kind == Op::remove) {
+      // A removed adapter is no sync target: a respawned rank waits for no
+      // sync of it (and the set does not grow by one name per adapter).
+      synced_targets_.erase(op.name);
+      for (auto& w : waits_for_) w.erase(op.name);
+    }
+    if (policy_.max_restarts <= 0) return;  // nothing will replay it
     if (op.kind == Op::remove) {
       std::erase_if(log_, [&](const Op& o) { return o.name == op.name && o.kind != Op::sleep && o.kind != Op::wake; });
       return;

@@ -302,21 +302,38 @@ struct Server::Impl {
   }
 
   /// Blocking work off the I/O thread (a weight sync), joined at shutdown:
-  /// nothing it uses is destroyed under it.
+  /// nothing it uses is destroyed under it. Finished ones are joined as the
+  /// next starts: a thread never joined keeps its stack's mappings and its
+  /// libraries' thread-local blocks (about 0.12 MiB here), one per sync,
+  /// for the life of the server.
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
   std::mutex workers_mx;
-  std::vector<std::thread> workers;
+  std::vector<Worker> workers;
   template <class F>
   void start_worker(F f) {
     std::lock_guard<std::mutex> guard{workers_mx};
-    workers.emplace_back(std::move(f));
+    std::erase_if(workers, [](Worker& w) {
+      if (!w.done->load()) return false;
+      w.thread.join();
+      return true;
+    });
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    workers.push_back({std::thread{[f = std::move(f), done]() mutable {
+                         f();
+                         done->store(true);
+                       }},
+                       done});
   }
   void join_workers() {
-    std::vector<std::thread> all;
+    std::vector<Worker> all;
     {
       std::lock_guard<std::mutex> guard{workers_mx};
       all.swap(workers);
     }
-    for (auto& w : all) w.join();
+    for (auto& w : all) w.thread.join();
   }
 
   Tenant& tenant(const std::string& name) {
@@ -1115,6 +1132,9 @@ private:
     auto& tn = t();
     auto& names = sampler ? tn.sampler_adapters : tn.adapters;
     auto& bytes = sampler ? tn.sampler_bytes : tn.adapter_bytes;
+    // The charges of adapters since removed (a name per removal otherwise,
+    // for the tenant's life).
+    std::erase_if(bytes, [&](const auto& kv) { return !names.count(kv.first); });
     const int64_t held = names.count(name) && bytes.count(name) ? bytes[name] : 0;
     const int64_t need = s_.adapter_bytes(l, sampler), used = s_.memory_used() - held,
                   budget = s_.config.limits.memory_bytes;

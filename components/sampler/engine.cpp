@@ -1,4 +1,5 @@
 #include "components/sampler/engine.hpp"
+#include "runtime/memory.hpp"
 
 #include "components/model/kernels.hpp"
 #include "components/model/transformer.hpp"
@@ -695,6 +696,13 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
                                                   std::to_string(cfg.block_size) + " tokens takes " +
                                                   std::to_string(block_bytes) + " bytes for this model");
   impl->num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max() / cfg.block_size));
+  // Refused before it is allocated: a cache past the machine's memory would
+  // die in LibTorch's allocator (or the kernel's OOM killer) instead.
+  if (auto ok = check_memory(static_cast<double>(impl->num_blocks) * static_cast<double>(block_bytes),
+                             "the sampler's KV cache (cache_bytes: lower it, or the prompts, samples and tokens "
+                             "it was sized for)");
+      !ok)
+    return ok.error();
   impl->model = std::move(model);
   impl->tokenizer = std::move(tokenizer);
   impl->seeds.seed(cfg.seed);

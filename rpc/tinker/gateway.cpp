@@ -153,6 +153,7 @@ struct Future {
   std::optional<Outcome> outcome;
   std::vector<kj::Own<kj::PromiseFulfiller<void>>> waiters;
   Clock::time_point done_at{};
+  std::optional<Clock::time_point> answered_at;  ///< when retrieve_future first gave its outcome
 };
 
 /// A LoRA training client's model: one adapter of the tenant's.
@@ -735,8 +736,11 @@ struct Gateway::Impl {
         m.waiting.clear();
       }
     for (auto it = futures.begin(); it != futures.end();) {
-      if (it->second.outcome && now - it->second.done_at > o.future_ttl) it = futures.erase(it);
-      else ++it;
+      const auto& f = it->second;
+      if (f.outcome && (now - f.done_at > o.future_ttl || (f.answered_at && now - *f.answered_at > o.retrieved_ttl)))
+        it = futures.erase(it);
+      else
+        ++it;
     }
   }
 
@@ -761,6 +765,11 @@ struct Gateway::Impl {
   kj::Promise<Reply> training_runs(Caller c, const std::string& path, const std::string& query);
   kj::Promise<Reply> weights_info(Caller c, const json& j);
 
+  /// A finished future's outcome, from now on kept only retrieved_ttl more.
+  Reply answered(Future& f, bool proto) {
+    if (!f.answered_at) f.answered_at = Clock::now();
+    return answer(*f.outcome, proto);
+  }
   Reply answer(const Outcome& out, bool proto) const {
     if (out.error) {
       auto message = describe(out.error);
@@ -1372,7 +1381,7 @@ kj::Promise<Reply> Gateway::Impl::retrieve_future(Caller c, const json& j, bool 
   // Another tenant's future is answered as one that does not exist.
   if (it == futures.end() || it->second.tenant != c.tenant->name)
     return error_reply(make_error(errc::not_found, "no future '" + id->substr(0, 80) + "' (unknown, or expired)"));
-  if (it->second.outcome) return answer(*it->second.outcome, proto);
+  if (it->second.outcome) return answered(it->second, proto);
   auto paf = kj::newPromiseAndFulfiller<void>();
   it->second.waiters.push_back(kj::mv(paf.fulfiller));
   return paf.promise.exclusiveJoin(timer.afterDelay(static_cast<uint64_t>(o.poll.count()) * kj::MILLISECONDS))
@@ -1380,7 +1389,7 @@ kj::Promise<Reply> Gateway::Impl::retrieve_future(Caller c, const json& j, bool 
         auto f = futures.find(id);
         if (f == futures.end())
           return error_reply(make_error(errc::not_found, "no future '" + id + "' (unknown, or expired)"));
-        if (f->second.outcome) return answer(*f->second.outcome, proto);
+        if (f->second.outcome) return answered(f->second, proto);
         return json_reply(json{{"type", "try_again"}, {"request_id", id}, {"queue_state", "active"}});
       });
 }

@@ -57,8 +57,11 @@ struct GatewayOptions {
   int64_t max_samples_in_flight = 64;
   /// retrieve_future holds a poll this long before it answers try_again.
   std::chrono::milliseconds poll{25000};
-  /// A finished future's result is kept this long for retrieve_future.
+  /// A finished future's result is kept this long for retrieve_future...
   std::chrono::seconds future_ttl{3600};
+  /// ...and this long once it has been answered (a client's retry of the
+  /// same retrieval still finds it; the result's memory does not wait an hour).
+  std::chrono::seconds retrieved_ttl{120};
   /// A call waiting for an earlier seq_id that has not come by then fails.
   std::chrono::seconds seq_gap{120};
   /// Ephemeral sampler weights (save_weights_and_get_sampling_client) kept

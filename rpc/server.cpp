@@ -453,6 +453,7 @@ public:
         [this, n = *name] {
           return await_future(s_.model->remove_adapter(inner(n))).then([this, n](Result<void> r) {
             if (!r) t().adapters.insert(n);
+            else if (!t().adapters.count(n)) t().adapter_bytes.erase(n);  // not added again meanwhile
             return r;
           });
         },
@@ -1132,9 +1133,11 @@ private:
     auto& tn = t();
     auto& names = sampler ? tn.sampler_adapters : tn.adapters;
     auto& bytes = sampler ? tn.sampler_bytes : tn.adapter_bytes;
-    // The charges of adapters since removed (a name per removal otherwise,
-    // for the tenant's life).
-    std::erase_if(bytes, [&](const auto& kv) { return !names.count(kv.first); });
+    // The charges of sampler adapters since removed (a name per ephemeral
+    // save otherwise, for the tenant's life). A sampler adapter's name
+    // leaves `names` only once its removal succeeded; a model adapter's
+    // leaves at once and may come back (removeAdapter forgets its charge).
+    if (sampler) std::erase_if(bytes, [&](const auto& kv) { return !names.count(kv.first); });
     const int64_t held = names.count(name) && bytes.count(name) ? bytes[name] : 0;
     const int64_t need = s_.adapter_bytes(l, sampler), used = s_.memory_used() - held,
                   budget = s_.config.limits.memory_bytes;

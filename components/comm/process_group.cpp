@@ -143,10 +143,33 @@ public:
       return {};
     } catch (const std::exception& e) {
       const auto* c = dynamic_cast<const c10::Error*>(&e);
+      const std::string why = c ? c->what_without_backtrace() : e.what();
+      auto who = closed_peer(why);
       return make_error(errc::unavailable, std::string{what} + " on rank " + std::to_string(cfg.rank) + " of " +
                                                std::to_string(cfg.world_size) + " failed: " +
-                                               (c ? c->what_without_backtrace() : e.what()));
+                                               (who.empty() ? why : who + " (" + why + ")"));
     }
+  }
+
+  // Which rank a connection that Gloo saw closed or reset belongs to (its
+  // message names only an address): in a group of two, the other; else the
+  // one the heartbeats find silent, waited for up to the peer timeout (a
+  // process that died sends none). Empty when the error is not a closed
+  // connection or no rank is found.
+  std::string closed_peer(const std::string& why) {
+    static const char* closed[] = {"Connection reset", "Connection closed", "closed by peer", "Read error",
+                                   "Write error", "Broken pipe", "Connection refused"};
+    if (std::none_of(std::begin(closed), std::end(closed), [&](const char* m) { return why.find(m) != std::string::npos; }))
+      return {};
+    const std::string gone = " closed its connection: its process exited, or its link was reset";
+    if (cfg.world_size == 2) return "rank " + std::to_string(1 - cfg.rank) + gone;
+    if (!watch) return {};
+    const auto deadline = std::chrono::steady_clock::now() + watch->timeout() + watch->timeout() / 5;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto silent = watch->silent()) return *silent;
+      std::this_thread::sleep_for(std::max(watch->timeout() / 10, std::chrono::milliseconds(10)));
+    }
+    return {};
   }
 };
 

@@ -68,6 +68,9 @@ struct Trainer::Impl {
   std::unique_ptr<Optimizer> opt;
   double accumulated = 0;  ///< what the accumulated gradients are a sum over
   int64_t micro_batches = 0;
+  /// The micro-batches a call was last split into, said once when it
+  /// changes (a step split for memory is slow; the user learns why).
+  int64_t said_slices = 1;
   int64_t summed = 0;      ///< of those, the passes of a loss with reduction sum (never divided)
   std::unique_ptr<Fsdp> fsdp;  ///< with fsdp_group: the base's shards
   bool pass_failed = false;    ///< with fsdp: a pass of this forward_backward call failed
@@ -938,8 +941,18 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
     }
   };
   const int64_t slices = (B + *rows - 1) / *rows;
-  log::debug("forward_backward: " + std::to_string(B) + " rows of " + std::to_string(T) + " tokens in " +
-             std::to_string(slices) + " micro-batches of " + std::to_string(*rows) + " rows");
+  const auto split = std::to_string(B) + " rows of " + std::to_string(T) + " tokens run in " +
+                     std::to_string(slices) + " micro-batches of " + std::to_string(*rows) + " rows";
+  if (slices != impl_->said_slices) {
+    impl_->said_slices = slices;
+    log::info("forward_backward: " + split +
+              (impl_->cfg.micro_batch_rows > 0 && *rows == impl_->cfg.micro_batch_rows
+                   ? " (micro_batch_rows)"
+                   : ", to fit the memory at hand (" + format_bytes(static_cast<double>(memory_available_bytes())) +
+                         " available): the same update, more slowly"));
+  } else {
+    log::debug("forward_backward: " + split);
+  }
   std::vector<rl::LossOutput> parts;
   std::vector<at::Tensor> lps;
   double count = 0;

@@ -26,14 +26,19 @@ now() { date +%s.%N; }
 broken() {
   local mesh=$1 how=$2 bound=$3 out=${1/=/}_$2 args
   if [[ $mesh == dp=2 ]]; then args=(--dp 2); else args=(--mesh "$mesh"); fi
-  timeout -s KILL 120 "$glint" run --nproc 2 -- "$glint" sft --model model --dataset arith.jsonl --train-type full \
+  # --max-restarts 1: `glint run` does not stop the job the moment process 1
+  # dies (its SIGTERM could end the driver before it says why); it would
+  # start process 1 again, and the driver, which does not restart its model
+  # group, fails the job itself.
+  timeout -s KILL 120 "$glint" run --nproc 2 --max-restarts 1 -- "$glint" sft --model model --dataset arith.jsonl --train-type full \
     --lr 3e-3 --batch-size 32 --max-steps 5000 --lr-scheduler constant "${args[@]}" --output $out > $out.log 2>&1 &
   local job=$! victim t t0 t1 code
   victim=$(find_rank $out 1 $job) || { wait $job; cat $out.log; fail "$out: process 1 not found"; }
   victims+=("$victim")
-  for ((t = 0; t < 3000; t++)); do
+  for ((t = 0; ; t++)); do
     (($({ wc -l < $out/metrics.jsonl; } 2> /dev/null || echo 0) >= 3)) && break
     kill -0 $job 2> /dev/null || { cat $out.log; fail "$out: the job ended before step 3"; }
+    ((t < 3000)) || { kill -KILL $job; cat $out.log; fail "$out: no step 3 within 60 s"; }
     sleep 0.02
   done
   t0=$(now)

@@ -39,7 +39,8 @@ h_model = hog.create_model(base_model, h_session, rank=4)
 # hog's calls to one model run in its order, one after another, so hog's loop
 # trains four models at once: four of its calls wait together.
 h_models = [hog.create_model(base_model, h_session, rank=4) for _ in range(4)]
-h_seqs = multiprocessing.Array("i", len(h_models))  # each model's last seq_id
+mp = multiprocessing.get_context("fork")  # the child shares the clients' ids, not a re-run of this script
+h_seqs = mp.Array("i", len(h_models))  # each model's last seq_id
 seq = {"a": 0}
 
 
@@ -85,14 +86,18 @@ def measure():
     # hog's loop runs in a process of its own: in this one, its thread would
     # hold the interpreter's lock while it encodes its requests, and alice's
     # timings would measure that, not the server.
-    stop, started, calls = multiprocessing.Event(), multiprocessing.Event(), multiprocessing.Value("i", 0)
-    hog_proc = multiprocessing.Process(target=hog_loop, args=(stop, started, calls))
+    stop, started, calls = mp.Event(), mp.Event(), mp.Value("i", 0)
+    hog_proc = mp.Process(target=hog_loop, args=(stop, started, calls), daemon=True)
     hog_proc.start()
-    started.wait(60)
+    if not started.wait(60):
+        raise SystemExit("FAILED: hog's loop did not start within 60 s")
     time.sleep(2)  # hog's queue is full before alice starts
     loaded = alice_calls()
     stop.set()
     hog_proc.join(timeout=120)
+    if hog_proc.is_alive():
+        hog_proc.kill()
+        raise SystemExit("FAILED: hog's loop did not stop within 120 s")
     if hog_proc.exitcode != 0:
         raise SystemExit(f"FAILED: hog's loop ended with {hog_proc.exitcode}")
     bound = 2 * p99(unloaded) + step

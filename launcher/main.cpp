@@ -70,7 +70,11 @@ int main(int argc, char** argv) {
   glint::launcher::DemoArgs demo;
   auto* demo_cmd = app.add_subcommand("demo", "Run the runtime demo: a group of ranks fed sliced batches");
   demo_cmd->add_option("--steps", demo.steps, "Steps to run")->capture_default_str()->check(CLI::Range(1, 1000000));
-  demo_cmd->add_option("--ranks", demo.ranks, "Ranks in the group")->capture_default_str()->check(CLI::Range(1, 1024));
+  // At most the demo's 64 rows (demo.cpp), each rank a slice of them: more
+  // were spawned (1,024 threads) only to be refused at the first step.
+  demo_cmd->add_option("--ranks", demo.ranks, "Ranks in the group (at most 64: each takes a slice of the demo's 64 rows)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
 
   glint::launcher::InitModelArgs im;
   auto* init_cmd = app.add_subcommand("init-model", "Write a Hugging Face model directory with random weights");

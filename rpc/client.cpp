@@ -265,10 +265,10 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
     auto gateway = rpc.bootstrap(vat_id).castAs<wire::Gateway>();
     auto req = gateway.connectRequest();
     req.setProtocolVersion(wire::PROTOCOL_VERSION);
-    req.setApiKey(opts.remote_api_key);
+    req.setApiKey(as_text(opts.remote_api_key));
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    req.setClient("glint driver pid " + std::to_string(::getpid()) + " on " + host);
+    req.setClient(as_text("glint driver pid " + std::to_string(::getpid()) + " on " + host));
     auto answer = req.send().wait(io.waitScope);
     if (auto err = status_of(answer)) {
       report(with_context(err, "the server at " + url_ + " refused the connection"));
@@ -422,7 +422,7 @@ public:
   Future<Metrics> forward_backward(const Batch& batch, const std::string& adapter) override {
     return c_->call<Metrics>([batch, adapter, limit = limit()](wire::Session::Client& s) {
       auto req = s.forwardBackwardRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       auto keep = std::make_shared<KeepAlive>();
       write_batch(req.initBatch(), batch, keep.get());
       return send_checked<Metrics>(req, limit, "forward_backward",
@@ -432,7 +432,7 @@ public:
   Future<actors::TrainOutput> forward_backward_with_logps(const Batch& batch, const std::string& adapter) override {
     return c_->call<actors::TrainOutput>([batch, adapter, limit = limit()](wire::Session::Client& s) {
       auto req = s.forwardBackwardRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       req.setWithLogps(true);
       auto keep = std::make_shared<KeepAlive>();
       write_batch(req.initBatch(), batch, keep.get());
@@ -449,7 +449,7 @@ public:
   Future<Tensor> forward_only(const Batch& batch, const std::string& adapter) override {
     return c_->call<Tensor>([batch, adapter, limit = limit()](wire::Session::Client& s) {
       auto req = s.forwardOnlyRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       auto keep = std::make_shared<KeepAlive>();
       write_batch(req.initBatch(), batch, keep.get());
       return send_checked<Tensor>(req, limit, "forward_only", [keep](auto& r) -> Result<Tensor> {
@@ -460,7 +460,7 @@ public:
   Future<Metrics> clip_grad_and_step(const std::string& adapter) override {
     return c_->call<Metrics>([adapter](wire::Session::Client& s) {
       auto req = s.clipGradAndStepRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       return req.send().then([](auto&& r) -> Result<Metrics> {
         if (auto err = status_of(r)) return err;
         return read_metrics(r.getMetrics());
@@ -470,7 +470,7 @@ public:
   Future<void> set_loss(const std::string& adapter, const LossSpec& loss) override {
     return c_->call<void>([adapter, loss](wire::Session::Client& s) {
       auto req = s.setLossRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       write_loss(req.initLoss(), loss);
       return send_status(req);
     });
@@ -478,7 +478,7 @@ public:
   Future<void> set_optimizer(const std::string& adapter, const OptimizerConfig& o) override {
     return c_->call<void>([adapter, o](wire::Session::Client& s) {
       auto req = s.setOptimizerRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       write_optimizer(req.initOptimizer(), o);
       return send_status(req);
     });
@@ -486,7 +486,7 @@ public:
   Future<void> set_lr_scheduler(const std::string& adapter, const SchedulerConfig& sc) override {
     return c_->call<void>([adapter, sc](wire::Session::Client& s) {
       auto req = s.setLrSchedulerRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       write_scheduler(req.initScheduler(), sc);
       return send_status(req);
     });
@@ -494,7 +494,7 @@ public:
   Future<void> add_adapter(const std::string& name, const LoraConfig& lora, uint64_t seed) override {
     return c_->call<void>([name, lora, seed](wire::Session::Client& s) {
       auto req = s.addAdapterRequest();
-      req.setName(name);
+      req.setName(as_text(name));
       write_lora(req.initLora(), lora);
       req.setSeed(seed);
       return send_status(req);
@@ -503,7 +503,7 @@ public:
   Future<void> remove_adapter(const std::string& name) override {
     return c_->call<void>([name](wire::Session::Client& s) {
       auto req = s.removeAdapterRequest();
-      req.setName(name);
+      req.setName(as_text(name));
       return send_status(req);
     });
   }
@@ -513,7 +513,7 @@ public:
   Future<Metrics> calculate_metric(const std::string& adapter) override {
     return c_->call<Metrics>([adapter](wire::Session::Client& s) {
       auto req = s.calculateMetricRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       return req.send().then([](auto&& r) -> Result<Metrics> {
         if (auto err = status_of(r)) return err;
         return read_metrics(r.getMetrics());
@@ -523,7 +523,7 @@ public:
   Future<std::string> train_configs(const std::string& adapter) override {
     return c_->call<std::string>([adapter](wire::Session::Client& s) {
       auto req = s.trainConfigsRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       return req.send().then([](auto&& r) -> Result<std::string> {
         if (auto err = status_of(r)) return err;
         return std::string{r.getJson().cStr()};
@@ -536,7 +536,7 @@ public:
     // The server answers the files; they are written here, where the driver asked.
     return c_->call<std::string>([adapter, request](wire::Session::Client& s) {
       auto req = s.saveAdapterRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       req.setWithOptimizer(request.with_optimizer);
       return req.send().then([dir = request.dir](auto&& r) -> Result<std::string> {
         if (auto err = status_of(r)) return err;
@@ -553,7 +553,7 @@ public:
   Future<NamedTensors> export_weights(const std::string& adapter) override {
     return c_->call<NamedTensors>([adapter](wire::Session::Client& s) {
       auto req = s.exportWeightsRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       return req.send().then([](auto&& r) -> Result<NamedTensors> {
         if (auto err = status_of(r)) return err;
         return read_named(r.getTensors(), "export_weights' answer");
@@ -573,7 +573,7 @@ private:
     return c_->call<void>([name, files = std::move(*files), with_optimizer, create,
                            limit = limit()](wire::Session::Client& s) {
       auto req = s.loadAdapterRequest();
-      req.setAdapter(name);
+      req.setAdapter(as_text(name));
       write_files(req.initFiles(static_cast<unsigned>(files.size())), files);
       req.setWithOptimizer(with_optimizer);
       req.setCreate(create);
@@ -601,7 +601,7 @@ public:
     return c_->call<std::vector<SampledSequence>>([requests, params, adapter,
                                                    limit = c_->base().max_message_bytes](wire::Session::Client& s) {
       auto req = s.sampleRequest();
-      req.setAdapter(adapter);
+      req.setAdapter(as_text(adapter));
       write_requests(req.initRequests(static_cast<unsigned>(requests.size())), requests);
       write_sampling(req.initParams(), params);
       return send_checked<std::vector<SampledSequence>>(
@@ -622,7 +622,7 @@ public:
   Future<void> add_adapter(const std::string& name, const LoraConfig& lora) override {
     return c_->call<void>([name, lora](wire::Session::Client& s) {
       auto req = s.samplerAddAdapterRequest();
-      req.setName(name);
+      req.setName(as_text(name));
       write_lora(req.initLora(), lora);
       return send_status(req);
     });
@@ -632,7 +632,7 @@ public:
     if (!files) return Future<void>::ready_with(files.error());
     return c_->call<void>([name, files = std::move(*files), limit = c_->base().max_message_bytes](wire::Session::Client& s) {
       auto req = s.samplerLoadAdapterRequest();
-      req.setName(name);
+      req.setName(as_text(name));
       write_files(req.initFiles(static_cast<unsigned>(files.size())), files);
       return send_checked<void>(req, limit, "load_adapter", [](auto&) -> Result<void> { return {}; });
     });
@@ -640,7 +640,7 @@ public:
   Future<void> remove_adapter(const std::string& name) override {
     return c_->call<void>([name](wire::Session::Client& s) {
       auto req = s.samplerRemoveAdapterRequest();
-      req.setName(name);
+      req.setName(as_text(name));
       return send_status(req);
     });
   }
@@ -690,8 +690,8 @@ Result<actors::SyncReport> RemoteModelBackend::sync_to(actors::SamplerBackend& s
   auto start = std::chrono::steady_clock::now();
   auto version = c_->call<int64_t>([adapter, target](wire::Session::Client& s) {
                       auto req = s.syncWeightsRequest();
-                      req.setAdapter(adapter);
-                      if (target != adapter) req.setSamplerAdapter(target);
+                      req.setAdapter(as_text(adapter));
+                      if (target != adapter) req.setSamplerAdapter(as_text(target));
                       return req.send().then([](auto&& r) -> Result<int64_t> {
                         if (auto err = status_of(r)) return err;
                         return r.getVersion();
@@ -744,8 +744,8 @@ Result<CheckpointInfo> ServerCheckpoints::save(const actors::ModelGroup& adapter
   auto& c = static_cast<Connection&>(*connection_);
   return c.call<CheckpointInfo>([a = adapter.adapter(), name, with_optimizer](wire::Session::Client& s) {
             auto req = s.saveCheckpointRequest();
-            req.setAdapter(a);
-            req.setName(name);
+            req.setAdapter(as_text(a));
+            req.setName(as_text(name));
             req.setWithOptimizer(with_optimizer);
             return req.send().then([](auto&& r) -> Result<CheckpointInfo> {
               if (auto err = status_of(r)) return err;
@@ -773,8 +773,8 @@ Result<void> ServerCheckpoints::load(const std::string& name, const actors::Mode
   auto& c = static_cast<Connection&>(*connection_);
   return c.call<void>([name, a = target.adapter(), create, with_optimizer](wire::Session::Client& s) {
             auto req = s.loadCheckpointRequest();
-            req.setName(name);
-            req.setAdapter(a);
+            req.setName(as_text(name));
+            req.setAdapter(as_text(a));
             req.setCreate(create);
             req.setWithOptimizer(with_optimizer);
             return send_status(req);
@@ -786,7 +786,7 @@ Result<void> ServerCheckpoints::remove(const std::string& name) {
   auto& c = static_cast<Connection&>(*connection_);
   return c.call<void>([name](wire::Session::Client& s) {
             auto req = s.deleteCheckpointRequest();
-            req.setName(name);
+            req.setName(as_text(name));
             return send_status(req);
           })
       .take();

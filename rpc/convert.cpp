@@ -22,11 +22,6 @@ std::vector<std::string> texts(capnp::List<capnp::Text>::Reader r) {
   return out;
 }
 
-// A string as Cap'n Proto text, every byte of it. KJ's implicit conversion
-// from std::string goes through c_str() and would end it at its first NUL:
-// a stop string or a prompt "a\0b" would reach the other end as "a".
-capnp::Text::Reader as_text(const std::string& s) { return {s.data(), s.size()}; }
-
 void write_texts(capnp::List<capnp::Text>::Builder b, const std::vector<std::string>& v) {
   for (size_t i = 0; i < v.size(); ++i) b.set(static_cast<unsigned>(i), as_text(v[i]));
 }
@@ -439,6 +434,8 @@ Result<std::vector<SampledSequence>> read_sequences(capnp::List<wire::SampledSeq
   }
   return out;
 }
+
+capnp::Text::Reader as_text(const std::string& s) { return {s.data(), s.size()}; }
 
 Result<std::string> read_name(capnp::Text::Reader r, const std::string& what) {
   auto s = text(r);

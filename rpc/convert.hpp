@@ -37,6 +37,12 @@ using actors::TokenLogprobs;
 /// What a message references without a copy: hold it until the message is sent.
 using KeepAlive = std::vector<Tensor>;
 
+/// A string as Cap'n Proto text, every byte of it, for every setter given a
+/// std::string. KJ's implicit conversion from std::string goes through
+/// c_str() and ends it at its first NUL: a stop string, prompt or adapter
+/// name "a\0b" would reach the other end as "a".
+capnp::Text::Reader as_text(const std::string& s);
+
 // -- status -----------------------------------------------------------------
 void write_status(wire::Status::Builder b, const caf::error& err);
 /// none for code 0; else the error the server sent (code and message).

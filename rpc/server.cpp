@@ -984,6 +984,12 @@ private:
   /// The message a tenant reads for `err`: cleaned (clean), and for the
   /// server's own failures (internal) an incident number instead, the
   /// whole message going to the operator's log under it.
+  /// The status written for `err`, its message made the tenant's (whole:
+  /// a NUL inside it is kept).
+  void scrub_status(wire::Status::Builder b, const caf::error& err) const {
+    auto m = b.getMessage();
+    b.setMessage(as_text(tenant_message(err, std::string{m.begin(), m.size()})));
+  }
   std::string tenant_message(const caf::error& err, const std::string& text) const {
     if (code_of(err) != errc::internal) return clean(text);
     static std::atomic<uint64_t> incidents{0};
@@ -1241,7 +1247,7 @@ private:
     log_call(method, 0, std::chrono::microseconds{0}, err);
     auto res = ctx.getResults();
     write_status(res.initStatus(), err);
-    res.getStatus().setMessage(tenant_message(err, std::string{res.getStatus().getMessage().cStr()}));
+    scrub_status(res.getStatus(), err);
     return kj::READY_NOW;
   }
 
@@ -1329,7 +1335,7 @@ private:
     log_call(method, tokens, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0), err);
     auto res = ctx.getResults();
     write_status(res.initStatus(), err);
-    if (err) res.getStatus().setMessage(tenant_message(err, std::string{res.getStatus().getMessage().cStr()}));
+    if (err) scrub_status(res.getStatus(), err);
   }
 
   template <class Fut>

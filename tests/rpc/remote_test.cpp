@@ -890,6 +890,25 @@ TEST(RemoteOrder, FinishedSyncThreadsAreJoined) {
   EXPECT_LT(after, before + 20) << before << " mappings before 40 syncs, " << after << " after";
 }
 
+// A name crosses the wire whole: "a\0b" went out as "a" (KJ's conversion
+// from std::string stops at a NUL), so the server made an adapter of
+// another name than the caller's. Now the server sees it and refuses it,
+// and the refusal comes back with the NUL in it.
+TEST(RemoteOrder, ANameWithANulIsRefusedNotCutShort) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 32, 64, 2, 4, 2);
+  OwnServer s{"remote-nul-name", cfg, [](ServeConfig&) {}};
+  ASSERT_TRUE(s.server);
+  auto rt = s.attach("alice");
+  auto m = OwnServer::model(*rt);
+  const std::string nul{"a\0b", 3};
+  auto added = m.add_adapter(nul, kLora, 3).get();
+  ASSERT_FALSE(added) << "an adapter was made of a name the caller did not give";
+  EXPECT_EQ(code_of(added.error()), errc::invalid_argument);
+  EXPECT_NE(describe(added.error()).find(nul), std::string::npos) << describe(added.error());
+  auto a = m.add_adapter("a", kLora, 3).get();
+  EXPECT_TRUE(a) << "'a' is free: " << (a ? "" : describe(a.error()));
+}
+
 // Runs `fn` on a thread of its own and says whether it returned within
 // `limit`; a call that hangs is left behind (the test fails instead of
 // hanging until ctest's timeout).

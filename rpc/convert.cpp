@@ -1,6 +1,7 @@
 #include "rpc/convert.hpp"
 
 #include <capnp/orphan.h>
+#include <capnp/serialize.h>
 
 #include <cstring>
 #include <filesystem>
@@ -436,6 +437,12 @@ Result<std::vector<SampledSequence>> read_sequences(capnp::List<wire::SampledSeq
 }
 
 capnp::Text::Reader as_text(const std::string& s) { return {s.data(), s.size()}; }
+
+std::string message_bytes(capnp::MessageBuilder& m) {
+  const auto words = capnp::messageToFlatArray(m);  // held: the bytes are its
+  const auto bytes = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+}
 
 Result<std::string> read_name(capnp::Text::Reader r, const std::string& what) {
   auto s = text(r);

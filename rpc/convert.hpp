@@ -43,6 +43,9 @@ using KeepAlive = std::vector<Tensor>;
 /// name "a\0b" would reach the other end as "a".
 capnp::Text::Reader as_text(const std::string& s);
 
+/// A built message's bytes, as it would be sent (equal values, equal bytes).
+std::string message_bytes(capnp::MessageBuilder& m);
+
 // -- status -----------------------------------------------------------------
 void write_status(wire::Status::Builder b, const caf::error& err);
 /// none for code 0; else the error the server sent (code and message).

@@ -29,11 +29,6 @@ capnp::ReaderOptions server_options() {
   return o;
 }
 
-std::string bytes_of(capnp::MallocMessageBuilder& m) {
-  auto words = capnp::messageToFlatArray(m);
-  return {reinterpret_cast<const char*>(words.begin()), words.size() * sizeof(capnp::word)};
-}
-
 /// read, write, read, write: the two writings agree.
 template <class Wire, class Read, class Write>
 void round_trip(typename Wire::Reader in, Read read, Write write, const char* what) {
@@ -44,12 +39,12 @@ void round_trip(typename Wire::Reader in, Read read, Write write, const char* wh
   }
   capnp::MallocMessageBuilder a;
   write(a.initRoot<Wire>(), *first);
-  const auto a_bytes = bytes_of(a);
+  const auto a_bytes = message_bytes(a);
   auto again = read(a.getRoot<Wire>().asReader());
   GLINT_FUZZ_CHECK(static_cast<bool>(again), std::string{what} + " written does not read back: " + describe(again.error()));
   capnp::MallocMessageBuilder b;
   write(b.initRoot<Wire>(), *again);
-  GLINT_FUZZ_CHECK(bytes_of(b) == a_bytes, std::string{what} + " reads back as another value");
+  GLINT_FUZZ_CHECK(message_bytes(b) == a_bytes, std::string{what} + " reads back as another value");
 }
 
 constexpr int64_t kVocab = 400;  // the test base's

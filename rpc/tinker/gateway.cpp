@@ -6,7 +6,7 @@
 #include "rpc/tinker/codec.hpp"
 #include "runtime/log.hpp"
 
-#include <capnp/serialize.h>
+#include <capnp/message.h>
 #include <nlohmann/json.hpp>
 #include <openssl/rand.h>
 
@@ -879,9 +879,7 @@ namespace {
 std::string loss_key(const actors::LossSpec& spec) {
   capnp::MallocMessageBuilder m;
   write_loss(m.initRoot<wire::LossSpec>(), spec);
-  auto words = capnp::messageToFlatArray(m);
-  auto bytes = words.asBytes();
-  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+  return message_bytes(m);
 }
 
 struct PassState {

@@ -205,8 +205,11 @@ struct Server::Impl {
 
   /// Makes the adapter saved in `saved` (then removed) the tenant's
   /// checkpoint `info.name`: written whole or not at all, then indexed.
+  /// Replace::allowed: one of that name is replaced in one step (the old
+  /// one or the new one is there at every moment, AtomicDir::begin_replacing).
+  enum class Replace : bool { refused, allowed };
   Result<CheckpointInfo> commit_checkpoint(const std::string& tenant, CheckpointInfo info, const std::string& saved,
-                                           int64_t ttl_seconds = 0) {
+                                           int64_t ttl_seconds = 0, Replace replace = Replace::refused) {
     auto cleanup = kj::defer([saved] {
       std::error_code ec;
       fs::remove_all(saved, ec);
@@ -216,7 +219,8 @@ struct Server::Impl {
     auto final_dir = store->checkpoint_dir(tenant, info.name);
     std::error_code ec;
     fs::create_directories(fs::path{final_dir}.parent_path(), ec);
-    auto dir = components::AtomicDir::begin(final_dir);
+    auto dir = replace == Replace::allowed ? components::AtomicDir::begin_replacing(final_dir)
+                                           : components::AtomicDir::begin(final_dir);
     if (!dir) return dir.error();
     for (const auto& f : *files)
       if (auto ok = dir->write_file(f.name, f.data); !ok) return ok.error();
@@ -245,8 +249,9 @@ struct Server::Impl {
         caf::error err;
         if (!saved) err = saved.error();
         else {
-          if (store->find(tenant, name)) (void)store->remove(tenant, name);
-          auto info = commit_checkpoint(tenant, {.name = name, .adapter = adapter, .with_optimizer = true}, tmp);
+          // In one step: a server killed here keeps the earlier autosave.
+          auto info = commit_checkpoint(tenant, {.name = name, .adapter = adapter, .with_optimizer = true}, tmp,
+                                        /*ttl_seconds=*/0, Replace::allowed);
           if (!info) err = info.error();
         }
         if (!err)

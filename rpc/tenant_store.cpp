@@ -65,7 +65,11 @@ Result<std::unique_ptr<TenantStore>> TenantStore::open(const std::string& state_
   store->impl_->db = std::move(*db);
   auto& kv = *store->impl_->db;
 
-  // Reconcile the index with the directories.
+  // Reconcile the index with the directories: first the temporaries of
+  // killed saves go (and a replaced checkpoint a killed replace left aside
+  // comes back), so what the index is checked against is what stays.
+  for (const auto& tenant_dir : fs::directory_iterator(fs::path{state_dir} / "checkpoints", ec))
+    if (tenant_dir.is_directory()) components::remove_temporaries(tenant_dir.path().string());
   std::vector<std::string> stale;
   auto entries = kv.scan("ckpt/");
   if (!entries) return with_context(entries.error(), "reading the tenant index");
@@ -83,7 +87,6 @@ Result<std::unique_ptr<TenantStore>> TenantStore::open(const std::string& state_
     if (auto ok = kv.remove(k); !ok) return with_context(ok.error(), "reconciling the tenant index");
   for (const auto& tenant_dir : fs::directory_iterator(fs::path{state_dir} / "checkpoints", ec)) {
     if (!tenant_dir.is_directory()) continue;
-    components::remove_temporaries(tenant_dir.path().string());
     for (const auto& c : fs::directory_iterator(tenant_dir.path(), ec)) {
       auto tenant = tenant_dir.path().filename().string(), name = c.path().filename().string();
       if (name.starts_with(".")) {  // a deletion a killed server did not finish

@@ -57,6 +57,15 @@ Result<AtomicDir> AtomicDir::begin(const std::string& final_path, FileSystem& fs
   std::error_code ec;
   if (fs::exists(f, ec))
     return make_error(errc::failed_precondition, final_path + " exists already; checkpoints are never overwritten");
+  auto d = begin_replacing(final_path, fsys);
+  if (d) d->replacing_ = false;
+  return d;
+}
+
+Result<AtomicDir> AtomicDir::begin_replacing(const std::string& final_path, FileSystem& fsys) {
+  fs::path f{final_path};
+  if (f.filename().empty()) f = f.parent_path();
+  std::error_code ec;
   // Parents made here are fsynced into their own parents: else a power loss
   // could take the run directory, and every checkpoint in it, away.
   std::vector<fs::path> made;
@@ -71,6 +80,7 @@ Result<AtomicDir> AtomicDir::begin(const std::string& final_path, FileSystem& fs
   }
   AtomicDir d;
   d.fs_ = &fsys;
+  d.replacing_ = true;
   d.final_ = f.string();
   d.tmp_ = (f.parent_path() / ("." + f.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
   if (auto ok = fsys.remove_all(d.tmp_); !ok) return ok.error();  // a leftover of a killed process with our pid
@@ -79,7 +89,7 @@ Result<AtomicDir> AtomicDir::begin(const std::string& final_path, FileSystem& fs
 }
 
 AtomicDir::AtomicDir(AtomicDir&& o) noexcept
-    : fs_(o.fs_), tmp_(std::move(o.tmp_)), final_(std::move(o.final_)), done_(o.done_) {
+    : fs_(o.fs_), tmp_(std::move(o.tmp_)), final_(std::move(o.final_)), done_(o.done_), replacing_(o.replacing_) {
   o.done_ = true;
 }
 AtomicDir& AtomicDir::operator=(AtomicDir&& o) noexcept {
@@ -87,6 +97,7 @@ AtomicDir& AtomicDir::operator=(AtomicDir&& o) noexcept {
   std::swap(tmp_, o.tmp_);
   std::swap(final_, o.final_);
   std::swap(done_, o.done_);
+  std::swap(replacing_, o.replacing_);
   return *this;
 }
 AtomicDir::~AtomicDir() {
@@ -122,10 +133,39 @@ Result<void> AtomicDir::commit() {
   if (auto ok = fs_->sync_file(tmp_ + "/" + kManifest); !ok) return ok;
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
     if (auto ok = fs_->sync_dir(*it); !ok) return ok;
-  if (auto ok = fs_->rename(tmp_, final_); !ok) return ok;
-  done_ = true;
+  return swap_in();
+}
+
+Result<void> AtomicDir::swap_in() {
   auto parent = fs::path{final_}.parent_path();
-  return fs_->sync_dir(parent.empty() ? "." : parent.string());
+  const std::string up = parent.empty() ? "." : parent.string();
+  std::error_code ec;
+  if (!replacing_ || !fs::exists(final_, ec)) {
+    if (auto ok = fs_->rename(tmp_, final_); !ok) return ok;
+    done_ = true;
+    return fs_->sync_dir(up);
+  }
+  // Replacing: the new one in, in one step; durable; then the old (now at
+  // the temporary's name) removed.
+  auto swapped = fs_->swap_paths(tmp_, final_);
+  if (swapped) {
+    done_ = true;
+    if (auto ok = fs_->sync_dir(up); !ok) return ok;
+    (void)fs_->remove_all(tmp_);  // else a temporary, removed with the others
+    return {};
+  }
+  if (code_of(swapped.error()) != errc::unimplemented) return swapped;
+  auto old = (parent / ("." + fs::path{final_}.filename().string() + ".old-" + std::to_string(::getpid()))).string();
+  if (auto ok = fs_->remove_all(old); !ok) return ok;
+  if (auto ok = fs_->rename(final_, old); !ok) return ok;
+  if (auto ok = fs_->rename(tmp_, final_); !ok) {
+    (void)fs_->rename(old, final_);
+    return ok;
+  }
+  done_ = true;
+  if (auto ok = fs_->sync_dir(up); !ok) return ok;
+  (void)fs_->remove_all(old);  // else remove_temporaries does
+  return {};
 }
 
 Result<std::vector<ManifestEntry>> parse_manifest(std::string_view text, const std::string& origin) {
@@ -203,6 +243,14 @@ int remove_temporaries(const std::string& parent, FileSystem& fsys) {
     auto name = it->path().filename().string();
     if (name.size() > 1 && name[0] == '.' && name.find(".tmp-") != std::string::npos) {
       if (fsys.remove_all(it->path().string())) ++n;
+    } else if (auto at = name.rfind(".old-"); name.size() > 1 && name[0] == '.' && at != std::string::npos && at > 1) {
+      // A replaced directory renamed aside (no swap on this file system): if
+      // the process died before the new one was renamed in, it is put back.
+      auto final_path = (fs::path{parent} / name.substr(1, at - 1)).string();
+      std::error_code e2;
+      auto ok = fs::exists(final_path, e2) ? fsys.remove_all(it->path().string())
+                                           : fsys.rename(it->path().string(), final_path);
+      if (ok) ++n;
     }
   }
   return n;

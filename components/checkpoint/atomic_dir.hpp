@@ -29,6 +29,15 @@ public:
   /// Error: the final path exists already (a checkpoint is never
   /// overwritten), or the temporary cannot be created.
   static Result<AtomicDir> begin(const std::string& final_path, FileSystem& fs = local_file_system());
+  /// The same for a directory that may exist already and is replaced:
+  /// commit swaps the new one in with FileSystem::swap_paths, makes that
+  /// durable, then removes the old, so a crash at any moment leaves the
+  /// old or the new one whole under the final name, never neither (the
+  /// old, if left at the temporary's name, is a temporary like any
+  /// other). Where the file system cannot swap, the old is renamed aside
+  /// first: a crash between the two renames leaves the final name empty
+  /// for a moment, with the old whole at `.<name>.old-<pid>`.
+  static Result<AtomicDir> begin_replacing(const std::string& final_path, FileSystem& fs = local_file_system());
   AtomicDir(AtomicDir&&) noexcept;
   AtomicDir& operator=(AtomicDir&&) noexcept;
   AtomicDir(const AtomicDir&) = delete;
@@ -39,8 +48,8 @@ public:
   const std::string& final_path() const { return final_; }
   /// Writes a small file below path() (`rel` relative to it), through the FileSystem.
   Result<void> write_file(const std::string& rel, std::string_view data);
-  /// Error (nothing appears under the final name): a file that cannot be
-  /// read back or synced, a failed rename.
+  /// Error (nothing new appears under the final name): a file that cannot
+  /// be read back or synced, a failed rename.
   Result<void> commit();
 
 private:
@@ -48,6 +57,9 @@ private:
   FileSystem* fs_ = nullptr;
   std::string tmp_, final_;
   bool done_ = false;
+  bool replacing_ = false;
+  /// Puts tmp_ under the final name, replacing what is there.
+  Result<void> swap_in();
 };
 
 /// One file a committed directory's manifest.json lists.
@@ -72,7 +84,9 @@ enum class Verify : uint8_t {
 /// a committed directory), a missing or changed file.
 Result<void> verify_dir(const std::string& dir, Verify how = Verify::full);
 
-/// Removes the temporaries of killed saves under `parent`; returns how many.
+/// Removes the temporaries of killed saves under `parent`, and puts back a
+/// replaced directory a killed replace left aside with nothing under its
+/// name (see begin_replacing); returns how many it dealt with.
 int remove_temporaries(const std::string& parent, FileSystem& fs = local_file_system());
 
 }  // namespace glint::components

@@ -52,6 +52,15 @@ public:
     return {};
   }
 
+  Result<void> swap_paths(const std::string& a, const std::string& b) override {
+    if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return {};
+    const int e = errno;
+    if (e == EINVAL || e == ENOSYS || e == ENOTSUP)
+      return make_error(errc::unimplemented, "this file system cannot swap " + a + " and " + b + " in one step: " +
+                                                 std::strerror(e));
+    return make_error(errc::unavailable, "cannot swap " + a + " and " + b + ": " + std::strerror(e));
+  }
+
   Result<void> remove_all(const std::string& path) override {
     std::error_code ec;
     fs::remove_all(path, ec);
@@ -172,7 +181,8 @@ Result<void> FaultInjectionFileSystem::sync_dir(const std::string& path) {
   if (auto ok = base_->sync_dir(path); !ok) return ok;
   const auto dir = normal(path);
   std::erase_if(pending_, [&](const Entry& e) {
-    return parent_of(e.path) == dir && (e.kind != Entry::renamed || parent_of(e.from) == dir);
+    const bool two_names = e.kind == Entry::renamed || e.kind == Entry::exchanged;
+    return parent_of(e.path) == dir && (!two_names || parent_of(e.from) == dir);
   });
   return {};
 }
@@ -183,18 +193,34 @@ Result<void> FaultInjectionFileSystem::rename(const std::string& from, const std
   if (auto ok = base_->rename(from, to); !ok) return ok;
   const auto f = normal(from), t = normal(to);
   pending_.push_back({Entry::renamed, t, f});
-  // What was tracked under the old name (below it, for a directory) is now under the new one.
+  move_tracked(f, t);
+  return {};
+}
+
+Result<void> FaultInjectionFileSystem::swap_paths(const std::string& a, const std::string& b) {
+  std::lock_guard<std::recursive_mutex> guard{mx_};
+  if (!go("swap_paths", a)) return crash_error("swap_paths", a);
+  if (auto ok = base_->swap_paths(a, b); !ok) return ok;
+  const auto x = normal(a), y = normal(b);
+  pending_.push_back({Entry::exchanged, x, y});
+  const auto aside = "\n" + x;  // a key no normalised path has
+  move_tracked(x, aside);
+  move_tracked(y, x);
+  move_tracked(aside, y);
+  return {};
+}
+
+void FaultInjectionFileSystem::move_tracked(const std::string& from, const std::string& to) {
   std::map<std::string, int64_t> moved;
   for (auto it = synced_size_.begin(); it != synced_size_.end();) {
-    if (it->first == f || it->first.rfind(f + "/", 0) == 0) {
-      moved[t + it->first.substr(f.size())] = it->second;
+    if (it->first == from || it->first.rfind(from + "/", 0) == 0) {
+      moved[to + it->first.substr(from.size())] = it->second;
       it = synced_size_.erase(it);
     } else {
       ++it;
     }
   }
   synced_size_.merge(moved);
-  return {};
 }
 
 Result<void> FaultInjectionFileSystem::remove_all(const std::string& path) {
@@ -221,6 +247,11 @@ Result<void> FaultInjectionFileSystem::drop_unsynced() {
       case Entry::made_dir: fs::remove_all(it->path, ec); break;
       case Entry::renamed:
         if (fs::exists(it->path, ec)) fs::rename(it->path, it->from, ec);
+        break;
+      case Entry::exchanged:
+        if (fs::exists(it->path, ec) && fs::exists(it->from, ec)) {
+          if (auto ok = base_->swap_paths(it->path, it->from); !ok) return ok;
+        }
         break;
     }
     if (ec) return make_error(errc::unavailable, "undoing an unsynced entry " + it->path + ": " + ec.message());

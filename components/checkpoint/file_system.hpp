@@ -42,6 +42,11 @@ public:
   /// Makes the entries of directory `path` (files made or renamed into it) durable.
   virtual Result<void> sync_dir(const std::string& path) = 0;
   virtual Result<void> rename(const std::string& from, const std::string& to) = 0;
+  /// Swaps two existing paths in one step (Linux's renameat2 with
+  /// RENAME_EXCHANGE): at every moment each name holds one of the two
+  /// whole. `unimplemented` where the file system cannot (the caller may
+  /// then fall back to two renames).
+  virtual Result<void> swap_paths(const std::string& a, const std::string& b) = 0;
   /// Removes `path` and everything below it (no error if it is absent).
   virtual Result<void> remove_all(const std::string& path) = 0;
 };
@@ -55,8 +60,9 @@ FileSystem& local_file_system();
 /// had died there. It tracks what was not yet durable: drop_unsynced then
 /// truncates each file written since its last fsync to its synced length
 /// (removing it if never synced) and undoes, newest first, the directory
-/// entries made since their directory's last fsync (renames reversed, new
-/// files and directories removed). Removals count as durable at once.
+/// entries made since their directory's last fsync (renames and swaps
+/// reversed, new files and directories removed). Removals count as durable
+/// at once.
 /// Thread-safe (RocksDB writes from its background threads too).
 class FaultInjectionFileSystem : public FileSystem {
 public:
@@ -86,16 +92,19 @@ public:
   Result<void> sync_file(const std::string& path) override;
   Result<void> sync_dir(const std::string& path) override;
   Result<void> rename(const std::string& from, const std::string& to) override;
+  Result<void> swap_paths(const std::string& a, const std::string& b) override;
   Result<void> remove_all(const std::string& path) override;
 
 private:
   /// Counts a write; false once the crash point is passed.
   bool go(std::string_view what, const std::string& path);
+  /// Moves what is tracked under `from` (and below it) to `to`.
+  void move_tracked(const std::string& from, const std::string& to);
   caf::error crash_error(std::string_view what, const std::string& path) const;
 
   struct Entry {  ///< a directory entry not yet durable
-    enum Kind { made_file, made_dir, renamed } kind;
-    std::string path, from;  ///< from: the old name of a rename
+    enum Kind { made_file, made_dir, renamed, exchanged } kind;
+    std::string path, from;  ///< from: the old name of a rename, the other name of an exchange
   };
   FileSystem* base_;
   mutable std::recursive_mutex mx_;  ///< every member below

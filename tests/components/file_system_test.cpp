@@ -123,5 +123,89 @@ TEST(FaultInjectionFileSystem, ACommitCrashedAtAnyWriteLeavesTheDirectoryWholeOr
   }
 }
 
+// A file system that cannot swap two names in one step (as some network
+// file systems): a replace falls back to renaming the old one aside.
+class NoExchangeFileSystem : public FaultInjectionFileSystem {
+public:
+  Result<void> swap_paths(const std::string& a, const std::string&) override {
+    if (auto ok = FaultInjectionFileSystem::create_dirs(a); !ok) return ok;  // counts as a write, as a real call would
+    return make_error(errc::unimplemented, "no RENAME_EXCHANGE here");
+  }
+};
+
+// Replacing a committed directory (the server's autosave): crashed at any
+// write, the final name holds the old one or the new one, whole, never
+// neither and never a mix; without a crash, the new one.
+template <class FS>
+void replace_crashed_at_every_write(const std::string& tag) {
+  auto root = glint::testing::fresh_dir(tag);
+  ASSERT_TRUE(local_file_system().create_dirs(root + "/run"));
+  FS f;
+  auto save = [&](const std::string& path, const std::string& v, bool replace) {
+    auto d = replace ? AtomicDir::begin_replacing(path, f) : AtomicDir::begin(path, f);
+    if (!d) return false;
+    (void)d->write_file("big.bin", std::string(1000, v[0]));
+    (void)d->write_file("v", v);
+    return static_cast<bool>(d->commit());
+  };
+  const auto probe = root + "/run/probe";
+  ASSERT_TRUE(save(probe, "old", false));
+  const auto before = f.writes();
+  ASSERT_TRUE(save(probe, "new", true)) << "a replace with no crash works";
+  EXPECT_EQ(read(probe + "/v"), "new");
+  EXPECT_TRUE(verify_dir(probe));
+  const auto writes = f.writes() - before;
+  ASSERT_GE(writes, 8);
+  for (int64_t k = 0; k <= writes; ++k) {
+    const auto path = root + "/run/c" + std::to_string(k);
+    ASSERT_TRUE(save(path, "old", false));
+    f.crash_after(k);
+    const bool done = save(path, "new", true);
+    // The last write removes the old one: the replace is done before it.
+    EXPECT_EQ(done, k >= writes - 1) << "crash at write " << k + 1;
+    ASSERT_TRUE(f.drop_unsynced());
+    (void)remove_temporaries(root + "/run");
+    ASSERT_TRUE(fs::exists(path)) << "a crash at write " << k + 1 << " left nothing under the name";
+    EXPECT_TRUE(verify_dir(path)) << "a crash at write " << k + 1 << " left a damaged directory";
+    const auto v = read(path + "/v");
+    EXPECT_TRUE(v == "old" || v == "new") << v;
+    EXPECT_EQ(read(path + "/big.bin"), std::string(1000, v[0])) << "the files of one save, not a mix";
+    if (done) EXPECT_EQ(v, "new");
+    EXPECT_EQ(remove_temporaries(root + "/run"), 0) << "crash at write " << k + 1 << " left a temporary behind";
+  }
+}
+
+TEST(FaultInjectionFileSystem, AReplaceCrashedAtAnyWriteLeavesTheOldOrTheNewWhole) {
+  replace_crashed_at_every_write<FaultInjectionFileSystem>("faultfs-replace");
+}
+
+TEST(FaultInjectionFileSystem, AReplaceWithoutASwapStillLeavesTheOldOrTheNewWhole) {
+  replace_crashed_at_every_write<NoExchangeFileSystem>("faultfs-replace-rename");
+}
+
+TEST(FaultInjectionFileSystem, ASwapNotYetDurableIsUndoneByACrash) {
+  auto root = glint::testing::fresh_dir("faultfs-exchange");
+  FaultInjectionFileSystem f;
+  ASSERT_TRUE(f.create_dirs(root + "/a"));
+  ASSERT_TRUE(f.create_dirs(root + "/b"));
+  ASSERT_TRUE(f.write_file(root + "/a/x", "from a"));
+  ASSERT_TRUE(f.write_file(root + "/b/x", "from b"));
+  ASSERT_TRUE(f.sync_file(root + "/a/x"));
+  ASSERT_TRUE(f.sync_file(root + "/b/x"));
+  ASSERT_TRUE(f.sync_dir(root + "/a"));
+  ASSERT_TRUE(f.sync_dir(root + "/b"));
+  ASSERT_TRUE(f.sync_dir(root));
+  ASSERT_TRUE(f.swap_paths(root + "/a", root + "/b"));
+  EXPECT_EQ(read(root + "/a/x"), "from b");
+  f.crash_after(0);
+  ASSERT_TRUE(f.drop_unsynced());
+  EXPECT_EQ(read(root + "/a/x"), "from a") << "the swap was never made durable";
+  EXPECT_EQ(read(root + "/b/x"), "from b");
+  ASSERT_TRUE(f.swap_paths(root + "/a", root + "/b"));
+  ASSERT_TRUE(f.sync_dir(root));
+  ASSERT_TRUE(f.drop_unsynced());
+  EXPECT_EQ(read(root + "/a/x"), "from b") << "synced, it stays";
+}
+
 }  // namespace
 }  // namespace glint::components

@@ -8,7 +8,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 namespace glint::launcher {
@@ -60,6 +63,17 @@ Result<int> launch(LaunchSpec spec) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  // Where each node process says it joined (ClusterEnv::join_report).
+  char reports_template[] = "/tmp/glint-run-XXXXXX";
+  const char* made = ::mkdtemp(reports_template);
+  const std::string reports = made ? made : "";
+  struct RemoveAtEnd {
+    std::string dir;
+    ~RemoveAtEnd() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_reports{reports};
   std::vector<ChildProcess> children;
   std::vector<std::map<std::string, std::string>> environments;
   for (int local = 0; local < spec.nproc; ++local) {
@@ -72,6 +86,7 @@ Result<int> launch(LaunchSpec spec) {
     c.nnodes = spec.nnodes;
     c.master_addr = spec.master_addr;
     c.master_port = spec.master_port;
+    if (!reports.empty()) c.join_report = reports + "/" + std::to_string(c.rank);
     environments.push_back(c.to_environment());
     if (spec.peer_timeout_seconds > 0)
       environments.back()["GLINT_PEER_TIMEOUT_MS"] = std::to_string(static_cast<int64_t>(spec.peer_timeout_seconds * 1000));
@@ -88,6 +103,20 @@ Result<int> launch(LaunchSpec spec) {
   std::optional<int> first_failure;  // the rank of the first process that failed while the job ran
   bool killed = false;
   auto rank_of = [&](size_t i) { return spec.node_rank * spec.nproc + static_cast<int>(i); };
+  // A node process that exited 0 without joining the job nor being let go
+  // by it (a program that returned early on that rank, say): the driver
+  // would wait its connect timeout for it. Reported if the driver is still
+  // running 2 s later (it is not when a job of plain programs ends together).
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> left_unjoined(children.size());
+  auto joined_or_let_go = [&](size_t i) {
+    if (reports.empty()) return true;  // no report to read: assume so, as before
+    auto it = environments[i].find("GLINT_JOIN_REPORT");
+    if (it == environments[i].end()) return true;
+    std::ifstream in{it->second};
+    std::string what;
+    in >> what;
+    return what == "joined" || what == "ended";
+  };
   auto what_ended = [&](size_t i) {
     if (auto sig = children[i].term_signal()) return "was killed by " + signal_name(*sig);
     if (*codes[i] == kExitLostDriver) return "lost its driver (exit code " + std::to_string(*codes[i]) + ")";
@@ -117,6 +146,10 @@ Result<int> launch(LaunchSpec spec) {
           ++restarts;
           std::fprintf(stderr, "glint run: process %d (pid %d) %s; starting it again (restart %d of %d)\n", rank_of(i),
                        static_cast<int>(children[i].pid()), what_ended(i).c_str(), restarts, spec.max_restarts);
+          if (auto it = environments[i].find("GLINT_JOIN_REPORT"); it != environments[i].end()) {
+            std::error_code ec;
+            std::filesystem::remove(it->second, ec);  // the new process reports afresh
+          }
           auto again = ChildProcess::start(spec.command, environments[i], {.die_with_parent = true});
           if (again) {
             children[i] = std::move(*again);
@@ -136,6 +169,8 @@ Result<int> launch(LaunchSpec spec) {
                        rank_of(i), static_cast<int>(children[i].pid()), what_ended(i).c_str(), spec.max_restarts);
           continue;
         }
+        if (codes[i] && *codes[i] == 0 && !is_driver && !forwarded && !stopping && !joined_or_let_go(i))
+          left_unjoined[i] = std::chrono::steady_clock::now();
         if (codes[i] && *codes[i] != 0 && !forwarded && !stopping) {
           std::fprintf(stderr, "glint run: %s %d (pid %d) %s; stopping the job\n", is_driver ? "the driver, process" : "process",
                        rank_of(i), static_cast<int>(children[i].pid()), what_ended(i).c_str());
@@ -153,6 +188,21 @@ Result<int> launch(LaunchSpec spec) {
       all_done = all_done && codes[i].has_value();
     }
     if (all_done) break;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (!left_unjoined[i] || stopping || forwarded) continue;
+      if (has_driver && codes[0]) continue;  // the driver ended: nothing waits for it
+      if (std::chrono::steady_clock::now() - *left_unjoined[i] < std::chrono::seconds(2)) continue;
+      left_unjoined[i].reset();
+      std::fprintf(stderr,
+                   "glint run: process %d (pid %d) exited with code 0 without joining the job, and the driver %s; "
+                   "a node process must call glint::run_main (or glint::serve_node) on every rank; %s\n",
+                   rank_of(i), static_cast<int>(children[i].pid()),
+                   has_driver ? "is still waiting for it" : "(on another machine) waits for it until its connect timeout",
+                   has_driver ? "stopping the job" : "stopping this machine's processes");
+      first_failure = rank_of(i);
+      stopping = std::chrono::steady_clock::now();
+      for (auto& c : children) c.signal(SIGTERM);
+    }
     if (!killed && stopping && std::chrono::steady_clock::now() - *stopping > std::chrono::seconds(spec.grace_seconds)) {
       std::fprintf(stderr, "glint run: processes still running %d s after the %s; killing them\n", spec.grace_seconds,
                    first_failure ? "job failed" : "driver exited");

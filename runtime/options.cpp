@@ -79,6 +79,7 @@ Result<ClusterEnv> ClusterEnv::from_environment(const Env& env) {
     if (!local_world) return local_world.error();
     c.local_world_size = *local_world;
     c.master_addr = read_str(env, s.addr, "127.0.0.1");
+    c.join_report = read_str(env, "GLINT_JOIN_REPORT", "");
     if (*port > 65535) return make_error(errc::invalid_argument, std::string{s.port} + " is not a TCP port");
     c.master_port = static_cast<uint16_t>(*port);
     if (auto ok = c.validate(); !ok) return ok.error();
@@ -98,15 +99,17 @@ Result<ClusterEnv> ClusterEnv::from_environment() {
 }
 
 std::map<std::string, std::string> ClusterEnv::to_environment() const {
-  return {{"GLINT_MODE", "cluster"},
-          {"GLINT_RANK", std::to_string(rank)},
-          {"GLINT_WORLD_SIZE", std::to_string(world_size)},
-          {"GLINT_LOCAL_RANK", std::to_string(local_rank)},
-          {"GLINT_LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
-          {"GLINT_NODE_RANK", std::to_string(node_rank)},
-          {"GLINT_NNODES", std::to_string(nnodes)},
-          {"GLINT_MASTER_ADDR", master_addr},
-          {"GLINT_MASTER_PORT", std::to_string(master_port)}};
+  std::map<std::string, std::string> env{{"GLINT_MODE", "cluster"},
+                                         {"GLINT_RANK", std::to_string(rank)},
+                                         {"GLINT_WORLD_SIZE", std::to_string(world_size)},
+                                         {"GLINT_LOCAL_RANK", std::to_string(local_rank)},
+                                         {"GLINT_LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
+                                         {"GLINT_NODE_RANK", std::to_string(node_rank)},
+                                         {"GLINT_NNODES", std::to_string(nnodes)},
+                                         {"GLINT_MASTER_ADDR", master_addr},
+                                         {"GLINT_MASTER_PORT", std::to_string(master_port)}};
+  if (!join_report.empty()) env["GLINT_JOIN_REPORT"] = join_report;
+  return env;
 }
 
 Result<void> ClusterEnv::validate() const {

@@ -27,6 +27,11 @@ struct ClusterEnv {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 0;  ///< where the driver listens; 0 only in local mode
   std::string source;        ///< where these values came from ("glint run", "torchrun", "slurm", ...)
+  /// `glint run` only (GLINT_JOIN_REPORT): a file a node process writes
+  /// "joined" to once the driver took it in, or "ended" when the job ended
+  /// before it could, so the launcher tells a process that left without
+  /// joining (while the driver waits for it) from one the job let go.
+  std::string join_report;
 
   /// Reads glint's own variables (GLINT_RANK, GLINT_WORLD_SIZE, ...), else
   /// torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,

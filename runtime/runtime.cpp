@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -697,9 +698,16 @@ int serve_node(const Options& opts) {
       if (!again) break;
       std::this_thread::sleep_for(50ms);
     }
+    // Told to `glint run` (ClusterEnv::join_report): joined, or let go.
+    auto report = [&](std::string_view what) {
+      if (c.join_report.empty()) return;
+      std::ofstream out{c.join_report, std::ios::trunc};
+      out << what << '\n';
+    };
     if (!err.empty()) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
       if (ended) {
+        report("ended");
         // Not a failure: failing here would make `glint run` stop a driver
         // that finished its work and is only shutting down.
         std::fprintf(stderr, "glint: node %d: the job ended before this process could join (%s); nothing to do\n",
@@ -708,6 +716,7 @@ int serve_node(const Options& opts) {
       }
       return fail("the driver refused this node: " + err);
     }
+    report("joined");
     // Serve until the agent stops: the driver said so, or the driver is gone.
     self->receive([](const caf::down_msg&) {});
     // Let the ranks finish exiting while the middleman still runs. A rank

@@ -249,6 +249,26 @@ TEST(Cli, AProcessThatDiesEarlyIsReportedAtOnce) {
   EXPECT_NE(r.code, 0);
 }
 
+// A node process that exits 0 without joining (its program returned early
+// on that rank) is reported within seconds and the job stops; the driver
+// (glint demo) used to wait out its 60 s connect timeout. A job of plain
+// programs that end together is not a failure.
+TEST(Cli, ANodeThatLeavesWithoutJoiningIsReportedWithinSeconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run(R"(run --nproc 2 --grace 2 -- bash -c 'if [ "$GLINT_RANK" = 1 ]; then exit 0; fi; exec )" +
+               std::string{GLINT_BINARY} + " demo --steps 5'");
+  const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 20) << r.out;
+  EXPECT_NE(r.out.find("process 1 (pid"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exited with code 0 without joining the job, and the driver is still waiting for it"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.code, 0);
+  auto plain = run("run --nproc 3 -- true");
+  EXPECT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("without joining"), std::string::npos) << plain.out;
+}
+
 // A program that is not there is a clear error, found as execvp would.
 TEST(Cli, RunningAProgramThatIsNotThereSaysSo) {
   auto r = run("run --nproc 1 -- glint-no-such-program-here");

@@ -3,9 +3,11 @@
 #include "actors/detail/message_size.hpp"
 #include "actors/weight_sync/collective.hpp"
 #include "actors/weight_sync/stream.hpp"
+#include "runtime/log.hpp"
 #include "runtime/stop.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace glint::actors {
 
@@ -132,8 +134,42 @@ void SamplerState::step(uint64_t loop) {
   } catch (const std::exception& ex) {
     fail_all(error_of_exception(ex, "the engine step"));
   }
-  if (has_work()) schedule_step_(loop_);
-  else stepping_ = false;
+  if (has_work()) {
+    tell_progress();
+    schedule_step_(loop_);
+  } else {
+    stepping_ = false;
+    busy_since_.reset();
+  }
+}
+
+void SamplerState::report_progress(std::chrono::milliseconds every, std::function<void(const std::string&)> say) {
+  progress_every_ = every;
+  say_ = std::move(say);
+}
+
+void SamplerState::tell_progress() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto generated = engine_ ? engine_->stats().generated_tokens : 0;
+  if (!busy_since_) {
+    busy_since_ = said_at_ = now;
+    tokens_at_start_ = generated;
+    return;
+  }
+  if (now - *said_at_ < progress_every_) return;
+  said_at_ = now;
+  size_t total = 0, left = 0;
+  for (const auto& [_, c] : calls_) {
+    total += c.out.size();
+    left += c.remaining * c.n;
+  }
+  if (total == 0) return;  // only a weight update waits
+  const double secs = std::chrono::duration<double>(now - *busy_since_).count();
+  char line[256];
+  std::snprintf(line, sizeof line, "%s: sampling: %zu of %zu sequences finished after %.0f s (%lld tokens generated)",
+                where().c_str(), total - left, total, secs, static_cast<long long>(generated - tokens_at_start_));
+  if (say_) say_(line);
+  else log::info(line);
 }
 
 Result<void> SamplerState::update_weights(NamedTensors weights, const WeightUpdate& u) {

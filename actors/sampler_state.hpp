@@ -19,6 +19,7 @@
 #include "actors/sampler.hpp"
 #include "components/sampler/engine.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -63,6 +64,12 @@ public:
   /// Receives the tensors of `m` from model rank 0's weight stream at `at`,
   /// then applies them as update_weights(tensors, u).
   Result<void> stream_recv(const SyncManifest& m, const WeightUpdate& u, const StreamAddress& at);
+
+  /// Long sampling says where it is: while the step loop runs, every
+  /// `every` (10 s by default) one line goes to `say` (log::info by
+  /// default: `glint sft/grpo/dpo` show it) with the sequences of the calls
+  /// in flight finished so far and the tokens generated.
+  void report_progress(std::chrono::milliseconds every, std::function<void(const std::string&)> say);
 
   /// Stops every request in flight; answers how many.
   Result<int64_t> abort_all();
@@ -109,6 +116,12 @@ private:
   std::map<uint64_t, std::pair<uint64_t, size_t>> owner_;  ///< engine request id -> (call, request)
   uint64_t loop_ = 0;      ///< the id of the current step loop
   bool stepping_ = false;  ///< a step of loop_ is on its way
+  /// Progress of a long step loop (report_progress).
+  std::chrono::milliseconds progress_every_{10000};
+  std::function<void(const std::string&)> say_;
+  std::optional<std::chrono::steady_clock::time_point> busy_since_, said_at_;
+  int64_t tokens_at_start_ = 0;
+  void tell_progress();
 };
 
 /// The most sequences one call may ask for (requests x num_samples): each

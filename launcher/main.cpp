@@ -16,12 +16,21 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 namespace glint::bench {
 int actors(int repeats, const std::string& modes);  // bench/actors_bench.cpp
 }
 
 int main(int argc, char** argv) {
+  // The recipes say what long work is doing (a step split into micro-batches,
+  // a long sampling step's progress): info lines, unless GLINT_LOG says
+  // otherwise. Their node processes too (`glint run -- glint grpo ...`).
+  if (argc > 1) {
+    const std::string_view sub{argv[1]};
+    if (sub == "sft" || sub == "grpo" || sub == "dpo") ::setenv("GLINT_LOG", "info", 0);
+  }
   // Under `glint run`, a process that is not rank 0 serves the driver, whatever
   // subcommand it was given: every process of a job runs the same command.
   if (auto opts = glint::Options::from_environment(); opts && opts->mode == glint::Mode::cluster &&

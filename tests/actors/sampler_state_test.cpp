@@ -77,6 +77,32 @@ TEST(SamplerState, CallsArrivingBetweenStepsShareTheLoop) {
   EXPECT_EQ((*b)->at(0).tokens.size(), 4u);
 }
 
+// A long step loop is not silent: it says how many of its sequences are
+// done (the 768k-sample GRPO step ran 150 s without a word). With no
+// interval, a line after every step but the first; the counts climb to
+// what was asked, and a loop that ran dry says nothing more.
+TEST(SamplerState, ALongStepLoopSaysHowFarItIs) {
+  Driver d;
+  std::vector<std::string> said;
+  d.st.report_progress(std::chrono::milliseconds(0), [&](const std::string& s) { said.push_back(s); });
+  const SamplingParams p{.num_samples = 2, .max_tokens = 6, .temperature = 0, .ignore_eos = true};
+  auto out = d.sample({{1, 2, 3}, {4, 5}, {6}}, p);
+  ASSERT_TRUE(out && *out);
+  ASSERT_FALSE(said.empty());
+  EXPECT_NE(said.front().find("sampler group 'sampler': sampling: 0 of 6 sequences finished after"), std::string::npos)
+      << said.front();
+  EXPECT_NE(said.front().find("tokens generated)"), std::string::npos) << said.front();
+  const auto n = said.size();
+  EXPECT_TRUE(d.sample({{1}}, greedy));
+  EXPECT_NE(said.at(n).find("0 of 2 sequences"), std::string::npos) << "a new loop counts afresh: " << said.at(n);
+  // Every 10 s by default: a short loop says nothing.
+  Driver quiet;
+  std::vector<std::string> none;
+  quiet.st.report_progress(std::chrono::milliseconds(10000), [&](const std::string& s) { none.push_back(s); });
+  EXPECT_TRUE(quiet.sample({{1, 2}}, p));
+  EXPECT_TRUE(none.empty());
+}
+
 TEST(SamplerState, StreamedChunksEndOncePerSequenceAndRefusalsFailOnlyTheirRequest) {
   Driver d;
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> streamed;

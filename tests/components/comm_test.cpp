@@ -349,5 +349,60 @@ TEST(Comm, AFrozenRankFailsTheOthersCollectiveWithinThePeerTimeout) {
   ::close(ready[1]);
 }
 
+// In a group of three, Gloo's error for a killed rank names only an
+// address: the rank is found by its heartbeats, which stopped. Rank 2 is
+// killed while ranks 0 and 1 (this process) wait in an all-reduce: rank 1's
+// call fails within the peer timeout, naming rank 2.
+TEST(Comm, AKilledRankOfThreeIsNamedByTheOthersFailedCollective) {
+  auto port = pick_free_port();
+  ASSERT_TRUE(port);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const CommConfig cfg{.store_port = *port, .world_size = 3, .timeout = 60s, .peer_timeout = 1s};
+  auto rank_in_child = [&](int rank, bool stay) {
+    const pid_t pid = ::fork();
+    if (pid != 0) return pid;
+    auto mine = cfg;
+    mine.rank = rank;
+    auto pg = ProcessGroup::create(mine);
+    if (!pg) ::_exit(2);
+    std::vector<Tensor> ts{glint::testing::vector_of(std::vector<float>{1.f})};
+    if (!(*pg)->all_reduce_sum(ts)) ::_exit(3);
+    (void)!::write(ready[1], "r", 1);
+    if (stay)
+      while (true) ::pause();
+    (void)(*pg)->all_reduce_sum(ts);  // fails once rank 2 is gone
+    ::_exit(0);
+  };
+  const pid_t host = rank_in_child(0, false);
+  ASSERT_GE(host, 0);
+  const pid_t victim = rank_in_child(2, true);
+  ASSERT_GE(victim, 0);
+  auto mine = cfg;
+  mine.rank = 1;
+  auto pg = ProcessGroup::create(mine);
+  ASSERT_TRUE(pg) << describe(pg.error());
+  std::vector<Tensor> ts{glint::testing::vector_of(std::vector<float>{1.f})};
+  ASSERT_TRUE((*pg)->all_reduce_sum(ts));
+  EXPECT_EQ(ts[0], glint::testing::vector_of(std::vector<float>{3.f}));
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::kill(victim, SIGKILL);
+  ::waitpid(victim, nullptr, 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = (*pg)->all_reduce_sum(ts);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r) << "rank 2 is gone";
+  EXPECT_LT(took, 5s) << "waited for Gloo's timeout, not the peer timeout";
+  EXPECT_EQ(code_of(r.error()), errc::unavailable);
+  EXPECT_NE(describe(r.error()).find("rank 2 "), std::string::npos) << describe(r.error());
+  pg->reset();
+  ::kill(host, SIGKILL);
+  ::waitpid(host, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
 }  // namespace
 }  // namespace glint::components

@@ -85,19 +85,27 @@ public:
   };
 
   ~Connection() noexcept override {
-    {
-      std::lock_guard<std::mutex> guard{stop_mx_};
-      if (stop_) stop_->fulfill();
-    }
-    // The last handle may go on the I/O thread itself (a future's
-    // continuation held one): it cannot join itself, and ends on its own.
-    if (io_.joinable()) {
-      if (io_.get_id() == std::this_thread::get_id())
-        io_.detach();
-      else
-        io_.join();
-    }
+    request_stop();
+    if (io_.joinable()) io_.join();  // never this thread: see Release
   }
+
+  /// How the last handle lets go of a connection. On any thread but the
+  /// I/O thread: the connection stops, its thread is joined, it is freed.
+  /// On the I/O thread itself (a future's continuation held the last
+  /// handle, and the answer ran it there): that thread is still inside its
+  /// loop, which reads the connection's members after the continuation
+  /// returns, so it is only told to stop, and frees the connection as the
+  /// last thing it does.
+  struct Release {
+    void operator()(Connection* c) const {
+      if (c->io_.joinable() && c->io_.get_id() == std::this_thread::get_id()) {
+        c->free_on_exit_ = true;
+        c->request_stop();
+        return;
+      }
+      delete c;
+    }
+  };
 
   static Result<std::shared_ptr<Connection>> open(const Options& opts) {
     auto ep = parse_endpoint(opts.remote_endpoint);
@@ -106,12 +114,18 @@ public:
       return make_error(errc::invalid_argument,
                         "remote mode needs an API key: set GLINT_API_KEY (the server's operator makes one with "
                         "`glint serve keys create --tenant NAME`) or Options::remote_api_key");
-    auto c = std::shared_ptr<Connection>(new Connection());
+    auto c = std::shared_ptr<Connection>(new Connection(), Release{});
     c->endpoint_ = *ep;
     c->url_ = opts.remote_endpoint;
     std::promise<Result<void>> ready;
     auto started = ready.get_future();
-    c->io_ = std::thread([raw = c.get(), &ready, opts] { raw->run_io(opts, ready); });
+    c->io_ = std::thread([raw = c.get(), &ready, opts] {
+      raw->run_io(opts, ready);
+      if (raw->free_on_exit_) {  // set by Release, on this thread
+        raw->io_.detach();
+        delete raw;
+      }
+    });
     auto ok = started.get();
     if (!ok) {
       c->io_.join();
@@ -187,6 +201,12 @@ private:
   std::string url_;
   Base base_;
   std::thread io_;
+  bool free_on_exit_ = false;  ///< I/O thread only: the last handle went there (Release)
+  void request_stop() {
+    std::lock_guard<std::mutex> guard{stop_mx_};
+    if (stop_) stop_->fulfill();
+    stop_ = nullptr;
+  }
   kj::Own<const kj::Executor> executor_;
   std::mutex stop_mx_;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop_;

@@ -599,10 +599,41 @@ TEST(RemoteCheckpoints, ATenantsCheckpointsAreItsOwnAndOutliveTheServer) {
   ASSERT_TRUE(loaded) << describe(loaded.error());
   EXPECT_EQ(values_of(*m->with_adapter("back").forward_only(batch()).get()), trained);
   ASSERT_TRUE(ckpts->load("step-1", m->with_adapter("back"), /*create=*/false, /*with_optimizer=*/true));
+  // "policy" again, one step further: this server's autosave replaces the first one.
+  ASSERT_TRUE(ckpts->load("step-1", m->with_adapter("policy"), /*create=*/true, /*with_optimizer=*/true));
+  auto policy = m->with_adapter("policy");
+  ASSERT_TRUE(policy.forward_backward(batch()).get());
+  ASSERT_TRUE(policy.clip_grad_and_step().get());
+  const auto later = values_of(*policy.forward_only(batch()).get());
+  ASSERT_NE(later, trained);
   ASSERT_TRUE(ckpts->remove("step-1"));
-  ASSERT_TRUE(ckpts->remove("autosave-policy"));
-  EXPECT_TRUE(ckpts->list()->empty());
   EXPECT_FALSE(std::filesystem::exists(config.state_dir + "/checkpoints/alice/step-1"));
+  ASSERT_EQ(ckpts->list()->size(), 1u);
+  alice->reset();
+  (*server)->shutdown(std::chrono::seconds(5));
+  server->reset();  // its state directory's lock goes with it
+  // A new server in a new runtime, as a restarted process would be.
+  (*rt)->shutdown();
+  rt = initialize(Options{});
+  ASSERT_TRUE(rt);
+  server = Server::start(**rt, config);
+  ASSERT_TRUE(server) << describe(server.error());
+  alice = attach_to(**server, *alice_key);
+  ASSERT_TRUE(alice);
+  ckpts = ServerCheckpoints::of(**alice);
+  ASSERT_TRUE(ckpts);
+  listed = ckpts->list();
+  ASSERT_TRUE(listed) << describe(listed.error());
+  std::vector<std::string> names;
+  for (const auto& c : *listed) names.push_back(c.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"autosave-back", "autosave-policy"})) << "replaced, not added beside";
+  m = actors::open_model_group(**alice, DeviceGroup::of("m", 1), mesh, {});
+  ASSERT_TRUE(m);
+  ASSERT_TRUE(ckpts->load("autosave-policy", m->with_adapter("policy"), /*create=*/true));
+  EXPECT_EQ(values_of(*m->with_adapter("policy").forward_only(batch()).get()), later) << "the newer autosave";
+  for (const auto& n : names) ASSERT_TRUE(ckpts->remove(n));
+  EXPECT_TRUE(ckpts->list()->empty());
   alice->reset();
   (*server)->shutdown(std::chrono::seconds(5));
 }
@@ -968,6 +999,44 @@ TEST(RemoteLost, CallsDuringAndAfterTheServersEndFailAndReturn) {
       << "a call made after the connection ended never returned";
   ASSERT_FALSE(*later);
   EXPECT_EQ(code_of(later->error()), errc::unavailable) << describe(later->error());
+}
+
+// The last handle on a connection may go on the connection's own I/O
+// thread: a future's continuation that holds a group, run there by the
+// answer, after the driver dropped everything else. The connection must
+// outlive that thread's loop (it used to be freed under it: a use after
+// free, for ASan to see in scripts/sanitize.sh). Ten rounds, each with a
+// call slow enough that the runtime lets go of the connection first.
+TEST(RemoteLost, TheLastHandleGoingOnTheConnectionsOwnThreadIsSafe) {
+  auto cfg = components::ModelConfig::make(components::Architecture::qwen3, 300, 32, 64, 2, 4, 2);
+  OwnServer s{"remote-last-handle", cfg, [](ServeConfig&) {}};
+  ASSERT_TRUE(s.server);
+  for (int round = 0; round < 10; ++round) {
+    auto rt = s.attach("alice");
+    ASSERT_TRUE(rt);
+    Future<int> done;
+    {
+      auto m = OwnServer::model(*rt);
+      // The tenant's adapter outlives each connection (until idle_seconds).
+      auto added = m.add_adapter("a", kLora, 1).get();
+      ASSERT_TRUE(added || round > 0) << describe(added.error());
+      auto a = m.with_adapter("a");
+      done = a.forward_only(rows_of(32, 256)).then([a](const Result<Tensor>& r) -> Result<int> {
+        return r ? 1 : 0;  // `a` goes with this continuation, on the thread that ran it
+      });
+    }
+    rt->shutdown();
+    rt.reset();
+    ASSERT_TRUE(returns_within(std::chrono::seconds(30), [done] { done.wait(); })) << "round " << round;
+    auto got = done.get();
+    ASSERT_TRUE(got) << "round " << round;
+    EXPECT_EQ(*got, 1) << "round " << round << ": the call itself was answered";
+  }
+  // The server is fine, and so is a new connection.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto rt = s.attach("alice");
+  ASSERT_TRUE(rt);
+  EXPECT_TRUE(OwnServer::model(*rt).forward_only(rows_of(1, 4)).get());
 }
 
 // A message larger than the server reads would end the whole connection

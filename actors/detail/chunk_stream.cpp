@@ -76,15 +76,22 @@ sample_listener ChunkStream::listener() {
   auto at = std::make_shared<std::map<Key, size_t>>();
   // Detached: the callback is user code, and must not hold up CAF's workers.
   glint::detail::CallerThreadScope on_caller;
-  auto l = rt_.system().spawn<caf::detached>([st = st_, at](sample_listener::pointer) -> sample_listener::behavior_type {
-    return {[st, at](const SampleChunk& c) {
-      std::lock_guard<std::mutex> guard{st->mx};
-      auto& from = (*at)[{c.index, c.sample}];
-      const size_t start = from;
-      from += c.tokens.size();
-      st->take(c, start);
-    }};
-  });
+  // Its state comes as spawn arguments, not captures: CAF 0.17 dereferences
+  // a null argument tuple for an actor spawned without any (UBSan's
+  // "reference binding to null pointer", init_fun_factory.hpp).
+  using Positions = std::map<Key, size_t>;
+  auto l = rt_.system().spawn<caf::detached>(
+      [](sample_listener::pointer, std::shared_ptr<State> st,
+         std::shared_ptr<Positions> at) -> sample_listener::behavior_type {
+        return {[st, at](const SampleChunk& c) {
+          std::lock_guard<std::mutex> guard{st->mx};
+          auto& from = (*at)[{c.index, c.sample}];
+          const size_t start = from;
+          from += c.tokens.size();
+          st->take(c, start);
+        }};
+      },
+      st_, at);
   std::lock_guard<std::mutex> guard{lmx_};
   if (stopped_) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
   else listeners_.push_back(caf::actor_cast<caf::actor>(l));

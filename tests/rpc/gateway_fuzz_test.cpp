@@ -379,7 +379,13 @@ TEST(GatewayFuzz, RandomAndMutatedMessagesNeverCrashTheServerOrDisturbAWellBehav
   std::printf("%d of 10000 random calls were valid and served\n", accepted);
   still_served();
   const auto grown = resident_bytes() - rss_before;
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed blocks in quarantine (256 MiB) and its shadow memory:
+  // the resident size says nothing of the server's own bound there.
+  std::printf("the server's memory grew by %lld bytes (not checked under ASan)\n", static_cast<long long>(grown));
+#else
   EXPECT_LT(grown, int64_t{256} << 20) << "the server's memory grew by " << grown << " bytes";
+#endif
   (*server)->shutdown(std::chrono::seconds(5));
 }
 

@@ -36,6 +36,20 @@ def check(cond, what):
     checks += 1
 
 
+# Under ASan (scripts/sanitize.sh sets GLINT_SANITIZED), freed blocks wait in
+# its quarantine and every byte has shadow memory: the server's resident size
+# says nothing of its own bounds, so those are printed, not checked. Every
+# other check holds there too.
+SANITIZED = os.environ.get("GLINT_SANITIZED", "")
+
+
+def check_memory(cond, what):
+    if SANITIZED and not cond:
+        print(f"not checked under {SANITIZED}: {what}")
+        return
+    check(cond, what)
+
+
 def rss_mib():
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -114,7 +128,7 @@ for s in held:
         answers.append(b"reset")
 check(all(a in (b"401", b"reset") for a in answers) and b"401" in answers, answers)
 grown = rss_mib() - base_rss
-check(grown < 40, f"10 keyless connections grew the server by {grown:.0f} MiB")
+check_memory(grown < 40, f"10 keyless connections grew the server by {grown:.0f} MiB")
 for s in held:
     s.close()
 alive("keyless bodies")
@@ -143,7 +157,7 @@ check(len(bomb) < (1 << 20), len(bomb))
 r = mallory.post_raw("/api/v1/create_session", bomb, mallory.headers({"Content-Encoding": "zstd"}))
 check(r.status_code == 413, (r.status_code, r.text[:200]))
 grown = rss_mib() - base_rss
-check(grown < 80, f"the bomb grew the server by {grown:.0f} MiB")
+check_memory(grown < 80, f"the bomb grew the server by {grown:.0f} MiB")
 alive("a compression bomb")
 
 # -- 6. Garbage protobuf and JSON bodies ------------------------------------
@@ -174,7 +188,7 @@ try:
 except Exception as e:  # a failed future
     check("elements" in str(e), str(e)[:200])
 grown = rss_mib() - base_rss
-check(grown < 150, f"sparse tensors grew the server by {grown:.0f} MiB")
+check_memory(grown < 150, f"sparse tensors grew the server by {grown:.0f} MiB")
 alive("expansion")
 
 # -- 8. Calls queued for a seq_id that never comes count against request_mib ---
@@ -267,7 +281,7 @@ for _ in range(12):
     frames.append((s, sent))
 check(all(sent < (8 << 20) for _, sent in frames), [sent for _, sent in frames])
 grown = rss_mib() - before
-check(grown < 40, f"12 unauthenticated frames grew the server by {grown:.0f} MiB")
+check_memory(grown < 40, f"12 unauthenticated frames grew the server by {grown:.0f} MiB")
 for s, _ in frames:
     s.close()
 alive("Cap'n Proto frames")
@@ -296,5 +310,5 @@ time.sleep(1)
 alive("a connection flood")
 
 grown = rss_mib() - base_rss
-check(grown < 200, f"the server grew by {grown:.0f} MiB over all attacks")
+check_memory(grown < 200, f"the server grew by {grown:.0f} MiB over all attacks")
 print(f"serve attacks: {checks} checks passed (RSS {base_rss:.0f} -> {rss_mib():.0f} MiB)")

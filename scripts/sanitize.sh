@@ -30,7 +30,10 @@
 # packages of the installed versions (fetched with apt-get from Debian's
 # archive, checked against the .dsc's SHA-256, built once into
 # build-tsan/deps/). LibTorch stays Debian's, run with one thread
-# (OMP_NUM_THREADS=1) so its kernels run on the caller's thread.
+# (OMP_NUM_THREADS=1) so its kernels run on the caller's thread. Status
+# (2026-12-02): the instrumented CAF builds and the two-actor program gives
+# no report against it; the first run of glint's own tests under TSan is
+# still to come (issue 48).
 #
 # The parsers are also fuzzed under ASan and UBSan (fuzz/, scripts/fuzz.sh).
 # Prints the time of each part.
@@ -45,7 +48,7 @@ while (($#)); do
     --thread) mode=thread ;;
     --unit) tests=unit ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "sanitize: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift

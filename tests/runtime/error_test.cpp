@@ -81,8 +81,8 @@ TEST(Memory, CheckMemoryRefusesWhatTheMachineCannotHoldAndSaysHowMuch) {
 // default threshold, 128 KiB at first, would map it): freed, it stays for
 // the next step instead of being faulted in again.
 TEST(Memory, KeepFreedMemoryServesStepSizedBlocksFromTheHeap) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "ASan's allocator stands in for glibc's, whose thresholds this checks";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer's allocator stands in for glibc's, whose thresholds this checks";
 #endif
   keep_freed_memory();
   keep_freed_memory();  // once per process; a second call changes nothing

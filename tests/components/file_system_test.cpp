@@ -195,7 +195,10 @@ TEST(FaultInjectionFileSystem, ASwapNotYetDurableIsUndoneByACrash) {
   ASSERT_TRUE(f.sync_dir(root + "/a"));
   ASSERT_TRUE(f.sync_dir(root + "/b"));
   ASSERT_TRUE(f.sync_dir(root));
-  ASSERT_TRUE(f.swap_paths(root + "/a", root + "/b"));
+  auto swapped = f.swap_paths(root + "/a", root + "/b");
+  if (!swapped && code_of(swapped.error()) == errc::unimplemented)
+    GTEST_SKIP() << "this file system cannot swap two names: " << describe(swapped.error());
+  ASSERT_TRUE(swapped) << describe(swapped.error());
   EXPECT_EQ(read(root + "/a/x"), "from b");
   f.crash_after(0);
   ASSERT_TRUE(f.drop_unsynced());

@@ -150,10 +150,11 @@ void SamplerState::report_progress(std::chrono::milliseconds every, std::functio
 
 void SamplerState::tell_progress() {
   const auto now = std::chrono::steady_clock::now();
-  const auto generated = engine_ ? engine_->stats().generated_tokens : 0;
+  // The engine's counters only when a line starts or is said, not every step.
+  auto generated = [&] { return engine_ ? engine_->stats().generated_tokens : 0; };
   if (!busy_since_) {
     busy_since_ = said_at_ = now;
-    tokens_at_start_ = generated;
+    tokens_at_start_ = generated();
     return;
   }
   if (now - *said_at_ < progress_every_) return;
@@ -167,7 +168,7 @@ void SamplerState::tell_progress() {
   const double secs = std::chrono::duration<double>(now - *busy_since_).count();
   char line[256];
   std::snprintf(line, sizeof line, "%s: sampling: %zu of %zu sequences finished after %.0f s (%lld tokens generated)",
-                where().c_str(), total - left, total, secs, static_cast<long long>(generated - tokens_at_start_));
+                where().c_str(), total - left, total, secs, static_cast<long long>(generated() - tokens_at_start_));
   if (say_) say_(line);
   else log::info(line);
 }

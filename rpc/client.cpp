@@ -318,6 +318,16 @@ void Connection::run_io(const Options& opts, std::promise<Result<void>>& ready) 
       std::lock_guard<std::mutex> guard{stop_mx_};
       stop_ = kj::mv(paf.fulfiller);
     }
+    // However the loop below ends (a stop, a lost connection, an error), the
+    // fulfiller goes here, on this thread: a request_stop after that finds
+    // none. Fulfilling one whose promise this thread has already dropped
+    // would have the other thread free KJ's shared state with no ordering
+    // against this thread's last read of it (KJ 0.9.2 cancels with an
+    // acquire-only exchange; TSan's report, RemoteCheckpoints).
+    KJ_DEFER({
+      std::lock_guard<std::mutex> guard{stop_mx_};
+      stop_ = nullptr;
+    });
     std::function<kj::Promise<void>()> beat = [&]() -> kj::Promise<void> {
       return io.provider->getTimer().afterDelay(static_cast<uint64_t>(beat_ms) * kj::MILLISECONDS).then([&]() {
         return session_->heartbeatRequest().send().ignoreResult().then([&]() { return beat(); });

@@ -101,12 +101,12 @@ void free_block(void* p) {
   }
 }
 
+// Holds no state of its own (see keep_freed_tensor_blocks): what it keeps is
+// keeper()'s, and the allocator below is LibTorch's default one.
 class BlockCache final : public c10::Allocator {
 public:
-  explicit BlockCache(c10::Allocator* below) : below_(below) {}
-
   c10::DataPtr allocate(size_t n) const override {
-    if (n < kKeptBlockMinBytes) return below_->allocate(n);
+    if (n < kKeptBlockMinBytes) return c10::GetDefaultCPUAllocator()->allocate(n);
     void* p = keeper().take(n);
     if (!p) {
       try {
@@ -126,9 +126,6 @@ public:
   // raw_allocate's context is its data (as here), and raw_deallocate hands
   // back through this deleter the blocks of both allocators.
   c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
-
-private:
-  c10::Allocator* below_;
 };
 
 std::atomic<bool> installed{false};
@@ -144,7 +141,16 @@ void keep_freed_tensor_blocks() {
     c10::Allocator* below = c10::GetDefaultCPUAllocator();
     if (c10::GetCPUAllocator() != below) return;
     below_deleter.store(below->raw_deleter());
-    static auto* cache = new BlockCache{below};  // never destroyed, as keeper()
+    (void)keeper();
+    static auto* cache = new BlockCache{};  // never destroyed, as keeper()
+    // c10 publishes the allocator with a plain store (SetCPUAllocator is
+    // meant for static initialisation), and other threads may be allocating
+    // now (a sampler beside this trainer). So the cache has no fields for
+    // them to read before they are written (TSan found one: the allocator
+    // below, now looked up at each call), and the fence orders its vtable
+    // pointer before the store: a thread that loads the new allocator reads
+    // a whole object through it.
+    std::atomic_thread_fence(std::memory_order_release);
     c10::SetCPUAllocator(cache, /*priority=*/1);
     installed = true;
   });

@@ -44,7 +44,10 @@ TEST(WeightStream, EveryReceiverGetsEveryTensorInOrder) {
   auto l = Listener::open("127.0.0.1");
   ASSERT_TRUE(l) << describe(l.error());
   const auto w = weights();
-  std::vector<std::vector<Tensor>> got(2, like(w));
+  // Two of like(w), not one copied: a Tensor's copy shares its bytes, and the
+  // receivers would write into the same buffers (TSan's report).
+  std::vector<std::vector<Tensor>> got;
+  for (int r = 0; r < 2; ++r) got.push_back(like(w));
   std::vector<std::future<Result<void>>> receivers;
   for (auto& g : got)
     receivers.push_back(std::async(std::launch::async, [&] { return recv_weights("127.0.0.1", l->port(), static_cast<int32_t>(&g - got.data()), g, in(30s)); }));

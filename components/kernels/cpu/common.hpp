@@ -16,8 +16,10 @@
 /// runs chosen once at load (GCC's function multiversioning): the build
 /// stays runnable on any x86-64 while the loops use 8-wide vectors where
 /// there are. The loops' files build with -fno-trapping-math so that GCC
-/// if-converts their selects (components/CMakeLists.txt).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/// if-converts their selects (components/CMakeLists.txt). Not under TSan:
+/// the clones' ifunc resolvers run while the dynamic loader relocates, before
+/// TSan's runtime is set up, and instrumented they crash the program there.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define GLINT_KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define GLINT_KERNEL_CLONES

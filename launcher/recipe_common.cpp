@@ -39,7 +39,8 @@ bool any(const std::vector<std::string>& v) {
 }
 
 void add_model_flags(CLI::App* c, RecipeArgs& a) {
-  c->add_option("--model", a.model, "Hugging Face model directory (config.json, weights, tokenizer.json); required");
+  c->add_option("--model", a.model, "Hugging Face model directory (config.json, weights, tokenizer.json), or a LoRA adapter directory to train "
+                "further on its base (as --adapter-from); required");
   c->add_option("--train-type", a.train_type, "lora (an adapter on the frozen model) or full")
       ->capture_default_str()
       ->check(CLI::IsMember({"lora", "full"}));
@@ -309,10 +310,32 @@ std::string changed_since(const std::string& out, const std::string& resolved, c
   return changed;
 }
 
-std::string prepare_flags(CLI::App& cmd, const RecipeArgs& a) {
+std::string prepare_flags(CLI::App& cmd, RecipeArgs& a) {
   if (!a.config.empty())
     if (auto ok = apply_config(cmd, a.config); !ok) return context_of(ok.error());
+  if (auto why = model_from_adapter(a); !why.empty()) return why;
   return check_flags(a, cmd);
+}
+
+std::string model_from_adapter(RecipeArgs& a) {
+  const fs::path dir{a.model};
+  if (a.model.empty() || !fs::is_regular_file(dir / "adapter_config.json") || fs::exists(dir / "config.json")) return {};
+  const std::string what = "--model " + a.model + " is a LoRA adapter directory (adapter_config.json, no config.json)";
+  auto cfg = components::LoraConfig::load((dir / "adapter_config.json").string());
+  if (!cfg) return what + ": " + context_of(cfg.error());
+  const std::string& base = cfg->base_model_name_or_path;
+  if (!a.adapter_from.empty())
+    return what + " and --adapter-from " + a.adapter_from + " is given too: --model takes the base model directory";
+  if (a.train_type != "lora")
+    return what + ": --train-type " + a.train_type + " trains a whole model; give the base model's directory" +
+           (base.empty() ? std::string{} : " (the adapter's base is " + base + ")");
+  if (base.empty() || !fs::is_regular_file(fs::path{base} / "config.json"))
+    return what + (base.empty() ? ": its base_model_name_or_path is empty"
+                                : ": its base_model_name_or_path " + base + " is not a model directory here") +
+           "; give the base and the adapter: --model BASE --adapter-from " + a.model;
+  a.adapter_from = a.model;
+  a.model = base;
+  return {};
 }
 
 std::string check_flags(const RecipeArgs& a, CLI::App& cmd) {

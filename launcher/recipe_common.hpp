@@ -71,8 +71,17 @@ std::string resolved_config(CLI::App& cmd, const RecipeArgs& a, const std::set<s
 /// comma-separated, empty when none.
 std::string changed_since(const std::string& out, const std::string& resolved, const std::set<std::string>& resumable);
 
-/// Applies --config (apply_config), then check_flags: the refusal, or empty.
-std::string prepare_flags(CLI::App& cmd, const RecipeArgs& a);
+/// Applies --config (apply_config), then model_from_adapter, then
+/// check_flags: the refusal, or empty.
+std::string prepare_flags(CLI::App& cmd, RecipeArgs& a);
+/// --model naming a PEFT adapter directory (adapter_config.json and no
+/// config.json, as `glint sft` leaves in runs/NAME/last): the run goes on
+/// training that adapter on its base, as `--model BASE --adapter-from DIR`
+/// does. BASE is the adapter's base_model_name_or_path, which must be a
+/// model directory here (glint writes it absolute); else the refusal says
+/// to give both flags. --model is then the base and --adapter-from the
+/// adapter; config.toml keeps the flags as given. Empty: fine.
+std::string model_from_adapter(RecipeArgs& a);
 /// Refusals of flag combinations every recipe shares (--resume with
 /// --overwrite, --val-split with --val-dataset, lora flags with
 /// --adapter-from, a zero --epochs). Empty: none.

@@ -131,14 +131,14 @@ CLI::App* add_sft(CLI::App& app, SftArgs& args);
 /// Runs it; `cmd` is the subcommand add_sft made: --config's keys fill the
 /// flags not given, and the resolved flags are written to the run
 /// directory. Returns the exit code.
-int sft(const SftArgs& args, CLI::App& cmd);
+int sft(SftArgs& args, CLI::App& cmd);
 
 /// `glint grpo`, as `glint sft`.
 CLI::App* add_grpo(CLI::App& app, GrpoArgs& args);
-int grpo(const GrpoArgs& args, CLI::App& cmd);
+int grpo(GrpoArgs& args, CLI::App& cmd);
 
 /// `glint dpo`, as `glint sft`.
 CLI::App* add_dpo(CLI::App& app, DpoArgs& args);
-int dpo(const DpoArgs& args, CLI::App& cmd);
+int dpo(DpoArgs& args, CLI::App& cmd);
 
 }  // namespace glint::launcher

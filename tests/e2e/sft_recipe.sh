@@ -55,6 +55,18 @@ best=$(sed -n 's/^best validation loss \([0-9.]*\) .*/\1/p' lora.log)
 again=$(sed -n 's/^eval_loss: //p' eval.log)
 awk -v a="$best" -v b="$again" 'BEGIN {d = a - b; exit !(d < 1e-5 && d > -1e-5)}' \
   || fail "the reloaded adapter's validation loss $again is not the trained one's $best"
+# --model naming the adapter directory trains (here: evaluates) it on the base
+# its adapter_config.json names, as --adapter-from does.
+"$glint" sft --model runs/lora/best --val-dataset runs/lora/data/val.jsonl --eval-only > eval2.log 2>&1 \
+  || { cat eval2.log; fail "--model ADAPTER_DIR"; }
+again2=$(sed -n 's/^eval_loss: //p' eval2.log)
+[[ -n $again2 && $again2 == "$again" ]] || fail "--model ADAPTER_DIR gave eval_loss '$again2', --adapter-from $again"
+# A base that is not a directory here is refused, saying what to give.
+cp -r runs/lora/best elsewhere
+/usr/bin/python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); c["base_model_name_or_path"] = "Qwen/Qwen2.5-0.5B"; json.dump(c, open(p, "w"))' elsewhere/adapter_config.json
+code=0; "$glint" sft --model elsewhere --val-dataset runs/lora/data/val.jsonl --eval-only > elsewhere.log 2>&1 || code=$?
+[[ $code != 0 ]] && grep -q "is not a model directory here; give the base and the adapter: --model BASE --adapter-from elsewhere" elsewhere.log \
+  || { cat elsewhere.log; fail "an adapter whose base is not here was not refused clearly"; }
 
 # 2. The recorded config runs the same job (flags given too win).
 "$glint" sft --config runs/lora/config.toml --output runs/again --max-steps 10 > again.log 2>&1 || { cat again.log; fail "--config"; }

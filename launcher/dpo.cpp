@@ -374,9 +374,8 @@ CLI::App* add_dpo(CLI::App& app, DpoArgs& a) {
   return c;
 }
 
-int dpo(DpoArgs& args, CLI::App& cmd) {
+int dpo(DpoArgs& a, CLI::App& cmd) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  DpoArgs& a = args;  // prepare_flags may resolve --model (model_from_adapter)
   if (auto why = recipe::prepare_flags(cmd, a); !why.empty()) return refuse(why);
   if (a.label_smoothing != 0 && a.loss != "sigmoid")
     return refuse("--label-smoothing applies to --loss sigmoid only, not " + a.loss);

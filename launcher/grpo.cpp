@@ -206,9 +206,8 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
   return c;
 }
 
-int grpo(GrpoArgs& args, CLI::App& cmd) {
+int grpo(GrpoArgs& a, CLI::App& cmd) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  GrpoArgs& a = args;  // prepare_flags may resolve --model (model_from_adapter)
   // --config, then flags that would be read and then ignored are refused.
   if (auto why = recipe::prepare_flags(cmd, a); !why.empty()) return refuse(why);
 

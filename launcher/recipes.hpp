@@ -130,15 +130,16 @@ struct DpoArgs : RecipeArgs {
 CLI::App* add_sft(CLI::App& app, SftArgs& args);
 /// Runs it; `cmd` is the subcommand add_sft made: --config's keys fill the
 /// flags not given, and the resolved flags are written to the run
-/// directory. Returns the exit code.
-int sft(SftArgs& args, CLI::App& cmd);
+/// directory. prepare_flags may rewrite --model and --adapter-from in `a`
+/// (recipe::model_from_adapter). Returns the exit code.
+int sft(SftArgs& a, CLI::App& cmd);
 
 /// `glint grpo`, as `glint sft`.
 CLI::App* add_grpo(CLI::App& app, GrpoArgs& args);
-int grpo(GrpoArgs& args, CLI::App& cmd);
+int grpo(GrpoArgs& a, CLI::App& cmd);
 
 /// `glint dpo`, as `glint sft`.
 CLI::App* add_dpo(CLI::App& app, DpoArgs& args);
-int dpo(DpoArgs& args, CLI::App& cmd);
+int dpo(DpoArgs& a, CLI::App& cmd);
 
 }  // namespace glint::launcher

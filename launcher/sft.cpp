@@ -162,9 +162,8 @@ CLI::App* add_sft(CLI::App& app, SftArgs& a) {
   return c;
 }
 
-int sft(SftArgs& args, CLI::App& cmd) {
+int sft(SftArgs& a, CLI::App& cmd) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  SftArgs& a = args;  // prepare_flags may resolve --model (model_from_adapter)
   // --config, then flags that would be read and then ignored are refused.
   if (auto why = recipe::prepare_flags(cmd, a); !why.empty()) return refuse(why);
   if (a.eval_only && recipe::any(a.dataset)) return refuse("--eval-only reads --val-dataset only; leave out --dataset");

@@ -48,7 +48,7 @@ while (($#)); do
     --thread) mode=thread ;;
     --unit) tests=unit ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 0 ;;  # the header above
     *) echo "sanitize: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -141,7 +141,6 @@ void keep_freed_tensor_blocks() {
     c10::Allocator* below = c10::GetDefaultCPUAllocator();
     if (c10::GetCPUAllocator() != below) return;
     below_deleter.store(below->raw_deleter());
-    (void)keeper();
     static auto* cache = new BlockCache{};  // never destroyed, as keeper()
     // c10 publishes the allocator with a plain store (SetCPUAllocator is
     // meant for static initialisation), and other threads may be allocating

@@ -79,7 +79,8 @@ Result<void> RolloutPipeline::admit() {
         return make_error(errc::invalid_argument, "batch " + std::to_string(k) + " asks for num_samples " +
                                                       std::to_string((*b)->params.num_samples) + "; at least 1");
       ++fetched_;
-      pending_.push_back({.step = k, .batch = std::move(**b), .version = engine_.version(), .start = clock::now()});
+      pending_.push_back(
+          {.step = k, .batch = std::move(**b), .version = engine_.version(), .start = clock::now(), .chunks = {}});
       p = &pending_.back();
     }
     if (p->step > allowed) return {};

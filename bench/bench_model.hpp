@@ -15,14 +15,35 @@
 namespace glint::bench {
 
 /// ~27M parameters (Qwen3 with GQA and q/k norm, untied head), or ~0.1M
-/// for smoke runs, for sequences of up to `seq` tokens.
-inline components::ModelConfig bench_model(bool small, int64_t seq) {
+/// for smoke runs, for sequences of up to `seq` tokens. With `arch`
+/// qwen3_moe: the same attention, and in every layer 8 experts of half the
+/// dense width, 2 per token (the dense model's feed-forward width per
+/// token: ~70M parameters, ~27M active).
+inline components::ModelConfig bench_model(bool small, int64_t seq,
+                                           components::Architecture arch = components::Architecture::qwen3) {
   using components::Architecture;
   using components::ModelConfig;
-  auto cfg = small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
-                   : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
+  auto cfg = small ? ModelConfig::make(arch, 512, 64, 128, 2, 4, 2) : ModelConfig::make(arch, 8192, 512, 1536, 6, 8, 4);
   cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, seq);
+  if (components::is_moe(arch)) {
+    cfg.moe.num_experts = 8;
+    cfg.moe.num_experts_per_tok = 2;
+    cfg.moe.moe_intermediate_size = cfg.intermediate_size / 2;
+    cfg.moe.norm_topk_prob = true;
+    cfg.moe.shared_expert_intermediate_size = arch == Architecture::qwen2_moe ? cfg.intermediate_size / 2 : 0;
+  }
   return cfg;
+}
+
+/// The parameters a token's forward pass multiplies by: all, less the
+/// experts it is not routed to (num_experts - num_experts_per_tok per
+/// sparse layer).
+inline int64_t active_parameters(const components::ModelConfig& c) {
+  int64_t n = c.num_parameters();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.feed_forward(l) == components::FeedForward::sparse)
+      n -= (c.moe.num_experts - c.moe.num_experts_per_tok) * 3 * c.hidden_size * c.moe.moe_intermediate_size;
+  return n;
 }
 
 /// What is wrong with the training benchmarks' size flags (empty: nothing).

@@ -13,6 +13,7 @@
 
 #include "components/checkpoint/safetensors.hpp"
 #include "components/model/kernels.hpp"
+#include "components/model/moe.hpp"
 #include "components/model/trainer.hpp"
 #include "components/tensor/block_cache.hpp"
 
@@ -75,14 +76,15 @@ struct RunResult {
 constexpr int64_t kLoraRank = 8;
 constexpr double kLoraAlpha = 16;
 
+LoraConfig bench_lora() { return {.r = kLoraRank, .alpha = kLoraAlpha, .target_modules = {"all-linear"}}; }
+
 // glint's side: training steps on a fixed batch, of every weight or of a
 // LoRA adapter on the frozen base.
 class GlintSide {
 public:
   static Result<GlintSide> make(TrainMode mode, CausalLM model, Tensor ids, TrainConfig cfg) {
     if (mode == TrainMode::lora) {
-      if (auto ok = model.add_adapter("bench", {.r = kLoraRank, .alpha = kLoraAlpha, .target_modules = {"all-linear"}},
-                                      kSeed);
+      if (auto ok = model.add_adapter("bench", bench_lora(), kSeed);
           !ok)
         return ok.error();
       cfg.adapter = "bench";
@@ -174,7 +176,10 @@ Result<MatmulRate> matmul_flops() try {
 
 int train(const TrainBenchArgs& a) {
   if (auto bad = bad_sizes(a.repeats, a.steps, a.batch, a.seq); !bad.empty()) return fail(bad);
-  const auto cfg = bench_model(a.small, a.seq);
+  auto arch = parse_architecture(a.arch);
+  if (!arch) return fail(describe(arch.error()));
+  const bool moe = is_moe(*arch);
+  const auto cfg = bench_model(a.small, a.seq, *arch);
   const int threads = at::get_num_threads();
   const auto script_path = baseline_script("train_baseline.py");
   if (!script_path) return fail(describe(script_path.error()));
@@ -184,8 +189,10 @@ int train(const TrainBenchArgs& a) {
   // input embedding is a lookup, so it is left out unless it is also the
   // head) plus PaLM's attention term 12 * layers * (heads * head_dim) * seq
   // (scores and weighted sum, forward and backward, full T x T as computed).
+  // On an MoE model, the weights a token's pass multiplies by: its k
+  // experts', not every expert's.
   const int64_t matmul_params =
-      cfg.num_parameters() - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size);
+      active_parameters(cfg) - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size);
   // LoRA: the frozen weights need no weight gradients, so 4 per weight
   // (forward, and backward to the activations); the adapters are small.
   const bool lora = a.mode == TrainMode::lora;
@@ -194,12 +201,23 @@ int train(const TrainBenchArgs& a) {
       12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * a.seq);
   const double tokens_per_step = static_cast<double>(a.batch * a.seq);
 
-  std::printf("# %s: Qwen3 %s parameters (vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads, "
+  if (moe)
+    std::printf("# %s: %s, %lld experts of width %lld in every layer, %lld per token%s, %s of its parameters active "
+                "per token\n",
+                kName, std::string{hf_class_name(cfg.architecture)}.c_str(), static_cast<long long>(cfg.moe.num_experts),
+                static_cast<long long>(cfg.moe.moe_intermediate_size),
+                static_cast<long long>(cfg.moe.num_experts_per_tok),
+                cfg.moe.shared_expert_intermediate_size > 0
+                    ? (", a shared expert of width " + std::to_string(cfg.moe.shared_expert_intermediate_size)).c_str()
+                    : "",
+                millions(active_parameters(cfg)).c_str());
+  std::printf("# %s: %s, %s parameters (vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads, "
               "%lld kv heads), %s AdamW lr 1e-4, batch %lld x %lld tokens, libtorch threads: %d; medians of %d "
               "runs of %d timed steps, each run after a malloc_trim (and glint's release_kept_tensor_blocks) and %d untimed step "
               "(the peak counts it), after %d "
               "warm-up step\n",
-              kName, millions(cfg.num_parameters()).c_str(), static_cast<long long>(cfg.vocab_size),
+              kName, std::string{hf_class_name(cfg.architecture)}.c_str(), millions(cfg.num_parameters()).c_str(),
+              static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),
               static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(cfg.num_attention_heads),
               static_cast<long long>(cfg.num_key_value_heads),
@@ -249,12 +267,7 @@ int train(const TrainBenchArgs& a) {
     int py_threads = 0;
     in >> py_params >> py_threads;
     // Trainable parameters: every weight, or r x (in + out) per projection.
-    int64_t trainable = cfg.num_parameters();
-    if (lora) {
-      int64_t h = cfg.hidden_size, q = cfg.num_attention_heads * cfg.head_dim, kv = cfg.num_key_value_heads * cfg.head_dim,
-              i = cfg.intermediate_size;
-      trainable = cfg.num_hidden_layers * kLoraRank * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h));
-    }
+    const int64_t trainable = lora ? bench_lora().parameters(cfg) : cfg.num_parameters();
     if (py_params != trainable || py_threads != threads)
       return fail("the Python baseline trains " + std::to_string(py_params) + " parameters with " +
                   std::to_string(py_threads) + " threads; glint trains " + std::to_string(trainable) + " with " +
@@ -341,6 +354,33 @@ int train(const TrainBenchArgs& a) {
               "glint %.1f MiB, python %.1f MiB (medians; /proc/self VmHWM after clear_refs, minus VmRSS before)\n",
               median(glint_peak) / (1 << 20), median(python_peak) / (1 << 20));
   if (median(python_peak) > 0) print_metric("train_peak_bytes_vs_python", median(glint_peak) / median(python_peak), 3);
+  if (!moe) return 0;
+  print_metric("moe_train_speedup_vs_python", rate / py_rate, 3);
+
+  // The grouped block against every expert on every token (weighted by the
+  // router, 0 where a token did not choose the expert), glint both, runs
+  // alternating which goes first.
+  std::vector<double> grouped_rate, dense_rate;
+  auto timed = [&](bool dense) -> Result<double> {
+    set_dense_experts(dense);
+    auto g = glint->run(a.steps, kSettleSteps);
+    set_dense_experts(false);
+    if (!g) return g.error();
+    return tokens_per_step * a.steps / g->seconds;
+  };
+  for (int rep = 0; rep < a.repeats; ++rep)
+    for (bool dense : {rep % 2 == 1, rep % 2 == 0}) {
+      auto r = timed(dense);
+      if (!r) return fail(describe(r.error()));
+      (dense ? dense_rate : grouped_rate).push_back(*r);
+    }
+  std::printf("# moe_dense_experts_*: the same step with every expert run on every token (%lld of them, where a "
+              "token needs %lld), medians of %d runs alternating with the grouped block's\n",
+              static_cast<long long>(cfg.moe.num_experts), static_cast<long long>(cfg.moe.num_experts_per_tok),
+              a.repeats);
+  print_metric("moe_grouped_tokens_per_s", median(grouped_rate), 1);
+  print_metric("moe_dense_experts_tokens_per_s", median(dense_rate), 1);
+  print_metric("moe_grouped_vs_dense_experts", median(grouped_rate) / median(dense_rate), 3);
   return 0;
 }
 

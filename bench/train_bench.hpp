@@ -9,7 +9,9 @@
 /// this machine's at::matmul FLOP/s, measured in the same run.
 ///
 /// Prints `name: value` lines (train_tokens_per_s, train_python_tokens_per_s,
-/// train_speedup_vs_python, train_mfu) after `# ...` comment lines, and
+/// train_speedup_vs_python, train_mfu; with an MoE --arch also
+/// moe_train_speedup_vs_python, moe_dense_experts_tokens_per_s and
+/// moe_grouped_vs_dense_experts) after `# ...` comment lines, and
 /// returns the process exit code: 0, or 1 on an error or when the two sides'
 /// initial losses disagree (a `# warning: ...` line says by how much).
 
@@ -32,6 +34,11 @@ struct TrainBenchArgs {
   bool small = false;    ///< a ~0.1M-parameter model instead of ~27M, for smoke runs
   std::string python = "/usr/bin/python3";  ///< an interpreter that can `import torch`
   TrainMode mode = TrainMode::full;
+  /// "qwen3" (dense), or "qwen3_moe" / "qwen2_moe": the same attention with
+  /// 8 experts, 2 per token, in every layer (bench_model.hpp). An MoE run
+  /// also prints moe_train_speedup_vs_python and moe_grouped_vs_dense_experts
+  /// (glint's grouped block against every expert on every token).
+  std::string arch = "qwen3";
 };
 
 int train(const TrainBenchArgs& args);

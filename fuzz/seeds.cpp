@@ -105,6 +105,20 @@ void model_config_seeds() {
   qwen3.rope_scaling = {RopeScaling::Type::linear, 2.0};
   qwen3.extra_json = R"({"use_cache": true, "transformers_version": "4.51.0"})";
   seed("model_config", qwen3.to_json());
+  auto qwen3_moe = ModelConfig::make(Architecture::qwen3_moe, 1000, 64, 96, 4, 2, 2);
+  qwen3_moe.moe.num_experts = 8;
+  qwen3_moe.moe.num_experts_per_tok = 2;
+  qwen3_moe.moe.moe_intermediate_size = 16;
+  qwen3_moe.moe.norm_topk_prob = true;
+  qwen3_moe.moe.decoder_sparse_step = 2;
+  qwen3_moe.moe.mlp_only_layers = {3};
+  seed("model_config", qwen3_moe.to_json());
+  auto qwen2_moe = ModelConfig::make(Architecture::qwen2_moe, 1000, 64, 96, 2, 2, 2);
+  qwen2_moe.moe.num_experts = 4;
+  qwen2_moe.moe.num_experts_per_tok = 4;
+  qwen2_moe.moe.moe_intermediate_size = 16;
+  qwen2_moe.moe.shared_expert_intermediate_size = 32;
+  seed("model_config", qwen2_moe.to_json());
   // The field spellings to_json does not write, and a few refusals.
   seed("model_config", R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
     "num_hidden_layers": 2, "num_attention_heads": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
@@ -113,6 +127,9 @@ void model_config_seeds() {
     "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_act": "swish",
     "attention_dropout": 0.1, "quantization_config": {"bits": 4}})");
   seed("model_config", R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10})");
+  seed("model_config", R"({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 5,
+    "output_router_logits": true, "mlp_only_layers": [0, 9]})");
 }
 
 void tokenizer_seeds() {

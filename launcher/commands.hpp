@@ -34,6 +34,13 @@ struct InitModelArgs {
   bool tie = false;
   std::string dtype = "f32";
   uint64_t seed = 0;
+  // Mixture-of-experts (--arch qwen2_moe, qwen3_moe); 0: transformers' default.
+  int64_t experts = 8;
+  int64_t experts_per_tok = 2;
+  int64_t moe_intermediate = 0;     ///< 0: intermediate / 4
+  int64_t shared_intermediate = 0;  ///< qwen2_moe; 0: intermediate
+  int64_t sparse_step = 1;
+  bool norm_topk = false;
   /// A JSONL/JSON dataset to train a ChatML byte-level BPE tokenizer of
   /// `vocab` tokens on; written as tokenizer.json + tokenizer_config.json,
   /// and the model's vocabulary and eos follow it. Empty: no tokenizer.

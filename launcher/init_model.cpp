@@ -23,6 +23,17 @@ int init_model(const InitModelArgs& a) {
   }
   auto cfg = components::ModelConfig::make(*arch, a.vocab, a.hidden, a.intermediate, a.layers, a.heads,
                                            a.kv_heads > 0 ? a.kv_heads : a.heads, a.head_dim);
+  if (components::is_moe(*arch)) {
+    auto& m = cfg.moe;
+    m.num_experts = a.experts;
+    m.num_experts_per_tok = a.experts_per_tok;
+    m.moe_intermediate_size = a.moe_intermediate > 0 ? a.moe_intermediate : std::max<int64_t>(1, a.intermediate / 4);
+    m.shared_expert_intermediate_size =
+        *arch == components::Architecture::qwen2_moe ? (a.shared_intermediate > 0 ? a.shared_intermediate : a.intermediate)
+                                                     : 0;
+    m.decoder_sparse_step = a.sparse_step;
+    m.norm_topk_prob = a.norm_topk;
+  }
   cfg.tie_word_embeddings = a.tie;
   cfg.max_position_embeddings = a.max_positions;
   auto dtype = parse_dtype(a.dtype);

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   init_cmd->add_option("dir", im.out, "Directory to write (created if missing)")->required();
   init_cmd->add_option("--arch", im.arch, "Architecture")
       ->capture_default_str()
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}));
   init_cmd->add_option("--vocab", im.vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   init_cmd->add_option("--hidden", im.hidden, "Hidden size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 17));
   init_cmd->add_option("--intermediate", im.intermediate, "MLP size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -102,10 +102,27 @@ int main(int argc, char** argv) {
   init_cmd->add_flag("--tie", im.tie, "Tie the output head to the embeddings");
   init_cmd->add_option("--dtype", im.dtype, "Stored dtype: f32, bf16 or f16")->capture_default_str();
   init_cmd->add_option("--seed", im.seed, "Random seed (the same seed writes the same weights)")->capture_default_str();
+  init_cmd->add_option("--experts", im.experts, "MoE: routed experts per sparse layer (num_experts)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  init_cmd->add_option("--experts-per-tok", im.experts_per_tok, "MoE: experts each token goes to (num_experts_per_tok)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  init_cmd->add_option("--moe-intermediate", im.moe_intermediate,
+                       "MoE: each expert's MLP size (moe_intermediate_size; 0: --intermediate / 4)")
+      ->capture_default_str();
+  init_cmd->add_option("--shared-intermediate", im.shared_intermediate,
+                       "qwen2_moe: the shared expert's MLP size (0: --intermediate)")
+      ->capture_default_str();
+  init_cmd->add_option("--sparse-step", im.sparse_step, "MoE: every n-th layer is sparse (decoder_sparse_step)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
+  init_cmd->add_flag("--norm-topk", im.norm_topk, "MoE: renormalise the chosen experts' weights (norm_topk_prob)");
   init_cmd->add_option("--tokenizer-from", im.tokenizer_from,
                        "Train a ChatML byte-level BPE tokenizer of --vocab tokens on this JSONL/JSON dataset and write "
                        "it too (the model's vocab and eos follow it)");
   init_cmd->footer("Examples:\n  glint init-model models/tiny --arch qwen3 --hidden 256 --layers 4 --vocab 2048\n"
+                   "  glint init-model models/tiny-moe --arch qwen3_moe --experts 8 --experts-per-tok 2 --norm-topk\n"
                    "  glint init-data arithmetic data/arith.jsonl && "
                    "glint init-model models/arith --vocab 512 --tokenizer-from data/arith.jsonl");
 
@@ -183,6 +200,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{32768}));
   bench_train->add_flag("--small", train_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
+  bench_train->add_option("--arch", train_args.arch,
+                          "qwen3, or an MoE model of the same attention with 8 experts, 2 per token, in every layer "
+                          "(qwen3_moe, qwen2_moe with its shared expert)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe"}));
   bool bench_lora = false;
   bench_train->add_flag("--lora", bench_lora, "Train a LoRA adapter (r 8, all-linear) on the frozen base instead of every weight");
   bench_train->add_option("--python", train_args.python,
@@ -388,7 +410,22 @@ int main(int argc, char** argv) {
   if (*dpo_cmd) return glint::launcher::dpo(dpo_args, *dpo_cmd);
   if (*info_cmd) return glint::launcher::info(info);
   if (*demo_cmd) return glint::launcher::demo(demo);
-  if (*init_cmd) return glint::launcher::init_model(im);
+  if (*init_cmd) {
+    // The expert options change nothing on a dense family: refused, not ignored.
+    if (im.arch != "qwen2_moe" && im.arch != "qwen3_moe")
+      for (const char* o : {"--experts", "--experts-per-tok", "--moe-intermediate", "--shared-intermediate",
+                            "--sparse-step", "--norm-topk"})
+        if (init_cmd->count(o) > 0) {
+          std::fprintf(stderr, "glint init-model: %s is for a mixture-of-experts --arch (qwen2_moe, qwen3_moe), not %s\n",
+                       o, im.arch.c_str());
+          return 2;
+        }
+    if (im.arch != "qwen2_moe" && init_cmd->count("--shared-intermediate") > 0) {
+      std::fprintf(stderr, "glint init-model: --shared-intermediate is for --arch qwen2_moe (Qwen3-MoE has no shared expert)\n");
+      return 2;
+    }
+    return glint::launcher::init_model(im);
+  }
   if (*gguf_cmd) return glint::launcher::export_gguf(gguf_args);
   if (*data_cmd) return glint::launcher::init_data(idata);
   if (*runs_cmd) return glint::launcher::runs(runs_args);

@@ -1,5 +1,8 @@
-"""The Python baseline of `glint bench train`: the same Qwen3 (or Llama/Qwen2)
-model and training step as glint's, written as a user writes it in plain
+"""The Python baseline of `glint bench train`: the same Qwen3 (or Llama/Qwen2,
+or Qwen3-MoE / Qwen2-MoE, whose sparse block is written as transformers 4
+writes it: a loop over the experts, each taking its tokens by index and
+adding its output back with index_add_) model and training step as glint's,
+written as a user writes it in plain
 PyTorch 1.13 (torch.nn, torch.nn.functional, torch.optim.AdamW; no
 torch.compile, which 1.13 lacks, and no scaled_dot_product_attention, which
 came in 2.0).
@@ -103,6 +106,20 @@ class Config:
         self.o_bias = False if self.arch == "qwen2" else bias
         self.mlp_bias = j.get("mlp_bias", False) if self.arch == "llama" else False
         self.qk_norm = self.arch == "qwen3"
+        moe = "moe" in arch
+        self.num_experts = j.get("num_experts", 0) if moe else 0
+        self.top_k = j.get("num_experts_per_tok", 0)
+        self.moe_intermediate_size = j.get("moe_intermediate_size", 0)
+        self.shared_expert_intermediate_size = j.get("shared_expert_intermediate_size", 0) if self.arch == "qwen2" else 0
+        self.norm_topk_prob = j.get("norm_topk_prob", False)
+        self.decoder_sparse_step = j.get("decoder_sparse_step", 1)
+        self.mlp_only_layers = j.get("mlp_only_layers") or []
+        if moe and self.arch == "qwen2":
+            self.qkv_bias = j.get("qkv_bias", True)
+
+    def sparse(self, layer):
+        return (self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+                and layer not in self.mlp_only_layers)
 
 
 class RMSNorm(nn.Module):
@@ -164,23 +181,60 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, width=None):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        width = width or c.intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, width, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, width, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(width, c.hidden_size, bias=c.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+class SparseMoeBlock(nn.Module):
+    """Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock as transformers 4
+    writes them: softmax router, top k, optional renormalisation, then a loop
+    over the experts that were hit, each on the tokens routed to it."""
+
     def __init__(self, c):
+        super().__init__()
+        self.num_experts, self.top_k, self.norm_topk_prob = c.num_experts, c.top_k, c.norm_topk_prob
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
+        if c.shared_expert_intermediate_size > 0:
+            self.shared_expert = MLP(c, c.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = None
+
+    def forward(self, x):
+        B, T, H = x.shape
+        x = x.view(-1, H)
+        routing_weights = F.softmax(self.gate(x), dim=1, dtype=torch.float)
+        routing_weights, selected = torch.topk(routing_weights, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        expert_mask = F.one_hot(selected, num_classes=self.num_experts).permute(2, 1, 0)
+        hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit.squeeze(-1).tolist():
+            slot, token = torch.where(expert_mask[e])
+            y = self.experts[e](x[token]) * routing_weights[token, slot, None]
+            out.index_add_(0, token, y.to(x.dtype))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.view(B, T, H)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c, index):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c)
+        self.mlp = SparseMoeBlock(c) if c.sparse(index) else MLP(c)
 
     def forward(self, x, cos, sin, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
@@ -191,7 +245,7 @@ class Backbone(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, l) for l in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
@@ -235,11 +289,21 @@ class LoraLinear(nn.Module):
 
 
 def add_lora(model, r, alpha):
-    """Freezes the model and wraps every projection (PEFT's all-linear)."""
+    """Freezes the model and wraps every projection (PEFT's all-linear: on an
+    MoE layer the router, every expert's and the shared expert's projections
+    and the shared expert's gate)."""
     model.requires_grad_(False)
+    mlp_names = ("gate_proj", "up_proj", "down_proj")
     for layer in model.model.layers:
-        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+        parents = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"))]
+        if isinstance(layer.mlp, SparseMoeBlock):
+            parents.append((layer.mlp, ("gate",)))
+            parents += [(e, mlp_names) for e in layer.mlp.experts]
+            if layer.mlp.shared_expert is not None:
+                parents += [(layer.mlp.shared_expert, mlp_names), (layer.mlp, ("shared_expert_gate",))]
+        else:
+            parents.append((layer.mlp, mlp_names))
+        for parent, names in parents:
             for name in names:
                 setattr(parent, name, LoraLinear(getattr(parent, name), r, alpha))
 

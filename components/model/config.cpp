@@ -1,4 +1,5 @@
 #include "components/model/config.hpp"
+#include "components/model/moe_config.hpp"
 
 #include "runtime/file.hpp"
 #include "runtime/log.hpp"
@@ -19,6 +20,8 @@ std::string_view hf_class_name(Architecture a) {
     case Architecture::llama: return "LlamaForCausalLM";
     case Architecture::qwen2: return "Qwen2ForCausalLM";
     case Architecture::qwen3: return "Qwen3ForCausalLM";
+    case Architecture::qwen2_moe: return "Qwen2MoeForCausalLM";
+    case Architecture::qwen3_moe: return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
@@ -27,9 +30,27 @@ Result<Architecture> parse_architecture(std::string_view name) {
   if (name == "LlamaForCausalLM" || name == "llama") return Architecture::llama;
   if (name == "Qwen2ForCausalLM" || name == "qwen2") return Architecture::qwen2;
   if (name == "Qwen3ForCausalLM" || name == "qwen3") return Architecture::qwen3;
+  if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Architecture::qwen2_moe;
+  if (name == "Qwen3MoeForCausalLM" || name == "qwen3_moe") return Architecture::qwen3_moe;
   return make_error(errc::unimplemented, "architecture '" + std::string{name} +
-                                             "' is not supported; glint loads LlamaForCausalLM, Qwen2ForCausalLM "
-                                             "and Qwen3ForCausalLM");
+                                             "' is not supported; glint loads LlamaForCausalLM, Qwen2ForCausalLM, "
+                                             "Qwen3ForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM");
+}
+
+bool is_moe(Architecture a) { return a == Architecture::qwen2_moe || a == Architecture::qwen3_moe; }
+
+FeedForward ModelConfig::feed_forward(int64_t layer) const {
+  if (!is_moe(architecture) || moe.num_experts <= 0 || moe.decoder_sparse_step <= 0) return FeedForward::dense;
+  if ((layer + 1) % moe.decoder_sparse_step != 0) return FeedForward::dense;
+  if (std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) != moe.mlp_only_layers.end())
+    return FeedForward::dense;
+  return FeedForward::sparse;
+}
+
+bool ModelConfig::has_experts() const {
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    if (feed_forward(l) == FeedForward::sparse) return true;
+  return false;
 }
 
 Result<Activation> parse_activation(std::string_view name) {
@@ -57,17 +78,24 @@ std::string_view model_type(Architecture a) {
     case Architecture::llama: return "llama";
     case Architecture::qwen2: return "qwen2";
     case Architecture::qwen3: return "qwen3";
+    case Architecture::qwen2_moe: return "qwen2_moe";
+    case Architecture::qwen3_moe: return "qwen3_moe";
   }
   return "?";
 }
 
 namespace {
 
+// Qwen2-MoE's attention is Qwen2's, Qwen3-MoE's is Qwen3's.
+bool qwen2_like(Architecture a) { return a == Architecture::qwen2 || a == Architecture::qwen2_moe; }
+bool qwen3_like(Architecture a) { return a == Architecture::qwen3 || a == Architecture::qwen3_moe; }
+
 void apply_architecture_defaults(ModelConfig& c) {
-  c.qk_norm = c.architecture == Architecture::qwen3;
-  c.qkv_bias = c.architecture == Architecture::qwen2;
+  c.qk_norm = qwen3_like(c.architecture);
+  c.qkv_bias = qwen2_like(c.architecture);
   c.o_bias = false;
   c.mlp_bias = false;
+  c.moe = is_moe(c.architecture) ? model_detail::default_moe(c.architecture) : MoeConfig{};
 }
 
 // Reads optional field `key` of `j` into `out`, checking its JSON type.
@@ -158,11 +186,12 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
                                 "attention_dropout", "initializer_range", "quantization_config"};
   // transformers' Qwen2 always has q/k/v biases and reads no attention_bias;
   // its Llama reads no sliding window.
-  if (c.architecture != Architecture::qwen2) used.insert("attention_bias");
+  if (!qwen2_like(c.architecture)) used.insert("attention_bias");
+  if (c.architecture == Architecture::qwen2_moe) used.insert("qkv_bias");
   if (c.architecture == Architecture::llama) used.insert("mlp_bias");
   if (qwen) used.insert({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"});
 
-  bool attention_bias = c.architecture == Architecture::qwen2;
+  bool attention_bias = qwen2_like(c.architecture);
   std::string torch_dtype = "float32", hidden_act = "silu";
   double attention_dropout = 0.0, partial_rotary_factor = 1.0;
   caf::error err;
@@ -186,7 +215,9 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   field("attention_dropout", attention_dropout);
   field("partial_rotary_factor", partial_rotary_factor);
   field("initializer_range", c.initializer_range);
-  if (c.architecture != Architecture::qwen2) field("attention_bias", attention_bias);
+  if (!qwen2_like(c.architecture)) field("attention_bias", attention_bias);
+  // Qwen2MoeConfig (transformers 5) has qkv_bias, default true.
+  if (c.architecture == Architecture::qwen2_moe) field("qkv_bias", attention_bias);
   if (c.architecture == Architecture::llama) field("mlp_bias", c.mlp_bias);
   bool use_sliding_window = false;
   int64_t sliding_window = 4096;
@@ -202,16 +233,24 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   else c.eos_token_ids = std::move(*ids);
   if (err) return err;
   for (auto* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
-    if (!j.contains(key)) return make_error(errc::invalid_argument, origin + " lacks the field '" + key + "'");
+    // An MoE family's dense width has transformers' default (it is used
+    // only by the layers that are not sparse).
+    if (!j.contains(key) && !(is_moe(c.architecture) && std::string_view{key} == "intermediate_size"))
+      return make_error(errc::invalid_argument, origin + " lacks the field '" + key + "'");
+  if (is_moe(c.architecture) && !j.contains("intermediate_size"))
+    c.intermediate_size = c.architecture == Architecture::qwen3_moe ? 6144 : 5632;
+  if (is_moe(c.architecture))
+    if (auto e = model_detail::read_moe_fields(j, c, used, origin)) return e;
   if (c.num_key_value_heads == 0) c.num_key_value_heads = c.num_attention_heads;
   if (c.head_dim == 0) {
-    // transformers' defaults: Qwen3Config(head_dim=128); Llama and Qwen2
-    // derive it from the hidden size.
+    // transformers' defaults: Qwen3Config(head_dim=128); Llama, Qwen2 and
+    // both MoE families (Qwen3MoeConfig has no head_dim default) derive it
+    // from the hidden size.
     if (c.architecture == Architecture::qwen3) c.head_dim = 128;
     else if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  if (c.architecture == Architecture::qwen2) {
-    c.qkv_bias = true;
+  if (qwen2_like(c.architecture)) {
+    c.qkv_bias = attention_bias;  // Qwen2: always; Qwen2-MoE: qkv_bias
     c.o_bias = false;
   } else {
     c.qkv_bias = c.o_bias = attention_bias;
@@ -438,7 +477,9 @@ std::string ModelConfig::to_json() const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = std::string{activation_name(hidden_act)};
   j["initializer_range"] = initializer_range;
-  if (architecture != Architecture::qwen2) j["attention_bias"] = qkv_bias;
+  if (!qwen2_like(architecture)) j["attention_bias"] = qkv_bias;
+  if (architecture == Architecture::qwen2_moe) j["qkv_bias"] = qkv_bias;
+  if (is_moe(architecture)) model_detail::write_moe_fields(*this, j);
   if (architecture == Architecture::llama) j["mlp_bias"] = mlp_bias;
   if (architecture != Architecture::llama) {
     j["use_sliding_window"] = sliding_window > 0;
@@ -505,6 +546,7 @@ Result<void> ModelConfig::validate() const {
     return bad("a sliding window needs one layer type per layer (" + std::to_string(num_hidden_layers) + "), not " +
                std::to_string(sliding_layers.size()));
   if (!(initializer_range > 0)) return bad("initializer_range must be positive");
+  if (auto e = model_detail::validate_moe(*this)) return e;
   if (auto extra = nlohmann::json::parse(extra_json, nullptr, false); !extra.is_object())
     return bad("extra_json must hold a JSON object");
   return {};
@@ -516,10 +558,13 @@ int64_t ModelConfig::num_parameters() const {
   if (qkv_bias) attn += q + 2 * kv;
   if (o_bias) attn += hidden_size;
   if (qk_norm) attn += 2 * head_dim;
-  int64_t mlp = 3 * hidden_size * intermediate_size + (mlp_bias ? 2 * intermediate_size + hidden_size : 0);
-  int64_t layer = attn + mlp + 2 * hidden_size;
+  const int64_t mlp = 3 * hidden_size * intermediate_size + (mlp_bias ? 2 * intermediate_size + hidden_size : 0);
+  int64_t layers = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    layers += attn + 2 * hidden_size +
+              (feed_forward(l) == FeedForward::sparse ? model_detail::sparse_block_parameters(*this) : mlp);
   int64_t emb = vocab_size * hidden_size;
-  return num_hidden_layers * layer + hidden_size + emb * (tie_word_embeddings ? 1 : 2);
+  return layers + hidden_size + emb * (tie_word_embeddings ? 1 : 2);
 }
 
 }  // namespace glint::components

@@ -1,7 +1,12 @@
 #pragma once
 /// `ModelConfig`: the shape of a decoder-only transformer, read from and
 /// written to a Hugging Face `config.json` (LlamaForCausalLM,
-/// Qwen2ForCausalLM, Qwen3ForCausalLM).
+/// Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixture-of-experts
+/// Qwen2MoeForCausalLM and Qwen3MoeForCausalLM).
+///
+/// A decoder layer is a stack of typed blocks: a token mixer (attention)
+/// and a feed-forward, chosen per layer (`feed_forward(l)`: a dense SwiGLU
+/// MLP, or a sparse mixture of experts as `moe` describes it).
 ///
 ///   auto cfg = ModelConfig::load("models/tiny/config.json");
 ///   if (!cfg) std::puts(describe(cfg.error()).c_str());  // says which field and why
@@ -30,15 +35,42 @@
 
 namespace glint::components {
 
-enum class Architecture : uint8_t { llama, qwen2, qwen3 };
+enum class Architecture : uint8_t { llama, qwen2, qwen3, qwen2_moe, qwen3_moe };
 
-/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM".
+/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+/// "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM".
 std::string_view hf_class_name(Architecture a);
-/// config.json's model_type ("llama", "qwen2", "qwen3"), which is also
-/// llama.cpp's architecture name.
+/// config.json's model_type ("llama", "qwen2", "qwen3", "qwen2_moe",
+/// "qwen3_moe").
 std::string_view model_type(Architecture a);
-/// Parses an HF class name or a short name ("llama", "qwen2", "qwen3").
+/// Parses an HF class name or a model_type ("llama", "qwen3_moe", ...).
 Result<Architecture> parse_architecture(std::string_view name);
+/// Whether the family routes tokens to experts (Qwen2-MoE, Qwen3-MoE).
+bool is_moe(Architecture a);
+
+/// A decoder layer's feed-forward block.
+enum class FeedForward : uint8_t {
+  dense,   ///< SwiGLU MLP of intermediate_size: mlp.{gate,up,down}_proj
+  sparse,  ///< mixture of experts (MoeConfig): mlp.gate, mlp.experts.N.*
+};
+
+/// The mixture-of-experts fields of Qwen2MoeConfig / Qwen3MoeConfig, with
+/// transformers' meaning (reference/model-families.md sections 1-2).
+struct MoeConfig {
+  int64_t num_experts = 0;            ///< E routed experts per sparse layer; 0: every layer dense
+  int64_t num_experts_per_tok = 0;    ///< k experts each token goes to
+  int64_t moe_intermediate_size = 0;  ///< each routed expert's SwiGLU width
+  /// The shared expert's width (Qwen2-MoE: every token, gated by
+  /// sigmoid(x . mlp.shared_expert_gate)); 0: none (Qwen3-MoE).
+  int64_t shared_expert_intermediate_size = 0;
+  bool norm_topk_prob = false;        ///< renormalise the k chosen probabilities to sum 1
+  int64_t decoder_sparse_step = 1;    ///< layer l is sparse iff (l + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers{};  ///< ... and l is not listed here
+  /// The load-balancing loss's weight, added to the training loss only
+  /// when output_router_logits is set (transformers' definition).
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
+};
 
 /// The MLP's activation (hidden_act).
 enum class Activation : uint8_t {
@@ -98,6 +130,8 @@ struct ModelConfig {
   /// RMSNorm of q and k per head before RoPE (Qwen3).
   bool qk_norm = false;
   int64_t max_position_embeddings = 2048;
+  /// The experts (Qwen2-MoE, Qwen3-MoE; num_experts 0 on dense families).
+  MoeConfig moe{};
   /// Dtype the weights are stored in (torch_dtype).
   Dtype dtype = Dtype::f32;
   int64_t bos_token_id = -1;
@@ -122,6 +156,12 @@ struct ModelConfig {
                ? sliding_window
                : 0;
   }
+  /// Layer `layer`'s feed-forward block: sparse where the family has
+  /// experts, (layer + 1) % decoder_sparse_step == 0 and the layer is not
+  /// in mlp_only_layers; dense otherwise.
+  FeedForward feed_forward(int64_t layer) const;
+  /// Whether any layer is sparse.
+  bool has_experts() const;
   bool is_eos(int64_t id) const {
     for (auto e : eos_token_ids)
       if (e == id) return true;
@@ -130,7 +170,8 @@ struct ModelConfig {
     return false;
   }
 
-  /// A config with the architecture's defaults for the given sizes.
+  /// A config with the architecture's defaults for the given sizes (for an
+  /// MoE family, transformers' defaults for the experts: set `moe` after).
   static ModelConfig make(Architecture a, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
                           int64_t heads, int64_t kv_heads, int64_t head_dim = 0);
 

@@ -35,6 +35,9 @@ uint32_t file_type_of(Dtype d) { return d == Dtype::f16 ? 1 : d == Dtype::bf16 ?
 
 // What llama.cpp computes for the architecture, checked against the config.
 Result<void> check_config(const ModelConfig& c) {
+  if (is_moe(c.architecture))
+    return refuse(std::string{hf_class_name(c.architecture)} + ": glint does not export mixture-of-experts models "
+                  "to GGUF yet (llama.cpp's " + arch_name(c.architecture) + " expert tensors are not written)");
   if (c.hidden_act != Activation::silu)
     return refuse("hidden_act is '" + std::string{activation_name(c.hidden_act)} +
                   "'; llama.cpp's " + arch_name(c.architecture) + " uses SiLU");

@@ -30,8 +30,7 @@ constexpr const char* peft_prefix = "base_model.model.";
 
 std::vector<std::string> CausalLM::Impl::linear_modules() const {
   std::vector<std::string> out;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-    for (const auto& m : projection_names()) out.push_back("model.layers." + std::to_string(l) + "." + m);
+  for (auto& m : components::linear_modules(cfg)) out.push_back(std::move(m.path));
   return out;
 }
 
@@ -44,8 +43,23 @@ std::vector<std::string> other_modules(const ModelConfig& c) {
   std::vector<std::string> out = {"model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb"};
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto p = "model.layers." + std::to_string(l);
-    for (const char* m : {"", ".self_attn", ".mlp", ".mlp.act_fn", ".input_layernorm", ".post_attention_layernorm"})
+    for (const char* m : {"", ".self_attn", ".mlp", ".input_layernorm", ".post_attention_layernorm"})
       out.push_back(p + m);
+    if (c.feed_forward(l) == FeedForward::dense) {
+      out.push_back(p + ".mlp.act_fn");
+    } else {
+      // The experts' containers and activations (transformers 4's
+      // per-expert modules); the router and the projections are Linear.
+      out.push_back(p + ".mlp.experts");
+      for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+        out.push_back(p + ".mlp.experts." + std::to_string(e));
+        out.push_back(p + ".mlp.experts." + std::to_string(e) + ".act_fn");
+      }
+      if (c.moe.shared_expert_intermediate_size > 0) {
+        out.push_back(p + ".mlp.shared_expert");
+        out.push_back(p + ".mlp.shared_expert.act_fn");
+      }
+    }
     if (c.qk_norm) {
       out.push_back(p + ".self_attn.q_norm");
       out.push_back(p + ".self_attn.k_norm");
@@ -68,7 +82,9 @@ Result<std::vector<std::string>> targeted_modules(const CausalLM::Impl& impl, co
   if (!unsupported.empty())
     return make_error(errc::unimplemented, origin + targets_text() + " select " + join(unsupported) +
                                                ": glint adapts only the projections (q_proj, k_proj, v_proj, o_proj, "
-                                               "gate_proj, up_proj, down_proj) and the LM head (lm_head)");
+                                               "gate_proj, up_proj, down_proj; on MoE layers also the router gate, "
+                                               "the experts' projections and shared_expert_gate) and the LM head "
+                                               "(lm_head)");
   std::vector<std::string> out;
   for (const auto& m : impl.linear_modules())
     if (cfg.targets(m)) out.push_back(m);

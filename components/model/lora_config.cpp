@@ -151,7 +151,10 @@ bool LoraConfig::targets(const std::string& path) const {
   if (!target_regex.empty()) return full_match(target_regex, path);
   if (is_all_linear(*this)) {
     // Every projection of every layer (PEFT: every nn.Linear but the output head).
-    static const std::regex projection{R"(model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj))"};
+    // On MoE layers that includes the routers, the experts and the shared
+    // expert's projections and gate, as PEFT's for transformers 4.
+    static const std::regex projection{
+        R"(model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.((experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj|gate|shared_expert_gate)))"};
     return std::regex_match(path, projection);
   }
   // A module named by its whole path is taken whatever its layer; one
@@ -167,27 +170,44 @@ bool LoraConfig::targets(const std::string& path) const {
 const std::vector<std::string>& projection_names() {
   static const std::vector<std::string> names = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                  "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                 "mlp.down_proj"};
+                                                 "mlp.down_proj",    "mlp.gate",         "mlp.shared_expert_gate"};
   return names;
 }
 
-int64_t LoraConfig::parameters(const ModelConfig& m) const {
+std::vector<LinearModule> linear_modules(const ModelConfig& m) {
   const int64_t head_dim = m.head_dim > 0 ? m.head_dim : m.hidden_size / std::max<int64_t>(m.num_attention_heads, 1);
-  const int64_t q = m.num_attention_heads * head_dim, kv = m.num_key_value_heads * head_dim;
-  const std::map<std::string, std::pair<int64_t, int64_t>> in_out = {
-      {"self_attn.q_proj", {m.hidden_size, q}},  {"self_attn.k_proj", {m.hidden_size, kv}},
-      {"self_attn.v_proj", {m.hidden_size, kv}}, {"self_attn.o_proj", {q, m.hidden_size}},
-      {"mlp.gate_proj", {m.hidden_size, m.intermediate_size}},
-      {"mlp.up_proj", {m.hidden_size, m.intermediate_size}},
-      {"mlp.down_proj", {m.intermediate_size, m.hidden_size}}};
-  int64_t total = 0;
-  for (int64_t l = 0; l < m.num_hidden_layers; ++l)
-    for (const auto& name : projection_names()) {
-      auto path = "model.layers." + std::to_string(l) + "." + name;
-      if (!targets(path)) continue;
-      const auto& [in, out] = in_out.at(name);
-      total += rank_of(path) * (in + out);
+  const int64_t h = m.hidden_size, q = m.num_attention_heads * head_dim, kv = m.num_key_value_heads * head_dim;
+  std::vector<LinearModule> out;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const auto p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "self_attn.q_proj", h, q});
+    out.push_back({p + "self_attn.k_proj", h, kv});
+    out.push_back({p + "self_attn.v_proj", h, kv});
+    out.push_back({p + "self_attn.o_proj", q, h});
+    auto mlp = [&](const std::string& prefix, int64_t width) {
+      out.push_back({prefix + "gate_proj", h, width});
+      out.push_back({prefix + "up_proj", h, width});
+      out.push_back({prefix + "down_proj", width, h});
+    };
+    if (m.feed_forward(l) == FeedForward::dense) {
+      mlp(p + "mlp.", m.intermediate_size);
+      continue;
     }
+    out.push_back({p + "mlp.gate", h, m.moe.num_experts});
+    for (int64_t e = 0; e < m.moe.num_experts; ++e)
+      mlp(p + "mlp.experts." + std::to_string(e) + ".", m.moe.moe_intermediate_size);
+    if (m.moe.shared_expert_intermediate_size > 0) {
+      mlp(p + "mlp.shared_expert.", m.moe.shared_expert_intermediate_size);
+      out.push_back({p + "mlp.shared_expert_gate", h, 1});
+    }
+  }
+  return out;
+}
+
+int64_t LoraConfig::parameters(const ModelConfig& m) const {
+  int64_t total = 0;
+  for (const auto& mod : linear_modules(m))
+    if (targets(mod.path)) total += rank_of(mod.path) * (mod.in + mod.out);
   if (targets("lm_head")) total += rank_of("lm_head") * (m.hidden_size + m.vocab_size);
   return total;
 }

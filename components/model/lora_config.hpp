@@ -23,8 +23,20 @@ namespace glint::components {
 ///
 /// Field order is a wire format (actors/model.hpp): append, never reorder.
 /// The projections of a decoder layer an adapter can target, by their path
-/// under "model.layers.<i>.".
+/// under "model.layers.<i>." (an MoE layer's experts, "mlp.experts.<e>.",
+/// have gate_proj, up_proj and down_proj too; its router is "mlp.gate", a
+/// Qwen2-MoE shared expert "mlp.shared_expert.*" and its gate
+/// "mlp.shared_expert_gate").
 const std::vector<std::string>& projection_names();
+
+/// A projection an adapter can target: its path and its weight's widths.
+struct LinearModule {
+  std::string path;
+  int64_t in = 0, out = 0;
+};
+/// Every projection of a model of config `m`, in model order (per layer,
+/// its feed-forward block's kind decides which); the LM head is not one.
+std::vector<LinearModule> linear_modules(const ModelConfig& m);
 
 struct LoraConfig {
   int64_t r = 8;

@@ -25,8 +25,8 @@ namespace fs = std::filesystem;
 
 namespace model_detail {
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& c) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+ParameterShapes parameter_shapes(const ModelConfig& c) {
+  ParameterShapes out;
   int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -43,6 +43,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
       out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
     }
     out.push_back({p + "post_attention_layernorm.weight", {h}});
+    if (c.feed_forward(l) == FeedForward::sparse) {
+      sparse_block_shapes(c, p, out);
+      continue;
+    }
     out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, h}});
     out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, h}});
     out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate_size}});
@@ -88,19 +92,35 @@ double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_byte
   // graph, twice more for the entropies.
   const double head = 3 * V + (entropies ? 2 * V : 0);
   const double lora = adapter ? 7 * h : 0;  // LoRA's dropout inputs and low-rank products
+  // Per layer, the feed-forward's width per token (an MoE layer's: its k
+  // experts' and the shared expert's) and what routing keeps besides: the
+  // router's probabilities, the tokens copied in expert order, the experts'
+  // outputs and their weighted sum.
+  double widths = 0, routing = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.feed_forward(l) == FeedForward::dense) {
+      widths += I;
+      continue;
+    }
+    const double k = static_cast<double>(c.moe.num_experts_per_tok);
+    widths += k * static_cast<double>(c.moe.moe_intermediate_size) +
+              static_cast<double>(c.moe.shared_expert_intermediate_size);
+    routing += 2 * static_cast<double>(c.moe.num_experts) + 3 * k * h + h;
+  }
+  const double mean_width = L > 0 ? widths / L : I;
   if (kernels::enabled()) {
     // The fused kernels keep per layer: the residual stream before and after
     // attention and both norms' outputs, the projections' q, k, v (and
     // before q/k norm, their inputs), the rotated q and k, the attention
     // output and one logsumexp per head, the MLP's gate and up (and their
     // product, when an adapter may take it as its input).
-    const double layer = 4 * h + 2 * q + 2 * kv + kv + (c.qk_norm ? q + kv : 0) + (adapter ? 3 : 2) * I + nh + lora;
+    const double layer = 4 * h + 2 * q + 2 * kv + kv + (c.qk_norm ? q + kv : 0) + (adapter ? 3 : 2) * mean_width + nh + lora;
     // The backward pass's peak: one layer's gradients, the logits' gradients
     // and two [64, T] blocks of scores per thread (small: left out).
     const double backward = layer + 3 * V;
     // The boolean masks, [T, T] bytes (two with sliding windows).
     const double masks = (c.sliding_window > 0 ? 2 : 1) * t / static_cast<double>(elem_bytes);
-    return static_cast<double>(elem_bytes) * t * (L * layer + head + backward + masks);
+    return static_cast<double>(elem_bytes) * t * (L * layer + routing + head + backward + masks);
   }
   // The unfused composition. Against the peak resident memory of a
   // cross-entropy step (qwen3, hidden 256, 4 layers, vocab 8192, f32): 0.99x
@@ -110,13 +130,13 @@ double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_byte
   // Kept per layer: two norms' inputs and outputs, q/k/v and their rotated
   // forms, k/v repeated to every head, the attention output, the softmax
   // over T keys, the MLP's gate, up, activation and product.
-  const double layer = 6 * h + 6 * q + 4 * kv + 4 * I + nh * t + lora;
+  const double layer = 6 * h + 6 * q + 4 * kv + 4 * mean_width + nh * t + lora;
   // The backward pass's peak: one layer's gradients, the scores' three
   // [heads, T, T] temporaries and the logits' gradients.
   const double backward = layer + 3 * nh * t + 3 * V;
   // The additive attention masks, [T, T] floats (two with sliding windows).
   const double masks = (c.sliding_window > 0 ? 2 : 1) * t;
-  return static_cast<double>(elem_bytes) * t * (L * layer + head + backward + masks);
+  return static_cast<double>(elem_bytes) * t * (L * layer + routing + head + backward + masks);
 }
 
 Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
@@ -344,6 +364,22 @@ at::Tensor CausalLM::Impl::mlp_down(const std::string& prefix, const at::Tensor&
   return linear(prefix, swiglu ? kernels::swiglu(gate, up) : activate(gate) * up, bias, pass);
 }
 
+at::Tensor CausalLM::Impl::swiglu_mlp(const std::string& prefix, const at::Tensor& h, bool bias,
+                                      const PassOptions& pass) const {
+  auto gate = linear(prefix + ".gate_proj", h, bias, pass);
+  auto up = linear(prefix + ".up_proj", h, bias, pass);
+  return mlp_down(prefix + ".down_proj", gate, up, bias, pass);
+}
+
+at::Tensor CausalLM::Impl::feed_forward(int64_t layer, const at::Tensor& h, const PassOptions& pass) const {
+  if (cfg.feed_forward(layer) == FeedForward::sparse) {
+    if (tp)  // decode_stack refuses earlier; this keeps the block honest on its own
+      throw_error(make_error(errc::unimplemented, "experts on a tensor-parallel model are not built yet"));
+    return sparse_moe(layer, h, pass);
+  }
+  return swiglu_mlp("model.layers." + std::to_string(layer) + ".mlp", h, cfg.mlp_bias, pass);
+}
+
 at::Tensor CausalLM::Impl::inverse_frequencies() const {
   const int64_t half = cfg.head_dim / 2;
   auto exponents = at::arange(0, half, at::kDouble) * 2.0 / static_cast<double>(cfg.head_dim);
@@ -428,9 +464,7 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     k = rotate(k);
     x = x + summed(linear(pre + "self_attn.o_proj", attend(l, q, k, v), c.o_bias, pass));
     h = replicated(rms_norm(x, param(pre + "post_attention_layernorm.weight")));
-    auto gate = linear(pre + "mlp.gate_proj", h, c.mlp_bias, pass);
-    auto up = linear(pre + "mlp.up_proj", h, c.mlp_bias, pass);
-    x = x + summed(mlp_down(pre + "mlp.down_proj", gate, up, c.mlp_bias, pass));
+    x = x + summed(feed_forward(l, h, pass));
     if (pass.layer_hooks) x = pass.layer_hooks->exit(l, std::move(x));
   }
   if (pp && !pp->last()) return x;
@@ -567,6 +601,8 @@ namespace {
 
 Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std::map<std::string, Tensor> weights,
                                                      const std::string& origin) {
+  if (cfg.has_experts())
+    if (auto ok = model_detail::unfuse_experts(cfg, weights, origin); !ok) return ok.error();
   auto expected = model_detail::parameter_shapes(cfg);
   std::vector<std::string> missing, wrong_shape;
   std::set<std::string> known;
@@ -596,10 +632,16 @@ Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std
     if (!known.count(name)) unexpected.push_back(name);
   if (!missing.empty() || !unexpected.empty() || !wrong_shape.empty()) {
     std::string msg = origin + " does not match its config (" + std::string{hf_class_name(cfg.architecture)} + ")";
-    if (!missing.empty()) msg += "; missing tensors: " + join(missing);
-    if (!unexpected.empty()) msg += "; unexpected tensors: " + join(unexpected);
+    // A model of many experts can miss thousands: the first ones and a count.
+    auto some = [](std::vector<std::string> v, const char* sep = ", ") {
+      const size_t n = v.size();
+      if (n > 24) v.resize(24);
+      return join(v, sep) + (n > 24 ? std::string{sep} + "and " + std::to_string(n - 24) + " more" : std::string{});
+    };
+    if (!missing.empty()) msg += "; missing tensors: " + some(missing);
+    if (!unexpected.empty()) msg += "; unexpected tensors: " + some(unexpected);
     if (!wrong_shape.empty()) {
-      msg += "; " + join(wrong_shape, "; ");
+      msg += "; " + some(wrong_shape, "; ");
       // The expected shapes come from config.json: say from which fields,
       // so a config that is wrong (or a default that does not apply) is
       // not taken for damaged weights.
@@ -608,7 +650,12 @@ Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std
              std::to_string(cfg.num_key_value_heads) + ", head_dim " + std::to_string(cfg.head_dim) +
              (cfg.architecture == Architecture::qwen3 ? " (Qwen3's default when the field is absent: 128)" : "") +
              ", intermediate_size " + std::to_string(cfg.intermediate_size) + ", vocab_size " +
-             std::to_string(cfg.vocab_size) + ")";
+             std::to_string(cfg.vocab_size) +
+             (cfg.has_experts() ? ", num_experts " + std::to_string(cfg.moe.num_experts) + ", moe_intermediate_size " +
+                                      std::to_string(cfg.moe.moe_intermediate_size) + ", decoder_sparse_step " +
+                                      std::to_string(cfg.moe.decoder_sparse_step)
+                                : std::string{}) +
+             ")";
     }
     return make_error(errc::invalid_argument, msg);
   }

@@ -17,8 +17,23 @@ namespace glint::components {
 
 namespace model_detail {
 
+using ParameterShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
 /// Every parameter of a config, in Hugging Face's names and order.
-std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& c);
+ParameterShapes parameter_shapes(const ModelConfig& c);
+
+/// The parameters of a sparse feed-forward block whose layer's names begin
+/// with `prefix` ("model.layers.3."): the router, each expert's
+/// projections, the shared expert and its gate (moe.cpp).
+void sparse_block_shapes(const ModelConfig& c, const std::string& prefix, ParameterShapes& out);
+
+/// Splits fused expert tensors (transformers 5's in-memory layout, which
+/// some checkpoints carry: mlp.experts.gate_up_proj [E, 2I, H], each
+/// expert's gate rows then its up rows, and mlp.experts.down_proj
+/// [E, H, I]) into the per-expert tensors the official checkpoints hold, in
+/// place. A layer with both layouts, or a fused tensor of the wrong shape,
+/// is an error naming `origin`.
+Result<void> unfuse_experts(const ModelConfig& c, std::map<std::string, Tensor>& weights, const std::string& origin);
 
 /// A batch checked and turned into what the forward pass needs.
 struct Prepared {
@@ -179,6 +194,17 @@ struct CausalLM::Impl {
   /// there, kernels::swiglu_linear, which keeps no product for backward).
   at::Tensor mlp_down(const std::string& prefix, const at::Tensor& gate, const at::Tensor& up, bool bias,
                       const PassOptions& pass) const;
+  /// The SwiGLU MLP whose projections are `prefix`.{gate,up,down}_proj
+  /// ("model.layers.0.mlp", an expert "model.layers.0.mlp.experts.3") on h.
+  at::Tensor swiglu_mlp(const std::string& prefix, const at::Tensor& h, bool bias, const PassOptions& pass) const;
+  /// Layer `layer`'s feed-forward block on its normed input h [..., hidden]:
+  /// the dense MLP or the sparse experts, as the config makes that layer.
+  at::Tensor feed_forward(int64_t layer, const at::Tensor& h, const PassOptions& pass) const;
+  /// The mixture of experts (moe.cpp): each token's softmax router picks
+  /// its top-k experts, the tokens are grouped by expert so that each runs
+  /// one GEMM over its own tokens, and the outputs are summed with the
+  /// router's weights (plus the gated shared expert, Qwen2-MoE).
+  at::Tensor sparse_moe(int64_t layer, const at::Tensor& h, const PassOptions& pass) const;
   /// RoPE's inverse frequencies [head_dim / 2] in f64, after the config's
   /// scaling (linear divides positions instead: see rope).
   at::Tensor inverse_frequencies() const;

@@ -216,6 +216,10 @@ Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
     return make_error(errc::unimplemented, "LoRA on a tensor-parallel model is not built yet; remove the adapters or "
                                            "use data parallelism");
   const auto& c = m.cfg;
+  if (c.has_experts())
+    return make_error(errc::unimplemented, std::string{hf_class_name(c.architecture)} +
+                                               " has experts, which tensor parallelism does not split yet; use "
+                                               "data parallelism or fsdp");
   if (c.o_bias || c.mlp_bias)
     return make_error(errc::unimplemented, "a model whose o_proj or down_proj has a bias cannot be tensor-parallel "
                                            "yet (the bias would be added on every rank)");

@@ -154,4 +154,25 @@ expect_refusal mesh-typo "no dimension 'tq'" --model model --dataset qr.jsonl --
 expect_refusal mesh-lora "train-type full" --model model --dataset qr.jsonl --mesh tp=2
 expect_refusal mesh-mix "combines fsdp, tp and pp" --model model --dataset qr.jsonl --train-type full --mesh fsdp=2,tp=2
 expect_refusal mesh-dp "two data-parallel sizes" --model model --dataset qr.jsonl --dp 2 --mesh fsdp=2,dp=3
-echo "sft recipe: ok (loss $first -> $last)"
+# 6. A mixture-of-experts base trains unchanged: LoRA on every projection
+# (the routers and every expert's too), full training on one rank and over
+# fsdp; init-model refuses expert options on a dense family.
+"$glint" init-model moe --arch qwen3_moe --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
+  --max-positions 256 --experts 4 --experts-per-tok 2 --norm-topk --tokenizer-from all.jsonl > moe-init.log 2>&1 \
+  || { cat moe-init.log; fail "init-model --arch qwen3_moe"; }
+grep -q '"num_experts": 4' moe/config.json || fail "moe/config.json has no num_experts 4"
+"$glint" sft --model moe --dataset qr.jsonl --lr 3e-3 --max-steps 30 --target-modules all-linear --output runs/moe-lora \
+  > moe-lora.log 2>&1 || { cat moe-lora.log; fail "LoRA on an MoE base"; }
+grep -aq 'model.layers.1.mlp.experts.3.down_proj.lora_A.weight' runs/moe-lora/last/adapter_model.safetensors \
+  || fail "the MoE adapter has no expert modules"
+moe_first=$(mean runs/moe-lora/metrics.jsonl 1 5) moe_last=$(mean runs/moe-lora/metrics.jsonl 26 30)
+awk -v a="$moe_first" -v b="$moe_last" 'BEGIN {exit !(b < a - 0.3)}' || fail "the MoE loss did not fall: $moe_first -> $moe_last"
+for m in "" "--mesh fsdp=2"; do
+  "$glint" sft --model moe --dataset qr.jsonl --train-type full --lr 1e-3 --max-steps 3 $m --output "runs/moe-full${m:+-fsdp}" \
+    > moe-full.log 2>&1 || { cat moe-full.log; fail "full training of an MoE base ${m:-on one rank}"; }
+  grep -q Qwen3MoeForCausalLM "runs/moe-full${m:+-fsdp}/last/config.json" || fail "the saved MoE model's config.json"
+done
+code=0
+"$glint" init-model dense --arch qwen3 --experts 4 > dense.out 2> dense.err || code=$?
+[[ $code == 2 ]] && grep -q "mixture-of-experts" dense.err || { cat dense.err; fail "--experts on a dense --arch"; }
+echo "sft recipe: ok (loss $first -> $last; MoE $moe_first -> $moe_last)"

@@ -77,11 +77,16 @@ TEST(Cli, BenchActorsPrintsItsLinesWithTheirBaselines) {
 
 TEST(Cli, BenchTrainSmokeRunPrintsItsLinesAndAgreesWithPython) {
   // Needs /usr/bin/python3 with torch (scripts/setup.sh installs python3-torch).
-  for (std::string mode : {"", " --lora"}) {
+  // MoE models too: the Python side writes the sparse block as transformers
+  // does, so their first losses agreeing checks glint's block once more.
+  for (std::string mode : {"", " --lora", " --arch qwen3_moe --lora", " --arch qwen2_moe"}) {
     auto r = run("bench train --small --repeats 1 --steps 1" + mode);
     EXPECT_EQ(r.code, 0) << r.out;
     for (auto* line : {"train_tokens_per_s: ", "train_python_tokens_per_s: ", "train_speedup_vs_python: ", "train_mfu: "})
       EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+    if (mode.find("moe") != std::string::npos)
+      for (auto* line : {"moe_train_speedup_vs_python: ", "moe_grouped_vs_dense_experts: "})
+        EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
     EXPECT_EQ(r.out.find("# warning"), std::string::npos) << r.out;
   }
   auto missing = run("bench train --small --repeats 1 --steps 1 --python /nonexistent/python3");

@@ -1,0 +1,175 @@
+// The sparse mixture-of-experts feed-forward block (Qwen2-MoE, Qwen3-MoE),
+// as transformers defines it (reference/model-families.md sections 1.1, 2):
+// its parameters, the fused on-disk expert layout, and its forward pass.
+#include "components/model/moe.hpp"
+#include "components/model/transformer.hpp"
+
+#include "components/comm/process_group_impl.hpp"  // throw_error
+
+#include "components/tensor/torch_bridge.hpp"
+#include "runtime/text.hpp"
+
+#include <atomic>
+#include <vector>
+
+namespace glint::components {
+
+namespace {
+std::atomic<bool> dense_experts_on{false};
+}  // namespace
+
+void set_dense_experts(bool on) { dense_experts_on.store(on, std::memory_order_relaxed); }
+bool dense_experts() { return dense_experts_on.load(std::memory_order_relaxed); }
+
+namespace model_detail {
+
+void sparse_block_shapes(const ModelConfig& c, const std::string& p, ParameterShapes& out) {
+  const int64_t h = c.hidden_size, e = c.moe.num_experts, i = c.moe.moe_intermediate_size;
+  out.push_back({p + "mlp.gate.weight", {e, h}});
+  for (int64_t x = 0; x < e; ++x) {
+    auto q = p + "mlp.experts." + std::to_string(x) + ".";
+    out.push_back({q + "gate_proj.weight", {i, h}});
+    out.push_back({q + "up_proj.weight", {i, h}});
+    out.push_back({q + "down_proj.weight", {h, i}});
+  }
+  if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
+    out.push_back({p + "mlp.shared_expert.gate_proj.weight", {s, h}});
+    out.push_back({p + "mlp.shared_expert.up_proj.weight", {s, h}});
+    out.push_back({p + "mlp.shared_expert.down_proj.weight", {h, s}});
+    out.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
+  }
+}
+
+Result<void> unfuse_experts(const ModelConfig& c, std::map<std::string, Tensor>& weights, const std::string& origin) {
+  const int64_t h = c.hidden_size, E = c.moe.num_experts, I = c.moe.moe_intermediate_size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    auto gu = weights.find(p + "gate_up_proj"), dn = weights.find(p + "down_proj");
+    if (gu == weights.end() && dn == weights.end()) continue;
+    auto refuse = [&](const std::string& what) { return make_error(errc::invalid_argument, origin + ": " + what); };
+    if (c.feed_forward(l) != FeedForward::sparse)
+      return refuse("layer " + std::to_string(l) + " holds fused experts (" + p + "gate_up_proj), but config.json " +
+                    "makes it a dense layer (decoder_sparse_step " + std::to_string(c.moe.decoder_sparse_step) +
+                    ", mlp_only_layers [" + join(c.moe.mlp_only_layers) + "])");
+    if (gu == weights.end() || dn == weights.end())
+      return refuse("layer " + std::to_string(l) + " has only one of the fused expert tensors " + p + "gate_up_proj and " +
+                    p + "down_proj");
+    const std::vector<int64_t> want_gu{E, 2 * I, h}, want_dn{E, h, I};
+    if (gu->second.shape() != want_gu || dn->second.shape() != want_dn)
+      return refuse(p + "gate_up_proj is " + gu->second.describe() + " and " + p + "down_proj " + dn->second.describe() +
+                    ", expected [" + join(want_gu) + "] and [" + join(want_dn) + "] (num_experts " + std::to_string(E) +
+                    ", moe_intermediate_size " + std::to_string(I) + ", hidden_size " + std::to_string(h) + ")");
+    auto g = to_torch(gu->second), d = to_torch(dn->second);
+    for (int64_t x = 0; x < E; ++x) {
+      const auto q = p + std::to_string(x) + ".";
+      // Each expert's gate rows, then its up rows (transformers 5's
+      // conversion_mapping concatenates them so).
+      const std::pair<std::string, at::Tensor> parts[] = {{q + "gate_proj.weight", g[x].narrow(0, 0, I)},
+                                                          {q + "up_proj.weight", g[x].narrow(0, I, I)},
+                                                          {q + "down_proj.weight", d[x]}};
+      for (const auto& [name, t] : parts) {
+        if (weights.count(name))
+          return refuse("layer " + std::to_string(l) + " holds its experts twice: fused (" + p + "gate_up_proj) and " +
+                        name);
+        auto own = from_torch(t.contiguous().clone());
+        if (!own) return own.error();
+        weights.emplace(name, std::move(*own));
+      }
+    }
+    weights.erase(p + "gate_up_proj");
+    weights.erase(p + "down_proj");
+  }
+  return {};
+}
+
+}  // namespace model_detail
+
+namespace {
+
+// The reference composition (set_dense_experts): every expert on every
+// token, weighted by the router (0 where the token did not choose it).
+at::Tensor dense_routed(const CausalLM::Impl& m, const std::string& pre, const at::Tensor& x, const at::Tensor& weights,
+                        const at::Tensor& chosen, const PassOptions& pass) {
+  const int64_t E = m.cfg.moe.num_experts;
+  auto full = at::zeros({x.size(0), E}, weights.options()).scatter(1, chosen, weights);
+  auto routed = at::zeros_like(x);
+  for (int64_t e = 0; e < E; ++e)
+    routed = routed + full.narrow(1, e, 1) * m.swiglu_mlp(pre + "experts." + std::to_string(e), x, false, pass);
+  return routed;
+}
+
+// Grouped by expert: the (token, slot) pairs sorted by their expert, so
+// each expert's tokens are one contiguous slice and one GEMM per
+// projection, forward and backward; no expert sees a token not routed to
+// it, and none is dropped.
+at::Tensor grouped_routed(const CausalLM::Impl& m, const std::string& pre, const at::Tensor& x,
+                          const at::Tensor& weights, const at::Tensor& chosen, const PassOptions& pass) {
+  const int64_t N = x.size(0), E = m.cfg.moe.num_experts, k = chosen.size(1);
+  auto flat = chosen.reshape({-1});                                  // [N k]
+  auto order = std::get<1>(flat.sort(/*stable=*/true, 0, false));    // slots by expert
+  auto token = at::floor_divide(order, k);                           // each sorted slot's token
+  auto counts = at::bincount(flat, {}, E).contiguous();              // tokens per expert
+  auto xs = x.index_select(0, token);                                // [N k, H]
+  auto ws = weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+
+  // Per-row adapters (the sampler's multi-tenant batches) name token rows:
+  // each expert's slice gets the rows of its own tokens.
+  at::Tensor owner;
+  if (!pass.row_adapters.empty()) {
+    owner = at::full({N}, -1, at::kLong);
+    for (size_t a = 0; a < pass.row_adapters.size(); ++a)
+      owner.index_fill_(0, pass.row_adapters[a].rows, static_cast<int64_t>(a));
+    owner = owner.index_select(0, token);
+  }
+  const auto* count = counts.data_ptr<int64_t>();
+  std::vector<at::Tensor> outs;
+  int64_t begin = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    auto slice = xs.narrow(0, begin, n);
+    PassOptions sub = pass;
+    if (owner.defined()) {
+      sub.row_adapters.clear();
+      auto mine = owner.narrow(0, begin, n);
+      for (size_t a = 0; a < pass.row_adapters.size(); ++a) {
+        auto rows = (mine == static_cast<int64_t>(a)).nonzero().squeeze(1);
+        if (rows.numel() > 0) sub.row_adapters.push_back({pass.row_adapters[a].lora, rows});
+      }
+    }
+    outs.push_back(m.swiglu_mlp(pre + "experts." + std::to_string(e), slice, false, sub));
+    begin += n;
+  }
+  return at::zeros_like(x).index_add(0, token, at::cat(outs, 0) * ws);
+}
+
+}  // namespace
+
+at::Tensor CausalLM::Impl::sparse_moe(int64_t layer, const at::Tensor& h, const PassOptions& pass) const {
+  const auto& m = cfg.moe;
+  const auto pre = "model.layers." + std::to_string(layer) + ".mlp.";
+  const auto sizes = h.sizes().vec();
+  const int64_t H = sizes.back(), k = m.num_experts_per_tok;
+  if (!pass.row_adapters.empty() && h.dim() != 2)
+    throw_error(make_error(errc::internal, "per-row adapters on an expert block need [tokens, hidden] input"));
+  auto x = h.reshape({-1, H});
+  if (x.size(0) == 0) return at::zeros_like(h);
+
+  // Routing: softmax over every expert, the k most probable, optionally
+  // renormalised to sum 1 (in the computation's dtype: f32, as
+  // transformers' router, or f64 in tests).
+  auto probs = at::softmax(linear(pre + "gate", x, false, pass), -1);  // [N, E]
+  auto [weights, chosen] = probs.topk(k, -1);                          // [N, k]
+  if (m.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+
+  auto routed = dense_experts() ? dense_routed(*this, pre, x, weights, chosen, pass)
+                                 : grouped_routed(*this, pre, x, weights, chosen, pass);
+  if (m.shared_expert_intermediate_size > 0) {
+    // Qwen2-MoE: a shared expert on every token, gated per token.
+    auto gate = at::sigmoid(linear(pre + "shared_expert_gate", x, false, pass));  // [N, 1]
+    routed = routed + gate * swiglu_mlp(pre + "shared_expert", x, false, pass);
+  }
+  return routed.view(sizes);
+}
+
+}  // namespace glint::components

@@ -1,0 +1,149 @@
+#include "components/model/moe_config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace glint::components::model_detail {
+
+using json = nlohmann::json;
+
+MoeConfig default_moe(Architecture a) {
+  MoeConfig m;
+  if (a == Architecture::qwen3_moe) {
+    m.num_experts = 128;
+    m.num_experts_per_tok = 8;
+    m.moe_intermediate_size = 768;
+  } else if (a == Architecture::qwen2_moe) {
+    m.num_experts = 60;
+    m.num_experts_per_tok = 4;
+    m.moe_intermediate_size = 1408;
+    m.shared_expert_intermediate_size = 5632;
+  }
+  return m;
+}
+
+namespace {
+
+caf::error type_error(const std::string& origin, const char* key, const char* want, const json& v) {
+  return make_error(errc::invalid_argument,
+                    origin + ": field '" + key + "' should be " + want + ", not " + v.dump());
+}
+
+// Reads integer field `key` (absent or null: `out` unchanged).
+caf::error read_int(const json& j, const char* key, int64_t& out, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return caf::none;
+  if (!it->is_number_integer()) return type_error(origin, key, "an integer", *it);
+  out = it->get<int64_t>();
+  return caf::none;
+}
+
+}  // namespace
+
+caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>& used, const std::string& origin) {
+  auto& m = c.moe;
+  used.insert({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+               "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"});
+  const bool qwen2 = c.architecture == Architecture::qwen2_moe;
+  if (qwen2) used.insert("shared_expert_intermediate_size");
+  // transformers 5 calls num_experts num_local_experts too: either spelling,
+  // and both only when they agree.
+  int64_t local = -1;
+  if (auto e = read_int(j, "num_local_experts", local, origin)) return e;
+  if (auto e = read_int(j, "num_experts", m.num_experts, origin)) return e;
+  if (local >= 0) {
+    if (j.contains("num_experts") && !j["num_experts"].is_null() && local != m.num_experts)
+      return make_error(errc::invalid_argument, origin + ": fields 'num_experts' (" + std::to_string(m.num_experts) +
+                                                    ") and 'num_local_experts' (" + std::to_string(local) +
+                                                    ") disagree; keep one of them");
+    m.num_experts = local;
+  }
+  for (auto [key, out] : {std::pair{"num_experts_per_tok", &m.num_experts_per_tok},
+                          {"moe_intermediate_size", &m.moe_intermediate_size},
+                          {"decoder_sparse_step", &m.decoder_sparse_step}})
+    if (auto e = read_int(j, key, *out, origin)) return e;
+  if (qwen2)
+    if (auto e = read_int(j, "shared_expert_intermediate_size", m.shared_expert_intermediate_size, origin)) return e;
+  for (auto [key, out] : {std::pair{"norm_topk_prob", &m.norm_topk_prob},
+                          {"output_router_logits", &m.output_router_logits}})
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      if (!it->is_boolean()) return type_error(origin, key, "a boolean", *it);
+      *out = it->get<bool>();
+    }
+  if (auto it = j.find("router_aux_loss_coef"); it != j.end() && !it->is_null()) {
+    if (!it->is_number()) return type_error(origin, "router_aux_loss_coef", "a number", *it);
+    m.router_aux_loss_coef = it->get<double>();
+  }
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_number_integer(); }))
+      return type_error(origin, "mlp_only_layers", "a list of layer indices", *it);
+    m.mlp_only_layers = it->get<std::vector<int64_t>>();
+  }
+  if (m.output_router_logits)
+    return make_error(errc::unimplemented,
+                      origin + ": field 'output_router_logits' is true, which adds the load-balancing loss (weight "
+                               "router_aux_loss_coef) to the training loss; glint does not compute that loss yet. "
+                               "Set it to false to train on the plain loss");
+  return caf::none;
+}
+
+void write_moe_fields(const ModelConfig& c, json& j) {
+  const auto& m = c.moe;
+  j["num_experts"] = m.num_experts;
+  j["num_experts_per_tok"] = m.num_experts_per_tok;
+  j["moe_intermediate_size"] = m.moe_intermediate_size;
+  if (c.architecture == Architecture::qwen2_moe) j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+  j["norm_topk_prob"] = m.norm_topk_prob;
+  j["decoder_sparse_step"] = m.decoder_sparse_step;
+  j["mlp_only_layers"] = m.mlp_only_layers;
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  j["output_router_logits"] = m.output_router_logits;
+}
+
+caf::error validate_moe(const ModelConfig& c) {
+  const auto& m = c.moe;
+  auto bad = [](std::string what) { return make_error(errc::invalid_argument, std::move(what)); };
+  if (!is_moe(c.architecture)) {
+    if (m.num_experts != 0)
+      return bad(std::string{hf_class_name(c.architecture)} + " has no experts (num_experts " +
+                 std::to_string(m.num_experts) + ")");
+    return caf::none;
+  }
+  if (m.num_experts < 0) return bad("num_experts must not be negative, not " + std::to_string(m.num_experts));
+  if (m.num_experts > (int64_t{1} << 12))
+    return bad("num_experts " + std::to_string(m.num_experts) + " is more than glint's bound of 4096 (is it a typo?)");
+  if (m.decoder_sparse_step <= 0)
+    return bad("decoder_sparse_step must be positive, not " + std::to_string(m.decoder_sparse_step));
+  for (auto l : m.mlp_only_layers)
+    if (l < 0 || l >= c.num_hidden_layers)
+      return bad("mlp_only_layers names layer " + std::to_string(l) + ", but the model has layers 0 to " +
+                 std::to_string(c.num_hidden_layers - 1));
+  if (m.num_experts == 0) return caf::none;  // every layer dense, as transformers builds it
+  if (m.num_experts_per_tok <= 0 || m.num_experts_per_tok > m.num_experts)
+    return bad("num_experts_per_tok is " + std::to_string(m.num_experts_per_tok) +
+               "; each token goes to between 1 and num_experts (" + std::to_string(m.num_experts) + ") experts");
+  if (m.moe_intermediate_size <= 0 || m.moe_intermediate_size > (int64_t{1} << 20))
+    return bad("moe_intermediate_size must be positive and at most 2^20, not " + std::to_string(m.moe_intermediate_size));
+  if (m.shared_expert_intermediate_size < 0 || m.shared_expert_intermediate_size > (int64_t{1} << 20))
+    return bad("shared_expert_intermediate_size must lie in [0, 2^20], not " +
+               std::to_string(m.shared_expert_intermediate_size));
+  if (c.architecture == Architecture::qwen2_moe && m.shared_expert_intermediate_size == 0)
+    return bad("shared_expert_intermediate_size must be positive: every Qwen2-MoE sparse block has a shared expert");
+  if (c.architecture == Architecture::qwen3_moe && m.shared_expert_intermediate_size != 0)
+    return bad("Qwen3-MoE has no shared expert (shared_expert_intermediate_size " +
+               std::to_string(m.shared_expert_intermediate_size) + ")");
+  if (!(m.router_aux_loss_coef >= 0)) return bad("router_aux_loss_coef must not be negative");
+  if (c.mlp_bias) return bad("the MoE families have no MLP biases");
+  return caf::none;
+}
+
+int64_t sparse_block_parameters(const ModelConfig& c) {
+  const auto& m = c.moe;
+  const int64_t h = c.hidden_size;
+  int64_t n = m.num_experts * h + m.num_experts * 3 * h * m.moe_intermediate_size;  // router, experts
+  if (m.shared_expert_intermediate_size > 0) n += 3 * h * m.shared_expert_intermediate_size + h;
+  return n;
+}
+
+}  // namespace glint::components::model_detail

@@ -1,0 +1,581 @@
+// Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE): config.json's expert
+// fields honoured or refused, both on-disk expert layouts, and the forward
+// pass against an independent float64 implementation written here from the
+// equations (reference/model-families.md 1.1, 2): per token, softmax over
+// every expert, the top k, optional renormalisation, the weighted sum of the
+// chosen experts' SwiGLU (and Qwen2-MoE's sigmoid-gated shared expert).
+#include "components/model/transformer.hpp"
+
+#include "components/model/moe.hpp"
+#include "components/model/trainer.hpp"
+#include "components/sampler/engine.hpp"
+#include "components/tensor/torch_bridge.hpp"
+
+#include "support/temp_dir.hpp"
+#include "support/tensors.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace glint::components {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using glint::testing::ids_of;
+
+// -- config.json ------------------------------------------------------------------
+
+// Qwen3-30B-A3B's config.json, with small sizes.
+json qwen3_moe_json() {
+  return json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 12,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+    "output_router_logits": false, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": null,
+    "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "max_window_layers": 48,
+    "tie_word_embeddings": false, "max_position_embeddings": 128, "torch_dtype": "bfloat16",
+    "hidden_act": "silu", "attention_dropout": 0.0, "use_cache": true
+  })");
+}
+
+// Qwen1.5-MoE-A2.7B's, small.
+json qwen2_moe_json() {
+  return json::parse(R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 40, "moe_intermediate_size": 12,
+    "shared_expert_intermediate_size": 20, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "num_experts": 6, "num_experts_per_tok": 3, "norm_topk_prob": false,
+    "decoder_sparse_step": 1, "router_aux_loss_coef": 0.001, "output_router_logits": false,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": false, "sliding_window": 32768,
+    "max_window_layers": 21, "tie_word_embeddings": false, "max_position_embeddings": 128,
+    "torch_dtype": "bfloat16", "hidden_act": "silu"
+  })");
+}
+
+Result<ModelConfig> parse(const json& j) { return ModelConfig::parse(j.dump(), "config.json"); }
+
+TEST(MoeConfig, ReadsQwen3MoeAsTransformersDoes) {
+  auto j = qwen3_moe_json();
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  auto c = parse(j);
+  ASSERT_TRUE(c) << describe(c.error());
+  EXPECT_EQ(c->architecture, Architecture::qwen3_moe);
+  EXPECT_EQ(c->head_dim, 8);  // hidden / heads: Qwen3MoeConfig has no 128 default
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->moe.num_experts, 8);
+  EXPECT_EQ(c->moe.num_experts_per_tok, 2);
+  EXPECT_EQ(c->moe.moe_intermediate_size, 12);
+  EXPECT_TRUE(c->moe.norm_topk_prob);
+  EXPECT_EQ(c->moe.shared_expert_intermediate_size, 0);
+  // (l + 1) % 2 == 0 and l not in mlp_only_layers: layer 1 only.
+  std::vector<FeedForward> want{FeedForward::dense, FeedForward::sparse, FeedForward::dense, FeedForward::dense};
+  for (int64_t l = 0; l < 4; ++l) EXPECT_EQ(c->feed_forward(l), want[static_cast<size_t>(l)]) << "layer " << l;
+  // Written back as transformers reads it, and read again the same.
+  auto again = ModelConfig::parse(c->to_json());
+  ASSERT_TRUE(again) << describe(again.error());
+  EXPECT_EQ(json::parse(again->to_json()), json::parse(c->to_json()));
+  EXPECT_EQ(again->moe.mlp_only_layers, std::vector<int64_t>{3});
+  EXPECT_EQ(again->feed_forward(1), FeedForward::sparse);
+  // The parameter count follows the blocks: three dense layers, one sparse.
+  const int64_t h = 32, attn = 32 * 32 * 2 + 2 * 32 * 16 + 2 * 8 + 2 * h;
+  EXPECT_EQ(c->num_parameters(), 3 * (attn + 3 * h * 48) + (attn + 8 * h + 8 * 3 * h * 12) + h + 2 * 64 * h);
+}
+
+TEST(MoeConfig, ReadsQwen2MoeWithItsSharedExpertAndBiases) {
+  auto c = parse(qwen2_moe_json());
+  ASSERT_TRUE(c) << describe(c.error());
+  EXPECT_EQ(c->architecture, Architecture::qwen2_moe);
+  EXPECT_TRUE(c->qkv_bias);  // absent qkv_bias: true, as Qwen2's
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->moe.shared_expert_intermediate_size, 20);
+  EXPECT_FALSE(c->moe.norm_topk_prob);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window false
+  auto j = qwen2_moe_json();
+  j["qkv_bias"] = false;  // transformers 5's field
+  auto no_bias = parse(j);
+  ASSERT_TRUE(no_bias) << describe(no_bias.error());
+  EXPECT_FALSE(no_bias->qkv_bias);
+  EXPECT_EQ(json::parse(no_bias->to_json())["qkv_bias"], false);
+  // transformers 5's num_local_experts, alone or agreeing.
+  j = qwen2_moe_json();
+  j.erase("num_experts");
+  j["num_local_experts"] = 6;
+  auto local = parse(j);
+  ASSERT_TRUE(local) << describe(local.error());
+  EXPECT_EQ(local->moe.num_experts, 6);
+}
+
+TEST(MoeConfig, RefusesFieldsItCannotHonourNamingThem) {
+  struct Case {
+    const char* field;
+    json value;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"num_experts_per_tok", 9, "num_experts_per_tok is 9"},
+      {"num_experts_per_tok", 0, "between 1 and num_experts"},
+      {"output_router_logits", true, "output_router_logits"},
+      {"mlp_only_layers", json::array({7}), "mlp_only_layers names layer 7"},
+      {"mlp_only_layers", "3", "mlp_only_layers"},
+      {"decoder_sparse_step", 0, "decoder_sparse_step must be positive"},
+      {"moe_intermediate_size", 0, "moe_intermediate_size"},
+      {"num_local_experts", 16, "disagree"},
+      {"num_experts", "eight", "num_experts"},
+      {"norm_topk_prob", 1, "norm_topk_prob"},
+  };
+  for (const auto& k : cases) {
+    auto j = qwen3_moe_json();
+    j[k.field] = k.value;
+    auto c = parse(j);
+    ASSERT_FALSE(c) << k.field << " = " << k.value.dump();
+    const auto msg = describe(c.error());
+    EXPECT_NE(msg.find("config.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(k.says), std::string::npos) << k.field << ": " << msg;
+  }
+  auto j = qwen2_moe_json();
+  j["shared_expert_intermediate_size"] = 0;
+  EXPECT_FALSE(parse(j));
+}
+
+// -- the float64 reference ----------------------------------------------------------------
+
+// The whole model on one unpadded sequence, in float64, from the equations:
+// attention with GQA, q/k norm, RoPE; per token, per sparse layer, the
+// router's softmax, its top k, and the chosen experts' weighted sum. The
+// smallest gap between a token's k-th and (k+1)-th router probability is
+// kept: where it is near 0, f32 rounding may pick another expert.
+struct Reference {
+  const ModelConfig& c;
+  std::map<std::string, at::Tensor> p;
+  double min_gap = 1.0;
+
+  explicit Reference(const CausalLM& lm) : c(lm.config()) {
+    for (const auto& [n, t] : lm.impl().params) p[n] = t.detach().to(at::kDouble);
+  }
+  at::Tensor lin(const std::string& m, const at::Tensor& x) const {
+    auto y = at::matmul(x, p.at(m + ".weight").t());
+    if (auto b = p.find(m + ".bias"); b != p.end()) y = y + b->second;
+    return y;
+  }
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& w) const {
+    return x / at::sqrt(x.pow(2).mean(-1, true) + c.rms_norm_eps) * w;
+  }
+  at::Tensor swiglu(const std::string& m, const at::Tensor& x) const {
+    auto g = lin(m + ".gate_proj", x);
+    return lin(m + ".down_proj", g * at::sigmoid(g) * lin(m + ".up_proj", x));
+  }
+  at::Tensor rope(const at::Tensor& x) const {  // [T, heads, D]
+    const int64_t T = x.size(0), D = c.head_dim, half = D / 2;
+    auto out = x.clone();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(t) * std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / D);
+        auto a = x.select(0, t).select(-1, i), b = x.select(0, t).select(-1, i + half);
+        out.select(0, t).select(-1, i).copy_(a * std::cos(angle) - b * std::sin(angle));
+        out.select(0, t).select(-1, i + half).copy_(b * std::cos(angle) + a * std::sin(angle));
+      }
+    return out;
+  }
+  at::Tensor experts(const std::string& pre, const at::Tensor& x) {  // [T, H], token by token
+    const auto& m = c.moe;
+    auto y = at::zeros_like(x);
+    for (int64_t t = 0; t < x.size(0); ++t) {
+      auto xt = x[t];
+      auto probs = at::softmax(lin(pre + "gate", xt), -1);
+      std::vector<std::pair<double, int64_t>> ranked;
+      for (int64_t e = 0; e < m.num_experts; ++e) ranked.emplace_back(probs[e].item<double>(), e);
+      std::sort(ranked.begin(), ranked.end(), std::greater<>{});
+      if (m.num_experts_per_tok < m.num_experts)
+        min_gap = std::min(min_gap, ranked[static_cast<size_t>(m.num_experts_per_tok) - 1].first -
+                                        ranked[static_cast<size_t>(m.num_experts_per_tok)].first);
+      double total = 0;
+      for (int64_t j = 0; j < m.num_experts_per_tok; ++j) total += ranked[static_cast<size_t>(j)].first;
+      for (int64_t j = 0; j < m.num_experts_per_tok; ++j) {
+        auto [w, e] = ranked[static_cast<size_t>(j)];
+        if (m.norm_topk_prob) w /= total;
+        y[t] += w * swiglu(pre + "experts." + std::to_string(e), xt);
+      }
+      if (m.shared_expert_intermediate_size > 0)
+        y[t] += at::sigmoid(lin(pre + "shared_expert_gate", xt)).squeeze() * swiglu(pre + "shared_expert", xt);
+    }
+    return y;
+  }
+  at::Tensor logits(const std::vector<int64_t>& ids) {
+    const int64_t T = static_cast<int64_t>(ids.size()), nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+    const int64_t D = c.head_dim;
+    auto x = p.at("model.embed_tokens.weight").index_select(0, at::tensor(ids, at::kLong));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const auto pre = "model.layers." + std::to_string(l) + ".";
+      auto h = norm(x, p.at(pre + "input_layernorm.weight"));
+      auto q = lin(pre + "self_attn.q_proj", h).view({T, nh, D});
+      auto k = lin(pre + "self_attn.k_proj", h).view({T, nkv, D});
+      auto v = lin(pre + "self_attn.v_proj", h).view({T, nkv, D});
+      if (c.qk_norm) {
+        q = norm(q, p.at(pre + "self_attn.q_norm.weight"));
+        k = norm(k, p.at(pre + "self_attn.k_norm.weight"));
+      }
+      q = rope(q);
+      k = rope(k);
+      auto attn = at::zeros({T, nh, D}, at::kDouble);
+      for (int64_t head = 0; head < nh; ++head) {
+        const int64_t g = head / (nh / nkv);  // the key/value head it shares
+        auto s = at::matmul(q.select(1, head), k.select(1, g).t()) / std::sqrt(static_cast<double>(D));
+        s = s.masked_fill(at::ones({T, T}, at::kBool).triu(1), -INFINITY);
+        attn.select(1, head).copy_(at::matmul(at::softmax(s, -1), v.select(1, g)));
+      }
+      x = x + lin(pre + "self_attn.o_proj", attn.reshape({T, nh * D}));
+      h = norm(x, p.at(pre + "post_attention_layernorm.weight"));
+      x = x + (c.feed_forward(l) == FeedForward::sparse ? experts(pre + "mlp.", h) : swiglu(pre + "mlp", h));
+    }
+    return lin("lm_head", norm(x, p.at("model.norm.weight")));
+  }
+};
+
+// A random model of config `j` whose routing and attention are far from
+// uniform (weights scaled up).
+CausalLM sharp_model(const json& j, uint64_t seed) {
+  auto c = parse(j);
+  EXPECT_TRUE(c) << describe(c.error());
+  auto lm = CausalLM::init_random(*c, seed);
+  EXPECT_TRUE(lm) << describe(lm.error());
+  for (auto& [n, t] : lm->impl().params) {
+    if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) t.normal_(0.0, 0.1);  // init makes them 0
+    else if (n.find("norm") == std::string::npos) t.mul_(n.find("mlp.gate") != std::string::npos ? 30.0 : 6.0);
+  }
+  return std::move(*lm);
+}
+
+std::vector<int64_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  return v;
+}
+
+Tensor row(const std::vector<int64_t>& v) { return *Tensor::from_values(v, {1, static_cast<int64_t>(v.size())}); }
+
+struct Variant {
+  const char* name;
+  json config;
+};
+
+std::vector<Variant> variants() {
+  auto step2 = qwen3_moe_json();
+  step2["decoder_sparse_step"] = 2;
+  step2["mlp_only_layers"] = {3};
+  step2["norm_topk_prob"] = false;
+  step2["num_experts_per_tok"] = 3;
+  auto biased = qwen3_moe_json();
+  biased["attention_bias"] = true;
+  return {{"qwen3_moe", qwen3_moe_json()}, {"qwen3_moe step 2, mlp_only, k 3", step2},
+          {"qwen3_moe attention_bias", biased}, {"qwen2_moe", qwen2_moe_json()}};
+}
+
+TEST(MoeModel, LogitsMatchTheFloat64Reference) {
+  for (const auto& [name, config] : variants())
+    for (uint64_t seed : {1, 2}) {
+      SCOPED_TRACE(std::string{name} + ", seed " + std::to_string(seed));
+      auto lm = sharp_model(config, seed);
+      const auto ids = random_ids(19, lm.config().vocab_size, seed + 10);
+      Reference ref{lm};
+      auto want = ref.logits(ids);
+      auto got = lm.forward({.input_ids = row(ids)}, {.logits = true});
+      ASSERT_TRUE(got) << describe(got.error());
+      const double err = (to_torch(got->logits)[0].to(at::kDouble) - want).abs().max().item<double>();
+      // The router's smallest margin between the k-th and (k+1)-th expert,
+      // reported beside the error: a near-tie there is where f32 and f64
+      // may route differently.
+      std::printf("[ moe ] %s seed %llu: max |logit - f64 reference| %.2e, smallest router gap %.2e, logits up to %.1f\n",
+                  name, static_cast<unsigned long long>(seed), err, ref.min_gap, want.abs().max().item<double>());
+      // f32 rounds probabilities near 1e-7: a smaller gap could route otherwise.
+      ASSERT_GT(ref.min_gap, 1e-6) << "a router near-tie: choose another seed";
+      EXPECT_LT(err, 1e-4);
+      // The model itself in float64 agrees to rounding.
+      for (auto& [n, t] : lm.impl().params) t = t.to(at::kDouble);
+      auto prepared = model_detail::prepare(lm.config(), {.input_ids = row(ids)});
+      ASSERT_TRUE(prepared);
+      auto out = lm.impl().run(*prepared, false, true);
+      EXPECT_LT((out.logits[0] - want).abs().max().item<double>(), 1e-9);
+    }
+}
+
+TEST(MoeModel, GreedyGenerationEqualsTheFloat64Reference) {
+  for (const auto& [name, config] : variants()) {
+    SCOPED_TRACE(name);
+    auto lm = sharp_model(config, 3);
+    auto prompt = random_ids(6, lm.config().vocab_size, 4);
+    auto engine = Engine::create(lm, {.max_num_batched_tokens = 64});
+    ASSERT_TRUE(engine) << describe(engine.error());
+    auto outs = engine->generate({prompt}, {.max_tokens = 10, .temperature = 0, .ignore_eos = true});
+    ASSERT_TRUE(outs[0]) << describe(outs[0].error());
+    Reference ref{lm};
+    auto seq = prompt;
+    std::vector<int64_t> want;
+    for (int i = 0; i < 10; ++i) {
+      auto l = ref.logits(seq)[static_cast<int64_t>(seq.size()) - 1];
+      auto top = std::get<0>(l.topk(2));
+      EXPECT_GT((top[0] - top[1]).item<double>(), 1e-4) << "a near-tie in the reference's logits at token " << i;
+      want.push_back(l.argmax().item<int64_t>());
+      seq.push_back(want.back());
+    }
+    EXPECT_EQ(outs[0]->sequences.at(0).tokens, want);
+  }
+}
+
+// The grouped block against the composition it replaces (every expert on
+// every token, weighted by the router): the same logits and gradients.
+TEST(MoeModel, TheGroupedBlockEqualsEveryExpertOnEveryToken) {
+  for (const auto& [name, config] : variants()) {
+    SCOPED_TRACE(name);
+    auto lm = sharp_model(config, 4);
+    auto& impl = lm.impl();
+    for (auto& [n, p] : impl.params) p = p.to(at::kDouble).requires_grad_(true);
+    auto prepared = model_detail::prepare(lm.config(), {.input_ids = ids_of({{4, 8, 15, 16, 23, 42}, {1, 1, 2, 3, 5, 8}})});
+    ASSERT_TRUE(prepared);
+    // Every parameter's gradient: an expert no token chose has none in the
+    // grouped block, and zero in the dense one (its outputs weigh 0).
+    auto pass = [&] {
+      for (auto& [n, p] : impl.params) p.mutable_grad() = at::Tensor{};
+      auto out = impl.run(*prepared, false, true);
+      out.logprobs.sum().backward();
+      std::map<std::string, at::Tensor> grads;
+      for (auto& [n, p] : impl.params) grads[n] = p.grad().defined() ? p.grad().clone() : at::zeros_like(p);
+      return std::pair{out.logits.detach(), grads};
+    };
+    auto [grouped, grouped_grads] = pass();
+    set_dense_experts(true);
+    auto [dense, dense_grads] = pass();
+    set_dense_experts(false);
+    EXPECT_LT((grouped - dense).abs().max().item<double>(), 1e-10);
+    int untouched = 0;
+    for (const auto& [n, g] : grouped_grads) {
+      EXPECT_LT((g - dense_grads.at(n)).abs().max().item<double>(), 1e-10) << n;
+      untouched += n.find(".experts.") != std::string::npos && g.abs().max().item<double>() == 0;
+    }
+    std::printf("[ moe ] %s: %d expert weights no token reached\n", name, untouched);
+  }
+}
+
+// -- weights on disk ----------------------------------------------------------------------
+
+TEST(MoeModel, SavesPerExpertAndLoadsBothLayouts) {
+  const auto dir = glint::testing::fresh_dir("moe-save");
+  auto lm = sharp_model(qwen3_moe_json(), 5);
+  ASSERT_TRUE(lm.save(dir + "/per_expert"));
+  auto back = CausalLM::load(dir + "/per_expert");
+  ASSERT_TRUE(back) << describe(back.error());
+  for (const auto& [n, t] : lm.impl().params) {
+    ASSERT_TRUE(back->impl().params.count(n)) << n;
+    // bfloat16 on disk (torch_dtype): equal after the same rounding.
+    EXPECT_TRUE(at::equal(back->impl().params.at(n), t.to(at::kBFloat16).to(at::kFloat))) << n;
+  }
+  EXPECT_TRUE(back->impl().params.count("model.layers.2.mlp.experts.7.down_proj.weight"));
+
+  // transformers 5's fused layout: [E, 2I, H] gate rows then up rows, [E, H, I].
+  const auto& c = lm.config();
+  NamedTensors fused;
+  for (const auto& [n, t] : lm.impl().params)
+    if (n.find("mlp.experts.") == std::string::npos) fused.emplace_back(n, *from_torch(t));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto pre = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    std::vector<at::Tensor> gate_up, down;
+    for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+      const auto q = pre + std::to_string(e) + ".";
+      gate_up.push_back(at::cat({lm.impl().param(q + "gate_proj.weight"), lm.impl().param(q + "up_proj.weight")}, 0));
+      down.push_back(lm.impl().param(q + "down_proj.weight"));
+    }
+    fused.emplace_back(pre + "gate_up_proj", *from_torch(at::stack(gate_up)));
+    fused.emplace_back(pre + "down_proj", *from_torch(at::stack(down)));
+  }
+  auto cfg = c;
+  cfg.dtype = Dtype::f32;
+  const auto fused_dir = dir + "/fused";
+  fs::create_directories(fused_dir);
+  ASSERT_TRUE(write_safetensors_dir(fused_dir, fused));
+  {
+    std::ofstream f{fused_dir + "/config.json"};
+    f << cfg.to_json();
+  }
+  auto from_fused = CausalLM::load(fused_dir);
+  ASSERT_TRUE(from_fused) << describe(from_fused.error());
+  const auto ids = row(random_ids(9, c.vocab_size, 1));
+  auto a = lm.forward({.input_ids = ids}, {.logits = true});
+  auto b = from_fused->forward({.input_ids = ids}, {.logits = true});
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(at::equal(to_torch(a->logits), to_torch(b->logits)));
+
+  // A config naming more experts than the weights hold: refused, saying which.
+  auto more = json::parse(cfg.to_json());
+  more["num_experts"] = 9;
+  {
+    std::ofstream f{fused_dir + "/config.json"};
+    f << more.dump();
+  }
+  auto bad = CausalLM::load(fused_dir);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("num_experts 9"), std::string::npos) << describe(bad.error());
+  // Per-expert weights missing one expert: the error names it.
+  fs::remove(dir + "/per_expert/model.safetensors");
+  NamedTensors partial;
+  for (const auto& [n, t] : lm.impl().params)
+    if (n.find("mlp.experts.5.") == std::string::npos || n.find("layers.1.") == std::string::npos)
+      partial.emplace_back(n, *from_torch(t));
+  ASSERT_TRUE(write_safetensors_dir(dir + "/per_expert", partial));
+  auto missing = CausalLM::load(dir + "/per_expert");
+  ASSERT_FALSE(missing);
+  EXPECT_NE(describe(missing.error()).find("model.layers.1.mlp.experts.5.gate_proj.weight"), std::string::npos)
+      << describe(missing.error());
+}
+
+// -- training -------------------------------------------------------------------------------
+
+TEST(MoeTraining, GradientsMatchFiniteDifferencesInFloat64) {
+  for (const auto& [name, config] : variants()) {
+    SCOPED_TRACE(name);
+    auto lm = sharp_model(config, 6);
+    auto& impl = lm.impl();
+    for (auto& [n, p] : impl.params) p = p.to(at::kDouble).requires_grad_(true);
+    auto prepared = model_detail::prepare(lm.config(), {.input_ids = ids_of({{1, 5, 9, 2, 7, 3}, {3, 3, 8, 0, 0, 0}}),
+                                                        .attention_mask = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}})});
+    ASSERT_TRUE(prepared);
+    auto objective = [&] { return impl.run(*prepared, false, false).logprobs.sum(); };
+    objective().backward();
+    std::vector<std::string> names = {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.0.gate_proj.weight",
+                                      "model.layers.1.mlp.experts.3.down_proj.weight",
+                                      "model.layers.0.self_attn.q_proj.weight"};
+    if (lm.config().moe.shared_expert_intermediate_size > 0) {
+      names.push_back("model.layers.1.mlp.shared_expert_gate.weight");
+      names.push_back("model.layers.1.mlp.shared_expert.up_proj.weight");
+    }
+    for (const auto& n : names) {
+      auto& p = impl.params.at(n);
+      ASSERT_TRUE(p.grad().defined()) << n;
+      auto flat = p.detach().view({-1});
+      for (int64_t i : {int64_t{0}, flat.numel() / 3, flat.numel() - 1}) {
+        c10::NoGradGuard ng;
+        const double h = 1e-6, old = flat[i].item<double>();
+        flat[i] = old + h;
+        const double up = objective().item<double>();
+        flat[i] = old - h;
+        const double down = objective().item<double>();
+        flat[i] = old;
+        const double fd = (up - down) / (2 * h), ad = p.grad().view({-1})[i].item<double>();
+        EXPECT_NEAR(ad, fd, 1e-6 * std::max(1.0, std::abs(fd))) << n << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(MoeTraining, ATrainerStepLowersTheLoss) {
+  for (const auto& [name, config] : variants()) {
+    SCOPED_TRACE(name);
+    auto t = Trainer::create(sharp_model(config, 7), {.optimizer = {.lr = 1e-3}});
+    ASSERT_TRUE(t) << describe(t.error());
+    TrainBatch b{.tokens = {.input_ids = ids_of({{1, 5, 9, 2, 7, 3, 4, 4}, {3, 3, 8, 1, 2, 6, 6, 0}})}};
+    double first = 0, last = 0;
+    for (int step = 0; step < 5; ++step) {
+      auto m = t->forward_backward(b, {});
+      ASSERT_TRUE(m) << describe(m.error());
+      (step == 0 ? first : last) = m->at("loss");
+      ASSERT_TRUE(t->clip_grad_and_step());
+    }
+    EXPECT_LT(last, first);
+  }
+}
+
+// -- LoRA ------------------------------------------------------------------------------------
+
+TEST(MoeLora, AdaptsExpertsInPeftsLayout) {
+  auto lm = sharp_model(qwen2_moe_json(), 8);
+  LoraConfig cfg{.r = 2, .alpha = 4};
+  cfg.target_modules = {"q_proj", "gate_proj", "down_proj", "shared_expert_gate"};
+  ASSERT_TRUE(lm.add_adapter("a", cfg, 1));
+  const auto& modules = lm.impl().adapters.at("a").modules;
+  for (auto m : {"model.layers.0.mlp.experts.5.gate_proj", "model.layers.2.mlp.experts.0.down_proj",
+                 "model.layers.1.mlp.shared_expert.gate_proj", "model.layers.1.mlp.shared_expert_gate",
+                 "model.layers.0.self_attn.q_proj"})
+    EXPECT_NE(std::find(modules.begin(), modules.end(), m), modules.end()) << m;
+  EXPECT_EQ(std::find(modules.begin(), modules.end(), "model.layers.0.mlp.gate"), modules.end());
+  // B random: the adapter changes the output, and the merged weights give
+  // what the adapter does.
+  for (auto& [m, ab] : lm.impl().adapters.at("a").weights) ab.second.normal_(0, 0.2);
+  const auto ids = row(random_ids(7, 64, 2));
+  auto base = lm.forward({.input_ids = ids});
+  auto adapted = lm.forward({.input_ids = ids}, {.adapter = "a"});
+  ASSERT_TRUE(base && adapted);
+  EXPECT_GT((to_torch(base->logprobs) - to_torch(adapted->logprobs)).abs().max().item<float>(), 1e-3);
+  auto merged = lm.merged_parameters("a");
+  ASSERT_TRUE(merged) << describe(merged.error());
+  auto copy = *CausalLM::init_random(lm.config(), 0);
+  for (const auto& [n, t] : *merged) copy.impl().params.at(n).copy_(to_torch(t));
+  auto folded = copy.forward({.input_ids = ids});
+  ASSERT_TRUE(folded);
+  EXPECT_LT((to_torch(folded->logprobs) - to_torch(adapted->logprobs)).abs().max().item<float>(), 1e-4);
+  // Saved with PEFT's keys, and loaded back the same.
+  const auto dir = glint::testing::fresh_dir("moe-adapter");
+  ASSERT_TRUE(lm.save_adapter("a", dir));
+  auto keys = load_safetensors(dir + "/adapter_model.safetensors");
+  ASSERT_TRUE(keys) << describe(keys.error());
+  bool found = false;
+  for (const auto& [n, t] : *keys) found |= n == "base_model.model.model.layers.1.mlp.experts.4.gate_proj.lora_A.weight";
+  EXPECT_TRUE(found);
+  ASSERT_TRUE(lm.load_adapter("b", dir));
+  auto again = lm.forward({.input_ids = ids}, {.adapter = "b"});
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(at::equal(to_torch(again->logprobs), to_torch(adapted->logprobs)));
+  // The experts' containers are not Linear: refused by name.
+  LoraConfig containers{.r = 2, .alpha = 4};
+  containers.target_modules = {"experts"};
+  auto refused = lm.add_adapter("c", containers, 1);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("mlp.experts"), std::string::npos) << describe(refused.error());
+}
+
+TEST(MoeLora, TheSamplersMultiTenantBatchesMatchEachAdapterAlone) {
+  auto lm = sharp_model(qwen3_moe_json(), 9);
+  LoraConfig cfg{.r = 2, .alpha = 4};
+  cfg.target_modules = {"gate_proj", "up_proj", "down_proj", "v_proj"};
+  for (const char* name : {"x", "y"}) {
+    ASSERT_TRUE(lm.add_adapter(name, cfg, name[0]));
+    for (auto& [m, ab] : lm.impl().adapters.at(name).weights) ab.second.normal_(0, 0.3);
+  }
+  auto engine = Engine::create(lm, {.max_num_batched_tokens = 64});
+  ASSERT_TRUE(engine) << describe(engine.error());
+  const auto p1 = random_ids(5, 64, 11), p2 = random_ids(8, 64, 12);
+  SamplingParams greedy{.max_tokens = 6, .temperature = 0, .ignore_eos = true};
+  // One batch of three tenants: each step's tokens go through the experts
+  // together, each with its own adapter's rows.
+  std::vector<uint64_t> ids;
+  for (auto [prompt, adapter] : {std::pair{&p1, "x"}, {&p2, "y"}, {&p1, ""}}) {
+    auto id = engine->add_request(*prompt, greedy, adapter);
+    ASSERT_TRUE(id) << describe(id.error());
+    ids.push_back(*id);
+  }
+  while (engine->has_unfinished()) ASSERT_TRUE(engine->step());
+  std::vector<std::optional<RequestOutput>> together;
+  for (auto id : ids) {
+    together.push_back(engine->take(id));
+    ASSERT_TRUE(together.back());
+  }
+  auto alone_x = engine->generate({p1}, greedy, "x");
+  auto alone_y = engine->generate({p2}, greedy, "y");
+  auto alone_base = engine->generate({p1}, greedy);
+  ASSERT_TRUE(alone_x[0] && alone_y[0] && alone_base[0]);
+  EXPECT_EQ(together[0]->sequences[0].tokens, alone_x[0]->sequences[0].tokens);
+  EXPECT_EQ(together[1]->sequences[0].tokens, alone_y[0]->sequences[0].tokens);
+  EXPECT_EQ(together[2]->sequences[0].tokens, alone_base[0]->sequences[0].tokens);
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -174,6 +174,7 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
     p.segments = seg;
   }
   if (auto e = check_vocab(p.ids, mask, "input_ids")) return e;
+  p.real = mask;
   p.ids = p.ids.masked_fill(mask.logical_not(), 0);  // padding may hold any id
 
   // Positions: the number of real tokens before this one in its row and segment.

@@ -82,6 +82,39 @@ Result<void> unfuse_experts(const ModelConfig& c, std::map<std::string, Tensor>&
   return {};
 }
 
+RouterStatistics router_statistics(const RouterRecord& record, const at::Tensor& real, int64_t experts) {
+  RouterStatistics st;
+  if (record.layers.empty()) return st;
+  const auto rows = real.reshape({-1}).nonzero().squeeze(1);  // the real tokens
+  st.tokens = rows.numel();
+  std::vector<at::Tensor> probs, counts;
+  double entropy = 0;
+  for (const auto& l : record.layers) {
+    auto p = l.probs.index_select(0, rows);                        // [M, E]
+    auto chosen = l.chosen.index_select(0, rows).reshape({-1});    // [M k]
+    auto c = at::bincount(chosen, {}, experts).to(p.scalar_type());  // (token, slot) pairs per expert
+    probs.push_back(p);
+    counts.push_back(c);
+    const double k = static_cast<double>(l.chosen.size(1));
+    const double mean = static_cast<double>(st.tokens) * k / static_cast<double>(experts);
+    st.load_max_over_mean.emplace_back(l.layer, mean > 0 ? c.max().item<double>() / mean : 0.0);
+    c10::NoGradGuard no_grad;
+    entropy += st.tokens > 0 ? -(p * at::log(p.clamp_min(1e-30))).sum(1).mean().item<double>() : 0.0;
+  }
+  st.entropy = entropy / static_cast<double>(record.layers.size());
+  // Over every layer's tokens concatenated, as transformers computes it:
+  // f_e = pairs that chose e / rows (summing to k), P_e = mean probability.
+  auto p = at::cat(probs, 0);
+  const double n = static_cast<double>(p.size(0));
+  if (n == 0) {
+    st.aux_loss = at::zeros({}, p.options());
+    return st;
+  }
+  auto f = at::stack(counts).sum(0) / n;
+  st.aux_loss = static_cast<double>(experts) * (f * p.mean(0)).sum();
+  return st;
+}
+
 }  // namespace model_detail
 
 namespace {
@@ -162,6 +195,7 @@ at::Tensor CausalLM::Impl::sparse_moe(int64_t layer, const at::Tensor& h, const 
   auto [weights, chosen] = probs.topk(k, -1);                          // [N, k]
   if (m.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
 
+  if (pass.routes) pass.routes->layers.push_back({layer, probs, chosen});
   auto routed = dense_experts() ? dense_routed(*this, pre, x, weights, chosen, pass)
                                  : grouped_routed(*this, pre, x, weights, chosen, pass);
   if (m.shared_expert_intermediate_size > 0) {

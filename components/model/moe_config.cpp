@@ -80,11 +80,6 @@ caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>&
       return type_error(origin, "mlp_only_layers", "a list of layer indices", *it);
     m.mlp_only_layers = it->get<std::vector<int64_t>>();
   }
-  if (m.output_router_logits)
-    return make_error(errc::unimplemented,
-                      origin + ": field 'output_router_logits' is true, which adds the load-balancing loss (weight "
-                               "router_aux_loss_coef) to the training loss; glint does not compute that loss yet. "
-                               "Set it to false to train on the plain loss");
   return caf::none;
 }
 

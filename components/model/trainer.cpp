@@ -78,6 +78,11 @@ struct Trainer::Impl {
   /// With pp, on the last stage: where accumulate puts the objective
   /// instead of running its backward (the pipeline runs it).
   at::Tensor* deferred_objective = nullptr;
+  /// While pass_once runs on a model with experts: what its sparse blocks
+  /// routed and the slice's real tokens, for accumulate's load-balancing
+  /// loss and router metrics.
+  const RouterRecord* routes = nullptr;
+  at::Tensor routed_tokens;
 
   ParamList params() const {
     if (fsdp && fsdp->trains_base()) return fsdp->shards();
@@ -271,8 +276,26 @@ Result<at::Tensor> float_input(const Tensor& t, const char* name, int64_t B, int
 // `s`. Returns the loss's output (its metrics, with "loss" weighted by what
 // it is a mean over) and that count. Adds nothing when it fails.
 Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& s, const LossSpec& spec,
-                                                                  const PassOptions& pass, at::Tensor* logps) {
+                                                                  const PassOptions& pass_in, at::Tensor* logps) {
   const auto& m = model.impl();
+  // A model with experts records its routes (a pipeline stage sees only
+  // its own layers: no router loss or metrics there).
+  RouterRecord record;
+  PassOptions pass = pass_in;
+  if (m.cfg.has_experts() && m.pp && m.cfg.moe.output_router_logits)
+    return make_error(errc::unimplemented,
+                      "config.json sets output_router_logits, whose load-balancing loss needs every sparse layer's "
+                      "routes; a pipeline stage holds only its own layers, and that loss is not built across stages "
+                      "yet. Set output_router_logits to false, or train without pp");
+  if (m.cfg.has_experts() && !m.pp) {
+    pass.routes = &record;
+    routes = &record;
+    routed_tokens = s.prepared.real;
+  }
+  struct Forget {
+    Trainer::Impl& im;
+    ~Forget() { im.routes = nullptr, im.routed_tokens = at::Tensor{}; }
+  } forget{*this};
   auto out = m.run(s.prepared, spec.entropy_coef != 0, false, pass);
   if (logps) *logps = out.logprobs.detach();
   if (is_pairwise(spec.kind)) return pairwise_loss(s, spec, out.logprobs);
@@ -418,6 +441,34 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pairwise_loss(const Sli
 // Adds the gradient of `loss` times `count` (the loss's sum) to the
 // trained parameters; nothing when the loss is not finite.
 Result<std::pair<rl::LossOutput, double>> Trainer::Impl::accumulate(rl::LossOutput loss, double count, bool sum) {
+  if (routes && !routes->layers.empty()) {
+    // Mixture of experts: the router's metrics, and with
+    // output_router_logits transformers' load-balancing loss added to the
+    // (mean) loss with its coefficient.
+    const auto& moe = model.impl().cfg.moe;
+    auto st = model_detail::router_statistics(*routes, routed_tokens, moe.num_experts);
+    if (moe.output_router_logits) {
+      if (sum)
+        return make_error(errc::invalid_argument,
+                          "config.json sets output_router_logits, which adds the load-balancing loss to a mean "
+                          "loss as transformers does; this loss is a plain sum (reduction sum), to which it has no "
+                          "defined weight. Use a mean reduction, or set output_router_logits to false");
+      loss.loss = loss.loss + moe.router_aux_loss_coef * st.aux_loss;
+    }
+    const double w = static_cast<double>(st.tokens);
+    double worst = 0;
+    auto metric = [&](const std::string& name, double v) {
+      loss.metrics[name] = v;
+      loss.weights[name] = w;
+    };
+    metric("moe_aux_loss", st.aux_loss.item<double>());
+    metric("moe_router_entropy", st.entropy);
+    for (const auto& [layer, share] : st.load_max_over_mean) {
+      metric("moe_load_max_over_mean_layer_" + std::to_string(layer), share);
+      worst = std::max(worst, share);
+    }
+    metric("moe_load_max_over_mean", worst);
+  }
   auto value = loss.loss.item<double>();
   if (!std::isfinite(value))
     return make_error(errc::invalid_argument, "the loss is not finite (" + std::to_string(value) +

@@ -43,6 +43,7 @@ struct Prepared {
   at::Tensor targets;      ///< i64 [B, T] (0 where target_mask is false)
   at::Tensor target_mask;  ///< bool [B, T]
   at::Tensor segments;     ///< i64 [B, T]: segment_ids, undefined when the batch has none
+  at::Tensor real;         ///< bool [B, T]: the real tokens (attention_mask; all of them without one)
 };
 
 Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b);
@@ -78,6 +79,39 @@ struct LoraAdapter {
   bool merged = false;
 };
 
+/// What the sparse blocks of a pass routed (PassOptions::routes): per
+/// sparse layer, in order, the router's probabilities over every expert
+/// [tokens, E] (with their gradients in training) and the chosen experts,
+/// i64 [tokens, k]; tokens in the order of the pass's [..., hidden] input
+/// flattened (row-major [B, T] for a batch).
+struct RouterRecord {
+  struct Layer {
+    int64_t layer = 0;
+    at::Tensor probs, chosen;
+  };
+  std::vector<Layer> layers;
+};
+
+/// The router's statistics over the real tokens of a pass (router_statistics).
+struct RouterStatistics {
+  /// transformers' load-balancing loss (load_balancing_loss_func), over
+  /// every sparse layer's tokens at once: E * sum_e f_e P_e, with f_e the
+  /// share of (token, slot) pairs that chose e (summing to k) and P_e the
+  /// mean router probability of e. A differentiable scalar.
+  at::Tensor aux_loss;
+  double entropy = 0;  ///< mean entropy (nats) of a token's router distribution
+  /// Per sparse layer: its most loaded expert's share over the mean share
+  /// (1: balanced; E: every token to one expert).
+  std::vector<std::pair<int64_t, double>> load_max_over_mean;
+  int64_t tokens = 0;  ///< real tokens per layer
+};
+
+namespace model_detail {
+/// The statistics of `record` over the tokens `real` marks (bool [B, T], the
+/// record's tokens in row-major order), for a model of `experts` experts.
+RouterStatistics router_statistics(const RouterRecord& record, const at::Tensor& real, int64_t experts);
+}  // namespace model_detail
+
 /// An adapter for some rows of a batch that mixes tenants: `rows` (i64)
 /// index the second-to-last dimension of every projection's input.
 struct RowAdapter {
@@ -109,6 +143,9 @@ struct PassOptions {
   /// On a pipeline stage after the first: the previous stage's activations
   /// [B, T, hidden], which take the embeddings' place (PipelinePlan).
   at::Tensor stage_input{};
+  /// When set, each sparse block adds what it routed (the trainer's
+  /// load-balancing loss and router metrics).
+  RouterRecord* routes = nullptr;
 };
 
 /// One layer's attention: q [..., T, heads, D], k and v [..., T, kv_heads, D]

@@ -6,16 +6,19 @@ temp_root() {
   server=
   trap '[[ -n $server ]] && kill -9 "$server" 2>/dev/null; rm -rf "$root"' EXIT
 }
-#   tiny_base GLINT [ROWS]
+#   tiny_base GLINT [ROWS [ARCH]]
 # makes the tiny base model every remote-mode script serves, in ./local/model,
 # with a tokenizer trained on ROWS (default: ./rows.jsonl, written here when
-# absent: 40 lines of one sentence).
+# absent: 40 lines of one sentence); ARCH qwen3 (default) or an MoE family
+# (qwen3_moe, qwen2_moe: 4 experts, 2 per token).
 tiny_base() {
-  local glint=$1 rows=${2:-rows.jsonl}
+  local glint=$1 rows=${2:-rows.jsonl} arch=${3:-qwen3}
+  local experts=()
+  [[ $arch == *_moe ]] && experts=(--experts 4 --experts-per-tok 2)
   mkdir -p local
   [[ -f $rows ]] || printf '{"text": "the quick brown fox jumps over the lazy dog %d times"}\n' $(seq 40) > "$rows"
-  "$glint" init-model local/model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 \
-    --vocab 400 --max-positions 256 --tokenizer-from "$rows" > init.log 2>&1 || { cat init.log; exit 1; }
+  "$glint" init-model local/model --arch "$arch" "${experts[@]}" --hidden 64 --intermediate 128 --layers 2 --heads 4 \
+    --kv-heads 2 --vocab 400 --max-positions 256 --tokenizer-from "$rows" > init.log 2>&1 || { cat init.log; exit 1; }
 }
 #   start_server GLINT ROOT [EXTRA_TOML [LAUNCHER_ARGS...]]
 # writes ROOT/serve.toml (the base in ROOT/local/model, state in

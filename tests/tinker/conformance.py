@@ -16,6 +16,10 @@ import time
 from tinker_client import ApiError, Client, FutureFailed
 
 base_url, key_a, key_b, base_model = sys.argv[1:5]
+# How far 10 SFT steps must bring the loss down (the last over the first):
+# 0.8 on the tiny dense base; an MoE base's adapter trains each expert on a
+# share of the tokens and falls more slowly (tinker_api.sh passes its bound).
+SFT_FALL = float(sys.argv[5]) if len(sys.argv) > 5 else 0.8
 checks = 0
 
 
@@ -142,7 +146,9 @@ def run_flow(proto):
         losses.append(alice.result(f1, "fwdbwd")["metrics"]["loss:sum"])
         m = alice.result(f2)["metrics"]
         check("grad_norm" in m and m["grad_norm"] > 0, m)
-    check(losses[-1] < 0.8 * losses[0], (label, "the SFT loss did not fall", losses))
+    print(f"{label}: SFT losses {losses[0]:.3f} -> {losses[-1]:.3f} ({losses[-1] / losses[0]:.3f})", flush=True)
+    check(losses[-1] < SFT_FALL * losses[0], (label, "the SFT loss did not fall", losses))
+    check(all(b < a for a, b in zip(losses, losses[1:])), (label, "the SFT loss did not fall at every step", losses))
 
     # -- save_weights, train on, load_weights: the same log-probs as at the save --------
     f = alice.post("/api/v1/save_weights", {"model_id": model, "path": f"step8-{label}", "seq_id": seq,

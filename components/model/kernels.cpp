@@ -99,7 +99,10 @@ namespace {
 // ATen; 1: oneDNN.
 std::atomic<int> use_onednn[2] = {-1, -1};
 
-int size_class(int64_t rows) { return rows >= kLargeProductRows ? 1 : 0; }
+// LargeProductScopes alive on this thread.
+thread_local int large_product_scopes = 0;
+
+int size_class(int64_t rows) { return large_product_scopes > 0 || rows >= kLargeProductRows ? 1 : 0; }
 
 // Seconds of the best of a few runs of `f`.
 double best_seconds(const std::function<void()>& f) {
@@ -155,6 +158,9 @@ bool decide(int cls) {
 }
 
 }  // namespace
+
+LargeProductScope::LargeProductScope() { ++large_product_scopes; }
+LargeProductScope::~LargeProductScope() { --large_product_scopes; }
 
 bool onednn_by_rule(int64_t rows) { return onednn_available() && rule(size_class(rows)); }
 

@@ -49,6 +49,23 @@ constexpr int64_t kLargeProductRows = 1024;
 /// Whether fast_linear/fast_bmm use oneDNN for f32 products of `rows` rows
 /// in this process (measured once per size class, on first use).
 bool onednn_matmul_enabled(int64_t rows = kLargeProductRows);
+/// While one lives on a thread, that thread's products of any row count
+/// take the large-product choice (onednn_matmul_enabled(kLargeProductRows)).
+/// For training's mid-sized products, the experts of an MoE block (each
+/// expert's slice of the tokens): there, forward and backward through
+/// autograd, eight [n, 512] x [512, 768] products of n around a mean took,
+/// on one thread, 0.98x ATen's (OpenBLAS's) time with oneDNN at a mean of 64
+/// rows, 0.78x at 128, 0.73x at 256, 0.65x at 512, 0.63x at 1024 (AVX-512
+/// VM, 2026-12-02); the small-product choice was
+/// measured on forward-only products with their conversions, as decoding runs
+/// them. The choice is made in the forward pass; the backward follows it.
+class LargeProductScope {
+public:
+  LargeProductScope();
+  ~LargeProductScope();
+  LargeProductScope(const LargeProductScope&) = delete;
+  LargeProductScope& operator=(const LargeProductScope&) = delete;
+};
 /// The default rule's choice for products of `rows` rows on this CPU (what
 /// onednn_matmul_enabled answers without GLINT_MATMUL).
 bool onednn_by_rule(int64_t rows);

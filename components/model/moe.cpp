@@ -5,11 +5,15 @@
 #include "components/model/transformer.hpp"
 
 #include "components/comm/process_group_impl.hpp"  // throw_error
+#include "components/model/kernels.hpp"
 
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/text.hpp"
 
+#include <c10/core/GradMode.h>
+
 #include <atomic>
+#include <optional>
 #include <vector>
 
 namespace glint::components {
@@ -155,6 +159,10 @@ at::Tensor grouped_routed(const CausalLM::Impl& m, const std::string& pre, const
     owner = owner.index_select(0, token);
   }
   const auto* count = counts.data_ptr<int64_t>();
+  // In training, each expert's GEMMs take the large-product library choice
+  // (kernels.hpp: faster there from ~64 rows); decoding keeps the rows' own.
+  std::optional<LargeProductScope> large;
+  if (at::GradMode::is_enabled()) large.emplace();
   std::vector<at::Tensor> outs;
   int64_t begin = 0;
   for (int64_t e = 0; e < E; ++e) {

@@ -1,5 +1,6 @@
 // glint bench sample: see sample_bench.hpp.
 #include "bench/sample_bench.hpp"
+#include "bench/bench_model.hpp"
 #include "bench/llamacpp.hpp"
 #include "bench/measure.hpp"
 #include "bench/python_child.hpp"
@@ -169,11 +170,57 @@ Result<std::pair<double, int64_t>> run_python(PythonChild& py, std::chrono::mill
 
 }  // namespace
 
+// An MoE model's decode throughput against the dense model of the same
+// active size, both on glint's engine, runs alternating which goes first.
+int sample_moe(const SampleBenchArgs& a, Architecture arch) {
+  auto moe_cfg = bench_model(a.small, a.max_prompt + a.max_tokens, arch);
+  auto dense_cfg = bench_model(a.small, a.max_prompt + a.max_tokens);
+  auto prompts = make_prompts(a, moe_cfg.vocab_size);
+  std::printf("# %s: %s, %s parameters, %s active per token (%lld experts, %lld per token), against %s of %s "
+              "parameters (the same attention, its MLP as wide as the active experts); %lld prompts x %lld samples x "
+              "%lld new tokens, temperature 1; libtorch threads: %d; medians of %d runs each, alternating\n",
+              kName, std::string{hf_class_name(moe_cfg.architecture)}.c_str(), millions(moe_cfg.num_parameters()).c_str(),
+              millions(active_parameters(moe_cfg)).c_str(), static_cast<long long>(moe_cfg.moe.num_experts),
+              static_cast<long long>(moe_cfg.moe.num_experts_per_tok),
+              std::string{hf_class_name(dense_cfg.architecture)}.c_str(), millions(dense_cfg.num_parameters()).c_str(),
+              static_cast<long long>(a.prompts), static_cast<long long>(a.samples), static_cast<long long>(a.max_tokens),
+              at::get_num_threads(), a.repeats);
+  std::printf("# no Python or llama.cpp baseline for MoE models yet (the Python generate loop is dense; glint "
+              "does not export MoE models to GGUF)\n");
+  std::fflush(stdout);
+  const int64_t block_bytes = 2 * moe_cfg.num_hidden_layers * 16 * moe_cfg.num_key_value_heads * moe_cfg.head_dim * 4;
+  const int64_t blocks = a.prompts * ((a.max_prompt + 15) / 16 + a.samples * ((a.max_tokens + 15) / 16 + 1));
+  EngineConfig ecfg{.cache_bytes = blocks * block_bytes, .max_num_seqs = a.prompts * a.samples,
+                    .max_num_batched_tokens = 2048};
+  std::vector<Engine> engines;
+  for (const auto* cfg : {&moe_cfg, &dense_cfg}) {
+    auto lm = CausalLM::init_random(*cfg, kSeed);
+    if (!lm) return fail(describe(lm.error()));
+    auto e = Engine::create(std::move(*lm), ecfg);
+    if (!e) return fail(describe(e.error()));
+    engines.push_back(std::move(*e));
+  }
+  std::vector<double> rate[2];
+  for (int rep = 0; rep <= a.repeats; ++rep)  // the first run warms both up, untimed
+    for (int side : {rep % 2, 1 - rep % 2}) {
+      auto g = run_glint(engines[static_cast<size_t>(side)], prompts, a, kSeed);
+      if (!g) return fail(describe(g.error()));
+      if (rep > 0) rate[side].push_back(static_cast<double>(g->tokens) / g->seconds);
+    }
+  print_metric("moe_sample_tokens_per_s", median(rate[0]), 1);
+  print_metric("moe_sample_dense_tokens_per_s", median(rate[1]), 1);
+  print_metric("moe_sample_vs_dense_same_active", median(rate[0]) / median(rate[1]), 3);
+  return 0;
+}
+
 int sample(const SampleBenchArgs& a) {
   if (a.repeats < 1 || a.prompts < 1 || a.samples < 1 || a.max_tokens < 1 || a.min_prompt < 1 ||
       a.max_prompt < a.min_prompt || a.shared_prefix < 0)
     return fail("--repeats, --prompts, --samples, --max-tokens and --min-prompt must be at least 1, --max-prompt at "
                 "least --min-prompt, --shared-prefix at least 0");
+  auto arch = parse_architecture(a.arch);
+  if (!arch) return fail(describe(arch.error()));
+  if (is_moe(*arch)) return sample_moe(a, *arch);
   auto cfg = a.small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
                      : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);
   cfg.max_position_embeddings = std::max<int64_t>(cfg.max_position_embeddings, a.max_prompt + a.max_tokens);

@@ -41,6 +41,12 @@ struct SampleBenchArgs {
   /// next prompt when done and generates its samples one after another,
   /// reusing the prompt's KV cache.
   int64_t llamacpp_parallel = 64;
+  /// "qwen3", or an MoE family ("qwen3_moe", "qwen2_moe": bench_model.hpp's
+  /// 8 experts, 2 per token): then glint's engine on the MoE model against
+  /// the same engine on the dense model of the same active size
+  /// (moe_sample_tokens_per_s, moe_sample_dense_tokens_per_s,
+  /// moe_sample_vs_dense_same_active); no Python or llama.cpp baseline.
+  std::string arch = "qwen3";
 };
 
 int sample(const SampleBenchArgs& args);

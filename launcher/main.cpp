@@ -221,6 +221,11 @@ int main(int argc, char** argv) {
   auto* bench_sample = bench->add_subcommand(
       "sample", "Generation tokens/s of the sampler engine (paged KV cache, continuous batching, prefix caching) on a "
                 "~27M-parameter Qwen3 model against a Python PyTorch generate loop, interleaved in one run");
+  bench_sample->add_option("--arch", sample_args.arch,
+                           "qwen3, or an MoE model (qwen3_moe, qwen2_moe: 8 experts, 2 per token) measured against the "
+                           "dense model of the same active size on glint's engine")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe"}));
   bench_sample->add_option("--repeats", sample_args.repeats, "Timed runs per side (medians are printed)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));

@@ -110,6 +110,11 @@ TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPythonAndLlamaCpp) {
   auto bad = run("bench sample --small --min-prompt 40 --max-prompt 20");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("--max-prompt"), std::string::npos) << bad.out;
+  // An MoE model against the dense model of its active size.
+  auto moe = run("bench sample --arch qwen3_moe --small --repeats 1 --prompts 4 --samples 2 --max-tokens 8 --max-prompt 48");
+  EXPECT_EQ(moe.code, 0) << moe.out;
+  for (auto* line : {"moe_sample_tokens_per_s: ", "moe_sample_dense_tokens_per_s: ", "moe_sample_vs_dense_same_active: "})
+    EXPECT_NE(moe.out.find(line), std::string::npos) << line << "\n" << moe.out;
 }
 
 TEST(Cli, ExportGgufWritesTheModelAndRefusesWithReasons) {

@@ -6,11 +6,14 @@
 // chosen experts' SwiGLU (and Qwen2-MoE's sigmoid-gated shared expert).
 #include "components/model/transformer.hpp"
 
+#include "components/model/gguf_export.hpp"
 #include "components/model/moe.hpp"
+#include "components/parallel/tensor_parallel.hpp"
 #include "components/model/trainer.hpp"
 #include "components/sampler/engine.hpp"
 #include "components/tensor/torch_bridge.hpp"
 
+#include "support/fake_process_group.hpp"
 #include "support/temp_dir.hpp"
 #include "support/tensors.hpp"
 
@@ -479,6 +482,21 @@ TEST(MoeModel, SavesPerExpertAndLoadsBothLayouts) {
   ASSERT_FALSE(missing);
   EXPECT_NE(describe(missing.error()).find("model.layers.1.mlp.experts.5.gate_proj.weight"), std::string::npos)
       << describe(missing.error());
+}
+
+// What does not take experts yet refuses them by name, before any work.
+TEST(MoeModel, TensorParallelismAndGgufExportRefuseExpertsByName) {
+  auto lm = sharp_model(qwen3_moe_json(), 16);
+  auto tp = tp::shard_model(lm.impl(), std::make_shared<glint::testing::FakeProcessGroup>(0, 2));
+  ASSERT_FALSE(tp);
+  EXPECT_NE(describe(tp.error()).find("Qwen3MoeForCausalLM has experts"), std::string::npos) << describe(tp.error());
+  EXPECT_FALSE(lm.impl().tp) << "nothing was sharded";
+  const auto dir = glint::testing::fresh_dir("moe-gguf");
+  ASSERT_TRUE(lm.save(dir + "/model"));
+  auto gguf = export_gguf(dir + "/model", dir + "/model.gguf", {});
+  ASSERT_FALSE(gguf);
+  EXPECT_NE(describe(gguf.error()).find("mixture-of-experts"), std::string::npos) << describe(gguf.error());
+  EXPECT_FALSE(fs::exists(dir + "/model.gguf"));
 }
 
 // -- training -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 #include "components/model/config.hpp"
+#include "components/model/config_field.hpp"
 #include "components/model/moe_config.hpp"
 
 #include "runtime/file.hpp"
@@ -98,28 +99,6 @@ void apply_architecture_defaults(ModelConfig& c) {
   c.moe = is_moe(c.architecture) ? model_detail::default_moe(c.architecture) : MoeConfig{};
 }
 
-// Reads optional field `key` of `j` into `out`, checking its JSON type.
-template <class T>
-caf::error read(const json& j, const char* key, T& out, const std::string& origin) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return caf::none;
-  bool ok = false;
-  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer();
-  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
-  else ok = it->is_string();
-  if (!ok)
-    return make_error(errc::invalid_argument,
-                      origin + ": field '" + key + "' should be a " +
-                          (std::is_same_v<T, bool>         ? "boolean"
-                           : std::is_integral_v<T>         ? "integer"
-                           : std::is_floating_point_v<T> ? "number"
-                                                           : "string") +
-                          ", not " + it->dump());
-  out = it->get<T>();
-  return caf::none;
-}
-
 }  // namespace
 
 ModelConfig ModelConfig::make(Architecture a, int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
@@ -196,7 +175,7 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   double attention_dropout = 0.0, partial_rotary_factor = 1.0;
   caf::error err;
   auto field = [&](const char* key, auto& out) {
-    if (!err) err = read(j, key, out, origin);
+    if (!err) err = model_detail::read_field(j, key, out, origin);
   };
   field("vocab_size", c.vocab_size);
   field("hidden_size", c.hidden_size);

@@ -3,6 +3,7 @@
 // get_pattern_key, peft/tuners/lora/config.py). No LibTorch here: the
 // adapters themselves are in lora.cpp.
 #include "components/model/lora_config.hpp"
+#include "components/model/moe_config.hpp"
 
 #include "runtime/file.hpp"
 #include "runtime/log.hpp"
@@ -184,22 +185,14 @@ std::vector<LinearModule> linear_modules(const ModelConfig& m) {
     out.push_back({p + "self_attn.k_proj", h, kv});
     out.push_back({p + "self_attn.v_proj", h, kv});
     out.push_back({p + "self_attn.o_proj", q, h});
-    auto mlp = [&](const std::string& prefix, int64_t width) {
-      out.push_back({prefix + "gate_proj", h, width});
-      out.push_back({prefix + "up_proj", h, width});
-      out.push_back({prefix + "down_proj", width, h});
-    };
     if (m.feed_forward(l) == FeedForward::dense) {
-      mlp(p + "mlp.", m.intermediate_size);
+      out.push_back({p + "mlp.gate_proj", h, m.intermediate_size});
+      out.push_back({p + "mlp.up_proj", h, m.intermediate_size});
+      out.push_back({p + "mlp.down_proj", m.intermediate_size, h});
       continue;
     }
-    out.push_back({p + "mlp.gate", h, m.moe.num_experts});
-    for (int64_t e = 0; e < m.moe.num_experts; ++e)
-      mlp(p + "mlp.experts." + std::to_string(e) + ".", m.moe.moe_intermediate_size);
-    if (m.moe.shared_expert_intermediate_size > 0) {
-      mlp(p + "mlp.shared_expert.", m.moe.shared_expert_intermediate_size);
-      out.push_back({p + "mlp.shared_expert_gate", h, 1});
-    }
+    auto sparse = model_detail::sparse_block_modules(m, p);
+    out.insert(out.end(), std::make_move_iterator(sparse.begin()), std::make_move_iterator(sparse.end()));
   }
   return out;
 }

@@ -374,7 +374,7 @@ at::Tensor CausalLM::Impl::swiglu_mlp(const std::string& prefix, const at::Tenso
 
 at::Tensor CausalLM::Impl::feed_forward(int64_t layer, const at::Tensor& h, const PassOptions& pass) const {
   if (cfg.feed_forward(layer) == FeedForward::sparse) {
-    if (tp)  // decode_stack refuses earlier; this keeps the block honest on its own
+    if (tp)  // tp::shard_model refuses a model with experts; this keeps the block honest on its own
       throw_error(make_error(errc::unimplemented, "experts on a tensor-parallel model are not built yet"));
     return sparse_moe(layer, h, pass);
   }

@@ -6,6 +6,7 @@
 
 #include "components/comm/process_group_impl.hpp"  // throw_error
 #include "components/model/kernels.hpp"
+#include "components/model/moe_config.hpp"
 
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/text.hpp"
@@ -28,20 +29,8 @@ bool dense_experts() { return dense_experts_on.load(std::memory_order_relaxed); 
 namespace model_detail {
 
 void sparse_block_shapes(const ModelConfig& c, const std::string& p, ParameterShapes& out) {
-  const int64_t h = c.hidden_size, e = c.moe.num_experts, i = c.moe.moe_intermediate_size;
-  out.push_back({p + "mlp.gate.weight", {e, h}});
-  for (int64_t x = 0; x < e; ++x) {
-    auto q = p + "mlp.experts." + std::to_string(x) + ".";
-    out.push_back({q + "gate_proj.weight", {i, h}});
-    out.push_back({q + "up_proj.weight", {i, h}});
-    out.push_back({q + "down_proj.weight", {h, i}});
-  }
-  if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
-    out.push_back({p + "mlp.shared_expert.gate_proj.weight", {s, h}});
-    out.push_back({p + "mlp.shared_expert.up_proj.weight", {s, h}});
-    out.push_back({p + "mlp.shared_expert.down_proj.weight", {h, s}});
-    out.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
-  }
+  // Every parameter of the block is a Linear module's weight [out, in].
+  for (const auto& m : sparse_block_modules(c, p)) out.push_back({m.path + ".weight", {m.out, m.in}});
 }
 
 Result<void> unfuse_experts(const ModelConfig& c, std::map<std::string, Tensor>& weights, const std::string& origin) {
@@ -169,16 +158,19 @@ at::Tensor grouped_routed(const CausalLM::Impl& m, const std::string& pre, const
     const int64_t n = count[e];
     if (n == 0) continue;
     auto slice = xs.narrow(0, begin, n);
-    PassOptions sub = pass;
+    // Without per-row adapters the pass applies as it is; with them, a copy
+    // whose rows are this slice's.
+    std::optional<PassOptions> sub;
     if (owner.defined()) {
-      sub.row_adapters.clear();
+      sub.emplace(pass);
+      sub->row_adapters.clear();
       auto mine = owner.narrow(0, begin, n);
       for (size_t a = 0; a < pass.row_adapters.size(); ++a) {
         auto rows = (mine == static_cast<int64_t>(a)).nonzero().squeeze(1);
-        if (rows.numel() > 0) sub.row_adapters.push_back({pass.row_adapters[a].lora, rows});
+        if (rows.numel() > 0) sub->row_adapters.push_back({pass.row_adapters[a].lora, rows});
       }
     }
-    outs.push_back(m.swiglu_mlp(pre + "experts." + std::to_string(e), slice, false, sub));
+    outs.push_back(m.swiglu_mlp(pre + "experts." + std::to_string(e), slice, false, sub ? *sub : pass));
     begin += n;
   }
   return at::zeros_like(x).index_add(0, token, at::cat(outs, 0) * ws);

@@ -1,4 +1,5 @@
 #include "components/model/moe_config.hpp"
+#include "components/model/config_field.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -23,24 +24,6 @@ MoeConfig default_moe(Architecture a) {
   return m;
 }
 
-namespace {
-
-caf::error type_error(const std::string& origin, const char* key, const char* want, const json& v) {
-  return make_error(errc::invalid_argument,
-                    origin + ": field '" + key + "' should be " + want + ", not " + v.dump());
-}
-
-// Reads integer field `key` (absent or null: `out` unchanged).
-caf::error read_int(const json& j, const char* key, int64_t& out, const std::string& origin) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return caf::none;
-  if (!it->is_number_integer()) return type_error(origin, key, "an integer", *it);
-  out = it->get<int64_t>();
-  return caf::none;
-}
-
-}  // namespace
-
 caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>& used, const std::string& origin) {
   auto& m = c.moe;
   used.insert({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
@@ -50,8 +33,8 @@ caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>&
   // transformers 5 calls num_experts num_local_experts too: either spelling,
   // and both only when they agree.
   int64_t local = -1;
-  if (auto e = read_int(j, "num_local_experts", local, origin)) return e;
-  if (auto e = read_int(j, "num_experts", m.num_experts, origin)) return e;
+  if (auto e = read_field(j, "num_local_experts", local, origin)) return e;
+  if (auto e = read_field(j, "num_experts", m.num_experts, origin)) return e;
   if (local >= 0) {
     if (j.contains("num_experts") && !j["num_experts"].is_null() && local != m.num_experts)
       return make_error(errc::invalid_argument, origin + ": fields 'num_experts' (" + std::to_string(m.num_experts) +
@@ -62,22 +45,17 @@ caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>&
   for (auto [key, out] : {std::pair{"num_experts_per_tok", &m.num_experts_per_tok},
                           {"moe_intermediate_size", &m.moe_intermediate_size},
                           {"decoder_sparse_step", &m.decoder_sparse_step}})
-    if (auto e = read_int(j, key, *out, origin)) return e;
+    if (auto e = read_field(j, key, *out, origin)) return e;
   if (qwen2)
-    if (auto e = read_int(j, "shared_expert_intermediate_size", m.shared_expert_intermediate_size, origin)) return e;
+    if (auto e = read_field(j, "shared_expert_intermediate_size", m.shared_expert_intermediate_size, origin)) return e;
   for (auto [key, out] : {std::pair{"norm_topk_prob", &m.norm_topk_prob},
                           {"output_router_logits", &m.output_router_logits}})
-    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
-      if (!it->is_boolean()) return type_error(origin, key, "a boolean", *it);
-      *out = it->get<bool>();
-    }
-  if (auto it = j.find("router_aux_loss_coef"); it != j.end() && !it->is_null()) {
-    if (!it->is_number()) return type_error(origin, "router_aux_loss_coef", "a number", *it);
-    m.router_aux_loss_coef = it->get<double>();
-  }
+    if (auto e = read_field(j, key, *out, origin)) return e;
+  if (auto e = read_field(j, "router_aux_loss_coef", m.router_aux_loss_coef, origin)) return e;
   if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
     if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_number_integer(); }))
-      return type_error(origin, "mlp_only_layers", "a list of layer indices", *it);
+      return make_error(errc::invalid_argument, origin + ": field 'mlp_only_layers' should be a list of layer "
+                                                         "indices, not " + it->dump());
     m.mlp_only_layers = it->get<std::vector<int64_t>>();
   }
   return caf::none;
@@ -133,11 +111,26 @@ caf::error validate_moe(const ModelConfig& c) {
   return caf::none;
 }
 
-int64_t sparse_block_parameters(const ModelConfig& c) {
-  const auto& m = c.moe;
+std::vector<LinearModule> sparse_block_modules(const ModelConfig& c, const std::string& p) {
   const int64_t h = c.hidden_size;
-  int64_t n = m.num_experts * h + m.num_experts * 3 * h * m.moe_intermediate_size;  // router, experts
-  if (m.shared_expert_intermediate_size > 0) n += 3 * h * m.shared_expert_intermediate_size + h;
+  std::vector<LinearModule> out{{p + "mlp.gate", h, c.moe.num_experts}};
+  auto mlp = [&](const std::string& prefix, int64_t width) {
+    out.push_back({prefix + "gate_proj", h, width});
+    out.push_back({prefix + "up_proj", h, width});
+    out.push_back({prefix + "down_proj", width, h});
+  };
+  for (int64_t e = 0; e < c.moe.num_experts; ++e)
+    mlp(p + "mlp.experts." + std::to_string(e) + ".", c.moe.moe_intermediate_size);
+  if (c.moe.shared_expert_intermediate_size > 0) {
+    mlp(p + "mlp.shared_expert.", c.moe.shared_expert_intermediate_size);
+    out.push_back({p + "mlp.shared_expert_gate", h, 1});
+  }
+  return out;
+}
+
+int64_t sparse_block_parameters(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const auto& m : sparse_block_modules(c, "")) n += m.in * m.out;  // weights only: no biases in these blocks
   return n;
 }
 

@@ -3,6 +3,7 @@
 /// Qwen3MoeConfig): read, checked and written here, for config.cpp.
 
 #include "components/model/config.hpp"
+#include "components/model/lora_config.hpp"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -27,5 +28,12 @@ caf::error validate_moe(const ModelConfig& c);
 
 /// The parameters of one sparse block: router, experts, shared expert.
 int64_t sparse_block_parameters(const ModelConfig& c);
+
+/// The Linear modules of a sparse block whose layer's names begin with
+/// `prefix` ("model.layers.3."), in checkpoint order: the router mlp.gate,
+/// each expert's gate/up/down_proj, the shared expert's and its gate. Both
+/// the parameter list (sparse_block_shapes) and LoRA's targets
+/// (linear_modules) are this.
+std::vector<LinearModule> sparse_block_modules(const ModelConfig& c, const std::string& prefix);
 
 }  // namespace glint::components::model_detail

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 namespace glint::components {
@@ -413,6 +414,20 @@ TEST(MoeModel, TheGroupedBlockEqualsEveryExpertOnEveryToken) {
   }
 }
 
+// The central difference (step 1e-6) of `f` in element i of `t`, a float64
+// parameter whose value is restored after.
+double central_difference(const std::function<at::Tensor()>& f, const at::Tensor& t, int64_t i) {
+  c10::NoGradGuard ng;
+  auto flat = t.detach().view({-1});
+  const double h = 1e-6, old = flat[i].item<double>();
+  flat[i] = old + h;
+  const double up = f().item<double>();
+  flat[i] = old - h;
+  const double down = f().item<double>();
+  flat[i] = old;
+  return (up - down) / (2 * h);
+}
+
 // -- weights on disk ----------------------------------------------------------------------
 
 TEST(MoeModel, SavesPerExpertAndLoadsBothLayouts) {
@@ -528,16 +543,8 @@ TEST(MoeTraining, GradientsMatchFiniteDifferencesInFloat64) {
     for (const auto& n : names) {
       auto& p = impl.params.at(n);
       ASSERT_TRUE(p.grad().defined()) << n;
-      auto flat = p.detach().view({-1});
-      for (int64_t i : {int64_t{0}, flat.numel() / 3, flat.numel() - 1}) {
-        c10::NoGradGuard ng;
-        const double h = 1e-6, old = flat[i].item<double>();
-        flat[i] = old + h;
-        const double up = objective().item<double>();
-        flat[i] = old - h;
-        const double down = objective().item<double>();
-        flat[i] = old;
-        const double fd = (up - down) / (2 * h), ad = p.grad().view({-1})[i].item<double>();
+      for (int64_t i : {int64_t{0}, p.numel() / 3, p.numel() - 1}) {
+        const double fd = central_difference(objective, p, i), ad = p.grad().view({-1})[i].item<double>();
         EXPECT_NEAR(ad, fd, 1e-6 * std::max(1.0, std::abs(fd))) << n << "[" << i << "]";
       }
     }
@@ -624,17 +631,8 @@ TEST(MoeTraining, TheLoadBalancingLossGradientMatchesFiniteDifferences) {
   for (auto n : {"model.layers.1.mlp.gate.weight", "model.layers.0.self_attn.q_proj.weight"}) {
     auto& p = impl.params.at(n);
     ASSERT_TRUE(p.grad().defined()) << n;
-    auto flat = p.detach().view({-1});
-    for (int64_t i : {int64_t{1}, flat.numel() / 2}) {
-      c10::NoGradGuard ng;
-      const double h = 1e-6, old = flat[i].item<double>();
-      flat[i] = old + h;
-      const double up = aux().item<double>();
-      flat[i] = old - h;
-      const double down = aux().item<double>();
-      flat[i] = old;
-      EXPECT_NEAR(p.grad().view({-1})[i].item<double>(), (up - down) / (2 * h), 1e-6) << n << "[" << i << "]";
-    }
+    for (int64_t i : {int64_t{1}, p.numel() / 2})
+      EXPECT_NEAR(p.grad().view({-1})[i].item<double>(), central_difference(aux, p, i), 1e-6) << n << "[" << i << "]";
   }
 }
 
@@ -725,17 +723,8 @@ TEST(MoeLora, AdapterGradientsOnExpertsMatchFiniteDifferences) {
   for (auto& [m, ab] : adapter.weights) {
     if (m.find(".experts.") == std::string::npos && m.find("shared_expert_gate") == std::string::npos) continue;
     if (!ab.first.grad().defined()) continue;  // an expert no token reached
-    for (auto* t : {&ab.first, &ab.second}) {
-      auto flat = t->detach().view({-1});
-      c10::NoGradGuard ng;
-      const double h = 1e-6, old = flat[0].item<double>();
-      flat[0] = old + h;
-      const double up = objective().item<double>();
-      flat[0] = old - h;
-      const double down = objective().item<double>();
-      flat[0] = old;
-      EXPECT_NEAR(t->grad().view({-1})[0].item<double>(), (up - down) / (2 * h), 1e-6) << m;
-    }
+    for (auto* t : {&ab.first, &ab.second})
+      EXPECT_NEAR(t->grad().view({-1})[0].item<double>(), central_difference(objective, *t, 0), 1e-6) << m;
     ++checked;
   }
   EXPECT_GT(checked, 4);

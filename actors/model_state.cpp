@@ -23,7 +23,7 @@ using namespace glint::components;
 
 const std::set<std::string> batch_keys = {"input_ids",   "attention_mask", "segment_ids", "position_ids", "target_ids",
                                           "loss_mask",   "old_logps",      "ref_logps",   "advantages",
-                                          "loss_weights"};
+                                          "loss_weights", "routes"};
 
 Result<TrainBatch> to_train_batch(const Batch& b) {
   std::vector<std::string> unknown;
@@ -48,6 +48,7 @@ Result<TrainBatch> to_train_batch(const Batch& b) {
   out.ref_logps = get("ref_logps");
   out.advantages = get("advantages");
   out.loss_weights = get("loss_weights");
+  out.routes = get("routes");
   return out;
 }
 

@@ -25,6 +25,56 @@ std::vector<SampleRequest> requests_of(const std::vector<std::vector<int64_t>>& 
   return out;
 }
 
+namespace {
+
+// Every sequence has routes, one per completion token, of one shape.
+Result<void> check_routes(const std::vector<SampledSequence>& seqs) {
+  const auto& first = seqs.front().routes;
+  for (const auto& s : seqs) {
+    const auto what = "sequence " + std::to_string(s.sample) + " of request " + std::to_string(s.index);
+    const auto& r = s.routes;
+    if (r.layers <= 0 || r.k <= 0)
+      return make_error(errc::invalid_argument,
+                        "routing replay: " + what + " has no routes; sample with return_routes (a model with experts)");
+    if (r.layers != first.layers || r.k != first.k)
+      return make_error(errc::invalid_argument, "routing replay: " + what + " has routes of " +
+                                                    std::to_string(r.layers) + " layers x " + std::to_string(r.k) +
+                                                    " experts, the first sequence " + std::to_string(first.layers) +
+                                                    " x " + std::to_string(first.k) + ": sampled by different models");
+    if (static_cast<int64_t>(r.experts.size()) != static_cast<int64_t>(s.tokens.size()) * r.layers * r.k)
+      return make_error(errc::invalid_argument, "routing replay: " + what + " has " + std::to_string(r.tokens()) +
+                                                    " tokens' routes for " + std::to_string(s.tokens.size()) +
+                                                    " tokens");
+  }
+  return {};
+}
+
+// Where a sequence's first token lies in the batch.
+struct Placed {
+  int64_t row = 0, offset = 0;
+};
+
+// `routes` [B, T, S, k] i32: each completion token's routes at the
+// position that predicts it (prompt length - 1 + j), -1 elsewhere.
+Result<void> put_routes(Batch& batch, const std::vector<std::vector<int64_t>>& prompts,
+                        const std::vector<SampledSequence>& seqs, const std::vector<Placed>& at) {
+  const auto& ids = batch.tensors.at("input_ids");
+  const int64_t B = ids.size(0), T = ids.size(1), S = seqs.front().routes.layers, k = seqs.front().routes.k;
+  std::vector<int32_t> v(static_cast<size_t>(B * T * S * k), -1);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& r = seqs[i].routes;
+    const auto p = static_cast<int64_t>(prompts[static_cast<size_t>(seqs[i].index)].size());
+    const int64_t first = (at[i].row * T + at[i].offset + p - 1) * S * k;
+    std::copy(r.experts.begin(), r.experts.end(), v.begin() + first);
+  }
+  auto t = Tensor::from_values(v, {B, T, S, k});
+  if (!t) return with_context(t.error(), "the batch's routes");
+  batch.tensors["routes"] = std::move(*t);
+  return {};
+}
+
+}  // namespace
+
 Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, const std::vector<SampledSequence>& seqs,
                              const TrainingBatchOptions& o) {
   if (seqs.empty()) return make_error(errc::invalid_argument, "no sequences to make a training batch of");
@@ -63,20 +113,47 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
       old_logps[i][p - 1 + j] = s.logprobs.chosen[j];
     }
   }
+  if (o.routing_replay)
+    if (auto ok = check_routes(seqs); !ok) return ok.error();
   if (o.pack) {
     size_t longest = 1;
     for (const auto& r : rows) longest = std::max(longest, r.input_ids.size());
     const auto row_tokens = static_cast<int64_t>(longest);
-    if (o.advantages.empty())
-      return detail::pack_rows(rows, o.pad_id, row_tokens, std::max<int64_t>(o.min_rows, 1), {{"old_logps", &old_logps}});
+    const auto min_rows = std::max<int64_t>(o.min_rows, 1);
     // Per token: a packed row holds several sequences' advantages.
     std::vector<std::vector<float>> adv(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) adv[i].assign(rows[i].input_ids.size(), static_cast<float>(o.advantages[i]));
-    return detail::pack_rows(rows, o.pad_id, row_tokens, std::max<int64_t>(o.min_rows, 1),
-                             {{"old_logps", &old_logps}, {"advantages", &adv}});
+    if (!o.advantages.empty())
+      for (size_t i = 0; i < rows.size(); ++i)
+        adv[i].assign(rows[i].input_ids.size(), static_cast<float>(o.advantages[i]));
+    auto batch = o.advantages.empty()
+                     ? detail::pack_rows(rows, o.pad_id, row_tokens, min_rows, {{"old_logps", &old_logps}})
+                     : detail::pack_rows(rows, o.pad_id, row_tokens, min_rows,
+                                         {{"old_logps", &old_logps}, {"advantages", &adv}});
+    if (!batch || !o.routing_replay) return batch;
+    // The same layout pack_rows chose (it is deterministic).
+    std::vector<size_t> lengths;
+    for (const auto& r : rows) lengths.push_back(r.input_ids.size());
+    std::vector<Placed> at(rows.size());
+    int64_t b = 0;
+    for (const auto& bin : detail::pack_layout(lengths, row_tokens, min_rows)) {
+      int64_t offset = 0;
+      for (size_t i : bin) {
+        at[i] = {b, offset};
+        offset += static_cast<int64_t>(lengths[i]);
+      }
+      ++b;
+    }
+    if (auto ok = put_routes(*batch, prompts, seqs, at); !ok) return ok.error();
+    return batch;
   }
   auto batch = detail::pad_rows(rows, o.pad_id, {{"old_logps", &old_logps}});
-  if (!batch || o.advantages.empty()) return batch;
+  if (!batch) return batch;
+  if (o.routing_replay) {
+    std::vector<Placed> at(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) at[i] = {static_cast<int64_t>(i), 0};
+    if (auto ok = put_routes(*batch, prompts, seqs, at); !ok) return ok.error();
+  }
+  if (o.advantages.empty()) return batch;
   std::vector<float> adv(o.advantages.begin(), o.advantages.end());
   auto t = Tensor::from_values(adv, {static_cast<int64_t>(adv.size())});
   if (!t) return t.error();

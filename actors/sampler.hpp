@@ -61,11 +61,15 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("glint.sampling_params"), x.num_samples, x.max_tokens, x.temperature, x.top_k, x.top_p,
            x.min_p, x.repetition_penalty, x.seed, x.stop_token_ids, x.stop, x.include_stop_str_in_output, x.ignore_eos,
-           x.logprobs, x.prompt_logprobs);
+           x.logprobs, x.prompt_logprobs, x.return_routes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenLogprobs& x) {
   return f(caf::meta::type_name("glint.token_logprobs"), x.chosen, x.k, x.top_ids, x.top_logprobs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ExpertRoutes& x) {
+  return f(caf::meta::type_name("glint.expert_routes"), x.layers, x.k, x.experts);
 }
 
 }  // namespace glint::components
@@ -75,6 +79,7 @@ namespace glint::actors {
 using components::SamplingParams;
 using components::StopReason;
 using components::TokenLogprobs;
+using components::ExpertRoutes;
 
 /// What a sampler rank loads and how its engine lays out its cache.
 struct SamplerSpec {
@@ -124,6 +129,9 @@ struct SampledSequence {
   int64_t first_weight_version = 0;
   TokenLogprobs prompt_logprobs;  ///< for prompt tokens 1..P-1, when asked
   int64_t cached_tokens = 0;      ///< prompt tokens the prefix cache served
+  /// Per completion token, the experts it was routed to (with
+  /// SamplingParams::return_routes, on a model with experts).
+  ExpertRoutes routes;
   friend bool operator==(const SampledSequence&, const SampledSequence&) = default;
 };
 
@@ -155,6 +163,12 @@ struct TrainingBatchOptions {
   /// the loss is the padded batch's.
   bool pack = false;
   int64_t min_rows = 1;
+  /// Routing replay: put each sequence's routes (sampled with
+  /// SamplingParams::return_routes) in the batch as `routes` [B, T, S, k],
+  /// at the positions that predict its completion tokens, -1 elsewhere; the
+  /// trainer then uses the sampler's experts there. A sequence without
+  /// routes is an error.
+  bool routing_replay = false;
 };
 
 /// The right-padded [B, T] (or, with options.pack, packed) training batch of `seqs` that the model's
@@ -183,7 +197,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledSequence& x) {
   return f(caf::meta::type_name("glint.sampled_sequence"), x.index, x.sample, x.error, x.tokens, x.logprobs,
            x.stop_reason, x.stop_token, x.stop_string, x.text, x.weight_version, x.first_weight_version, x.prompt_logprobs,
-           x.cached_tokens);
+           x.cached_tokens, x.routes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampleChunk& x) {

@@ -327,6 +327,7 @@ void SamplerState::collect(const std::vector<uint64_t>& ids) {
       s.text = std::move(seq.text);
       s.weight_version = seq.weight_version;
       s.first_weight_version = seq.first_weight_version;
+      s.routes = std::move(seq.routes);
       s.prompt_logprobs = done->prompt_logprobs;
       s.cached_tokens = done->cached_tokens;
     }

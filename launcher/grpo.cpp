@@ -182,6 +182,11 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
   recipe::add_packing_flag(c, a.packing,
               "Train on the completions packed end to end without padding (padding-free batches; the default: the "
               "same loss, per sequence, less compute); --no-packing pads every sequence to the longest");
+  // add_flag captures no default: without default_str, config.toml would not record it.
+  c->add_flag("--routing-replay", a.routing_replay,
+              "A model with experts: the sampler returns each token's experts and the trainer routes through them, "
+              "so that its log-probabilities are the sampler's policy's (docs/models.md, routing replay)")
+      ->default_str("false");
   c->add_option("--sampler-dp", a.sampler_dp, "Sampler ranks (each with its own copy of the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -279,7 +284,16 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
     if (text.empty()) return refuse("--stop is empty: give the text a completion stops at");
   components::SamplingParams sampling{.num_samples = a.num_generations, .max_tokens = a.max_tokens,
                                       .temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
-                                      .stop_token_ids = {chat->end_of_turn_id()}, .stop = a.stop};
+                                      .stop_token_ids = {chat->end_of_turn_id()}, .stop = a.stop,
+                                      .return_routes = a.routing_replay};
+  if (a.routing_replay && !mcfg.has_experts())
+    return refuse("--routing-replay replays the experts the sampler chose, and this model (" +
+                  std::string{components::hf_class_name(mcfg.architecture)} + ", " + model_dir +
+                  "/config.json) has none; leave it out");
+  if (a.routing_replay)
+    if (auto mesh = a.model_mesh(); mesh && mesh->size(placement::Dim::pp) > 1)
+      return refuse("--routing-replay is not built for pipeline parallelism yet (--mesh " + a.mesh +
+                    "); train without pp, or leave it out");
   if (auto ok = sampling.validate(); !ok) return refuse("the sampling flags: " + context_of(ok.error()));
   if (!(a.temperature > 0)) return refuse("--temperature must be > 0: a group of greedy completions has no spread to learn from");
   // Evaluations and saves land on steps after which the sampler is synced
@@ -538,7 +552,8 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
         if (!adv) return fail("the advantages", adv.error());
         auto inputs = actors::training_batch(
             prompts, sampled,
-            {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size()});
+            {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size(),
+             .routing_replay = a.routing_replay});
         if (!inputs) return fail("making the training batch", inputs.error());
         auto m = model.forward_backward(*inputs).take();
         if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());

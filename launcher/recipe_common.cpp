@@ -299,7 +299,7 @@ std::string changed_since(const std::string& out, const std::string& resolved, c
   };
   // Flags added after runs were started, with the value every run before
   // them had: a config.toml without the key resumes with that value.
-  static const std::map<std::string, std::string> added_later = {{"packing", "false"}, {"mesh", ""}};
+  static const std::map<std::string, std::string> added_later = {{"packing", "false"}, {"mesh", ""}, {"routing-replay", "false"}};
   std::map<std::string, std::vector<std::string>> was;
   for (const auto& [k, v] : *before) was[k] = norm(v);
   for (const auto& [k, v] : added_later) was.try_emplace(k, norm({v}));

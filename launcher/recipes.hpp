@@ -106,6 +106,7 @@ struct GrpoArgs : RecipeArgs {
   int sampler_max_restarts = 0;       ///< respawns of lost sampler ranks over the run
   int64_t sampler_cache_mib = 256;
   bool packing = true;                ///< padding-free training batches (--no-packing: padded)
+  bool routing_replay = false;        ///< train on the sampler's expert routes (a model with experts)
 };
 
 struct DpoArgs : RecipeArgs {

@@ -347,6 +347,7 @@ void write_sampling(wire::SamplingParams::Builder b, const SamplingParams& p) {
   b.setIgnoreEos(p.ignore_eos);
   b.setLogprobs(p.logprobs);
   b.setPromptLogprobs(p.prompt_logprobs);
+  b.setReturnRoutes(p.return_routes);
 }
 
 Result<SamplingParams> read_sampling(wire::SamplingParams::Reader r) {
@@ -355,7 +356,8 @@ Result<SamplingParams> read_sampling(wire::SamplingParams::Reader r) {
                    .repetition_penalty = r.getRepetitionPenalty(), .seed = r.getSeed(),
                    .stop_token_ids = values<int64_t>(r.getStopTokenIds()), .stop = texts(r.getStop()),
                    .include_stop_str_in_output = r.getIncludeStopStrInOutput(), .ignore_eos = r.getIgnoreEos(),
-                   .logprobs = r.getLogprobs(), .prompt_logprobs = r.getPromptLogprobs()};
+                   .logprobs = r.getLogprobs(), .prompt_logprobs = r.getPromptLogprobs(),
+                   .return_routes = r.getReturnRoutes()};
   if (auto ok = p.validate(); !ok) return with_context(ok.error(), "sampling params");
   return p;
 }
@@ -414,6 +416,10 @@ void write_sequences(capnp::List<wire::SampledSequence>::Builder b, const std::v
     write_logprobs(e.initPromptLogprobs(), s.prompt_logprobs);
     e.setCachedTokens(s.cached_tokens);
     e.setFirstWeightVersion(s.first_weight_version);
+    auto routes = e.initRoutes();
+    routes.setLayers(s.routes.layers);
+    routes.setK(s.routes.k);
+    write_values<int32_t>(routes.initExperts(static_cast<unsigned>(s.routes.experts.size())), s.routes.experts);
   }
 }
 
@@ -431,7 +437,16 @@ Result<std::vector<SampledSequence>> read_sequences(capnp::List<wire::SampledSeq
                    .first_weight_version =
                        e.getFirstWeightVersion() < 0 ? e.getWeightVersion() : e.getFirstWeightVersion(),
                    .prompt_logprobs = read_logprobs(e.getPromptLogprobs()),
-                   .cached_tokens = e.getCachedTokens()});
+                   .cached_tokens = e.getCachedTokens(),
+                   .routes = {.layers = e.getRoutes().getLayers(), .k = e.getRoutes().getK(),
+                              .experts = values<int32_t>(e.getRoutes().getExperts())}});
+    const auto& routes = out.back().routes;
+    if (routes.layers < 0 || routes.k < 0 || routes.layers > (1 << 20) || routes.k > (1 << 20) ||
+        static_cast<int64_t>(routes.experts.size()) != static_cast<int64_t>(out.back().tokens.size()) * routes.layers * routes.k)
+      if (!routes.experts.empty() || routes.layers != 0 || routes.k != 0)
+        return bad("sequence: routes of " + std::to_string(routes.experts.size()) + " entries are not " +
+                   std::to_string(out.back().tokens.size()) + " tokens x " + std::to_string(routes.layers) +
+                   " layers x " + std::to_string(routes.k) + " experts");
   }
   return out;
 }

@@ -168,6 +168,8 @@ struct SamplingParams {
   # Top-k log-probabilities per completion token; -1: none.
   promptLogprobs @13 :Int64;
   # -1: none; 0: the chosen prompt tokens'; k > 0: also the top k.
+  returnRoutes @14 :Bool;
+  # Each completion token's experts (a model with experts): SampledSequence.routes.
 }
 
 struct SampleRequest {
@@ -182,6 +184,13 @@ struct TokenLogprobs {
   k @1 :Int64;
   topIds @2 :List(Int64);
   topLogprobs @3 :List(Float32);
+}
+
+struct ExpertRoutes {
+  # components/sampler/params.hpp's ExpertRoutes: experts[(t * layers + s) * k + j].
+  layers @0 :Int64;
+  k @1 :Int64;
+  experts @2 :List(Int32);
 }
 
 struct SampledSequence {
@@ -201,6 +210,7 @@ struct SampledSequence {
   cachedTokens @11 :Int64;
   firstWeightVersion @12 :Int64 = -1;
   # -1 from an older server: its tokens all have weightVersion.
+  routes @13 :ExpertRoutes;
 }
 
 struct BaseInfo {

@@ -1209,19 +1209,23 @@ private:
                                                     "loss_mask",      "old_logps",    "ref_logps",   "loss_weights"};
     for (const auto& [name, t] : b->tensors) {
       if (name == "input_ids") continue;
-      const bool known = per_token.count(name) || name == "advantages";
+      const bool known = per_token.count(name) || name == "advantages" || name == "routes";
       const bool token_shaped = t.dims() == 2 && t.size(0) == rows && t.size(1) == len;
+      // routes [B, T, S, k]: the trainer checks S and k against the model.
       const bool fits = per_token.count(name) ? token_shaped
                         : name == "advantages" ? token_shaped || (t.dims() == 1 && t.size(0) == rows)
+                        : name == "routes"     ? t.dims() == 4 && t.size(0) == rows && t.size(1) == len
                                                : false;
       if (fits) continue;
       if (!known)
         return make_error(errc::invalid_argument,
                           "batch: unknown tensor '" + name.substr(0, 64) +
                               "' (the trainer reads input_ids, attention_mask, position_ids, segment_ids, target_ids, "
-                              "loss_mask, old_logps, ref_logps, advantages, loss_weights)");
-      return make_error(errc::invalid_argument, "batch: '" + name + "' must be [B, T] = [" + std::to_string(rows) +
-                                                    ", " + std::to_string(len) + "]" +
+                              "loss_mask, old_logps, ref_logps, advantages, loss_weights, routes)");
+      return make_error(errc::invalid_argument, "batch: '" + name + "' must be [B, T" +
+                                                    (name == "routes" ? ", S, k" : "") + "] = [" +
+                                                    std::to_string(rows) + ", " + std::to_string(len) +
+                                                    (name == "routes" ? ", ..." : "") + "]" +
                                                     (name == "advantages" ? " or [B]" : "") + ", not " + t.describe());
     }
     for (const char* key : {"input_ids", "target_ids"}) {

@@ -108,6 +108,45 @@ RouterStatistics router_statistics(const RouterRecord& record, const at::Tensor&
   return st;
 }
 
+Result<at::Tensor> replay_routes(const ModelConfig& c, const Tensor& routes, int64_t B, int64_t T) {
+  int64_t S = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) S += c.feed_forward(l) == FeedForward::sparse;
+  const int64_t E = c.moe.num_experts, k = c.moe.num_experts_per_tok;
+  auto bad = [](const std::string& what) { return make_error(errc::invalid_argument, "routes (routing replay): " + what); };
+  if (S == 0) return bad("this model has no sparse layer to replay routes in; leave routes out");
+  const std::vector<int64_t> want{B, T, S, k};
+  if (routes.shape() != want)
+    return bad("the batch's routes are " + routes.describe() + ", expected [" + join(want) +
+               "] (rows, positions, sparse layers, num_experts_per_tok)");
+  auto r = to_torch(routes);
+  if (at::isFloatingType(r.scalar_type()) || r.scalar_type() == at::kBool)
+    return bad("routes are expert indices, an integer tensor, not " + routes.describe());
+  r = r.to(at::kLong).contiguous();
+  // A position replays every slot of every layer, or none (-1 throughout).
+  auto flat = r.view({B, T, S * k});
+  auto free_pos = flat.eq(-1).all(2), given = flat.ge(0).logical_and(flat.lt(E)).all(2);
+  auto wrong = free_pos.logical_or(given).logical_not().nonzero();
+  if (wrong.size(0) > 0) {
+    const int64_t b = wrong[0][0].item<int64_t>(), t = wrong[0][1].item<int64_t>();
+    auto row = flat[b][t];
+    std::vector<int64_t> vals(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + S * k);
+    return bad("row " + std::to_string(b) + " position " + std::to_string(t) + " routes to [" + join(vals) +
+               "]: each entry must be an expert in [0, " + std::to_string(E) +
+               ") (num_experts), or every entry -1 for a position that routes itself");
+  }
+  // A token's k experts in one layer are distinct (the router's top k are).
+  if (k > 1) {
+    auto sorted = std::get<0>(r.sort(3));
+    auto dup = sorted.narrow(3, 1, k - 1).eq(sorted.narrow(3, 0, k - 1)).logical_and(sorted.narrow(3, 1, k - 1).ge(0));
+    auto where = dup.any(3).nonzero();
+    if (where.size(0) > 0)
+      return bad("row " + std::to_string(where[0][0].item<int64_t>()) + " position " +
+                 std::to_string(where[0][1].item<int64_t>()) + " names an expert twice in sparse layer " +
+                 std::to_string(where[0][2].item<int64_t>()) + " (a token's k experts are distinct)");
+  }
+  return r;
+}
+
 }  // namespace model_detail
 
 namespace {
@@ -193,6 +232,18 @@ at::Tensor CausalLM::Impl::sparse_moe(int64_t layer, const at::Tensor& h, const 
   // transformers' router, or f64 in tests).
   auto probs = at::softmax(linear(pre + "gate", x, false, pass), -1);  // [N, E]
   auto [weights, chosen] = probs.topk(k, -1);                          // [N, k]
+  if (pass.replay.defined()) {
+    // The replayed experts where given (checked by the caller: in range,
+    // distinct), the router's own elsewhere; weighted by the router.
+    int64_t ordinal = 0;
+    for (int64_t l = 0; l < layer; ++l) ordinal += cfg.feed_forward(l) == FeedForward::sparse;
+    if (pass.replay.size(0) != x.size(0))
+      throw_error(make_error(errc::internal, "a routing replay of " + std::to_string(pass.replay.size(0)) +
+                                                 " tokens for a pass of " + std::to_string(x.size(0))));
+    auto given = pass.replay.select(1, ordinal).to(at::kLong);  // [N, k]
+    chosen = at::where(given.narrow(1, 0, 1).lt(0), chosen, given);
+    weights = probs.gather(1, chosen);
+  }
   if (m.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
 
   if (pass.routes) pass.routes->layers.push_back({layer, probs, chosen});

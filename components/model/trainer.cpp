@@ -44,13 +44,16 @@ uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c) {
 struct Slice {
   model_detail::Prepared prepared;
   at::Tensor mask, old_logps, ref_logps, advantages, weights;  // undefined when not given
+  at::Tensor routes;  // i64 [B, T, S, k] for routing replay, undefined without
 };
 
 Slice rows_of(const Slice& all, int64_t begin, int64_t n) {
   auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, begin, n) : t; };
   const auto& p = all.prepared;
-  return {{rows(p.ids), rows(p.positions), rows(p.allowed), rows(p.targets), rows(p.target_mask), rows(p.segments)},
-          rows(all.mask), rows(all.old_logps), rows(all.ref_logps), rows(all.advantages), rows(all.weights)};
+  return {{rows(p.ids), rows(p.positions), rows(p.allowed), rows(p.targets), rows(p.target_mask), rows(p.segments),
+           rows(p.real)},
+          rows(all.mask), rows(all.old_logps), rows(all.ref_logps), rows(all.advantages), rows(all.weights),
+          rows(all.routes)};
 }
 
 // The sequences with a counted token in `mask` [B, T]: its rows, or in a
@@ -287,6 +290,7 @@ Result<std::pair<rl::LossOutput, double>> Trainer::Impl::pass_once(const Slice& 
                       "config.json sets output_router_logits, whose load-balancing loss needs every sparse layer's "
                       "routes; a pipeline stage holds only its own layers, and that loss is not built across stages "
                       "yet. Set output_router_logits to false, or train without pp");
+  if (s.routes.defined()) pass.replay = s.routes.reshape({-1, s.routes.size(2), s.routes.size(3)});
   if (m.cfg.has_experts() && !m.pp) {
     pass.routes = &record;
     routes = &record;
@@ -555,7 +559,7 @@ Result<void> same_batch_on_ranks(ProcessGroup& tp, const char* group, const Trai
   auto mix_value = [&](auto v) { hash.add_value(v); };
   for (const Tensor* t : {&b.tokens.input_ids, &b.tokens.attention_mask, &b.tokens.segment_ids, &b.tokens.position_ids,
                           &b.tokens.target_ids, &b.loss_mask, &b.old_logps, &b.ref_logps, &b.advantages,
-                          &b.loss_weights}) {
+                          &b.loss_weights, &b.routes}) {
     mix_value(t->defined());
     if (!t->defined()) continue;
     mix_value(static_cast<int>(t->dtype()));
@@ -920,6 +924,16 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
                                                 "no KL term); leave it out");
   }
 
+  at::Tensor routes;
+  if (b.routes.defined()) {
+    if (pp)
+      return make_error(errc::unimplemented, "routing replay (the batch's routes) is not built for pipeline "
+                                             "parallelism yet; train without pp, or leave routes out");
+    auto r = model_detail::replay_routes(m.cfg, b.routes, B, T);
+    if (!r) return r.error();
+    routes = std::move(*r);
+  }
+
   auto pass = impl_->pass();
   if (!pass) return pass.error();
   // LoRA dropout's masks come from a generator seeded by the step, the
@@ -930,7 +944,7 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   pass->dropout_rng = &rng;
   const auto tokens = mask.sum().item<double>();
   const auto sequences = counted_sequences(mask, prepared->segments);
-  const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv, *weights};
+  const Slice all{std::move(*prepared), mask, *old_lp, *ref_lp, *adv, *weights, routes};
   // The target log-probs, when asked: f32 [B, T], 0 where no target.
   auto answer_logps = [&](std::vector<at::Tensor> parts) -> Result<void> {
     if (!logps_out) return {};

@@ -118,6 +118,14 @@ struct TrainBatch {
   /// sign: Tinker's forward_backward_custom sends -dC/dlogp); the positions
   /// loss_mask and the targets leave out count nothing.
   Tensor loss_weights{};
+  /// Routing replay (a model with experts): integer [B, T, S, k], at each
+  /// position the k experts of each of the S sparse layers (in order) that
+  /// the sampler chose there (SamplingParams::return_routes;
+  /// actors::training_batch places them), used instead of the router's
+  /// own top k; every entry -1 at a position that routes itself (the
+  /// prompt's). The router's probabilities still weight them and get the
+  /// gradients. Undefined: every position routes itself.
+  Tensor routes{};
 };
 
 struct TrainConfig {

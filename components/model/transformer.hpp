@@ -110,6 +110,11 @@ namespace model_detail {
 /// The statistics of `record` over the tokens `real` marks (bool [B, T], the
 /// record's tokens in row-major order), for a model of `experts` experts.
 RouterStatistics router_statistics(const RouterRecord& record, const at::Tensor& real, int64_t experts);
+/// A batch's routes for routing replay (TrainBatch::routes), checked
+/// against the model and the batch [B, T]: i64 [B, T, S, k]. An error
+/// names the shape, or the first position whose experts are out of
+/// [0, num_experts), repeated, or partly -1.
+Result<at::Tensor> replay_routes(const ModelConfig& c, const Tensor& routes, int64_t B, int64_t T);
 }  // namespace model_detail
 
 /// An adapter for some rows of a batch that mixes tenants: `rows` (i64)
@@ -146,6 +151,13 @@ struct PassOptions {
   /// When set, each sparse block adds what it routed (the trainer's
   /// load-balancing loss and router metrics).
   RouterRecord* routes = nullptr;
+  /// Routing replay: i64 [tokens, S, k], for each token of the pass's
+  /// [..., hidden] input flattened and each of the S sparse layers (in
+  /// order), the k experts to use instead of the router's top k (the
+  /// weights stay the router's probabilities of them, renormalised as the
+  /// config says). A token whose first entry is -1 routes itself.
+  /// Undefined: every token routes itself.
+  at::Tensor replay{};
 };
 
 /// One layer's attention: q [..., T, heads, D], k and v [..., T, kv_heads, D]

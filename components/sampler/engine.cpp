@@ -184,6 +184,10 @@ struct Engine::Impl {
     for (auto t : p.stop_token_ids)
       if (t < 0 || t >= mc().vocab_size)
         return make_error(errc::invalid_argument, "stop token id " + std::to_string(t) + " is outside the vocabulary");
+    if (p.return_routes && !mc().has_experts())
+      return make_error(errc::invalid_argument, "return_routes asks for the experts each token was routed to, and this "
+                                                "model (" + std::string{hf_class_name(mc().architecture)} +
+                                                ") has none; leave it false");
     if (!p.stop.empty() && !tokenizer)
       return make_error(errc::failed_precondition,
                         "stop strings need a tokenizer, and this model has none (no tokenizer.json in its directory)");
@@ -295,7 +299,7 @@ struct Engine::Impl {
 
   // Final hidden states [N, hidden] of the step's rows, writing their keys
   // and values into the cache.
-  at::Tensor forward(const Rows& r) {
+  at::Tensor forward(const Rows& r, RouterRecord* routes = nullptr) {
     const auto& c = mc();
     const int64_t D = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, g = nh / nkv;
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -326,6 +330,7 @@ struct Engine::Impl {
     PassOptions pass;
     pass.row_adapters = r.adapters;
     pass.packed = &packed;
+    pass.routes = routes;
     return lm().decode_stack(r.ids, r.positions, attend, pass);
   }
 
@@ -338,7 +343,9 @@ struct Engine::Impl {
     int64_t row = 0;  // into the step's logits
     const std::vector<int64_t>* history = nullptr;  // for the repetition penalty
     int64_t token = -1;
+    int64_t route_row = -1;  // into step_routes, when its request asked for routes
   };
+  at::Tensor step_routes;  // i32 [rows, sparse layers, k] of the last step that recorded them
 
   void sample(std::vector<Draw>& draws, const at::Tensor& logits) {
     if (draws.empty()) return;
@@ -438,7 +445,7 @@ struct Engine::Impl {
   }
 
   // Appends `token` to sample `k` of `req`; finishes it when a stop rule says so.
-  void append(Request& req, int32_t k, int64_t token, const at::Tensor& logprobs_row) {
+  void append(Request& req, int32_t k, int64_t token, const at::Tensor& logprobs_row, int64_t route_row) {
     auto& st = req.seqs[static_cast<size_t>(k)];
     auto& out = req.out.sequences[static_cast<size_t>(k)];
     const auto& p = req.params;
@@ -449,6 +456,12 @@ struct Engine::Impl {
     out.weight_version = v;  // only continue_new changes it while a sequence runs
     ++generated;
     if (p.logprobs >= 0) record(out.logprobs, logprobs_row, token, p.logprobs);
+    if (p.return_routes) {
+      auto& r = out.routes;
+      r.layers = step_routes.size(1), r.k = step_routes.size(2);
+      const auto* row = step_routes.data_ptr<int32_t>() + route_row * r.layers * r.k;
+      r.experts.insert(r.experts.end(), row, row + r.layers * r.k);
+    }
     StopReason why = StopReason::none;
     if ((!p.ignore_eos && mc().is_eos(token)) ||
         std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
@@ -576,7 +589,11 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     auto rows = build_rows(sch);
     schedule_seconds += since(t0);
     t0 = clock::now();
-    auto hidden = forward(rows);
+    // Routing replay: the step records its routes when a request asks.
+    RouterRecord routed;
+    bool want_routes = false;
+    for (const auto* c : rows.order) want_routes |= requests.at(c->seq->request).params.return_routes;
+    auto hidden = forward(rows, want_routes ? &routed : nullptr);
     // Rows whose logits are needed: the last of a chunk that completes its
     // sequence's known tokens (the next token), and prompt positions of
     // requests that asked for prompt log-probabilities.
@@ -626,6 +643,13 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
       }
     }
     sample(draws, logits);
+    if (want_routes) {
+      // [rows, sparse layers, k] of the step; each draw takes its logits row's.
+      std::vector<at::Tensor> chosen;
+      for (const auto& l : routed.layers) chosen.push_back(l.chosen);
+      step_routes = at::stack(chosen, 1).to(at::kInt).contiguous();
+      for (auto& d : draws) d.route_row = need[static_cast<size_t>(d.row)];
+    }
   } catch (const std::exception& e) {
     // Nothing of the step is trusted: its requests end as aborted, and the
     // blocks it registered may hold garbage.
@@ -645,7 +669,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     }
     d.req->forked = true;
   }
-  for (auto& d : draws) append(*d.req, d.sample, d.token, logprobs[d.row]);
+  for (auto& d : draws) append(*d.req, d.sample, d.token, logprobs[d.row], d.route_row);
   sample_seconds += since(t0);
   // Prompt-only requests (max_tokens 0) end when their prompt is done.
   for (auto id : stepped) {

@@ -36,6 +36,9 @@ struct SamplingParams {
   /// has none). Such requests do not read the prefix cache: cached tokens
   /// are not recomputed, so they would have no log-probabilities.
   int64_t prompt_logprobs = -1;
+  /// Routing replay (a model with experts only): each completion token's
+  /// experts, SequenceOutput::routes, for a trainer to replay them.
+  bool return_routes = false;
 
   /// The first problem with these values, naming the field and the range.
   Result<void> validate() const;
@@ -60,6 +63,20 @@ struct TokenLogprobs {
   friend bool operator==(const TokenLogprobs&, const TokenLogprobs&) = default;
 };
 
+/// The experts a model with experts chose for a run of tokens: for token t,
+/// sparse layer s (the model's sparse layers in order) and slot j,
+/// experts[(t * layers + s) * k + j], in the router's order (likeliest
+/// first). Token t's are the routes at the position whose logits drew it
+/// (the prompt's last position for the first token): what the trainer
+/// computes at the position that predicts it.
+struct ExpertRoutes {
+  int64_t layers = 0;  ///< sparse layers
+  int64_t k = 0;       ///< experts per token (num_experts_per_tok)
+  std::vector<int32_t> experts;
+  int64_t tokens() const { return layers * k > 0 ? static_cast<int64_t>(experts.size()) / (layers * k) : 0; }
+  friend bool operator==(const ExpertRoutes&, const ExpertRoutes&) = default;
+};
+
 /// One completion of a request.
 struct SequenceOutput {
   std::vector<int64_t> tokens;  ///< the completion's tokens
@@ -76,6 +93,7 @@ struct SequenceOutput {
   /// sequence ran: its tokens then span [first_weight_version, weight_version].
   int64_t weight_version = 0;
   int64_t first_weight_version = 0;  ///< of its first token's weights
+  ExpertRoutes routes;  ///< per completion token, with SamplingParams::return_routes
   friend bool operator==(const SequenceOutput&, const SequenceOutput&) = default;
 };
 

@@ -473,6 +473,65 @@ TEST(TrainingBatch, PackedHoldsEachSequenceWholeWithItsAdvantagePerToken) {
   EXPECT_EQ(found.size(), seqs.size());
 }
 
+// Routing replay: each completion token's routes land at the position that
+// predicts it, in padded and packed batches alike; -1 everywhere else. A
+// sequence without routes, or with too few, is refused.
+TEST(TrainingBatch, RoutingReplayPutsEachTokensRoutesWhereItIsPredicted) {
+  const Prompts prompts = {{1, 2}, {3, 4, 5}};
+  constexpr int64_t S = 2, k = 2;
+  // Route entries encode (sequence, token, slot): s * 1000 + j * 10 + q.
+  auto seq = [](int64_t id, int64_t index, std::vector<int64_t> tokens) {
+    SampledSequence s;
+    s.index = index;
+    s.tokens = std::move(tokens);
+    s.logprobs.chosen.assign(s.tokens.size(), -0.5f);
+    s.routes.layers = S, s.routes.k = k;
+    for (size_t j = 0; j < s.tokens.size(); ++j)
+      for (int64_t q = 0; q < S * k; ++q) s.routes.experts.push_back(static_cast<int32_t>(id * 1000 + static_cast<int64_t>(j) * 10 + q));
+    return s;
+  };
+  const std::vector<SampledSequence> seqs = {seq(0, 0, {6, 7, 8}), seq(1, 1, {9}), seq(2, 0, {10, 11}),
+                                             seq(3, 1, {12, 13, 14, 15, 16, 17})};
+  for (bool pack : {false, true}) {
+    SCOPED_TRACE(pack ? "packed" : "padded");
+    auto b = actors::training_batch(prompts, seqs, {.pack = pack, .min_rows = 2, .routing_replay = true});
+    ASSERT_TRUE(b) << describe(b.error());
+    const auto& shape = b->tensors.at("input_ids").shape();
+    const auto& rt = b->tensors.at("routes");
+    ASSERT_EQ(rt.shape(), (std::vector<int64_t>{shape[0], shape[1], S, k}));
+    auto routes = *rt.values<int32_t>();
+    auto ids = *b->tensors.at("input_ids").values<int64_t>();
+    auto mask = *b->tensors.at("loss_mask").values<float>();
+    size_t covered = 0, tokens = 0;
+    for (const auto& s : seqs) tokens += s.tokens.size();
+    for (int64_t pos = 0; pos < shape[0] * shape[1]; ++pos) {
+      const auto* r = routes.data() + pos * S * k;
+      if (r[0] == -1) {
+        for (int64_t q = 0; q < S * k; ++q) EXPECT_EQ(r[q], -1) << "position " << pos;
+        EXPECT_EQ(mask[static_cast<size_t>(pos)], 0.f) << "a completion token without its routes at " << pos;
+        continue;
+      }
+      const auto s = static_cast<size_t>(r[0] / 1000), j = static_cast<size_t>(r[0] / 10 % 100);
+      for (int64_t q = 0; q < S * k; ++q) EXPECT_EQ(r[q], r[0] + q);
+      ASSERT_LT(s, seqs.size());
+      ASSERT_LT(j, seqs[s].tokens.size());
+      EXPECT_EQ(ids[static_cast<size_t>(pos + 1)], seqs[s].tokens[j]) << "the routes of a token sit where it is predicted";
+      EXPECT_EQ(mask[static_cast<size_t>(pos)], 1.f);
+      ++covered;
+    }
+    EXPECT_EQ(covered, tokens);
+  }
+  auto without = seqs;
+  without[1].routes = {};
+  auto refused = actors::training_batch(prompts, without, {.routing_replay = true});
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("return_routes"), std::string::npos) << describe(refused.error());
+  auto short_routes = seqs;
+  short_routes[2].routes.experts.resize(S * k);
+  EXPECT_FALSE(actors::training_batch(prompts, short_routes, {.routing_replay = true}));
+  EXPECT_FALSE(actors::training_batch(prompts, seqs).value().tensors.count("routes")) << "only when asked";
+}
+
 // A sampler rank lost in the middle of a call costs nothing: its slice goes
 // to the live rank and the call answers what an uninterrupted one does
 // (draws are keyed by request, not by rank); later calls sample on the

@@ -194,6 +194,9 @@ struct Reference {
       }
     return out;
   }
+  // Routing replay: (sparse layer ordinal, token) -> the experts it must use.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> forced;
+  int64_t ordinal = 0;  // of the sparse layer being run
   at::Tensor experts(const std::string& pre, const at::Tensor& x) {  // [T, H], token by token
     const auto& m = c.moe;
     auto y = at::zeros_like(x);
@@ -203,7 +206,16 @@ struct Reference {
       std::vector<std::pair<double, int64_t>> ranked;
       for (int64_t e = 0; e < m.num_experts; ++e) ranked.emplace_back(probs[e].item<double>(), e);
       std::sort(ranked.begin(), ranked.end(), std::greater<>{});
-      if (m.num_experts_per_tok < m.num_experts)
+      const auto f = forced.find({ordinal, t});
+      if (f != forced.end()) {
+        // The given experts, first, with the router's probabilities.
+        std::vector<std::pair<double, int64_t>> given;
+        for (auto e : f->second) given.emplace_back(probs[e].item<double>(), e);
+        for (const auto& r : ranked)
+          if (std::find(f->second.begin(), f->second.end(), r.second) == f->second.end()) given.push_back(r);
+        ranked = given;
+      }
+      if (m.num_experts_per_tok < m.num_experts && f == forced.end())
         min_gap = std::min(min_gap, ranked[static_cast<size_t>(m.num_experts_per_tok) - 1].first -
                                         ranked[static_cast<size_t>(m.num_experts_per_tok)].first);
       if (record) {
@@ -228,6 +240,7 @@ struct Reference {
   at::Tensor logits(const std::vector<int64_t>& ids) {
     const int64_t T = static_cast<int64_t>(ids.size()), nh = c.num_attention_heads, nkv = c.num_key_value_heads;
     const int64_t D = c.head_dim;
+    ordinal = 0;
     auto x = p.at("model.embed_tokens.weight").index_select(0, at::tensor(ids, at::kLong));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto pre = "model.layers." + std::to_string(l) + ".";
@@ -250,8 +263,14 @@ struct Reference {
       }
       x = x + lin(pre + "self_attn.o_proj", attn.reshape({T, nh * D}));
       h = norm(x, p.at(pre + "post_attention_layernorm.weight"));
-      x = x + (c.feed_forward(l) == FeedForward::sparse ? experts(pre + "mlp.", h) : swiglu(pre + "mlp", h));
+      if (c.feed_forward(l) == FeedForward::sparse) {
+        x = x + experts(pre + "mlp.", h);
+        ++ordinal;
+      } else {
+        x = x + swiglu(pre + "mlp", h);
+      }
     }
+    ordinal = 0;
     return lin("lm_head", norm(x, p.at("model.norm.weight")));
   }
 };
@@ -765,5 +784,288 @@ TEST(MoeLora, TheSamplersMultiTenantBatchesMatchEachAdapterAlone) {
   EXPECT_EQ(together[2]->sequences[0].tokens, alone_base[0]->sequences[0].tokens);
 }
 
+
+// -- micro-batches ---------------------------------------------------------------------------
+
+// A batch cut into micro-batches trains as the whole batch: the same loss
+// and gradients (a micro-batch once lost its real-token mask, and the
+// router's statistics then failed the step). The load-balancing loss is not
+// in it: like transformers', it is one per forward pass (per micro-batch).
+TEST(MoeTraining, MicroBatchesTrainAsTheWholeBatch) {
+  auto j = qwen3_moe_json();
+  TrainBatch b{.tokens = {.input_ids = ids_of({{1, 5, 9, 2, 7, 3}, {3, 3, 8, 1, 2, 6}, {4, 0, 2, 2, 9, 1}})}};
+  std::map<std::string, at::Tensor> grads[2];
+  double loss[2] = {0, 0}, aux[2] = {0, 0};
+  for (int split = 0; split < 2; ++split) {
+    auto t = Trainer::create(sharp_model(j, 3), {.micro_batch_rows = split ? 1 : 0});
+    ASSERT_TRUE(t) << describe(t.error());
+    auto m = t->forward_backward(b, {});
+    ASSERT_TRUE(m) << describe(m.error());
+    loss[split] = m->at("loss");
+    aux[split] = m->at("moe_aux_loss");
+    for (const auto& [n, p] : t->model().impl().params)
+      if (p.grad().defined()) grads[split][n] = p.grad().clone();
+  }
+  EXPECT_NEAR(loss[0], loss[1], 1e-5);
+  EXPECT_GT(aux[1], 0);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (const auto& [n, g] : grads[0]) EXPECT_LT((g - grads[1].at(n)).abs().max().item<double>(), 1e-5) << n;
+}
+
+// -- routing replay ----------------------------------------------------------------------------
+
+int64_t sparse_layers(const ModelConfig& c) {
+  int64_t S = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) S += c.feed_forward(l) == FeedForward::sparse;
+  return S;
+}
+
+// Logits [T, V] of one row with routes `replay` (i64 [T, S, k]; undefined: none).
+at::Tensor logits_with(const CausalLM& lm, const std::vector<int64_t>& ids, const at::Tensor& replay) {
+  auto p = model_detail::prepare(lm.config(), {.input_ids = row(ids)});
+  EXPECT_TRUE(p) << describe(p.error());
+  PassOptions pass;
+  pass.replay = replay;
+  c10::NoGradGuard no_grad;
+  return lm.impl().run(*p, false, true, pass).logits[0];
+}
+
+// The experts each position of a row chose, i64 [T, S, k].
+at::Tensor own_routes(const CausalLM& lm, const std::vector<int64_t>& ids) {
+  auto p = model_detail::prepare(lm.config(), {.input_ids = row(ids)});
+  EXPECT_TRUE(p) << describe(p.error());
+  RouterRecord record;
+  PassOptions pass;
+  pass.routes = &record;
+  c10::NoGradGuard no_grad;
+  lm.impl().run(*p, false, false, pass);
+  std::vector<at::Tensor> chosen;
+  for (const auto& l : record.layers) chosen.push_back(l.chosen);
+  return at::stack(chosen, 1);
+}
+
+// Replayed routes are used as given, weighted by the router's probabilities
+// of them: the logits equal the float64 reference forced to those experts,
+// at positions where they differ from the router's own choice; replaying
+// the router's own choice changes nothing.
+TEST(MoeReplay, ReplayedRoutesMatchTheFloat64ReferenceForcedToThem) {
+  for (const auto& [name, config] : variants()) {
+    SCOPED_TRACE(name);
+    auto lm = sharp_model(config, 31);
+    const auto& c = lm.config();
+    const int64_t S = sparse_layers(c), k = c.moe.num_experts_per_tok, E = c.moe.num_experts;
+    auto ids = random_ids(12, c.vocab_size, 32);
+    auto own = own_routes(lm, ids);
+    ASSERT_EQ(own.sizes().vec(), (std::vector<int64_t>{12, S, k}));
+    EXPECT_TRUE(at::equal(logits_with(lm, ids, own), logits_with(lm, ids, at::Tensor{})));
+
+    auto replay = at::full({12, S, k}, -1, at::kLong);
+    Reference ref{lm};
+    std::mt19937_64 rng{33};
+    for (int64_t t : {2, 5, 6, 11}) {
+      for (int64_t s = 0; s < S; ++s) {
+        // k distinct experts, the router's least likely first: not its choice.
+        std::vector<int64_t> all(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) all[static_cast<size_t>(e)] = e;
+        std::shuffle(all.begin(), all.end(), rng);
+        std::vector<int64_t> pick(all.begin(), all.begin() + k);
+        for (int64_t j = 0; j < k; ++j) replay[t][s][j] = pick[static_cast<size_t>(j)];
+        ref.forced[{s, t}] = pick;
+      }
+    }
+    auto got = logits_with(lm, ids, replay);
+    auto want = ref.logits(ids);
+    EXPECT_LT((got.to(at::kDouble) - want).abs().max().item<double>(), 1e-4);
+    // Before the first replayed position nothing changes; from it on, it does.
+    auto free = logits_with(lm, ids, at::Tensor{});
+    EXPECT_LT((got.narrow(0, 0, 2) - free.narrow(0, 0, 2)).abs().max().item<double>(), 1e-5);
+    EXPECT_GT((got[2] - free[2]).abs().max().item<double>(), 1e-3);
+  }
+}
+
+// The gradients of a replayed pass reach the router through the weights of
+// the given experts: they match float64 finite differences.
+TEST(MoeReplay, GradientsWithReplayedRoutesMatchFiniteDifferences) {
+  auto lm = sharp_model(qwen2_moe_json(), 34);
+  for (auto& [n, p] : lm.impl().params) p = p.to(at::kDouble);
+  const auto& c = lm.config();
+  const int64_t S = sparse_layers(c), k = c.moe.num_experts_per_tok;
+  auto ids = random_ids(6, c.vocab_size, 35);
+  auto replay = at::full({6, S, k}, -1, at::kLong);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t j = 0; j < k; ++j) replay[3][s][j] = (j * 2 + s) % c.moe.num_experts;
+  auto p = model_detail::prepare(c, {.input_ids = row(ids)});
+  ASSERT_TRUE(p);
+  auto loss = [&] {
+    PassOptions pass;
+    pass.replay = replay;
+    return lm.impl().run(*p, false, false, pass).logprobs.sum();
+  };
+  const auto gate = "model.layers.0.mlp.gate.weight";
+  auto& w = lm.impl().params.at(gate);
+  w.requires_grad_(true);
+  {
+    c10::AutoGradMode on(true);
+    loss().backward();
+  }
+  auto g = w.grad().clone();
+  c10::NoGradGuard no_grad;
+  for (int64_t i : {0, 7, 40, 101}) {
+    const double fd = central_difference(loss, w, i);
+    EXPECT_NEAR(g.view(-1)[i].item<double>(), fd, 1e-6 * std::max(1.0, std::abs(fd))) << gate << "[" << i << "]";
+  }
+}
+
+// Routes that cannot be replayed are refused before any work, naming what
+// is wrong; the model's gradients stay untouched.
+TEST(MoeReplay, BadRoutesAreRefusedBeforeAnyWork) {
+  auto t = Trainer::create(sharp_model(qwen3_moe_json(), 36), {});
+  ASSERT_TRUE(t) << describe(t.error());
+  const auto& c = t->model().config();
+  const int64_t S = sparse_layers(c), k = c.moe.num_experts_per_tok, E = c.moe.num_experts;
+  auto batch = [&](const at::Tensor& r) {
+    return TrainBatch{.tokens = {.input_ids = ids_of({{1, 5, 9, 2}})}, .routes = *from_torch(r)};
+  };
+  auto good = at::full({1, 4, S, k}, -1, at::kLong);
+  auto expect_refused = [&](at::Tensor r, const std::string& says) {
+    auto m = t->forward_backward(batch(r), {});
+    ASSERT_FALSE(m) << says;
+    EXPECT_NE(describe(m.error()).find(says), std::string::npos) << describe(m.error());
+    for (const auto& [n, p] : t->model().impl().params)
+      EXPECT_FALSE(p.grad().defined() && p.grad().abs().sum().item<double>() != 0) << n;
+  };
+  auto out_of_range = good.clone();
+  out_of_range[0][2].fill_(0);
+  out_of_range[0][2][1][0] = E;
+  expect_refused(out_of_range, "row 0 position 2 routes to");
+  auto partly = good.clone();
+  partly[0][1][0][0] = 3;
+  expect_refused(partly, "every entry -1");
+  auto twice = good.clone();
+  twice[0][3].fill_(5);
+  expect_refused(twice, "names an expert twice");
+  expect_refused(at::full({1, 4, S + 1, k}, -1, at::kLong), "expected [1, 4, " + std::to_string(S) + ", 2]");
+  expect_refused(at::full({1, 4, S, k}, -1.0, at::kFloat), "integer tensor");
+  EXPECT_TRUE(t->forward_backward(batch(good), {}));  // all -1: every position routes itself
+
+  auto dense = Trainer::create(*CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 64, 32, 48, 2, 4, 2), 1), {});
+  ASSERT_TRUE(dense);
+  auto m = dense->forward_backward(
+      {.tokens = {.input_ids = ids_of({{1, 5, 9, 2}})}, .routes = *from_torch(at::full({1, 4, 1, 2}, 0, at::kLong))}, {});
+  ASSERT_FALSE(m);
+  EXPECT_NE(describe(m.error()).find("no sparse layer"), std::string::npos) << describe(m.error());
+}
+
+// The sampler's routes (return_routes) are the trainer's at the positions
+// that predict each token: replayed, the trainer's log-probabilities are
+// the sampler's. A dense model refuses the option.
+TEST(MoeReplay, TheSamplersRoutesAreThoseThatDrewEachToken) {
+  auto lm = sharp_model(qwen3_moe_json(), 37);
+  const auto& c = lm.config();
+  const int64_t S = sparse_layers(c), k = c.moe.num_experts_per_tok;
+  auto engine = Engine::create(lm, {.block_size = 4, .max_num_batched_tokens = 16});
+  ASSERT_TRUE(engine) << describe(engine.error());
+  std::vector<std::vector<int64_t>> prompts{random_ids(5, 64, 38), random_ids(9, 64, 39)};
+  auto outs = engine->generate(prompts, {.num_samples = 2, .max_tokens = 6, .seed = 4, .ignore_eos = true,
+                                         .logprobs = 0, .return_routes = true});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(outs[i]) << describe(outs[i].error());
+    for (const auto& seq : outs[i]->sequences) {
+      ASSERT_EQ(seq.routes.layers, S);
+      ASSERT_EQ(seq.routes.k, k);
+      ASSERT_EQ(seq.routes.tokens(), static_cast<int64_t>(seq.tokens.size()));
+      auto ids = prompts[i];
+      ids.insert(ids.end(), seq.tokens.begin(), seq.tokens.end());
+      auto own = own_routes(lm, ids);
+      const auto P = static_cast<int64_t>(prompts[i].size());
+      for (int64_t j = 0; j < seq.routes.tokens(); ++j)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t x = 0; x < k; ++x)
+            EXPECT_EQ(seq.routes.experts[static_cast<size_t>((j * S + s) * k + x)], own[P - 1 + j][s][x].item<int64_t>())
+                << "prompt " << i << " token " << j << " layer " << s;
+    }
+  }
+  auto dense = Engine::create(*CausalLM::init_random(ModelConfig::make(Architecture::qwen3, 64, 32, 48, 2, 4, 2), 1), {});
+  ASSERT_TRUE(dense);
+  auto refused = dense->generate({{1, 2, 3}}, {.max_tokens = 2, .return_routes = true});
+  ASSERT_FALSE(refused[0]);
+  EXPECT_NE(describe(refused[0].error()).find("return_routes"), std::string::npos);
+}
+
+// What routing replay is for: the trainer's log-probabilities of sampled
+// tokens against the sampler's. With the sampler's weights, both paths
+// agree to rounding; one step later (the router moved, as after an update
+// the sampler has not seen: async RL, --sync-every > 1) tokens route
+// elsewhere and their log-probabilities jump. Replaying the sampler's
+// routes keeps only the smooth change of the gate weights.
+TEST(MoeReplay, ReplayClosesTheGapBetweenSamplerAndTrainerLogprobs) {
+  auto c = parse(qwen3_moe_json());
+  ASSERT_TRUE(c);
+  auto sampled_lm = CausalLM::init_random(*c, 40);  // an untrained router: near-uniform, with near ties
+  ASSERT_TRUE(sampled_lm);
+  auto engine = Engine::create(*sampled_lm, {.block_size = 4});
+  ASSERT_TRUE(engine) << describe(engine.error());
+  std::vector<std::vector<int64_t>> prompts;
+  for (uint64_t i = 0; i < 4; ++i) prompts.push_back(random_ids(6, 64, 41 + i));
+  auto outs = engine->generate(prompts, {.max_tokens = 12, .seed = 5, .ignore_eos = true, .logprobs = 0,
+                                         .return_routes = true});
+  const int64_t S = sparse_layers(*c), k = c->moe.num_experts_per_tok, T = 6 + 12;
+  auto ids = at::zeros({4, T}, at::kLong);
+  auto routes = at::full({4, T, S, k}, -1, at::kLong);
+  auto sampler_lp = at::zeros({4, T}), mask = at::zeros({4, T});
+  for (int64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(outs[static_cast<size_t>(i)]);
+    const auto& seq = outs[static_cast<size_t>(i)]->sequences.at(0);
+    ASSERT_EQ(static_cast<int64_t>(seq.tokens.size()), 12);
+    for (int64_t t = 0; t < 6; ++t) ids[i][t] = prompts[static_cast<size_t>(i)][static_cast<size_t>(t)];
+    for (int64_t j = 0; j < 12; ++j) {
+      ids[i][6 + j] = seq.tokens[static_cast<size_t>(j)];
+      sampler_lp[i][5 + j] = seq.logprobs.chosen[static_cast<size_t>(j)];
+      mask[i][5 + j] = 1;
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t x = 0; x < k; ++x) routes[i][5 + j][s][x] = seq.routes.experts[static_cast<size_t>((j * S + s) * k + x)];
+    }
+  }
+  // Mean and largest |trainer - sampler| over the completion tokens.
+  auto gap = [&](CausalLM lm, bool replay) {
+    auto t = Trainer::create(std::move(lm), {});
+    EXPECT_TRUE(t);
+    TrainBatch b{.tokens = {.input_ids = *from_torch(ids)}, .loss_mask = *from_torch(mask)};
+    if (replay) b.routes = *from_torch(routes);
+    Tensor lp;
+    auto m = t->forward_backward(b, {}, &lp);
+    EXPECT_TRUE(m) << describe(m.error());
+    auto d = (to_torch(lp) - sampler_lp).abs() * mask;
+    return std::pair{d.sum().item<double>() / mask.sum().item<double>(), d.max().item<double>()};
+  };
+  auto copy = [&] {  // a deep copy of the sampled weights
+    auto lm = CausalLM::init_random(*c, 0);
+    EXPECT_TRUE(lm);
+    c10::NoGradGuard no_grad;
+    for (auto& [n, p] : lm->impl().params) p.copy_(sampled_lm->impl().params.at(n));
+    return std::move(*lm);
+  };
+  auto lagged = [&] {  // the trainer's router after an update the sampler has not seen
+    auto lm = copy();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+    c10::NoGradGuard no_grad;
+    for (auto& [n, p] : lm.impl().params)
+      if (n.find("mlp.gate.weight") != std::string::npos) p.add_(at::normal(0.0, 1.0, p.sizes(), gen) * p.std() * 0.3);
+    return lm;
+  };
+  auto [same_free, same_free_max] = gap(copy(), false);
+  auto [same_replay, same_replay_max] = gap(copy(), true);
+  auto [lag_free, lag_free_max] = gap(lagged(), false);
+  auto [lag_replay, lag_replay_max] = gap(lagged(), true);
+  std::printf("sampler vs trainer log-probs, mean (max) |diff| over %d tokens:\n"
+              "  same weights:  without replay %.2e (%.2e), with replay %.2e (%.2e)\n"
+              "  router lagged: without replay %.2e (%.2e), with replay %.2e (%.2e)\n",
+              4 * 12, same_free, same_free_max, same_replay, same_replay_max, lag_free, lag_free_max, lag_replay,
+              lag_replay_max);
+  EXPECT_LT(same_replay_max, 1e-5);
+  EXPECT_LT(same_free_max, 1e-5);  // no route lies within rounding of a tie here
+  EXPECT_LT(lag_replay, 0.5 * lag_free);
+  EXPECT_LT(lag_replay_max, lag_free_max);
+}
 }  // namespace
 }  // namespace glint::components

@@ -171,6 +171,27 @@ code=0; "$glint" grpo --model model "${common[@]}" --max-steps 2 --prompts-per-s
   --reward-command "cat > /dev/null; exit 3" --output runs/badcmd > badcmd.log 2>&1 || code=$?
 [[ $code != 0 ]] && grep -q "exited with status 3" badcmd.log || { cat badcmd.log; fail "a failing reward command"; }
 
+# 7b. A model with experts, trained on the sampler's routes (routing replay),
+#     packed and padded; the flag is recorded and replayed by --config.
+"$glint" init-model moe --arch qwen3_moe --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \
+  --max-positions 256 --experts 4 --experts-per-tok 2 --norm-topk --tokenizer-from arith.jsonl > moe-init.log 2>&1 \
+  || { cat moe-init.log; fail "init-model --arch qwen3_moe"; }
+# A reward that tells the random model's completions apart, so that the
+# replayed steps have gradients.
+cat > distinct.py <<'EOF'
+import json, sys
+for line in sys.stdin:
+    print(len(set(json.loads(line)["completion"])) % 3)
+EOF
+for p in --packing --no-packing; do
+  "$glint" grpo --model moe "${common[@]}" --prompts-per-step 2 --num-generations 4 --max-steps 2 --routing-replay $p \
+    --reward-command "python3 distinct.py" --output "runs/replay$p" > "replay$p.log" 2>&1 \
+    || { cat "replay$p.log"; fail "GRPO with --routing-replay $p"; }
+  grep -q '^routing-replay = true' "runs/replay$p/config.toml" || fail "config.toml does not record routing-replay"
+  [[ $(grep -c '"loss"' "runs/replay$p/metrics.jsonl") == 2 ]] || fail "the replayed run did not train 2 steps"
+  grep -q '"grad_norm": [1-9]\|"grad_norm": 0\.[0-9]' "runs/replay$p/metrics.jsonl" || fail "the replayed steps had no gradient"
+done
+
 # 8. Bad input: one error line, a non-zero exit, no run directory.
 echo '{"prompt": "Say hi."}' > nosolution.jsonl
 small=(--max-prompt-length 64 --max-tokens 16)
@@ -190,6 +211,9 @@ expect_refusal sampler-ranks "every sampler rank needs a prompt" --model model "
 expect_refusal dropout "lora-dropout does not apply" --model model "${small[@]}" --dataset arith.jsonl --lora-dropout 0.1
 expect_refusal cispo "does not apply to --loss cispo" --model model "${small[@]}" --dataset arith.jsonl --loss cispo \
   --epsilon 0.2
+expect_refusal replay-dense "has none; leave it out" --model model "${small[@]}" --dataset arith.jsonl --routing-replay
+expect_refusal replay-pp "not built for pipeline parallelism" --model moe "${small[@]}" --dataset arith.jsonl --routing-replay \
+  --train-type full --mesh pp=2
 expect_refusal missing "is not a file" --model model "${small[@]}" --dataset nothere.jsonl
 expect_refusal both "pick one" --model model "${small[@]}" --dataset arith.jsonl --resume --overwrite
 echo "grpo recipe: ok (command reward $first -> $last)"

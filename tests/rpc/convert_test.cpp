@@ -71,13 +71,25 @@ TEST(WireCodec, SettingsRoundTripAndInvalidOnesAreRefused) {
   components::SamplingParams p{.num_samples = 3, .max_tokens = 9, .temperature = 0.7, .top_k = 5, .top_p = 0.9,
                                .min_p = 0.1, .repetition_penalty = 1.2, .seed = 42, .stop_token_ids = {7},
                                .stop = {"\n\n"}, .include_stop_str_in_output = true, .ignore_eos = true,
-                               .logprobs = 2, .prompt_logprobs = 0};
+                               .logprobs = 2, .prompt_logprobs = 0, .return_routes = true};
   write_sampling(root, p);
   auto back = read_sampling(root.asReader());
   ASSERT_TRUE(back) << describe(back.error());
   EXPECT_EQ(*back, p);
   root.setTopP(0);
   EXPECT_EQ(code_of(read_sampling(root.asReader()).error()), errc::invalid_argument);
+
+  // A sequence's expert routes cross whole; ones that do not fit its tokens are refused.
+  capnp::MallocMessageBuilder ms;
+  auto seqs = ms.initRoot<wire::Session::SampleResults>();
+  actors::SampledSequence seq{.index = 1, .tokens = {4, 5}, .weight_version = 2, .first_weight_version = 2,
+                              .routes = {.layers = 2, .k = 2, .experts = {0, 1, 2, 3, 4, 5, 6, 7}}};
+  write_sequences(seqs.initSequences(1), {seq});
+  auto got = read_sequences(seqs.asReader().getSequences());
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(got->at(0), seq);
+  seqs.getSequences()[0].getRoutes().setK(3);
+  EXPECT_FALSE(read_sequences(seqs.asReader().getSequences()));
 
   capnp::MallocMessageBuilder m2;
   auto lora = m2.initRoot<wire::LoraConfig>();

@@ -65,6 +65,15 @@ public:
     bytes += 2 * share() * static_cast<double>(in.nbytes());
     return inner_->reduce_scatter_sum(in, out);
   }
+  // What leaves this rank for the others (its rows for itself stay).
+  Result<void> all_to_all(const Tensor& in, const std::vector<int64_t>& in_rows, Tensor& out,
+                          const std::vector<int64_t>& out_rows) override {
+    const int64_t rows = in.shape().empty() ? 0 : in.shape()[0];
+    if (rows > 0 && static_cast<size_t>(rank()) < in_rows.size())
+      bytes += static_cast<double>(in.nbytes()) * static_cast<double>(rows - in_rows[static_cast<size_t>(rank())]) /
+               static_cast<double>(rows);
+    return inner_->all_to_all(in, in_rows, out, out_rows);
+  }
   Result<void> send(const Tensor& t, int to, int tag) override {
     bytes += static_cast<double>(t.nbytes());
     return inner_->send(t, to, tag);

@@ -58,6 +58,8 @@ public:
   Result<void> barrier() override;
   Result<void> all_gather(const Tensor& input, Tensor& output) override;
   Result<void> reduce_scatter_sum(const Tensor& input, Tensor& output) override;
+  Result<void> all_to_all(const Tensor& input, const std::vector<int64_t>& input_rows, Tensor& output,
+                          const std::vector<int64_t>& output_rows) override;
   Result<void> send(const Tensor& t, int to, int tag) override;
   Result<void> recv(Tensor& t, int from, int tag) override;
   Result<std::unique_ptr<PendingSend>> send_async(const Tensor& t, int to, int tag) override;
@@ -351,6 +353,40 @@ Result<void> all_reduce_sum(ProcessGroup& pg, std::vector<at::Tensor>& tensors) 
     ++k;
   }
   return {};
+}
+
+Result<void> GlooGroup::all_to_all(const Tensor& input, const std::vector<int64_t>& input_rows, Tensor& output,
+                                   const std::vector<int64_t>& output_rows) {
+  const auto n = static_cast<size_t>(size());
+  auto sum = [](const std::vector<int64_t>& v) {  // -1 for a negative count, which no tensor matches
+    int64_t s = 0;
+    for (auto x : v) {
+      if (x < 0) return int64_t{-2};
+      s += x;
+    }
+    return s;
+  };
+  const int64_t in0 = input.shape().empty() ? -1 : input.shape()[0];
+  const int64_t out0 = output.shape().empty() ? -1 : output.shape()[0];
+  if (input_rows.size() != n || output_rows.size() != n || sum(input_rows) != in0 || sum(output_rows) != out0 ||
+      input.dtype() != output.dtype())
+    return make_error(errc::invalid_argument,
+                      "all_to_all on rank " + std::to_string(rank()) + ": " + std::to_string(input_rows.size()) +
+                          " input and " + std::to_string(output_rows.size()) + " output counts for " +
+                          std::to_string(n) + " ranks, input " + input.describe() + ", output " + output.describe() +
+                          " (the counts are rows, one per rank, summing to each tensor's first dim)");
+  if (size() == 1) {
+    c10::NoGradGuard no_grad;
+    auto out = to_torch(output);
+    if (out.numel() > 0) out.copy_(to_torch(input));
+    return {};
+  }
+  return run("all_to_all", [&] {
+    c10::NoGradGuard no_grad;
+    auto in = to_torch(input), out = to_torch(output);
+    auto in_splits = input_rows, out_splits = output_rows;
+    wait(pg->alltoall_base(out, in, out_splits, in_splits));
+  });
 }
 
 Result<void> GlooGroup::broadcast(std::vector<Tensor>& tensors, int root) {

@@ -73,6 +73,14 @@ public:
   /// copy, then the slice (twice the bytes of a native one; NCCL's would
   /// serve it as is).
   virtual Result<void> reduce_scatter_sum(const Tensor& input, Tensor& output) = 0;
+  /// Rows (dim 0) to every rank, for expert parallelism: the first
+  /// input_rows[0] rows of `input` to rank 0, the next input_rows[1] to rank
+  /// 1, ...; `output` (preallocated, the same dtype and trailing shape) gets
+  /// output_rows[r] rows from each rank r, in rank order. Each rank's counts
+  /// must mirror the others' (input_rows[r] here is output_rows[this rank]
+  /// on r). Both contiguous.
+  virtual Result<void> all_to_all(const Tensor& input, const std::vector<int64_t>& input_rows, Tensor& output,
+                                  const std::vector<int64_t>& output_rows) = 0;
   /// Point to point, for pipeline stages: `send` hands `t` to rank `to`
   /// and returns once `to` has received it (Gloo's send is a rendezvous: two
   /// ranks that both send first wait for each other); `recv` fills `t` (its

@@ -122,6 +122,10 @@ Result<void> whole_for_adapters(const CausalLM::Impl& m) {
   if (m.tp)
     return make_error(errc::unimplemented, "LoRA on a tensor-parallel model is not built yet: each rank holds a part "
                                            "of every projection");
+  if (m.ep)
+    return make_error(errc::unimplemented, "LoRA on an expert-parallel model is not built yet: each rank holds " +
+                                               std::to_string(m.ep->experts) + " of the " +
+                                               std::to_string(m.cfg.moe.num_experts) + " experts of each sparse layer");
   return {};
 }
 

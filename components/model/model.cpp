@@ -719,6 +719,12 @@ Result<void> CausalLM::Impl::have_parameters(const char* what, bool passes, bool
                           std::to_string(pp->pg->size()) + " and holds decoder layers " +
                           std::to_string(pp->first_layer) + " to " + std::to_string(pp->end_layer - 1) +
                           " only; a pipeline's trainer runs it");
+  if (ep && !passes)
+    return make_error(errc::failed_precondition,
+                      std::string{what} + ": this rank holds experts " + std::to_string(ep->first_expert) + " to " +
+                          std::to_string(ep->first_expert + ep->experts - 1) + " of " +
+                          std::to_string(cfg.moe.num_experts) + " (expert parallelism over " +
+                          std::to_string(ep->pg->size()) + " ranks); the trainer saves and streams the whole model");
   if (tp && !passes)
     return make_error(errc::failed_precondition, std::string{what} + ": the model's parameters are tensor-parallel "
                                                      "shards over " + std::to_string(tp->pg->size()) +

@@ -7,6 +7,7 @@
 #include "components/comm/process_group_impl.hpp"  // throw_error
 #include "components/model/kernels.hpp"
 #include "components/model/moe_config.hpp"
+#include "components/parallel/expert_parallel.hpp"
 
 #include "components/tensor/torch_bridge.hpp"
 #include "runtime/text.hpp"
@@ -163,20 +164,64 @@ at::Tensor dense_routed(const CausalLM::Impl& m, const std::string& pre, const a
   return routed;
 }
 
-// Grouped by expert: the (token, slot) pairs sorted by their expert, so
-// each expert's tokens are one contiguous slice and one GEMM per
-// projection, forward and backward; no expert sees a token not routed to
-// it, and none is dropped.
+// The experts [first, first + n) on xs, whose rows are sorted by expert
+// (count[e] rows for expert first + e): one GEMM per projection per
+// expert, in training with the large-product library choice (kernels.hpp:
+// faster there from ~64 rows; decoding keeps the rows' own). `owner`: per
+// row, the index of its adapter in pass.row_adapters (-1: none), or
+// undefined. Rows in xs's order; xs itself when it has none (so that the
+// result is always xs's descendant: expert parallelism's exchanges must be
+// in every rank's graph, whatever its share of the tokens).
+at::Tensor run_experts(const CausalLM::Impl& m, const std::string& pre, const at::Tensor& xs, const int64_t* count,
+                       int64_t first, int64_t n, const PassOptions& pass, const at::Tensor& owner) {
+  std::optional<LargeProductScope> large;
+  if (at::GradMode::is_enabled()) large.emplace();
+  std::vector<at::Tensor> outs;
+  int64_t begin = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t rows = count[e];
+    if (rows == 0) continue;
+    auto slice = xs.narrow(0, begin, rows);
+    // Without per-row adapters the pass applies as it is; with them, a copy
+    // whose rows are this slice's.
+    std::optional<PassOptions> sub;
+    if (owner.defined()) {
+      sub.emplace(pass);
+      sub->row_adapters.clear();
+      auto mine = owner.narrow(0, begin, rows);
+      for (size_t a = 0; a < pass.row_adapters.size(); ++a) {
+        auto sel = (mine == static_cast<int64_t>(a)).nonzero().squeeze(1);
+        if (sel.numel() > 0) sub->row_adapters.push_back({pass.row_adapters[a].lora, sel});
+      }
+    }
+    outs.push_back(m.swiglu_mlp(pre + "experts." + std::to_string(first + e), slice, false, sub ? *sub : pass));
+    begin += rows;
+  }
+  return outs.empty() ? xs : at::cat(outs, 0);
+}
+
+// The (token, slot) pairs sorted by their expert (stable), so that each
+// expert's are one slice: the order, each sorted pair's token, and the
+// pairs per expert.
+struct Sorted {
+  at::Tensor order, token, counts;
+};
+Sorted sort_by_expert(const at::Tensor& chosen, int64_t E) {
+  const int64_t k = chosen.size(1);
+  auto flat = chosen.reshape({-1});                                // [N k]
+  auto order = std::get<1>(flat.sort(/*stable=*/true, 0, false));  // slots by expert
+  return {order, at::floor_divide(order, k), at::bincount(flat, {}, E).to(at::kLong).contiguous()};
+}
+
+// Grouped by expert: each expert's tokens are one contiguous slice and one
+// GEMM per projection, forward and backward; no expert sees a token not
+// routed to it, and none is dropped.
 at::Tensor grouped_routed(const CausalLM::Impl& m, const std::string& pre, const at::Tensor& x,
                           const at::Tensor& weights, const at::Tensor& chosen, const PassOptions& pass) {
-  const int64_t N = x.size(0), E = m.cfg.moe.num_experts, k = chosen.size(1);
-  auto flat = chosen.reshape({-1});                                  // [N k]
-  auto order = std::get<1>(flat.sort(/*stable=*/true, 0, false));    // slots by expert
-  auto token = at::floor_divide(order, k);                           // each sorted slot's token
-  auto counts = at::bincount(flat, {}, E).contiguous();              // tokens per expert
-  auto xs = x.index_select(0, token);                                // [N k, H]
-  auto ws = weights.reshape({-1}).index_select(0, order).unsqueeze(1);
-
+  const int64_t N = x.size(0), E = m.cfg.moe.num_experts;
+  const auto s = sort_by_expert(chosen, E);
+  auto xs = x.index_select(0, s.token);  // [N k, H]
+  auto ws = weights.reshape({-1}).index_select(0, s.order).unsqueeze(1);
   // Per-row adapters (the sampler's multi-tenant batches) name token rows:
   // each expert's slice gets the rows of its own tokens.
   at::Tensor owner;
@@ -184,35 +229,45 @@ at::Tensor grouped_routed(const CausalLM::Impl& m, const std::string& pre, const
     owner = at::full({N}, -1, at::kLong);
     for (size_t a = 0; a < pass.row_adapters.size(); ++a)
       owner.index_fill_(0, pass.row_adapters[a].rows, static_cast<int64_t>(a));
-    owner = owner.index_select(0, token);
+    owner = owner.index_select(0, s.token);
   }
-  const auto* count = counts.data_ptr<int64_t>();
-  // In training, each expert's GEMMs take the large-product library choice
-  // (kernels.hpp: faster there from ~64 rows); decoding keeps the rows' own.
-  std::optional<LargeProductScope> large;
-  if (at::GradMode::is_enabled()) large.emplace();
-  std::vector<at::Tensor> outs;
-  int64_t begin = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = count[e];
-    if (n == 0) continue;
-    auto slice = xs.narrow(0, begin, n);
-    // Without per-row adapters the pass applies as it is; with them, a copy
-    // whose rows are this slice's.
-    std::optional<PassOptions> sub;
-    if (owner.defined()) {
-      sub.emplace(pass);
-      sub->row_adapters.clear();
-      auto mine = owner.narrow(0, begin, n);
-      for (size_t a = 0; a < pass.row_adapters.size(); ++a) {
-        auto rows = (mine == static_cast<int64_t>(a)).nonzero().squeeze(1);
-        if (rows.numel() > 0) sub->row_adapters.push_back({pass.row_adapters[a].lora, rows});
-      }
+  auto ys = run_experts(m, pre, xs, s.counts.data_ptr<int64_t>(), 0, E, pass, owner);
+  return at::zeros_like(x).index_add(0, s.token, ys * ws);
+}
+
+// Expert parallelism (components/parallel/expert_parallel.hpp): the sorted
+// pairs go to the ranks holding their experts (one exchange), each rank
+// runs its experts over what it got, grouped by expert, and the outputs go
+// back (another), where the router's weights combine them as above.
+at::Tensor expert_parallel_routed(const CausalLM::Impl& m, const std::string& pre, const at::Tensor& x,
+                                  const at::Tensor& weights, const at::Tensor& chosen, const PassOptions& pass) {
+  if (!pass.row_adapters.empty())
+    throw_error(make_error(errc::unimplemented, "per-row adapters on an expert-parallel model are not built yet"));
+  auto& pg = *m.ep->pg;
+  const int64_t p = pg.size(), n = m.ep->experts;
+  const auto s = sort_by_expert(chosen, m.cfg.moe.num_experts);
+  auto xs = x.index_select(0, s.token);
+  auto ws = weights.reshape({-1}).index_select(0, s.order).unsqueeze(1);
+  // What each rank sends each other one: its pairs for that rank's experts
+  // (contiguous, as they are sorted by expert), counted per expert.
+  auto got_counts = ep::exchange_counts(s.counts, pg).contiguous();  // [p * n]: from each rank, per local expert
+  std::vector<int64_t> send(static_cast<size_t>(p), 0), recv(static_cast<size_t>(p), 0);
+  const auto* sc = s.counts.data_ptr<int64_t>();
+  const auto* rc = got_counts.data_ptr<int64_t>();
+  for (int64_t r = 0; r < p; ++r)
+    for (int64_t e = 0; e < n; ++e) {
+      send[static_cast<size_t>(r)] += sc[r * n + e];
+      recv[static_cast<size_t>(r)] += rc[r * n + e];
     }
-    outs.push_back(m.swiglu_mlp(pre + "experts." + std::to_string(e), slice, false, sub ? *sub : pass));
-    begin += n;
-  }
-  return at::zeros_like(x).index_add(0, token, at::cat(outs, 0) * ws);
+  auto got = ep::exchange(xs, send, recv, pg);  // [R, H]: by source rank, then by expert
+  // Grouped by this rank's expert, across the sources.
+  auto local = at::arange(n, at::kLong).repeat({p}).repeat_interleave(got_counts);
+  auto order = std::get<1>(local.sort(/*stable=*/true, 0, false));
+  auto per_expert = got_counts.view({p, n}).sum(0).contiguous();
+  auto ys = run_experts(m, pre, got.index_select(0, order), per_expert.data_ptr<int64_t>(), m.ep->first_expert, n,
+                        pass, {});
+  auto back = ep::exchange(ys.index_select(0, at::argsort(order)), recv, send, pg);  // in xs's order
+  return at::zeros_like(x).index_add(0, s.token, back * ws);
 }
 
 }  // namespace
@@ -225,7 +280,9 @@ at::Tensor CausalLM::Impl::sparse_moe(int64_t layer, const at::Tensor& h, const 
   if (!pass.row_adapters.empty() && h.dim() != 2)
     throw_error(make_error(errc::internal, "per-row adapters on an expert block need [tokens, hidden] input"));
   auto x = h.reshape({-1, H});
-  if (x.size(0) == 0) return at::zeros_like(h);
+  // Under expert parallelism a rank without tokens still takes its part in
+  // the exchanges.
+  if (x.size(0) == 0 && !ep) return at::zeros_like(h);
 
   // Routing: softmax over every expert, the k most probable, optionally
   // renormalised to sum 1 (in the computation's dtype: f32, as
@@ -247,8 +304,12 @@ at::Tensor CausalLM::Impl::sparse_moe(int64_t layer, const at::Tensor& h, const 
   if (m.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
 
   if (pass.routes) pass.routes->layers.push_back({layer, probs, chosen});
-  auto routed = dense_experts() ? dense_routed(*this, pre, x, weights, chosen, pass)
-                                 : grouped_routed(*this, pre, x, weights, chosen, pass);
+  if (ep && dense_experts())
+    throw_error(make_error(errc::unimplemented, "set_dense_experts on an expert-parallel model: each rank holds " +
+                                                    std::to_string(ep->experts) + " experts only"));
+  auto routed = ep               ? expert_parallel_routed(*this, pre, x, weights, chosen, pass)
+                : dense_experts() ? dense_routed(*this, pre, x, weights, chosen, pass)
+                                  : grouped_routed(*this, pre, x, weights, chosen, pass);
   if (m.shared_expert_intermediate_size > 0) {
     // Qwen2-MoE: a shared expert on every token, gated per token.
     auto gate = at::sigmoid(linear(pre + "shared_expert_gate", x, false, pass));  // [N, 1]

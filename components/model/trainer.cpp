@@ -4,6 +4,7 @@
 #include "components/data/detail/splitmix.hpp"
 #include "components/model/optim_impl.hpp"
 #include "components/model/transformer.hpp"
+#include "components/parallel/expert_parallel.hpp"
 #include "components/parallel/fsdp.hpp"
 #include "components/parallel/pipeline.hpp"
 #include "components/parallel/tensor_parallel.hpp"
@@ -105,9 +106,11 @@ struct Trainer::Impl {
     // rank's optimizer state is refused by another (same shapes).
     // Pipeline stages alike: a stage's state must not load, in part, into
     // a trainer of another cut.
+    // Expert-parallel ranks too (each holds other experts).
     const std::string prefix =
         m.tp   ? "tp" + std::to_string(m.tp->pg->rank()) + "of" + std::to_string(m.tp->pg->size()) + "."
         : m.pp ? "pp" + std::to_string(m.pp->pg->rank()) + "of" + std::to_string(m.pp->pg->size()) + "."
+        : m.ep ? "ep" + std::to_string(m.ep->pg->rank()) + "of" + std::to_string(m.ep->pg->size()) + "."
                : "";
     for (const auto& n : m.names) out.emplace_back(prefix + n, m.params.at(n));
     return out;
@@ -133,26 +136,48 @@ struct Trainer::Impl {
   /// `voted`: the group agreed already (a rank joining another's pass).
   template <class R>
   R as_pass(const PassOptions& pass, const std::function<R()>& fn, bool voted = false) {
-    if (!fsdp) return fn();
+    if (!collective_passes()) return fn();
     if (!voted)
-      if (auto v = fsdp->vote(true, false); !v) return v.error();
+      if (auto v = vote(true, false); !v) return v.error();
     ++passes_run;
-    if (auto ok = fsdp->begin_pass(pass.lora); !ok) {
-      pass_failed = true;
-      return ok.error();
-    }
+    if (fsdp)
+      if (auto ok = fsdp->begin_pass(pass.lora); !ok) {
+        pass_failed = true;
+        return ok.error();
+      }
     R r = make_error(errc::internal, "no pass");
     try {
       r = fn();
     } catch (const std::exception& e) {
       r = carried_error(e).value_or(error_of_exception(e, "a forward and backward pass"));
     }
-    if (auto ok = fsdp->end_pass(); !ok) {
-      pass_failed = true;
-      return ok.error();
-    }
+    if (fsdp)
+      if (auto ok = fsdp->end_pass(); !ok) {
+        pass_failed = true;
+        return ok.error();
+      }
     if (!r) pass_failed = true;
     return r;
+  }
+  /// The expert-parallel group, or null.
+  ProcessGroup* ep_group() const { return model.impl().ep ? model.impl().ep->pg.get() : nullptr; }
+  /// Whether each pass is collective over a group of ranks with batches of
+  /// their own (fsdp's or ep's), which then agree on every pass (vote).
+  bool collective_passes() const { return fsdp || ep_group(); }
+  /// Before each pass: whether this rank has one (`mine`) or failed, and
+  /// whether any rank has one or failed.
+  struct Vote {
+    bool any_pass = false, any_failed = false;
+  };
+  Result<Vote> vote(bool mine, bool failed) {
+    if (fsdp) {
+      auto v = fsdp->vote(mine, failed);
+      if (!v) return v.error();
+      return Vote{v->any_pass, v->any_failed};
+    }
+    std::vector<at::Tensor> t{at::tensor({mine ? 1.0 : 0.0, failed ? 1.0 : 0.0}, at::kDouble)};
+    if (auto ok = all_reduce_sum(*ep_group(), t); !ok) return ok.error();
+    return Vote{t[0][0].item<double>() > 0, t[0][1].item<double>() > 0};
   }
   /// With FSDP: a pass of a one-token row whose loss is 0, for a rank with
   /// no pass of its own while others run one (the same collectives).
@@ -163,13 +188,15 @@ struct Trainer::Impl {
     if (fsdp) return &fsdp->group();
     for (const auto* g : {&cfg.tp_group, &cfg.pp_group})
       if (*g && (*g)->size() > 1) return g->get();
-    return nullptr;
+    return ep_group();
   }
-  /// The data-parallel rank this process is (over dp and fsdp).
+  /// The data-parallel rank this process is (over dp, fsdp and ep).
   uint64_t data_rank() const {
     const uint64_t f = cfg.fsdp_group ? static_cast<uint64_t>(cfg.fsdp_group->size()) : 1;
     const uint64_t fr = cfg.fsdp_group ? static_cast<uint64_t>(cfg.fsdp_group->rank()) : 0;
-    return (cfg.dp_group ? static_cast<uint64_t>(cfg.dp_group->rank()) : 0) * f + fr;
+    const auto* e = ep_group();
+    const uint64_t es = e ? static_cast<uint64_t>(e->size()) : 1, er = e ? static_cast<uint64_t>(e->rank()) : 0;
+    return ((cfg.dp_group ? static_cast<uint64_t>(cfg.dp_group->rank()) : 0) * f + fr) * es + er;
   }
 
   /// The adapter being trained, or an error if it went away.
@@ -205,6 +232,11 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
   } else {
     for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
   }
+  const auto size = [](const std::shared_ptr<ProcessGroup>& g) { return g ? g->size() : 1; };
+  if (size(cfg.ep_group) > 1 &&
+      (!cfg.adapter.empty() || size(cfg.fsdp_group) > 1 || size(cfg.tp_group) > 1 || size(cfg.pp_group) > 1))
+    return make_error(errc::unimplemented, "expert parallelism with an adapter, fsdp_group, tp_group or pp_group is "
+                                           "not built yet (ep combines with dp)");
   if (cfg.tp_group && cfg.tp_group->size() > 1) {
     if (!cfg.adapter.empty() || (cfg.fsdp_group && cfg.fsdp_group->size() > 1))
       return make_error(errc::unimplemented, "tensor parallelism with an adapter or with fsdp_group is not built yet");
@@ -219,6 +251,10 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
                         "pipeline parallelism with an adapter, fsdp_group or tp_group is not built yet");
     if (auto ok = pp::shard_model(impl->model.impl(), cfg.pp_group); !ok)
       return with_context(ok.error(), "cutting the model into pipeline stages");
+  }
+  if (cfg.ep_group && cfg.ep_group->size() > 1) {
+    if (auto ok = ep::shard_model(impl->model.impl(), cfg.ep_group); !ok)
+      return with_context(ok.error(), "splitting the experts over the ep group");
   }
   if (cfg.fsdp_group && cfg.fsdp_group->size() > 1) {
     auto f = Fsdp::shard(impl->model.impl(), cfg.fsdp_group, cfg.adapter.empty());
@@ -964,7 +1000,7 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   if (!rows) return rows.error();
   c10::AutoGradMode grad(true);
 
-  if (tokens == 0 && (impl_->fsdp || pp))  // before any pass: only this rank's data is left out (see forward_backward)
+  if (tokens == 0 && (impl_->collective_passes() || pp))  // before any pass: only this rank's data is left out (see forward_backward)
     return make_error(errc::invalid_argument, "the batch has no counted token (loss_mask and the targets leave "
                                               "every position out): nothing to train on");
   if (pp) return pipeline_passes(*impl_, *pp, all, spec, *pass, *rows, logps_out, tokens, sequences);
@@ -996,7 +1032,9 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
   if (had)
     for (auto& [n, p] : params) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
   auto restore = [&] {
-    if (impl_->fsdp) return;  // every rank's gradients are in the shards: Trainer::forward_backward undoes the call
+    // Every rank's gradients are in the shards (FSDP) or in the experts
+    // (ep): Trainer::forward_backward undoes the call.
+    if (impl_->collective_passes()) return;
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i].second;
@@ -1092,11 +1130,13 @@ Result<Metrics> forward_backward_here(const std::shared_ptr<Trainer::Impl>& impl
 
 Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& spec, Tensor* logps_out) {
   auto& im = *impl_;
-  if (!im.fsdp) return forward_backward_here(impl_, b, spec, logps_out);
-  // With FSDP each pass is collective: this rank runs its own passes, then
-  // joins the others' (idle) until no rank has one left. A pass that failed
-  // on any rank voids the call on every rank: the gradients of the passes
-  // before it were already summed into every rank's shards.
+  if (!im.collective_passes()) return forward_backward_here(impl_, b, spec, logps_out);
+  // With FSDP or ep each pass is collective: this rank runs its own passes,
+  // then joins the others' (idle) until no rank has one left. A pass that
+  // failed on any rank voids the call on every rank: the gradients of the
+  // passes before it were already summed into every rank's shards (FSDP) or
+  // experts (ep).
+  const char* group = im.fsdp ? "fsdp" : "ep";
   const auto counts = std::tuple{im.accumulated, im.micro_batches, im.summed};
   std::vector<at::Tensor> saved;
   for (auto& [n, p] : im.params()) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
@@ -1111,8 +1151,8 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   if (!pass) return pass.error();
   bool any_failed = false;
   while (true) {
-    auto v = im.fsdp->vote(false, im.pass_failed);
-    if (!v) return with_context(v.error(), "forward_backward's passes over the fsdp group");
+    auto v = im.vote(false, im.pass_failed);
+    if (!v) return with_context(v.error(), std::string{"forward_backward's passes over the "} + group + " group");
     if (!v->any_pass) {
       any_failed = v->any_failed;
       break;
@@ -1124,8 +1164,9 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   auto params = im.params();
   for (size_t i = 0; i < params.size(); ++i) params[i].second.mutable_grad() = saved[i];
   std::tie(im.accumulated, im.micro_batches, im.summed) = counts;
-  const std::string why = "a micro-batch of this forward_backward failed on a rank of the fsdp group, so no rank "
-                          "keeps its gradients (each rank's were already summed into every shard)";
+  const std::string why = std::string{"a micro-batch of this forward_backward failed on a rank of the "} + group +
+                          " group, so no rank keeps its gradients (each rank's were already summed into every " +
+                          (im.fsdp ? "shard)" : "rank's experts)");
   if (!here) return with_context(here.error(), why);
   return make_error(errc::aborted, why + "; the failing rank's error says why");
 }
@@ -1133,9 +1174,13 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
 Result<Metrics> Trainer::clip_grad_and_step() try {
   const auto& dp = impl_->cfg.dp_group;
   auto* fsdp = impl_->fsdp.get();
-  // The groups whose ranks' gradients this step sums: fsdp, then dp.
+  // The groups whose ranks' gradients this step sums: fsdp or ep, then dp.
+  // Over ep only the replicated parameters' (an expert's gradient holds
+  // every rank's tokens already, through the exchanges).
   std::vector<ProcessGroup*> groups;
   if (fsdp) groups.push_back(&fsdp->group());
+  ProcessGroup* epg = impl_->ep_group();
+  if (epg) groups.push_back(epg);
   if (dp && dp->size() > 1) groups.push_back(dp.get());
   const bool distributed = !groups.empty();
   // Shards of the base: summed over the fsdp group by each layer's
@@ -1158,7 +1203,8 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     for (auto* g : groups) {
       std::vector<at::Tensor> parts;
       if (!(sharded && fsdp && g == &fsdp->group()))
-        for (auto& [n, p] : params) parts.push_back(p.grad());
+        for (auto& [n, p] : params)
+          if (g != epg || ep::expert_of(n) < 0) parts.push_back(p.grad());
       parts.push_back(at::tensor({total, summed}, at::kDouble));
       if (auto ok = all_reduce_sum(*g, parts); !ok) {
         zero_grad();
@@ -1245,6 +1291,25 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
       return n.error();
     }
     norm = *n;
+  } else if (epg) {
+    // Each rank's experts' squares, summed over the group, and the
+    // replicated parameters' once.
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> experts_sq{at::zeros({1}, at::kDouble)};
+    double whole_sq = 0;
+    for (auto& [n, p] : params) {
+      if (!p.grad().defined()) continue;
+      if (ep::expert_of(n) >= 0) experts_sq[0] += grad_squares(p.grad());
+      else whole_sq += grad_squares(p.grad());
+    }
+    if (auto ok = all_reduce_sum(*epg, experts_sq); !ok) {
+      zero_grad();
+      return ok.error();
+    }
+    norm = std::sqrt(experts_sq[0].item<double>() + whole_sq);
+    std::vector<at::Tensor> grads;
+    for (auto& [n, p] : params) grads.push_back(p.grad());
+    clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
   } else {
     norm = clip_grad_norm(params, impl_->cfg.optimizer.max_grad_norm);
   }
@@ -1358,6 +1423,22 @@ Result<Tensor> Trainer::forward_only(const TokenBatch& batch, const std::string&
                                                  "' on pipeline stages: they run the full model only");
     return pipeline_forward(im.model.impl(), *pp, batch);
   }
+  // Expert-parallel ranks each pass their own batch, collectively: they
+  // agree first that every rank's batch and adapter can run, so that one
+  // that cannot fails the call everywhere instead of leaving the others in
+  // an exchange.
+  if (auto* epg = im.ep_group()) {
+    Result<void> mine{};
+    if (!adapter.empty()) {
+      if (auto a = im.model.impl().adapter(adapter); !a) mine = a.error();
+    } else if (auto p = model_detail::prepare(im.model.impl().cfg, batch); !p) mine = p.error();
+    auto v = im.vote(true, !mine);
+    if (!v) return with_context(v.error(), "forward_only over the ep group");
+    if (!mine) return mine.error();
+    if (v->any_failed)
+      return make_error(errc::aborted, "forward_only: another rank of the ep group could not run its batch (its "
+                                       "error says why); no rank ran the pass");
+  }
   // FSDP: the whole base for the pass, freed after whatever happens.
   if (im.fsdp)
     if (auto ok = im.fsdp->gather_all(); !ok) return ok.error();
@@ -1439,8 +1520,10 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
       return sender ? m.params.at(name).detach().clone() : at::Tensor{};
     }
     if (m.tp) return tp::gather_whole(name, m.params.at(name), *mp);
-    // Pipeline stages: the one holding it sends it to the first.
-    const int owner = pp::stage_of(m.cfg, mp->size(), name), tag = (1 << 20) + index;
+    // Pipeline stages, or expert-parallel ranks: the one holding it sends
+    // it to the first (every ep rank holds the replicated parameters).
+    const int owner = m.ep ? std::max(0, ep::owner_of(m.cfg, mp->size(), name)) : pp::stage_of(m.cfg, mp->size(), name),
+              tag = (1 << 20) + index;
     if (owner == 0) return sender ? m.params.at(name) : at::Tensor{};
     if (mp->rank() == owner) {
       auto t = from_torch(m.params.at(name).detach().contiguous());

@@ -172,6 +172,19 @@ struct TrainConfig {
   /// well, each stage's gradients are averaged over its dp replicas. Not
   /// with an adapter, fsdp_group or tp_group yet.
   std::shared_ptr<ProcessGroup> pp_group{};
+  /// Expert parallelism over this group (null or size 1: none), for a model
+  /// with experts: each rank keeps num_experts / size of every sparse
+  /// layer's experts (ep::shard_model, components/parallel/
+  /// expert_parallel.hpp) and a whole copy of the rest. Its ranks are
+  /// data-parallel (each its own batch): tokens travel to their experts'
+  /// ranks and back by all-to-all in every sparse layer, so every pass is
+  /// collective, and the ranks run the same number of passes per call, as
+  /// under FSDP (one with fewer joins the others' with none). The step sums
+  /// the replicated parameters' gradients over the group (the experts' hold
+  /// every rank's tokens already) and the counts; with dp_group as well,
+  /// everything is summed over dp_group too (replicas of the same experts).
+  /// Not with an adapter, fsdp_group, tp_group or pp_group yet.
+  std::shared_ptr<ProcessGroup> ep_group{};
   /// At most this many rows per forward and backward pass (0: as many as
   /// fit in memory_budget_bytes); a pairwise loss takes whole pairs, so at
   /// least 2.

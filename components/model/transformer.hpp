@@ -185,6 +185,14 @@ struct PipelinePlan {
   bool last() const { return pg->rank() == pg->size() - 1; }
 };
 
+/// A model whose experts are split over the ranks of `pg` (ep::shard_model):
+/// this rank holds experts [first_expert, first_expert + experts) of every
+/// sparse layer; its passes are collective (each rank its own tokens).
+struct ExpertParallelPlan {
+  std::shared_ptr<ProcessGroup> pg;
+  int64_t first_expert = 0, experts = 0;
+};
+
 struct CausalLM::Impl {
   ModelConfig cfg;
   std::vector<std::string> names;            ///< parameter names in HF order
@@ -204,6 +212,9 @@ struct CausalLM::Impl {
   /// Set when this model is one pipeline stage: it holds only that stage's
   /// parameters (`names` lists them), and only a pipeline runs it.
   std::shared_ptr<PipelinePlan> pp;
+  /// Set when this rank holds only some experts (expert parallelism): every
+  /// pass is collective over the plan's group.
+  std::shared_ptr<ExpertParallelPlan> ep;
   /// An error naming `what` when the parameters cannot be read now: FSDP
   /// shards not gathered, or, unless `passes` (a forward pass, which runs
   /// on shards), tensor-parallel shards. `writes`: also when they are

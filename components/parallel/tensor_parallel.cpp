@@ -3,7 +3,7 @@
 #include "components/comm/process_group_impl.hpp"
 #include "components/tensor/torch_bridge.hpp"
 
-#include <torch/csrc/autograd/custom_function.h>
+#include "components/parallel/autograd_group.hpp"
 
 namespace glint::components::tp {
 
@@ -12,19 +12,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The group, kept in a context's saved data (which holds IValues only).
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(ProcessGroup* p) : pg(p) {}
-  ProcessGroup* pg;
-};
-
-void keep_group(AutogradContext* ctx, ProcessGroup& pg) {
-  ctx->saved_data["pg"] = c10::IValue::make_capsule(c10::make_intrusive<GroupHolder>(&pg));
-}
-
-ProcessGroup& group_of(AutogradContext* ctx) {
-  return *static_cast<GroupHolder*>(ctx->saved_data["pg"].toCapsule().get())->pg;
-}
+using detail::group_of;
+using detail::keep_group;
 
 // The sum over the group of a copy of `x` (contiguous), or a thrown error.
 at::Tensor summed(const at::Tensor& x, ProcessGroup& pg, const char* what) {

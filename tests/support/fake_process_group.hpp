@@ -57,6 +57,22 @@ public:
     out.copy_(components::to_torch(input).reshape({-1}).narrow(0, rank_ * out.numel(), out.numel()).view(out.sizes()) * size_);
     return {};
   }
+  // As if each rank sent this one what this one sends it: the rows for
+  // this rank come back as they are, the others' slots are zeros.
+  Result<void> all_to_all(const Tensor& input, const std::vector<int64_t>& in_rows, Tensor& output,
+                          const std::vector<int64_t>& out_rows) override {
+    if (auto e = next(); e) return e;
+    c10::NoGradGuard no_grad;
+    auto in = components::to_torch(input), out = components::to_torch(output);
+    out.zero_();
+    int64_t from = 0, to = 0;
+    for (int r = 0; r < size_ && r < static_cast<int>(in_rows.size()) && r < static_cast<int>(out_rows.size()); ++r) {
+      if (r == rank_ && in_rows[r] == out_rows[r]) out.narrow(0, to, out_rows[r]).copy_(in.narrow(0, from, in_rows[r]));
+      from += in_rows[r];
+      to += out_rows[r];
+    }
+    return {};
+  }
   Result<void> send(const Tensor&, int, int) override { return next_result(); }
   Result<void> recv(Tensor&, int, int) override { return next_result(); }
   Result<std::unique_ptr<PendingSend>> send_async(const Tensor&, int, int) override {

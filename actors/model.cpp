@@ -100,12 +100,12 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
 
 Result<void> check_model_mesh(const placement::DeviceMesh& mesh, const std::string& who) {
   using placement::Dim;
-  if (auto ok = mesh.require_only({Dim::dp, Dim::fsdp, Dim::tp, Dim::pp}, who); !ok) return ok.error();
+  if (auto ok = mesh.require_only({Dim::dp, Dim::fsdp, Dim::ep, Dim::tp, Dim::pp}, who); !ok) return ok.error();
   // The trainer runs one way of cutting the model at a time (with dp).
-  if ((mesh.size(Dim::fsdp) > 1) + (mesh.size(Dim::tp) > 1) + (mesh.size(Dim::pp) > 1) > 1)
+  if ((mesh.size(Dim::fsdp) > 1) + (mesh.size(Dim::ep) > 1) + (mesh.size(Dim::tp) > 1) + (mesh.size(Dim::pp) > 1) > 1)
     return make_error(errc::unimplemented, who + ": mesh " + mesh.describe() +
-                                               " combines fsdp, tp and pp, which the trainer does not yet; use one "
-                                               "of them, with dp");
+                                               " combines fsdp, ep, tp and pp, which the trainer does not yet; use "
+                                               "one of them, with dp");
   return {};
 }
 
@@ -113,7 +113,7 @@ bool model_parallel(const RankContext& ctx) {
   if (ctx.mesh.empty()) return false;
   auto m = placement::DeviceMesh::from_dims(ctx.mesh);
   using placement::Dim;
-  return m && (m->size(Dim::fsdp) > 1 || m->size(Dim::tp) > 1 || m->size(Dim::pp) > 1);
+  return m && (m->size(Dim::fsdp) > 1 || m->size(Dim::ep) > 1 || m->size(Dim::tp) > 1 || m->size(Dim::pp) > 1);
 }
 
 std::string address_of_node(Runtime& rt, int node) {

@@ -151,7 +151,8 @@ Result<const ModelState::Groups*> ModelState::groups() {
   }
   using placement::Dim;
   const std::pair<Dim, std::shared_ptr<ProcessGroup> Groups::*> dims[] = {
-      {Dim::dp, &Groups::dp}, {Dim::fsdp, &Groups::fsdp}, {Dim::tp, &Groups::tp}, {Dim::pp, &Groups::pp}};
+      {Dim::dp, &Groups::dp}, {Dim::fsdp, &Groups::fsdp}, {Dim::ep, &Groups::ep}, {Dim::tp, &Groups::tp},
+      {Dim::pp, &Groups::pp}};
   for (const auto& [dim, member] : dims) {
     if (mesh_.size(dim) <= 1) continue;
     const auto ranks = mesh_.group_of(ctx_.rank, dim);
@@ -190,7 +191,7 @@ std::string ModelState::optimizer_file() const {
   // Named by the coordinate the model is cut along: the dp replicas of a
   // part hold the same state, so a run may resume with another dp size.
   using placement::Dim;
-  for (Dim d : {Dim::fsdp, Dim::tp, Dim::pp})
+  for (Dim d : {Dim::fsdp, Dim::ep, Dim::tp, Dim::pp})
     if (mesh_.size(d) > 1)
       return "optimizer-" + std::string{to_string(d)} + std::to_string(mesh_.coord(ctx_.rank, d)) + "-of-" +
              std::to_string(mesh_.size(d)) + ".safetensors";
@@ -217,7 +218,8 @@ Result<Trainer*> ModelState::trainer(const std::string& adapter) {
                                       .dp_group = (*g)->dp,
                                       .fsdp_group = (*g)->fsdp,
                                       .tp_group = (*g)->tp,
-                                      .pp_group = (*g)->pp});
+                                      .pp_group = (*g)->pp,
+                                      .ep_group = (*g)->ep});
   if (!tr) return tr.error();
   ten.trainer = std::move(*tr);
   if (model_parallel()) cut_for_ = adapter;

@@ -103,10 +103,10 @@ private:
   Result<components::Trainer*> trainer(const std::string& adapter);
   /// The process groups of the trainers (null where a dimension is 1).
   struct Groups {
-    std::shared_ptr<components::ProcessGroup> dp, fsdp, tp, pp;
+    std::shared_ptr<components::ProcessGroup> dp, fsdp, ep, tp, pp;
   };
   Result<const Groups*> groups();
-  /// Whether the mesh cuts the model over the ranks (fsdp, tp or pp above 1).
+  /// Whether the mesh cuts the model over the ranks (fsdp, ep, tp or pp above 1).
   bool model_parallel() const;
   /// The trainer that cut the model over the ranks, once one did; else null.
   components::Trainer* cutter();

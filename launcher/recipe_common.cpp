@@ -363,6 +363,25 @@ Result<ModelFiles> read_model(const RecipeArgs& a, const std::string& name) {
   auto cfg = components::ModelConfig::load(m.dir + "/config.json");
   if (!cfg) return with_context(cfg.error(), "reading the model");
   m.config = std::move(*cfg);
+  // Expert parallelism splits experts: the model must have them, in a
+  // number the ep size divides, and train whole (before anything is written).
+  if (auto mesh = a.model_mesh(); mesh && mesh->size(placement::Dim::ep) > 1) {
+    const int ep = mesh->size(placement::Dim::ep);
+    const auto where = m.dir + "/config.json";
+    if (!m.config.has_experts())
+      return make_error(errc::invalid_argument,
+                        "--mesh " + a.mesh + ": expert parallelism splits a model's experts, and this " +
+                            std::string{components::hf_class_name(m.config.architecture)} + " (" + where +
+                            ") has none; use dp or fsdp");
+    if (m.config.moe.num_experts % ep != 0)
+      return make_error(errc::invalid_argument, "--mesh " + a.mesh + ": num_experts " +
+                                                    std::to_string(m.config.moe.num_experts) + " (" + where +
+                                                    ") does not divide by ep " + std::to_string(ep) +
+                                                    "; use an ep that divides it");
+    if (a.train_type == "lora")
+      return make_error(errc::unimplemented, "--mesh " + a.mesh + ": LoRA on an expert-parallel model is not built "
+                                             "yet; use --train-type full, or dp/fsdp for an adapter");
+  }
   if (!fs::exists(m.dir + "/tokenizer.json"))
     return make_error(errc::invalid_argument, m.dir + " has no tokenizer.json: glint " + name +
                                                   " needs the model's tokenizer (save it beside the weights, as "

@@ -169,7 +169,9 @@ std::vector<std::vector<int>> DeviceMesh::groups(Dim d) const {
   return out;
 }
 
-int DeviceMesh::data_rank(int rank) const { return coord(rank, Dim::dp) * size(Dim::fsdp) + coord(rank, Dim::fsdp); }
+int DeviceMesh::data_rank(int rank) const {
+  return (coord(rank, Dim::dp) * size(Dim::fsdp) + coord(rank, Dim::fsdp)) * size(Dim::ep) + coord(rank, Dim::ep);
+}
 
 Result<void> DeviceMesh::require_only(std::initializer_list<Dim> built, const std::string& who) const {
   std::string not_built, names;

@@ -4,8 +4,9 @@
 ///
 /// Mesh layout: dimensions from outermost to innermost are pp, dp, fsdp, ep,
 /// cp, tp, so tp neighbours have consecutive ranks (they talk the most). The
-/// data-parallel coordinate of a rank, used by Dispatch::slice_dp, combines dp
-/// and fsdp (both consume different data): data_rank = dp * fsdp_size + fsdp.
+/// data-parallel coordinate of a rank, used by Dispatch::slice_dp, combines dp,
+/// fsdp and ep (all consume different data): data_rank = (dp * fsdp_size +
+/// fsdp) * ep_size + ep.
 
 #include "runtime/error.hpp"
 
@@ -86,7 +87,7 @@ public:
   static Result<DeviceMesh> parse(std::string_view text);
 
   int data_rank(int rank) const;
-  int data_size() const { return size(Dim::dp) * size(Dim::fsdp); }
+  int data_size() const { return size(Dim::dp) * size(Dim::fsdp) * size(Dim::ep); }
 
   /// "dp=2 x tp=2 (4 ranks)"; dims of size 1 are left out.
   std::string describe() const;

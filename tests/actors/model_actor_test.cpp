@@ -99,7 +99,7 @@ TEST_P(ModelActorTest, DataParallelGroupTrainsLikeOneTrainerOnTheWholeBatch) {
 // were each given the whole batch as if they were one data-parallel rank.
 // The model group runs dp with one of fsdp, tp and pp; the sampler only dp.
 TEST_P(ModelActorTest, AMeshWithDimensionsTheGroupDoesNotRunIsRefused) {
-  for (auto sizes : {placement::MeshSizes{.cp = 2}, placement::MeshSizes{.ep = 2}}) {
+  for (auto sizes : {placement::MeshSizes{.cp = 2}}) {
     auto mesh = placement::DeviceMesh::from_sizes(sizes);
     ASSERT_TRUE(mesh);
     auto g = actors::spawn_model_group(*job_.rt, placement::DeviceGroup::of("model", 2), *mesh,
@@ -113,13 +113,33 @@ TEST_P(ModelActorTest, AMeshWithDimensionsTheGroupDoesNotRunIsRefused) {
   auto g = actors::spawn_model_group(*job_.rt, placement::DeviceGroup::of("model", 4), *both,
                                      {.config_json = tiny().to_json(), .seed = 7});
   ASSERT_FALSE(g);
-  EXPECT_NE(describe(g.error()).find("combines fsdp, tp and pp"), std::string::npos) << describe(g.error());
+  EXPECT_NE(describe(g.error()).find("combines fsdp, ep, tp and pp"), std::string::npos) << describe(g.error());
   for (auto sizes : {placement::MeshSizes{.tp = 2}, placement::MeshSizes{.pp = 2}, placement::MeshSizes{.fsdp = 2}}) {
     auto mesh = placement::DeviceMesh::from_sizes(sizes);
     ASSERT_TRUE(mesh);
     auto s = actors::spawn_sampler_group(*job_.rt, placement::DeviceGroup::of("sampler", 2), *mesh,
                                          {.config_json = tiny().to_json(), .seed = 7});
     ASSERT_FALSE(s) << mesh->describe();
+  }
+}
+
+// The largest |a - b| / (1 + |b|) of two f32 tensors of one shape.
+double worst_difference(const Tensor& x, const Tensor& y) {
+  auto a = *x.values<float>();
+  auto b = *y.values<float>();
+  double worst = 0;
+  for (size_t k = 0; k < b.size(); ++k)
+    worst = std::max(worst, std::abs(a[k] - b[k]) / (1.0 + std::abs(static_cast<double>(b[k]))));
+  return worst;
+}
+
+// `got` names and holds `want`'s tensors, in its order, within 1e-5.
+void expect_same_weights(const NamedTensors& got, const NamedTensors& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first) << what;
+    ASSERT_EQ(got[i].second.shape(), want[i].second.shape()) << what << " " << want[i].first;
+    EXPECT_LT(worst_difference(got[i].second, want[i].second), 1e-5) << what << " " << want[i].first;
   }
 }
 
@@ -172,18 +192,7 @@ TEST_P(ModelActorTest, AModelCutOverItsRanksTrainsAsOneTrainerOnTheWholeBatch) {
       EXPECT_NEAR(s->at("grad_norm"), ws->at("grad_norm"), 1e-5 * (1 + ws->at("grad_norm")));
     }
     auto expect_weights = [&](const NamedTensors& got, const std::string& what) {
-      auto want = *single->model().named_parameters();
-      ASSERT_EQ(got.size(), want.size()) << what;
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_EQ(got[i].first, want[i].first) << what;
-        ASSERT_EQ(got[i].second.shape(), want[i].second.shape()) << what << " " << want[i].first;
-        auto a = *got[i].second.values<float>();
-        auto b = *want[i].second.values<float>();
-        double worst = 0;
-        for (size_t k = 0; k < b.size(); ++k)
-          worst = std::max(worst, std::abs(a[k] - b[k]) / (1.0 + std::abs(static_cast<double>(b[k]))));
-        EXPECT_LT(worst, 1e-5) << what << " " << want[i].first;
-      }
+      expect_same_weights(got, *single->model().named_parameters(), what);
     };
     auto exported = model.export_weights().take();
     ASSERT_TRUE(exported) << describe(exported.error());
@@ -247,6 +256,90 @@ TEST_P(ModelActorTest, AModelCutOverItsRanksTrainsAsOneTrainerOnTheWholeBatch) {
     auto y = *alone_lp->logprobs.values<float>();
     for (size_t k = 0; k < y.size(); ++k) EXPECT_NEAR(x[k], y[k], 1e-4) << k;
   }
+}
+
+// A tiny Qwen3-MoE: 4 experts of width 8, 2 per token, in both layers.
+components::ModelConfig tiny_moe() {
+  auto c = components::ModelConfig::make(components::Architecture::qwen3_moe, 31, 16, 32, 2, 4, 2);
+  c.moe.num_experts = 4;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 8;
+  c.moe.norm_topk_prob = true;
+  return c;
+}
+
+// An MoE model group with its experts split over ep ranks (ep = 2; dp 2 x
+// ep 2 on four) trains as one trainer on the whole batch: each rank takes
+// its data coordinate's rows, tokens go to their experts' ranks; export,
+// forward_only and save gather the whole model, one optimizer file per ep
+// part, and the saved directory loads as a plain model and back into the
+// group with its state (the next step is the single trainer's). A dense
+// model on ep is refused at its first training call, naming why.
+TEST_P(ModelActorTest, AnExpertParallelGroupTrainsAsOneTrainerOnTheWholeBatch) {
+  auto ids = ids_of({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 0, 0, 0}, {4, 4, 4, 4, 0, 0}, {9, 8, 7, 6, 5, 4}});
+  auto mask = ids_of({{1, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 0, 0}, {1, 1, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 1}});
+  const auto batch = batch_of(ids, mask);
+  const components::TrainBatch whole{.tokens = {.input_ids = ids, .attention_mask = mask}};
+  const actors::OptimizerConfig opt{.kind = actors::OptimizerConfig::Kind::sgd, .lr = 0.1, .momentum = 0.9};
+  const auto tmp = testing::fresh_dir("ep-model");
+  for (auto sizes : {placement::MeshSizes{.ep = 2}, placement::MeshSizes{.dp = 2, .ep = 2}}) {
+    auto mesh = placement::DeviceMesh::from_sizes(sizes);
+    ASSERT_TRUE(mesh);
+    SCOPED_TRACE(mesh->describe());
+    const std::string name = "ep" + std::to_string(mesh->world_size());
+    auto g = actors::open_model_group(*job_.rt, placement::DeviceGroup::of(name, mesh->world_size()), *mesh,
+                                      {.config_json = tiny_moe().to_json(), .seed = 7});
+    ASSERT_TRUE(g) << describe(g.error());
+    auto model = *g;
+    ASSERT_TRUE(model.set_optimizer(opt).take());
+    auto single = components::Trainer::create(*components::CausalLM::init_random(tiny_moe(), 7), {.optimizer = opt});
+    ASSERT_TRUE(single);
+    auto step = [&] {
+      auto m = model.forward_backward(batch).take();
+      ASSERT_TRUE(m) << describe(m.error());
+      auto want = single->forward_backward(whole, {});
+      ASSERT_TRUE(want);
+      EXPECT_NEAR(m->at("loss"), want->at("loss"), 1e-5);
+      auto s = model.clip_grad_and_step().take();
+      ASSERT_TRUE(s) << describe(s.error());
+      auto ws = single->clip_grad_and_step();
+      ASSERT_TRUE(ws);
+      EXPECT_NEAR(s->at("grad_norm"), ws->at("grad_norm"), 1e-5 * (1 + ws->at("grad_norm")));
+    };
+    for (int i = 0; i < 3; ++i) step();
+    auto expect_weights = [&](const NamedTensors& got, const std::string& what) {
+      expect_same_weights(got, *single->model().named_parameters(), what);
+    };
+    auto exported = model.export_weights().take();
+    ASSERT_TRUE(exported) << describe(exported.error());
+    expect_weights(*exported, "export_weights");
+    auto lp = model.forward_only(batch).take();
+    ASSERT_TRUE(lp) << describe(lp.error());
+    auto want = single->model().forward(whole.tokens);
+    ASSERT_TRUE(want);
+    ASSERT_EQ(lp->shape(), want->logprobs.shape());
+    EXPECT_LT(worst_difference(*lp, want->logprobs), 1e-4);
+    const auto dir = tmp + "/" + name;
+    auto saved = model.save({.dir = dir, .with_optimizer = true}).take();
+    ASSERT_TRUE(saved) << describe(saved.error());
+    for (int part : {0, 1})
+      EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer-ep" + std::to_string(part) + "-of-2.safetensors"));
+    auto plain = components::CausalLM::load(dir);
+    ASSERT_TRUE(plain) << describe(plain.error());
+    expect_weights(*plain->named_parameters(), "the saved directory");
+    ASSERT_TRUE(model.load({.dir = dir, .with_optimizer = true}).take());
+    step();
+    auto after = model.export_weights().take();
+    ASSERT_TRUE(after) << describe(after.error());
+    expect_weights(*after, "after the load and a step");
+  }
+  auto mesh = placement::DeviceMesh::from_sizes({.ep = 2});
+  auto dense = actors::open_model_group(*job_.rt, placement::DeviceGroup::of("dense-ep", 2), *mesh,
+                                        {.config_json = tiny().to_json(), .seed = 7});
+  ASSERT_TRUE(dense) << describe(dense.error());
+  auto refused = dense->forward_backward(batch).take();
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("has none"), std::string::npos) << describe(refused.error());
 }
 
 TEST_P(ModelActorTest, BadInputGetsAClearErrorAndTheNextCallIsServed) {

@@ -37,6 +37,11 @@ TEST(DeviceMesh, FsdpAndDpFormTheDataRank) {
   EXPECT_EQ(tp->data_rank(1), 0);
   EXPECT_EQ(tp->data_rank(2), 1);
   EXPECT_EQ(tp->data_rank(3), 1);
+  // ep ranks are data-parallel too (each routes its own tokens), inside dp.
+  auto ep = DeviceMesh::from_sizes({.dp = 2, .tp = 2, .ep = 2});
+  ASSERT_TRUE(ep);
+  EXPECT_EQ(ep->data_size(), 4);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(ep->data_rank(r), r / 2) << r;
 }
 
 TEST(DeviceMesh, AllSixDimensionsRoundTrip) {

@@ -25,6 +25,7 @@
 ///   rank 0 is the first stage, which holds the embeddings).
 
 #include <cstdint>
+#include <string>
 
 namespace glint::bench {
 
@@ -34,6 +35,15 @@ struct ParallelBenchArgs {
   int64_t batch = 4;   ///< sequences per rank
   int64_t seq = 128;   ///< tokens per sequence
   bool small = false;  ///< a ~0.1M-parameter model, for smoke runs
+  /// qwen3 (the dense schemes), or qwen3_moe / qwen2_moe: expert
+  /// parallelism, ep2 against dp2 on the MoE bench model ("ep1"), printing
+  /// ep1_/ep2_state_bytes, _expert_bytes (the routed experts' parameters,
+  /// gradients and optimizer state on rank 0), _tokens_per_s,
+  /// _bytes_per_step, ep2_all_to_all_bytes_per_step (what the exchanges
+  /// moved) beside ep2_all_to_all_bytes_even_routing (the least, were the
+  /// routing even), ep2_state_bytes_vs_ep1, ep2_expert_bytes_vs_ep1 (goal
+  /// <= 0.55) and ep2_tokens_per_s_vs_ep1.
+  std::string arch = "qwen3";
 };
 
 int parallel(const ParallelBenchArgs& args);

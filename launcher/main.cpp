@@ -298,6 +298,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(2, 65536));
   bench_parallel->add_flag("--small", parallel_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
+  bench_parallel->add_option("--arch", parallel_args.arch,
+                             "qwen3 (dp, fsdp, tp, pp), or an MoE model (qwen3_moe, qwen2_moe: 8 experts, 2 per "
+                             "token): expert parallelism ep2 against ep1 (dp2 on it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe"}));
   bench_parallel->footer("Prints, for dp2, fsdp2 and tp2: *_state_bytes (and *_vs_dp; goals fsdp2 <= 0.55, tp2 <= "
                          "0.6), *_tokens_per_s (and *_vs_dp), and the bytes each moves per step against the least it "
                          "needs (*_bytes_per_step, *_bytes_theory). Pipeline parallelism is not built yet "

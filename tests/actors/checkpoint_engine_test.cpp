@@ -187,6 +187,39 @@ TEST_P(CheckpointEngineTest, AModelCutOverItsRanksSyncsItsWholeWeightsBucketByBu
   }
 }
 
+// An MoE model with its experts split over ep = 2 ranks syncs every expert
+// (each sent to rank 0 by its owner as the buckets fill): the sampler, a
+// whole replica on each of its ranks, then generates as one loaded with the
+// model's weights.
+TEST_P(CheckpointEngineTest, AnExpertParallelModelSyncsEveryExpertToTheSampler) {
+  auto moe = tiny();
+  moe.architecture = components::Architecture::qwen3_moe;
+  moe.moe = {.num_experts = 4, .num_experts_per_tok = 2, .moe_intermediate_size = 16, .norm_topk_prob = true};
+  auto sampler_of = [&](const std::string& name, int ranks, uint64_t seed) {
+    auto g = open_sampler_group(*job_.rt, DeviceGroup::of(name, ranks), *DeviceMesh::from_sizes({.dp = ranks}),
+                                {.config_json = moe.to_json(), .seed = seed, .cache_bytes = 1 << 20});
+    EXPECT_TRUE(g) << describe(g.error());
+    return std::move(*g);
+  };
+  auto reference = sample(sampler_of("moe-reference", 1, 3));
+  auto mesh = DeviceMesh::from_sizes({.ep = 2});
+  auto g = open_model_group(*job_.rt, DeviceGroup::of("moe-ep", 2), *mesh, {.config_json = moe.to_json(), .seed = 3});
+  ASSERT_TRUE(g) << describe(g.error());
+  auto m = *g;
+  ASSERT_TRUE(m.set_optimizer({.kind = OptimizerConfig::Kind::sgd, .lr = 0}).take());
+  Batch b;
+  b.tensors["input_ids"] = *Tensor::from_values(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  ASSERT_TRUE(m.forward_backward(b).take());  // cuts the model: each rank keeps 2 experts
+  ASSERT_TRUE(m.clip_grad_and_step().take());
+  auto s = sampler_of("moe-sampler", 2, 9);
+  ASSERT_NE(sample(s)[0].tokens, reference[0].tokens) << "the sampler starts from other weights";
+  CheckpointEngine ckpt{m, s};
+  auto r = ckpt.sync_weights({.bucket_bytes = 16 << 10});
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->bytes, moe.num_parameters() * 4);
+  expect_same(sample(s), reference);
+}
+
 TEST_P(CheckpointEngineTest, RefusalsChangeNothing) {
   auto m = model(3);
   auto s = sampler(9);

@@ -7,6 +7,7 @@
 #include "components/model/model.hpp"
 #include "components/model/transformer.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +15,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <optional>
+#include <regex>
 #include <sstream>
 
 namespace glint::components {
@@ -28,16 +32,35 @@ caf::error refuse(const std::string& what) {
   return make_error(errc::unimplemented, "cannot export to GGUF: " + what);
 }
 
-std::string arch_name(Architecture a) { return std::string{model_type(a)}; }
+// llama.cpp's architecture names: Hugging Face's model_type, without the
+// underscore for the MoE families (qwen3moe, qwen2moe).
+std::string arch_name(Architecture a) {
+  std::string n{model_type(a)};
+  if (is_moe(a)) n.erase(std::remove(n.begin(), n.end(), '_'), n.end());
+  return n;
+}
 
 // llama_ftype: what most of the file's matrices are.
 uint32_t file_type_of(Dtype d) { return d == Dtype::f16 ? 1 : d == Dtype::bf16 ? 32 : 0; }
 
 // What llama.cpp computes for the architecture, checked against the config.
 Result<void> check_config(const ModelConfig& c) {
-  if (is_moe(c.architecture))
-    return refuse(std::string{hf_class_name(c.architecture)} + ": glint does not export mixture-of-experts models "
-                  "to GGUF yet (llama.cpp's " + arch_name(c.architecture) + " expert tensors are not written)");
+  if (is_moe(c.architecture)) {
+    // llama.cpp builds every layer of these families as a sparse block,
+    // renormalises the k weights for Qwen3-MoE and never for Qwen2-MoE.
+    const auto family = std::string{hf_class_name(c.architecture)} + " (llama.cpp's " + arch_name(c.architecture) + ")";
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (c.feed_forward(l) != FeedForward::sparse)
+        return refuse("layer " + std::to_string(l) + " is a dense MLP (decoder_sparse_step " +
+                      std::to_string(c.moe.decoder_sparse_step) + ", mlp_only_layers [" + join(c.moe.mlp_only_layers) +
+                      "]); " + family + " makes every layer a mixture of experts");
+    const bool renormalises = c.architecture == Architecture::qwen3_moe;
+    if (c.moe.norm_topk_prob != renormalises)
+      return refuse(std::string{"norm_topk_prob is "} + (c.moe.norm_topk_prob ? "true" : "false") + "; " + family +
+                    (renormalises ? " always renormalises" : " never renormalises") +
+                    " the chosen experts' weights, so the file would compute another model (" +
+                    (renormalises ? "Qwen3-30B-A3B and its kin have it true" : "Qwen1.5-MoE has it false") + ")");
+  }
   if (c.hidden_act != Activation::silu)
     return refuse("hidden_act is '" + std::string{activation_name(c.hidden_act)} +
                   "'; llama.cpp's " + arch_name(c.architecture) + " uses SiLU");
@@ -45,7 +68,7 @@ Result<void> check_config(const ModelConfig& c) {
     if (c.window(l) > 0)
       return refuse("layer " + std::to_string(l) + " uses sliding-window attention (" + std::to_string(c.sliding_window) +
                     " tokens); llama.cpp's " + arch_name(c.architecture) + " attends to every earlier token");
-  const bool qkv_ok = c.architecture == Architecture::qwen2 || !c.qkv_bias;
+  const bool qkv_ok = c.architecture == Architecture::qwen2 || c.architecture == Architecture::qwen2_moe || !c.qkv_bias;
   if (!qkv_ok || c.o_bias || c.mlp_bias)
     return refuse(std::string{"the model has biases on "} + (!qkv_ok ? "q/k/v" : c.o_bias ? "o_proj" : "the MLP") +
                   " (attention_bias / mlp_bias); glint exports Qwen2's q/k/v biases only");
@@ -94,9 +117,29 @@ std::string gguf_name(const std::string& hf) {
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
+      // Mixture of experts: the router, and Qwen2-MoE's shared expert and
+      // its gate (the routed experts go stacked: gguf_expert_name).
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
   };
   auto it = in_layer.find(rest);
   return it == in_layer.end() ? std::string{} : "blk." + layer + "." + it->second;
+}
+
+// A routed expert's parameter (model.layers.L.mlp.experts.N.P.weight): its
+// layer, expert and projection; nullopt for any other.
+struct ExpertParam {
+  int64_t layer = 0, expert = 0;
+  std::string proj;  ///< gate_proj, up_proj, down_proj
+};
+std::optional<ExpertParam> expert_param(const std::string& hf) {
+  static const std::regex re{R"(^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)"};
+  std::smatch m;
+  if (!std::regex_match(hf, m, re)) return std::nullopt;
+  return ExpertParam{std::stoll(m[1]), std::stoll(m[2]), m[3]};
 }
 
 Result<json> read_json(const fs::path& path) {
@@ -346,22 +389,60 @@ Result<GgufExportSummary> export_gguf(const std::string& model_dir, const std::s
   m.emplace_back("tokenizer.ggml.add_eos_token", adds.second);
   if (tc->chat_template) m.emplace_back("tokenizer.chat_template", *tc->chat_template);
 
+  if (is_moe(cfg.architecture)) {
+    m.emplace_back(arch + ".expert_count", u32(cfg.moe.num_experts));
+    m.emplace_back(arch + ".expert_used_count", u32(cfg.moe.num_experts_per_tok));
+    m.emplace_back(arch + ".expert_feed_forward_length", u32(cfg.moe.moe_intermediate_size));
+    if (cfg.moe.shared_expert_intermediate_size > 0)
+      m.emplace_back(arch + ".expert_shared_feed_forward_length", u32(cfg.moe.shared_expert_intermediate_size));
+  }
+
   // The tensors, converted one by one as they are written.
   const auto& impl = lm->impl();
   for (const auto& hf : impl.names) {
+    if (auto e = expert_param(hf)) {
+      // Each projection's experts stacked into one [E, out, in] tensor
+      // (ffn_gate_exps, ffn_up_exps, ffn_down_exps), at its first expert.
+      if (e->expert != 0) continue;
+      const auto base = "model.layers." + std::to_string(e->layer) + ".mlp.experts.";
+      std::vector<at::Tensor> parts;
+      for (int64_t x = 0; x < cfg.moe.num_experts; ++x)
+        parts.push_back(impl.param(base + std::to_string(x) + "." + e->proj + ".weight"));
+      const auto kind = e->proj.substr(0, e->proj.find('_'));  // gate, up, down
+      auto shape = parts.front().sizes().vec();
+      shape.insert(shape.begin(), cfg.moe.num_experts);
+      f.tensors.push_back({.name = "blk." + std::to_string(e->layer) + ".ffn_" + kind + "_exps.weight",
+                           .shape = shape, .dtype = dtype, .data = [parts, dtype] {
+                             return from_torch(at::stack(parts).to(to_torch(dtype)).contiguous());
+                           }});
+      continue;
+    }
     auto name = gguf_name(hf);
     if (name.empty()) return make_error(errc::internal, "no GGUF name for parameter " + hf);
     const auto& p = impl.param(hf);
-    const bool matrix = p.dim() >= 2;
+    // The router and the shared expert's gate stay f32, as
+    // convert_hf_to_gguf.py keeps them (the gate as a vector [hidden]).
+    const bool gating = name.find("ffn_gate_inp") != std::string::npos;
+    const bool matrix = p.dim() >= 2 && !gating;
     const Dtype type = matrix ? dtype : Dtype::f32;
     int64_t interleave = 0;
     if (cfg.architecture == Architecture::llama) {
       if (hf.find("self_attn.q_proj.") != std::string::npos) interleave = cfg.num_attention_heads;
       if (hf.find("self_attn.k_proj.") != std::string::npos) interleave = cfg.num_key_value_heads;
     }
-    f.tensors.push_back({.name = name, .shape = p.sizes().vec(), .dtype = type, .data = [p, type, interleave] {
+    auto shape = p.sizes().vec();
+    if (name.find("ffn_gate_inp_shexp") != std::string::npos) shape = {p.numel()};
+    f.tensors.push_back({.name = name, .shape = shape, .dtype = type, .data = [p, type, interleave, shape] {
                            auto t = interleave ? interleave_heads(p, interleave) : p;
-                           return from_torch(t.to(to_torch(type)).contiguous());
+                           return from_torch(t.to(to_torch(type)).reshape(shape).contiguous());
+                         }});
+  }
+  if (cfg.tie_word_embeddings && cfg.architecture == Architecture::qwen2_moe) {
+    // llama.cpp's qwen2moe has no tied head: it reads output.weight, which
+    // is then the embeddings again.
+    const auto& e = impl.param("model.embed_tokens.weight");
+    f.tensors.push_back({.name = "output.weight", .shape = e.sizes().vec(), .dtype = dtype, .data = [e, dtype] {
+                           return from_torch(e.to(to_torch(dtype)).contiguous());
                          }});
   }
   if (cfg.rope_scaling.type == RopeScaling::Type::llama3) {

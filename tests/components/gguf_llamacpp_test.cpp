@@ -28,7 +28,11 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  return std::string{c.arch == Architecture::llama ? "Llama" : c.arch == Architecture::qwen2 ? "Qwen2" : "Qwen3"} +
+  return std::string{c.arch == Architecture::llama       ? "Llama"
+                     : c.arch == Architecture::qwen2     ? "Qwen2"
+                     : c.arch == Architecture::qwen2_moe ? "Qwen2Moe"
+                     : c.arch == Architecture::qwen3_moe ? "Qwen3Moe"
+                                                         : "Qwen3"} +
          (c.tie ? "Tied" : "") + std::string{to_string(c.dtype)} +
          (c.rope == RopeScaling::Type::llama3   ? "RopeLlama3"
           : c.rope == RopeScaling::Type::linear ? "RopeLinear"
@@ -156,7 +160,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, GgufLlamaCpp,
                                            Case{Architecture::qwen3, true, Dtype::f16},
                                            Case{Architecture::llama, false, Dtype::bf16},
                                            Case{Architecture::llama, false, Dtype::f32, RopeScaling::Type::llama3},
-                                           Case{Architecture::qwen2, false, Dtype::f32, RopeScaling::Type::linear}),
+                                           Case{Architecture::qwen2, false, Dtype::f32, RopeScaling::Type::linear},
+                                           Case{Architecture::qwen3_moe, false, Dtype::f32},
+                                           Case{Architecture::qwen2_moe, true, Dtype::f32},
+                                           Case{Architecture::qwen3_moe, true, Dtype::f16}),
                          [](const auto& info) { return case_name(info.param); });
 
 }  // namespace

@@ -519,18 +519,26 @@ TEST(MoeModel, SavesPerExpertAndLoadsBothLayouts) {
 }
 
 // What does not take experts yet refuses them by name, before any work.
-TEST(MoeModel, TensorParallelismAndGgufExportRefuseExpertsByName) {
+// Tensor parallelism refuses experts; GGUF export refuses what llama.cpp's
+// qwen3moe cannot compute (a dense layer among the sparse ones, weights not
+// renormalised), naming the field, and writes nothing.
+TEST(MoeModel, TensorParallelismAndGgufExportRefuseWhatTheyCannotRun) {
   auto lm = sharp_model(qwen3_moe_json(), 16);
   auto tp = tp::shard_model(lm.impl(), std::make_shared<glint::testing::FakeProcessGroup>(0, 2));
   ASSERT_FALSE(tp);
   EXPECT_NE(describe(tp.error()).find("Qwen3MoeForCausalLM has experts"), std::string::npos) << describe(tp.error());
   EXPECT_FALSE(lm.impl().tp) << "nothing was sharded";
-  const auto dir = glint::testing::fresh_dir("moe-gguf");
-  ASSERT_TRUE(lm.save(dir + "/model"));
-  auto gguf = export_gguf(dir + "/model", dir + "/model.gguf", {});
-  ASSERT_FALSE(gguf);
-  EXPECT_NE(describe(gguf.error()).find("mixture-of-experts"), std::string::npos) << describe(gguf.error());
-  EXPECT_FALSE(fs::exists(dir + "/model.gguf"));
+  const std::pair<json, const char*> cases[] = {
+      {[] { auto j = qwen3_moe_json(); j["mlp_only_layers"] = {1}; return j; }(), "layer 1 is a dense MLP"},
+      {[] { auto j = qwen3_moe_json(); j["norm_topk_prob"] = false; return j; }(), "norm_topk_prob is false"}};
+  for (const auto& [j, why] : cases) {
+    const auto dir = glint::testing::fresh_dir("moe-gguf");
+    ASSERT_TRUE(sharp_model(j, 16).save(dir + "/model"));
+    auto gguf = export_gguf(dir + "/model", dir + "/model.gguf", {});
+    ASSERT_FALSE(gguf);
+    EXPECT_NE(describe(gguf.error()).find(why), std::string::npos) << describe(gguf.error());
+    EXPECT_FALSE(fs::exists(dir + "/model.gguf"));
+  }
 }
 
 // -- training -------------------------------------------------------------------------------

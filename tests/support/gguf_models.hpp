@@ -40,6 +40,11 @@ inline std::string tiny_model_dir(const std::string& name, const TinyModelSpec& 
   cfg.dtype = s.dtype;
   cfg.rope_scaling = s.rope;
   cfg.eos_token_ids = {tok->token_id("<|im_end|>")};
+  if (components::is_moe(s.arch)) {  // llama.cpp's qwen3moe renormalises, its qwen2moe does not
+    const bool qwen2 = s.arch == components::Architecture::qwen2_moe;
+    cfg.moe = {.num_experts = 4, .num_experts_per_tok = 2, .moe_intermediate_size = 32,
+               .shared_expert_intermediate_size = qwen2 ? 48 : 0, .norm_topk_prob = !qwen2};
+  }
   auto lm = components::CausalLM::init_random(cfg, s.seed);
   EXPECT_TRUE(lm) << describe(lm.error());
   EXPECT_TRUE(lm->save(dir));

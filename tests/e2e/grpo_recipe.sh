@@ -191,6 +191,14 @@ for p in --packing --no-packing; do
   [[ $(grep -c '"loss"' "runs/replay$p/metrics.jsonl") == 2 ]] || fail "the replayed run did not train 2 steps"
   grep -q '"grad_norm": [1-9]\|"grad_norm": 0\.[0-9]' "runs/replay$p/metrics.jsonl" || fail "the replayed steps had no gradient"
 done
+# ... and with its experts split over 2 ranks (--mesh ep=2): the sampler syncs every expert from
+# the cut model group, and the replayed routes reach each rank's rows.
+"$glint" grpo --model moe "${common[@]}" --prompts-per-step 2 --num-generations 4 --max-steps 2 --routing-replay \
+  --train-type full --lr 1e-4 --mesh ep=2 --reward-command "python3 distinct.py" --output runs/replay-ep > replay-ep.log 2>&1 \
+  || { cat replay-ep.log; fail "GRPO with --routing-replay on --mesh ep=2"; }
+[[ $(grep -c '"loss"' runs/replay-ep/metrics.jsonl) == 2 ]] || fail "the ep=2 run did not train 2 steps"
+[[ -f runs/replay-ep/last/config.json ]] && grep -q Qwen3MoeForCausalLM runs/replay-ep/last/config.json \
+  || fail "the ep=2 run saved no whole model"
 
 # 8. Bad input: one error line, a non-zero exit, no run directory.
 echo '{"prompt": "Say hi."}' > nosolution.jsonl

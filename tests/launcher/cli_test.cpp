@@ -167,6 +167,12 @@ TEST(Cli, BenchParallelSmokeRunPrintsItsLines) {
                      "pp2_state_bytes_vs_dp: ", "pp2_tokens_per_s_vs_dp: ", "pp2_bytes_theory: "})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_NE(run("bench parallel --seq 1").code, 0);
+  // Expert parallelism on the MoE bench model: ep2 holds half the experts.
+  auto ep = run("bench parallel --arch qwen3_moe --small --repeats 1 --steps 1");
+  EXPECT_EQ(ep.code, 0) << ep.out;
+  for (auto* line : {"ep1_expert_bytes: ", "ep2_expert_bytes_vs_ep1: 0.500", "ep2_tokens_per_s_vs_ep1: ",
+                     "ep2_all_to_all_bytes_per_step: ", "ep2_all_to_all_bytes_even_routing: "})
+    EXPECT_NE(ep.out.find(line), std::string::npos) << line << "\n" << ep.out;
 }
 
 TEST(Cli, InitModelWritesAHuggingFaceDirectory) {

@@ -168,6 +168,92 @@ Result<std::pair<double, int64_t>> run_python(PythonChild& py, std::chrono::mill
   return std::pair{seconds, tokens};
 }
 
+// Tokens equal up to the first difference of each prompt (after it the
+// contexts differ), printed; whether 90% of them are. Near-ties of random
+// weights may flip a late token (float rounding differs); a wrong model
+// differs at once.
+bool agree_with(const char* who, const std::vector<std::vector<int64_t>>& ours,
+                const std::vector<std::vector<int64_t>>& theirs) {
+  int64_t agree = 0, total = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const auto& mine = ours[i];
+    const auto& other = i < theirs.size() ? theirs[i] : std::vector<int64_t>{};
+    size_t j = 0;
+    while (j < mine.size() && j < other.size() && mine[j] == other[j]) ++j;
+    agree += static_cast<int64_t>(j);
+    total += static_cast<int64_t>(mine.size());
+  }
+  std::printf("# greedy check against %s, %lld prompts x %lld tokens: %lld tokens equal before the first "
+              "difference\n",
+              who, static_cast<long long>(ours.size()), static_cast<long long>(kCheckTokens),
+              static_cast<long long>(agree));
+  std::fflush(stdout);
+  if (agree * 10 >= total * 9) return true;
+  std::printf("# warning: glint and %s generate different greedy tokens: they compute different models, so the "
+              "timings would compare different work\n",
+              who);
+  return false;
+}
+
+// glint's greedy tokens for the first kCheckPrompts prompts.
+Result<std::vector<std::vector<int64_t>>> glint_greedy(Engine& e, const std::vector<std::vector<int64_t>>& prompts) {
+  const auto k = std::min<size_t>(kCheckPrompts, prompts.size());
+  std::vector<std::vector<int64_t>> first(prompts.begin(), prompts.begin() + static_cast<std::ptrdiff_t>(k));
+  auto outs = e.generate(first, {.max_tokens = kCheckTokens, .temperature = 0, .ignore_eos = true});
+  std::vector<std::vector<int64_t>> tokens;
+  for (const auto& o : outs) {
+    if (!o) return o.error();
+    tokens.push_back(o->sequences[0].tokens);
+  }
+  return tokens;
+}
+
+// llama.cpp on the model saved in `dir`, exported to GGUF: one context with
+// a sequence per sample, each as long as the longest prompt plus its
+// tokens; its greedy tokens checked against `ours` (the first prompts').
+// Prints what it runs.
+Result<LlamaCpp> start_llamacpp(const SampleBenchArgs& a, const std::string& dir,
+                                const std::vector<std::vector<int64_t>>& prompts,
+                                const std::vector<std::vector<int64_t>>& ours, int64_t batch) {
+  auto modules = llamacpp_modules(a.llamacpp);
+  if (!modules) return modules.error();
+  auto child_script = shipped_file("llamacpp/llamacpp_child.mjs", "bench/llamacpp/llamacpp_child.mjs");
+  if (!child_script) return child_script.error();
+  auto gguf = export_for_llamacpp(dir);
+  if (!gguf) return with_context(gguf.error(), "exporting the bench model to GGUF");
+  if (auto ok = write_prompts_json((fs::path{dir} / "prompts.json").string(), prompts); !ok) return ok.error();
+  const int64_t sequences = std::min(a.llamacpp_parallel, a.prompts);
+  const int64_t context = a.max_prompt + std::max(a.max_tokens, kCheckTokens);
+  auto llama = LlamaCpp::start({.modules = *modules, .script = *child_script, .model = *gguf,
+                                .threads = at::get_num_threads(), .sequences = sequences, .context = context,
+                                .batch = batch});
+  if (!llama) return llama.error();
+  std::printf("# baseline llamacpp: %s (node-llama-cpp, bench/llamacpp/llamacpp_child.mjs) on the "
+              "model exported to GGUF (f32): %lld parallel sequences in one context of %lld tokens each, as "
+              "llama-server's slots with prompt caching: each takes the next prompt, evaluates it once and "
+              "generates its samples one after another, rolling its KV cache back to the prompt in between (the "
+              "binding cannot fork a sequence, so samples of one prompt do not run in parallel and prompts share "
+              "no prefix); f16 KV cache (its default); the sequences' tokens batched into shared llama_decode "
+              "calls of up to %lld; temperature 1 over the full vocabulary (top-p and min-p off; top-k off, which the "
+              "binding turns into top-k = vocabulary, a sort of the vocabulary per token that glint does not do)\n",
+              llama->banner().c_str(), static_cast<long long>(sequences), static_cast<long long>(context),
+              static_cast<long long>(batch));
+  std::vector<std::vector<int64_t>> greedy;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    auto g = llama->greedy(kCheckTokens, prompts[i]);
+    if (!g) return g.error();
+    greedy.push_back(std::move(*g));
+  }
+  if (!agree_with("llama.cpp", ours, greedy))
+    return make_error(errc::internal, "llama.cpp's greedy tokens are not glint's (above)");
+  return llama;
+}
+
+// The timeout of a baseline's run: generous against glint's time.
+std::chrono::milliseconds baseline_timeout(double glint_seconds) {
+  return std::chrono::milliseconds{static_cast<int64_t>(1000 * (120 + 30 * glint_seconds))};
+}
+
 }  // namespace
 
 // An MoE model's decode throughput against the dense model of the same
@@ -185,31 +271,64 @@ int sample_moe(const SampleBenchArgs& a, Architecture arch) {
               std::string{hf_class_name(dense_cfg.architecture)}.c_str(), millions(dense_cfg.num_parameters()).c_str(),
               static_cast<long long>(a.prompts), static_cast<long long>(a.samples), static_cast<long long>(a.max_tokens),
               at::get_num_threads(), a.repeats);
-  std::printf("# no Python or llama.cpp baseline for MoE models yet (the Python generate loop is dense; glint "
-              "does not export MoE models to GGUF)\n");
+  std::printf("# no Python baseline for MoE models (its generate loop is dense)\n");
   std::fflush(stdout);
   const int64_t block_bytes = 2 * moe_cfg.num_hidden_layers * 16 * moe_cfg.num_key_value_heads * moe_cfg.head_dim * 4;
   const int64_t blocks = a.prompts * ((a.max_prompt + 15) / 16 + a.samples * ((a.max_tokens + 15) / 16 + 1));
   EngineConfig ecfg{.cache_bytes = blocks * block_bytes, .max_num_seqs = a.prompts * a.samples,
                     .max_num_batched_tokens = 2048};
+  auto dir = TempDir::create();
+  if (!dir) return fail(describe(dir.error()));
   std::vector<Engine> engines;
   for (const auto* cfg : {&moe_cfg, &dense_cfg}) {
     auto lm = CausalLM::init_random(*cfg, kSeed);
     if (!lm) return fail(describe(lm.error()));
+    if (cfg == &moe_cfg)
+      if (auto ok = lm->save(dir->path()); !ok) return fail(describe(ok.error()));
     auto e = Engine::create(std::move(*lm), ecfg);
     if (!e) return fail(describe(e.error()));
     engines.push_back(std::move(*e));
   }
-  std::vector<double> rate[2];
-  for (int rep = 0; rep <= a.repeats; ++rep)  // the first run warms both up, untimed
-    for (int side : {rep % 2, 1 - rep % 2}) {
+  // llama.cpp on the MoE model (its qwen3moe; its qwen2moe does not
+  // renormalise the experts' weights, which the bench model does, so that
+  // export is refused and said so).
+  std::optional<LlamaCpp> llama;
+  if (a.llamacpp != "none" && arch == Architecture::qwen3_moe) {
+    auto ours = glint_greedy(engines[0], prompts);
+    if (!ours) return fail(describe(ours.error()));
+    auto started = start_llamacpp(a, dir->path(), prompts, *ours, ecfg.max_num_batched_tokens);
+    if (!started) return fail(describe(started.error()));
+    llama.emplace(std::move(*started));
+  } else if (a.llamacpp != "none") {
+    std::printf("# no llama.cpp baseline for %s: the bench model renormalises its experts' weights "
+                "(norm_topk_prob), which llama.cpp's qwen2moe does not\n",
+                std::string{hf_class_name(arch)}.c_str());
+  }
+  std::vector<double> rate[3];
+  double last_glint = 60;
+  for (int rep = 0; rep <= a.repeats; ++rep)  // the first run warms every side up, untimed
+    for (int i = 0; i < 3; ++i) {
+      const int side = (rep + i) % 3;
+      if (side == 2) {
+        if (!llama || rep == 0) continue;
+        auto l = llama->run((fs::path{dir->path()} / "prompts.json").string(), a.samples, a.max_tokens,
+                            kSeed + 1000 * static_cast<uint64_t>(rep), baseline_timeout(last_glint));
+        if (!l) return fail(describe(l.error()));
+        rate[2].push_back(static_cast<double>(l->second) / l->first);
+        continue;
+      }
       auto g = run_glint(engines[static_cast<size_t>(side)], prompts, a, kSeed);
       if (!g) return fail(describe(g.error()));
+      if (side == 0) last_glint = g->seconds;
       if (rep > 0) rate[side].push_back(static_cast<double>(g->tokens) / g->seconds);
     }
   print_metric("moe_sample_tokens_per_s", median(rate[0]), 1);
   print_metric("moe_sample_dense_tokens_per_s", median(rate[1]), 1);
   print_metric("moe_sample_vs_dense_same_active", median(rate[0]) / median(rate[1]), 3);
+  if (llama) {
+    print_metric("moe_sample_llamacpp_tokens_per_s", median(rate[2]), 1);
+    print_metric("moe_sample_speedup_vs_llamacpp", median(rate[0]) / median(rate[2]), 3);
+  }
   return 0;
 }
 
@@ -277,34 +396,9 @@ int sample(const SampleBenchArgs& a) {
                 st.sample_seconds, static_cast<long long>(st.steps));
     return 0;
   }
-  const int64_t k = std::min<int64_t>(kCheckPrompts, a.prompts);
-  std::vector<std::vector<int64_t>> first(prompts.begin(), prompts.begin() + k);
-  auto ours = engine->generate(first, {.max_tokens = kCheckTokens, .temperature = 0, .ignore_eos = true});
-  for (const auto& o : ours)
-    if (!o) return fail(describe(o.error()));
-  // Tokens equal up to the first difference of each prompt (after it the
-  // contexts differ). Near-ties of random weights may flip a late token
-  // (float rounding differs); a wrong model differs at once.
-  auto agree_with = [&](const char* who, const std::vector<std::vector<int64_t>>& theirs) {
-    int64_t agree = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      const auto& mine = ours[static_cast<size_t>(i)]->sequences[0].tokens;
-      const auto& other =
-          static_cast<size_t>(i) < theirs.size() ? theirs[static_cast<size_t>(i)] : std::vector<int64_t>{};
-      size_t j = 0;
-      while (j < mine.size() && j < other.size() && mine[j] == other[j]) ++j;
-      agree += static_cast<int64_t>(j);
-    }
-    std::printf("# greedy check against %s, %lld prompts x %lld tokens: %lld tokens equal before the first "
-                "difference\n",
-                who, static_cast<long long>(k), static_cast<long long>(kCheckTokens), static_cast<long long>(agree));
-    std::fflush(stdout);
-    if (agree * 10 >= k * kCheckTokens * 9) return true;
-    std::printf("# warning: glint and %s generate different greedy tokens: they compute different models, so the "
-                "timings would compare different work\n",
-                who);
-    return false;
-  };
+  auto ours = glint_greedy(*engine, prompts);
+  if (!ours) return fail(describe(ours.error()));
+  const int64_t k = static_cast<int64_t>(ours->size());
 
   // The Python baseline, its greedy tokens first.
   std::optional<PythonChild> py;
@@ -336,49 +430,19 @@ int sample(const SampleBenchArgs& a) {
       }
       if (!word.empty()) theirs.back().push_back(std::stoll(word));
     }
-    if (!agree_with("the Python baseline", theirs)) return 1;
+    if (!agree_with("the Python baseline", *ours, theirs)) return 1;
   }
 
-  // llama.cpp on the same weights, exported to GGUF: one context with a
-  // sequence per sample, each as long as the longest prompt plus its tokens.
+  // llama.cpp on the same weights, exported to GGUF.
   std::optional<LlamaCpp> llama;
   if (a.llamacpp != "none") {
-    auto modules = llamacpp_modules(a.llamacpp);
-    if (!modules) return fail(describe(modules.error()));
-    auto child_script = shipped_file("llamacpp/llamacpp_child.mjs", "bench/llamacpp/llamacpp_child.mjs");
-    if (!child_script) return fail(describe(child_script.error()));
-    auto gguf = export_for_llamacpp(dir->path());
-    if (!gguf) return fail("exporting the bench model to GGUF: " + describe(gguf.error()));
-    if (auto ok = write_prompts_json(prompts_json, prompts); !ok) return fail(describe(ok.error()));
-    auto started = LlamaCpp::start({.modules = *modules, .script = *child_script, .model = *gguf, .threads = threads,
-                                    .sequences = std::min(a.llamacpp_parallel, a.prompts), .context = a.max_prompt + std::max(a.max_tokens, kCheckTokens),
-                                    .batch = ecfg.max_num_batched_tokens});
+    auto started = start_llamacpp(a, dir->path(), prompts, *ours, ecfg.max_num_batched_tokens);
     if (!started) return fail(describe(started.error()));
     llama.emplace(std::move(*started));
-    std::printf("# baseline sample_llamacpp_*: %s (node-llama-cpp, bench/llamacpp/llamacpp_child.mjs) on the "
-                "model exported to GGUF (f32): %lld parallel sequences in one context of %lld tokens each, as "
-                "llama-server's slots with prompt caching: each takes the next prompt, evaluates it once and "
-                "generates its samples one after another, rolling its KV cache back to the prompt in between (the "
-                "binding cannot fork a sequence, so samples of one prompt do not run in parallel and prompts share "
-                "no prefix); f16 KV cache (its default); the sequences' tokens batched into shared llama_decode "
-                "calls of up to %lld; temperature 1 over the full vocabulary (top-p and min-p off; top-k off, which the "
-                "binding turns into top-k = vocabulary, a sort of the vocabulary per token that glint does not do)\n",
-                llama->banner().c_str(), static_cast<long long>(std::min(a.llamacpp_parallel, a.prompts)),
-                static_cast<long long>(a.max_prompt + std::max(a.max_tokens, kCheckTokens)),
-                static_cast<long long>(ecfg.max_num_batched_tokens));
-    std::vector<std::vector<int64_t>> greedy;
-    for (const auto& p : first) {
-      auto g = llama->greedy(kCheckTokens, p);
-      if (!g) return fail(describe(g.error()));
-      greedy.push_back(std::move(*g));
-    }
-    if (!agree_with("llama.cpp", greedy)) return 1;
   }
 
   std::vector<double> glint_rate, python_rate, llama_rate, hits;
-  auto timeout = [](double glint_seconds) {
-    return std::chrono::milliseconds{static_cast<int64_t>(1000 * (120 + 30 * glint_seconds))};
-  };
+  const auto timeout = baseline_timeout;
   double last_glint = 60;
   for (int rep = 0; rep < a.repeats; ++rep) {
     auto one_glint = [&]() -> caf::error {

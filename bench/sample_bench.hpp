@@ -45,7 +45,12 @@ struct SampleBenchArgs {
   /// 8 experts, 2 per token): then glint's engine on the MoE model against
   /// the same engine on the dense model of the same active size
   /// (moe_sample_tokens_per_s, moe_sample_dense_tokens_per_s,
-  /// moe_sample_vs_dense_same_active); no Python or llama.cpp baseline.
+  /// moe_sample_vs_dense_same_active), and for qwen3_moe llama.cpp on the
+  /// MoE model exported to GGUF (moe_sample_llamacpp_tokens_per_s,
+  /// moe_sample_speedup_vs_llamacpp; --llamacpp none leaves it out). No
+  /// Python baseline (its generate loop is dense); llama.cpp's qwen2moe
+  /// does not renormalise the bench model's expert weights, so qwen2_moe
+  /// has none either.
   std::string arch = "qwen3";
 };
 

@@ -110,11 +110,15 @@ TEST(Cli, BenchSampleSmokeRunPrintsItsLinesAndAgreesWithPythonAndLlamaCpp) {
   auto bad = run("bench sample --small --min-prompt 40 --max-prompt 20");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("--max-prompt"), std::string::npos) << bad.out;
-  // An MoE model against the dense model of its active size.
-  auto moe = run("bench sample --arch qwen3_moe --small --repeats 1 --prompts 4 --samples 2 --max-tokens 8 --max-prompt 48");
+  // An MoE model against the dense model of its active size, and llama.cpp's qwen3moe where installed.
+  auto moe = run("bench sample --arch qwen3_moe --small --repeats 1 --prompts 4 --samples 2 --max-tokens 8 --max-prompt 48" +
+                 std::string{llama ? " --llamacpp installed" : " --llamacpp none"});
   EXPECT_EQ(moe.code, 0) << moe.out;
   for (auto* line : {"moe_sample_tokens_per_s: ", "moe_sample_dense_tokens_per_s: ", "moe_sample_vs_dense_same_active: "})
     EXPECT_NE(moe.out.find(line), std::string::npos) << line << "\n" << moe.out;
+  for (auto* line : {"moe_sample_llamacpp_tokens_per_s: ", "moe_sample_speedup_vs_llamacpp: ", "greedy check against llama.cpp"})
+    EXPECT_EQ(moe.out.find(line) != std::string::npos, llama) << line << "\n" << moe.out;
+  EXPECT_EQ(moe.out.find("# warning"), std::string::npos) << moe.out;
 }
 
 TEST(Cli, ExportGgufWritesTheModelAndRefusesWithReasons) {

@@ -1171,6 +1171,34 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   return make_error(errc::aborted, why + "; the failing rank's error says why");
 }
 
+namespace {
+
+// The global gradient norm of parameters of which those `split` names are
+// this rank's own part of the model (their squares summed over `g`) and the
+// others whole on every rank (counted once), then the gradients clipped to
+// max_norm. `also` are summed over `g` in the same collective, before the
+// whole ones' squares are taken (tensor parallelism's partial gradients).
+Result<double> clip_split_norm(const ParamList& params, ProcessGroup& g,
+                               const std::function<bool(const std::string&)>& split, std::vector<at::Tensor> also,
+                               double max_norm) {
+  c10::NoGradGuard no_grad;
+  auto split_sq = at::zeros({1}, at::kDouble);
+  for (const auto& [n, p] : params)
+    if (split(n) && p.grad().defined()) split_sq += grad_squares(p.grad());
+  also.push_back(split_sq);
+  if (auto ok = all_reduce_sum(g, also); !ok) return ok.error();
+  double whole_sq = 0;
+  for (const auto& [n, p] : params)
+    if (!split(n) && p.grad().defined()) whole_sq += grad_squares(p.grad());
+  const double norm = std::sqrt(also.back().item<double>() + whole_sq);
+  std::vector<at::Tensor> grads;
+  for (const auto& [n, p] : params) grads.push_back(p.grad());
+  clip_to_norm(grads, norm, max_norm);
+  return norm;
+}
+
+}  // namespace
+
 Result<Metrics> Trainer::clip_grad_and_step() try {
   const auto& dp = impl_->cfg.dp_group;
   auto* fsdp = impl_->fsdp.get();
@@ -1231,25 +1259,15 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     // Whole parameters applied to this rank's heads only (q_norm, k_norm)
     // have a part of their gradient here: summed over the group. The norm
     // adds every rank's shards' squares, and each whole parameter's once.
-    c10::NoGradGuard no_grad;
-    std::vector<at::Tensor> parts;
+    std::vector<at::Tensor> partial;
     for (auto& [n, p] : params)
-      if (tp::gradient_is_partial(n) && p.grad().defined()) parts.push_back(p.grad());
-    auto shard_sq = at::zeros({1}, at::kDouble);
-    for (auto& [n, p] : params)
-      if (tp::is_shard(n) && p.grad().defined()) shard_sq += grad_squares(p.grad());
-    parts.push_back(shard_sq);
-    if (auto ok = all_reduce_sum(*tpg, parts); !ok) {
+      if (tp::gradient_is_partial(n) && p.grad().defined()) partial.push_back(p.grad());
+    auto n = clip_split_norm(params, *tpg, tp::is_shard, std::move(partial), impl_->cfg.optimizer.max_grad_norm);
+    if (!n) {
       zero_grad();
-      return ok.error();
+      return n.error();
     }
-    double whole_sq = 0;
-    for (auto& [n, p] : params)
-      if (!tp::is_shard(n) && p.grad().defined()) whole_sq += grad_squares(p.grad());
-    norm = std::sqrt(parts.back().item<double>() + whole_sq);
-    std::vector<at::Tensor> grads;
-    for (auto& [n, p] : params) grads.push_back(p.grad());
-    clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
+    norm = *n;
   } else if (const auto& ppg = impl_->cfg.pp_group; ppg && ppg->size() > 1) {
     // Each stage steps its own layers. Tied embeddings, held by the first
     // stage and the last, take the sum of both stages' gradients (so that
@@ -1292,24 +1310,15 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     }
     norm = *n;
   } else if (epg) {
-    // Each rank's experts' squares, summed over the group, and the
-    // replicated parameters' once.
-    c10::NoGradGuard no_grad;
-    std::vector<at::Tensor> experts_sq{at::zeros({1}, at::kDouble)};
-    double whole_sq = 0;
-    for (auto& [n, p] : params) {
-      if (!p.grad().defined()) continue;
-      if (ep::expert_of(n) >= 0) experts_sq[0] += grad_squares(p.grad());
-      else whole_sq += grad_squares(p.grad());
-    }
-    if (auto ok = all_reduce_sum(*epg, experts_sq); !ok) {
+    // Each rank's experts are its own; the rest is replicated.
+    auto n = clip_split_norm(
+        params, *epg, [](const std::string& name) { return ep::expert_of(name) >= 0; }, {},
+        impl_->cfg.optimizer.max_grad_norm);
+    if (!n) {
       zero_grad();
-      return ok.error();
+      return n.error();
     }
-    norm = std::sqrt(experts_sq[0].item<double>() + whole_sq);
-    std::vector<at::Tensor> grads;
-    for (auto& [n, p] : params) grads.push_back(p.grad());
-    clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
+    norm = *n;
   } else {
     norm = clip_grad_norm(params, impl_->cfg.optimizer.max_grad_norm);
   }

@@ -133,6 +133,22 @@ double worst_difference(const Tensor& x, const Tensor& y) {
   return worst;
 }
 
+// One step of the group on `batch` and of the single trainer on the same
+// rows (`whole`): the same loss and gradient norm within 1e-5.
+void step_both(actors::ModelGroup& model, components::Trainer& single, const Batch& batch,
+               const components::TrainBatch& whole) {
+  auto m = model.forward_backward(batch).take();
+  ASSERT_TRUE(m) << describe(m.error());
+  auto want = single.forward_backward(whole, {});
+  ASSERT_TRUE(want);
+  EXPECT_NEAR(m->at("loss"), want->at("loss"), 1e-5);
+  auto s = model.clip_grad_and_step().take();
+  ASSERT_TRUE(s) << describe(s.error());
+  auto ws = single.clip_grad_and_step();
+  ASSERT_TRUE(ws);
+  EXPECT_NEAR(s->at("grad_norm"), ws->at("grad_norm"), 1e-5 * (1 + ws->at("grad_norm")));
+}
+
 // `got` names and holds `want`'s tensors, in its order, within 1e-5.
 void expect_same_weights(const NamedTensors& got, const NamedTensors& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -180,16 +196,8 @@ TEST_P(ModelActorTest, AModelCutOverItsRanksTrainsAsOneTrainerOnTheWholeBatch) {
     auto single = components::Trainer::create(*components::CausalLM::init_random(tiny(), 7), {.optimizer = opt});
     ASSERT_TRUE(single);
     for (int step = 0; step < 3; ++step) {
-      auto m = model.forward_backward(batch).take();
-      ASSERT_TRUE(m) << describe(m.error());
-      auto want = single->forward_backward({.tokens = {.input_ids = ids, .attention_mask = mask}}, {});
-      ASSERT_TRUE(want);
-      EXPECT_NEAR(m->at("loss"), want->at("loss"), 1e-5) << "step " << step;
-      auto s = model.clip_grad_and_step().take();
-      ASSERT_TRUE(s) << describe(s.error());
-      auto ws = single->clip_grad_and_step();
-      ASSERT_TRUE(ws);
-      EXPECT_NEAR(s->at("grad_norm"), ws->at("grad_norm"), 1e-5 * (1 + ws->at("grad_norm")));
+      SCOPED_TRACE("step " + std::to_string(step));
+      step_both(model, *single, batch, {.tokens = {.input_ids = ids, .attention_mask = mask}});
     }
     auto expect_weights = [&](const NamedTensors& got, const std::string& what) {
       expect_same_weights(got, *single->model().named_parameters(), what);
@@ -294,18 +302,7 @@ TEST_P(ModelActorTest, AnExpertParallelGroupTrainsAsOneTrainerOnTheWholeBatch) {
     ASSERT_TRUE(model.set_optimizer(opt).take());
     auto single = components::Trainer::create(*components::CausalLM::init_random(tiny_moe(), 7), {.optimizer = opt});
     ASSERT_TRUE(single);
-    auto step = [&] {
-      auto m = model.forward_backward(batch).take();
-      ASSERT_TRUE(m) << describe(m.error());
-      auto want = single->forward_backward(whole, {});
-      ASSERT_TRUE(want);
-      EXPECT_NEAR(m->at("loss"), want->at("loss"), 1e-5);
-      auto s = model.clip_grad_and_step().take();
-      ASSERT_TRUE(s) << describe(s.error());
-      auto ws = single->clip_grad_and_step();
-      ASSERT_TRUE(ws);
-      EXPECT_NEAR(s->at("grad_norm"), ws->at("grad_norm"), 1e-5 * (1 + ws->at("grad_norm")));
-    };
+    auto step = [&] { step_both(model, *single, batch, whole); };
     for (int i = 0; i < 3; ++i) step();
     auto expect_weights = [&](const NamedTensors& got, const std::string& what) {
       expect_same_weights(got, *single->model().named_parameters(), what);

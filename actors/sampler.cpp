@@ -125,21 +125,20 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
     if (!o.advantages.empty())
       for (size_t i = 0; i < rows.size(); ++i)
         adv[i].assign(rows[i].input_ids.size(), static_cast<float>(o.advantages[i]));
+    std::vector<std::vector<size_t>> bins;
     auto batch = o.advantages.empty()
-                     ? detail::pack_rows(rows, o.pad_id, row_tokens, min_rows, {{"old_logps", &old_logps}})
+                     ? detail::pack_rows(rows, o.pad_id, row_tokens, min_rows, {{"old_logps", &old_logps}}, &bins)
                      : detail::pack_rows(rows, o.pad_id, row_tokens, min_rows,
-                                         {{"old_logps", &old_logps}, {"advantages", &adv}});
+                                         {{"old_logps", &old_logps}, {"advantages", &adv}}, &bins);
     if (!batch || !o.routing_replay) return batch;
-    // The same layout pack_rows chose (it is deterministic).
-    std::vector<size_t> lengths;
-    for (const auto& r : rows) lengths.push_back(r.input_ids.size());
+    // Where pack_rows put each sequence.
     std::vector<Placed> at(rows.size());
     int64_t b = 0;
-    for (const auto& bin : detail::pack_layout(lengths, row_tokens, min_rows)) {
+    for (const auto& bin : bins) {
       int64_t offset = 0;
       for (size_t i : bin) {
         at[i] = {b, offset};
-        offset += static_cast<int64_t>(lengths[i]);
+        offset += static_cast<int64_t>(rows[i].input_ids.size());
       }
       ++b;
     }

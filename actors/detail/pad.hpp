@@ -100,10 +100,12 @@ inline std::vector<std::vector<size_t>> pack_layout(const std::vector<size_t>& l
 /// `rows` packed end to end without padding between them (pack_layout),
 /// then padded as pad_rows pads: the same tensors, the columns joined as
 /// the rows are, and segment_ids (i64: 1, 2, ... within a row, 0 on
-/// padding). `rows` must not be empty; row_tokens >= 1.
+/// padding). `rows` must not be empty; row_tokens >= 1. `layout`, when
+/// given, gets the bins the rows went into (batch row by batch row).
 template <std::derived_from<components::EncodedRow> Row>
 Result<Batch> pack_rows(const std::vector<Row>& rows, int64_t pad_id, int64_t row_tokens, int64_t min_rows,
-                        std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns = {}) {
+                        std::initializer_list<std::pair<const char*, const std::vector<std::vector<float>>*>> columns = {},
+                        std::vector<std::vector<size_t>>* layout = nullptr) {
   if (rows.empty()) return make_error(errc::invalid_argument, "no rows to make a training batch of");
   if (row_tokens < 1) return make_error(errc::invalid_argument, "packing needs row_tokens >= 1");
   std::vector<size_t> lengths;
@@ -150,6 +152,7 @@ Result<Batch> pack_rows(const std::vector<Row>& rows, int64_t pad_id, int64_t ro
     batch->tensors[name] = std::move(padded->tensors.at(name));
     ++c;
   }
+  if (layout) *layout = bins;
   return batch;
 }
 

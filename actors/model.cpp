@@ -101,11 +101,13 @@ model_actor::behavior_type model_shard(model_actor::pointer self, RankContext ct
 Result<void> check_model_mesh(const placement::DeviceMesh& mesh, const std::string& who) {
   using placement::Dim;
   if (auto ok = mesh.require_only({Dim::dp, Dim::fsdp, Dim::ep, Dim::tp, Dim::pp}, who); !ok) return ok.error();
-  // The trainer runs one way of cutting the model at a time (with dp).
-  if ((mesh.size(Dim::fsdp) > 1) + (mesh.size(Dim::ep) > 1) + (mesh.size(Dim::tp) > 1) + (mesh.size(Dim::pp) > 1) > 1)
+  // The trainer runs one way of cutting the model at a time (with dp), or
+  // fsdp with ep.
+  const bool fsdp = mesh.size(Dim::fsdp) > 1, ep = mesh.size(Dim::ep) > 1;
+  if ((fsdp || ep) + (mesh.size(Dim::tp) > 1) + (mesh.size(Dim::pp) > 1) > 1)
     return make_error(errc::unimplemented, who + ": mesh " + mesh.describe() +
-                                               " combines fsdp, ep, tp and pp, which the trainer does not yet; use "
-                                               "one of them, with dp");
+                                               " combines tp or pp with another cut, which the trainer does not yet; "
+                                               "use one of fsdp (with ep), tp and pp, with dp");
   return {};
 }
 

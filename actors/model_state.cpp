@@ -188,14 +188,16 @@ caf::error ModelState::refused_when_cut(const std::string& what) const {
 
 std::string ModelState::optimizer_file() const {
   if (!model_parallel()) return "optimizer.safetensors";
-  // Named by the coordinate the model is cut along: the dp replicas of a
-  // part hold the same state, so a run may resume with another dp size.
+  // Named by the coordinates the model is cut along (fsdp with ep: both):
+  // the dp replicas of a part hold the same state, so a run may resume
+  // with another dp size.
   using placement::Dim;
+  std::string name = "optimizer";
   for (Dim d : {Dim::fsdp, Dim::ep, Dim::tp, Dim::pp})
     if (mesh_.size(d) > 1)
-      return "optimizer-" + std::string{to_string(d)} + std::to_string(mesh_.coord(ctx_.rank, d)) + "-of-" +
-             std::to_string(mesh_.size(d)) + ".safetensors";
-  return "optimizer.safetensors";
+      name += "-" + std::string{to_string(d)} + std::to_string(mesh_.coord(ctx_.rank, d)) + "-of-" +
+              std::to_string(mesh_.size(d));
+  return name + ".safetensors";
 }
 
 Result<Trainer*> ModelState::trainer(const std::string& adapter) {

@@ -169,21 +169,36 @@ struct Trainer::Impl {
   struct Vote {
     bool any_pass = false, any_failed = false;
   };
+  /// With fsdp and ep both, over the fsdp group and then the ep group: every
+  /// rank of the block they span.
   Result<Vote> vote(bool mine, bool failed) {
     if (fsdp) {
       auto v = fsdp->vote(mine, failed);
       if (!v) return v.error();
-      return Vote{v->any_pass, v->any_failed};
+      mine = v->any_pass;
+      failed = v->any_failed;
     }
-    std::vector<at::Tensor> t{at::tensor({mine ? 1.0 : 0.0, failed ? 1.0 : 0.0}, at::kDouble)};
-    if (auto ok = all_reduce_sum(*ep_group(), t); !ok) return ok.error();
-    return Vote{t[0][0].item<double>() > 0, t[0][1].item<double>() > 0};
+    if (auto* e = ep_group()) {
+      std::vector<at::Tensor> t{at::tensor({mine ? 1.0 : 0.0, failed ? 1.0 : 0.0}, at::kDouble)};
+      if (auto ok = all_reduce_sum(*e, t); !ok) return ok.error();
+      mine = t[0][0].item<double>() > 0;
+      failed = t[0][1].item<double>() > 0;
+    }
+    return Vote{mine, failed};
+  }
+  /// The groups a pass is collective over, for messages.
+  const char* pass_groups() const { return fsdp && ep_group() ? "fsdp and ep" : fsdp ? "fsdp" : "ep"; }
+  /// Whether trained parameter `name` (params()) is this ep rank's own
+  /// experts (or their fsdp shard), which no other ep rank holds.
+  bool expert_param(const std::string& name) const {
+    return fsdp ? fsdp->holds_experts(name) : ep::expert_of(name) >= 0;
   }
   /// With FSDP: a pass of a one-token row whose loss is 0, for a rank with
   /// no pass of its own while others run one (the same collectives).
   Result<void> idle_pass(const PassOptions& pass);
-  /// The group the model is cut over (fsdp, tp or pp; create refuses
-  /// their mixes), or null when this rank holds it whole.
+  /// The group the model is cut over (fsdp, tp, pp or ep; create refuses
+  /// mixes other than fsdp with ep, where this is fsdp's), or null when this
+  /// rank holds it whole.
   ProcessGroup* model_parallel_group() const {
     if (fsdp) return &fsdp->group();
     for (const auto* g : {&cfg.tp_group, &cfg.pp_group})
@@ -233,10 +248,9 @@ Result<Trainer> Trainer::create(CausalLM model, TrainConfig cfg) {
     for (auto& [n, p] : impl->model.impl().params) p.requires_grad_(true);
   }
   const auto size = [](const std::shared_ptr<ProcessGroup>& g) { return g ? g->size() : 1; };
-  if (size(cfg.ep_group) > 1 &&
-      (!cfg.adapter.empty() || size(cfg.fsdp_group) > 1 || size(cfg.tp_group) > 1 || size(cfg.pp_group) > 1))
-    return make_error(errc::unimplemented, "expert parallelism with an adapter, fsdp_group, tp_group or pp_group is "
-                                           "not built yet (ep combines with dp)");
+  if (size(cfg.ep_group) > 1 && (!cfg.adapter.empty() || size(cfg.tp_group) > 1 || size(cfg.pp_group) > 1))
+    return make_error(errc::unimplemented, "expert parallelism with an adapter, tp_group or pp_group is "
+                                           "not built yet (ep combines with dp and fsdp)");
   if (cfg.tp_group && cfg.tp_group->size() > 1) {
     if (!cfg.adapter.empty() || (cfg.fsdp_group && cfg.fsdp_group->size() > 1))
       return make_error(errc::unimplemented, "tensor parallelism with an adapter or with fsdp_group is not built yet");
@@ -599,7 +613,7 @@ Result<void> same_batch_on_ranks(ProcessGroup& tp, const char* group, const Trai
     mix_value(t->defined());
     if (!t->defined()) continue;
     mix_value(static_cast<int>(t->dtype()));
-    for (int64_t d = 0; d < t->dims(); ++d) mix_value(t->size(d));
+    for (size_t d = 0; d < t->dims(); ++d) mix_value(t->size(d));
     auto c = to_torch(*t).contiguous();
     mix(c.data_ptr(), c.nbytes());
   }
@@ -1136,7 +1150,7 @@ Result<Metrics> Trainer::forward_backward(const TrainBatch& b, const LossSpec& s
   // failed on any rank voids the call on every rank: the gradients of the
   // passes before it were already summed into every rank's shards (FSDP) or
   // experts (ep).
-  const char* group = im.fsdp ? "fsdp" : "ep";
+  const char* group = im.pass_groups();
   const auto counts = std::tuple{im.accumulated, im.micro_batches, im.summed};
   std::vector<at::Tensor> saved;
   for (auto& [n, p] : im.params()) saved.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor{});
@@ -1178,9 +1192,11 @@ namespace {
 // others whole on every rank (counted once), then the gradients clipped to
 // max_norm. `also` are summed over `g` in the same collective, before the
 // whole ones' squares are taken (tensor parallelism's partial gradients).
+// `outer`: every rank of it holds other parts of both kinds (fsdp shards,
+// with ep as `g`): the total is summed over it too.
 Result<double> clip_split_norm(const ParamList& params, ProcessGroup& g,
                                const std::function<bool(const std::string&)>& split, std::vector<at::Tensor> also,
-                               double max_norm) {
+                               double max_norm, ProcessGroup* outer = nullptr) {
   c10::NoGradGuard no_grad;
   auto split_sq = at::zeros({1}, at::kDouble);
   for (const auto& [n, p] : params)
@@ -1190,7 +1206,10 @@ Result<double> clip_split_norm(const ParamList& params, ProcessGroup& g,
   double whole_sq = 0;
   for (const auto& [n, p] : params)
     if (!split(n) && p.grad().defined()) whole_sq += grad_squares(p.grad());
-  const double norm = std::sqrt(also.back().item<double>() + whole_sq);
+  std::vector<at::Tensor> total{also.back() + whole_sq};
+  if (outer)
+    if (auto ok = all_reduce_sum(*outer, total); !ok) return ok.error();
+  const double norm = std::sqrt(total[0].item<double>());
   std::vector<at::Tensor> grads;
   for (const auto& [n, p] : params) grads.push_back(p.grad());
   clip_to_norm(grads, norm, max_norm);
@@ -1223,16 +1242,18 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   if (params.empty()) return make_error(errc::failed_precondition, "adapter '" + impl_->cfg.adapter + "' was removed");
   double total = impl_->accumulated;
   double summed = static_cast<double>(impl_->summed);
+  // A gradient this step did not produce (an expert no token was routed
+  // to) is zero: the parameter steps (its weight decay, its moments) as
+  // every other does, in one process as over ranks, where every rank must
+  // send the same tensors and FSDP's shards always have one.
+  for (auto& [n, p] : params)
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
   if (distributed) {
-    // Every rank must send the same tensors: a gradient a rank did not
-    // produce (a module its batch skipped) counts as zero.
-    for (auto& [n, p] : params)
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
     for (auto* g : groups) {
       std::vector<at::Tensor> parts;
       if (!(sharded && fsdp && g == &fsdp->group()))
         for (auto& [n, p] : params)
-          if (g != epg || ep::expert_of(n) < 0) parts.push_back(p.grad());
+          if (g != epg || !impl_->expert_param(n)) parts.push_back(p.grad());
       parts.push_back(at::tensor({total, summed}, at::kDouble));
       if (auto ok = all_reduce_sum(*g, parts); !ok) {
         zero_grad();
@@ -1301,6 +1322,17 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
     std::vector<at::Tensor> grads;
     for (auto& [n, p] : params) grads.push_back(p.grad());
     clip_to_norm(grads, norm, impl_->cfg.optimizer.max_grad_norm);
+  } else if (sharded && epg) {
+    // Each ep rank's experts' shards are its own (squares summed over ep),
+    // the rest's are the same on every ep rank; both summed over fsdp.
+    auto n = clip_split_norm(
+        params, *epg, [&](const std::string& name) { return impl_->expert_param(name); }, {},
+        impl_->cfg.optimizer.max_grad_norm, &fsdp->group());
+    if (!n) {
+      zero_grad();
+      return n.error();
+    }
+    norm = *n;
   } else if (sharded) {
     // The global norm: every shard's squares, summed over the fsdp group.
     auto n = clip_grad_norm(fsdp->units(), fsdp->group(), impl_->cfg.optimizer.max_grad_norm);
@@ -1312,7 +1344,7 @@ Result<Metrics> Trainer::clip_grad_and_step() try {
   } else if (epg) {
     // Each rank's experts are its own; the rest is replicated.
     auto n = clip_split_norm(
-        params, *epg, [](const std::string& name) { return ep::expert_of(name) >= 0; }, {},
+        params, *epg, [&](const std::string& name) { return impl_->expert_param(name); }, {},
         impl_->cfg.optimizer.max_grad_norm);
     if (!n) {
       zero_grad();
@@ -1436,7 +1468,7 @@ Result<Tensor> Trainer::forward_only(const TokenBatch& batch, const std::string&
   // agree first that every rank's batch and adapter can run, so that one
   // that cannot fails the call everywhere instead of leaving the others in
   // an exchange.
-  if (auto* epg = im.ep_group()) {
+  if (im.ep_group()) {
     Result<void> mine{};
     if (!adapter.empty()) {
       if (auto a = im.model.impl().adapter(adapter); !a) mine = a.error();
@@ -1508,11 +1540,32 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
   if (const auto& dp = im.cfg.dp_group; dp && dp->size() > 1 && dp->rank() != 0) return {};  // a replica of dp rank 0's
   ProcessGroup* mp = im.model_parallel_group();
   Fsdp* fsdp = im.fsdp.get();
+  // With fsdp and ep: each fsdp group gathers its units, and over the ep
+  // group of fsdp rank 0 the experts go to its ep rank 0, the sender.
+  ProcessGroup* epg = fsdp ? im.ep_group() : nullptr;
   if (fsdp) fsdp->release_all();
-  const bool sender = !mp || mp->rank() == 0;
+  const bool sender = (!mp || mp->rank() == 0) && (!epg || epg->rank() == 0);
   const auto order = model_detail::parameter_shapes(m.cfg);  // (name, shape), in Hugging Face's order
   std::optional<size_t> held;  // the FSDP unit gathered now
   size_t done = 0;             // the parameters fetched, in order
+  // Parameter `name` from rank `owner` of `g` to its rank 0 (the sender's
+  // copy; nothing elsewhere).
+  auto from_owner = [&](ProcessGroup& g, int owner, const std::string& name, int index) -> Result<at::Tensor> {
+    const int tag = (1 << 20) + index;
+    if (owner == 0) return g.rank() == 0 ? m.params.at(name).detach().clone() : at::Tensor{};
+    if (g.rank() == owner) {
+      auto t = from_torch(m.params.at(name).detach().contiguous());
+      if (!t) return t.error();
+      if (auto ok = g.send(*t, 0, tag); !ok) return ok.error();
+    } else if (g.rank() == 0) {
+      auto got = at::empty(order[static_cast<size_t>(index)].second, m.options());
+      auto t = from_torch(got);
+      if (!t) return t.error();
+      if (auto ok = g.recv(*t, owner, tag); !ok) return ok.error();
+      return got;
+    }
+    return at::Tensor{};
+  };
   auto fetch_here = [&](const std::string& name) -> Result<at::Tensor> {
     if (done >= order.size() || order[done].first != name)
       return make_error(errc::internal, what + " asked for " + name + " out of Hugging Face's order");
@@ -1526,26 +1579,15 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
         if (auto ok = fsdp->gather_unit_to_read(u); !ok) return ok.error();
         held = u;
       }
+      if (epg && mp->rank() == 0) return from_owner(*epg, std::max(0, ep::owner_of(m.cfg, epg->size(), name)), name, index);
       return sender ? m.params.at(name).detach().clone() : at::Tensor{};
     }
     if (m.tp) return tp::gather_whole(name, m.params.at(name), *mp);
     // Pipeline stages, or expert-parallel ranks: the one holding it sends
     // it to the first (every ep rank holds the replicated parameters).
-    const int owner = m.ep ? std::max(0, ep::owner_of(m.cfg, mp->size(), name)) : pp::stage_of(m.cfg, mp->size(), name),
-              tag = (1 << 20) + index;
+    const int owner = m.ep ? std::max(0, ep::owner_of(m.cfg, mp->size(), name)) : pp::stage_of(m.cfg, mp->size(), name);
     if (owner == 0) return sender ? m.params.at(name) : at::Tensor{};
-    if (mp->rank() == owner) {
-      auto t = from_torch(m.params.at(name).detach().contiguous());
-      if (!t) return t.error();
-      if (auto ok = mp->send(*t, 0, tag); !ok) return ok.error();
-    } else if (sender) {
-      auto got = at::empty(order[static_cast<size_t>(index)].second, m.options());
-      auto t = from_torch(got);
-      if (!t) return t.error();
-      if (auto ok = mp->recv(*t, owner, tag); !ok) return ok.error();
-      return got;
-    }
-    return at::Tensor{};
+    return from_owner(*mp, owner, name, index);
   };
   // No exception may skip this rank's part in a collective the others make.
   FetchWhole fetch = [&](const std::string& name) -> Result<at::Tensor> {
@@ -1570,7 +1612,9 @@ Result<void> walk_whole(Trainer::Impl& im, const std::string& what,
   if (held) fsdp->release_unit(*held);
   if (!mp) return mine;
   std::vector<at::Tensor> failed{at::tensor({mine ? 0.0 : 1.0}, at::kDouble)};
-  if (auto ok = all_reduce_sum(*mp, failed); !ok) return mine ? ok : mine;
+  for (auto* g : {mp, epg})
+    if (g)
+      if (auto ok = all_reduce_sum(*g, failed); !ok) return mine ? ok : mine;
   if (!mine) return mine;
   if (failed[0].item<double>() > 0)
     return make_error(errc::unavailable, what + " failed on another rank of its group (rank 0 sends; its error "

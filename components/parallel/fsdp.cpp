@@ -1,6 +1,7 @@
 #include "components/parallel/fsdp.hpp"
 
 #include "components/comm/process_group_impl.hpp"
+#include "components/parallel/expert_parallel.hpp"
 
 #include <c10/core/GradMode.h>
 
@@ -29,32 +30,57 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
   f->model_ = &model;
   f->pg_ = std::move(pg);
   f->train_ = train;
-  // Parameters per unit, in the model's (Hugging Face's) order.
-  std::vector<std::vector<std::string>> names(static_cast<size_t>(L + 1));
+  f->layers_ = L;
+  // Parameters per unit, in the model's (Hugging Face's) order: layers
+  // 0..L-1, the rest, then (expert-parallel) each sparse layer's experts.
+  // An expert-parallel rank holds experts of its own: they are a unit of
+  // their own, whose gradient is complete after the fsdp reduce, while the
+  // replicated units' are summed over ep besides (the trainer).
+  std::vector<std::vector<std::string>> names(static_cast<size_t>(L + 1)), experts(static_cast<size_t>(L));
   for (const auto& n : model.names) {
     const auto l = layer_of(n);
-    names[static_cast<size_t>(l < 0 ? L : l)].push_back(n);
+    if (model.ep && l >= 0 && ep::expert_of(n) >= 0) experts[static_cast<size_t>(l)].push_back(n);
+    else names[static_cast<size_t>(l < 0 ? L : l)].push_back(n);
   }
+  f->expert_unit_.assign(static_cast<size_t>(L), 0);
+  for (int64_t l = 0; l < L; ++l)
+    if (!experts[static_cast<size_t>(l)].empty()) {
+      f->expert_unit_[static_cast<size_t>(l)] = names.size();
+      names.push_back(std::move(experts[static_cast<size_t>(l)]));
+    }
   const int shards = f->pg_->size(), rank = f->pg_->rank();
   // Refused from the first unit on: a failure part of the way leaves
   // earlier units' bytes freed.
   model.sharded_by = "FSDP over " + std::to_string(shards) + " ranks";
-  for (int64_t u = 0; u <= L; ++u) {
+  // The rank in the name: one rank's optimizer state is refused by another
+  // (and an expert-parallel rank's experts by another's).
+  const auto prefix = "fsdp" + std::to_string(rank) + "of" + std::to_string(shards);
+  const auto expert_prefix =
+      model.ep ? prefix + ".ep" + std::to_string(model.ep->pg->rank()) + "of" + std::to_string(model.ep->pg->size()) : "";
+  for (size_t u = 0; u < names.size(); ++u) {
     std::vector<at::Tensor> params;
-    for (const auto& n : names[static_cast<size_t>(u)]) {
+    std::vector<bool> routed;
+    for (const auto& n : names[u]) {
       auto& p = model.params.at(n);
       p.requires_grad_(train);
       params.push_back(p);
+      routed.push_back(ep::expert_of(n) >= 0);  // an expert no token reached has no gradient
     }
+    f->routed_.push_back(std::move(routed));
     auto flat = FlatParam::shard(params, shards, rank);
-    if (!flat) return with_context(flat.error(), u < L ? "decoder layer " + std::to_string(u) : "the embeddings");
-    // The rank in the name: one rank's optimizer state is refused by another.
-    const auto prefix = "fsdp" + std::to_string(rank) + "of" + std::to_string(shards);
-    const auto name = u < L ? prefix + ".layers." + std::to_string(u) : prefix + ".rest";
+    const auto layer = u < static_cast<size_t>(L) ? std::to_string(u)
+                       : u > static_cast<size_t>(L) ? std::to_string(layer_of(names[u].front()))
+                                                    : std::string{};
+    if (!flat)
+      return with_context(flat.error(), u < static_cast<size_t>(L)   ? "decoder layer " + layer
+                                        : u > static_cast<size_t>(L) ? "the experts of decoder layer " + layer
+                                                                     : "the embeddings");
+    const auto name = u < static_cast<size_t>(L)   ? prefix + ".layers." + layer
+                      : u > static_cast<size_t>(L) ? expert_prefix + ".layers." + layer + ".experts"
+                                                   : prefix + ".rest";
     // Which elements decay: the parameters' rule, element by element.
     std::vector<at::Tensor> parts;
-    for (const auto& n : names[static_cast<size_t>(u)])
-      parts.push_back(at::full({model.params.at(n).numel()}, decays(n), at::kBool));
+    for (const auto& n : names[u]) parts.push_back(at::full({model.params.at(n).numel()}, decays(n), at::kBool));
     auto mask = at::cat(parts);
     mask = at::cat({mask, at::zeros({flat->padded_numel() - flat->numel()}, at::kBool)});
     f->decay_[name] = mask.narrow(0, rank * flat->shard_numel(), flat->shard_numel()).clone();
@@ -68,7 +94,7 @@ Result<std::unique_ptr<Fsdp>> Fsdp::shard(CausalLM::Impl& model, std::shared_ptr
     p->forward_done_ = l + 1;
   };
   f->hooks_.exit = [p = f.get()](int64_t l, at::Tensor out) {
-    p->units_[static_cast<size_t>(l)].free_full();
+    p->free_unit(static_cast<size_t>(l));
     // A forward without gradients (log-probs only) needs no backward:
     // end_pass runs its collectives with zeros.
     if (!at::GradMode::is_enabled()) return out;
@@ -91,21 +117,45 @@ Fsdp::~Fsdp() = default;
 // A collective that failed leaves this rank out of step with the others
 // (which issued it or not): the group is unusable from then on.
 void Fsdp::gather_unit(size_t u) {
-  if (auto ok = units_[u].gather(*pg_); !ok) throw_error(broken_by(ok.error()));
+  for (auto* f : unit_parts(u))
+    if (auto ok = f->gather(*pg_); !ok) throw_error(broken_by(ok.error()));
+}
+
+const std::vector<bool>& Fsdp::routed_of(const FlatParam* unit) const {
+  return routed_[static_cast<size_t>(unit - units_.data())];
+}
+
+std::vector<FlatParam*> Fsdp::unit_parts(size_t u) {
+  std::vector<FlatParam*> out{&units_[u]};
+  if (u < expert_unit_.size() && expert_unit_[u] > 0) out.push_back(&units_[expert_unit_[u]]);
+  return out;
+}
+
+void Fsdp::free_unit(size_t u) {
+  for (auto* f : unit_parts(u)) f->free_full();
+}
+
+bool Fsdp::holds_experts(const std::string& shard) const {
+  for (size_t u = static_cast<size_t>(layers_) + 1; u < unit_names_.size(); ++u)
+    if (unit_names_[u] == shard) return true;
+  return false;
 }
 
 // Layer (or the rest) `u`'s gradients of this pass, summed over the group
 // into its shard's; `check`: every parameter must have one (the backward
-// ran through the unit), else autograd did not finish it where planned.
+// ran through the unit; a routed expert no token reached has none), else
+// autograd did not finish it where planned.
 void Fsdp::reduce_unit(size_t u, bool check) {
-  auto& unit = units_[u];
-  if (check)
-    for (const auto& p : unit.params())
-      if (!p.grad().defined())
-        throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
-                                            " has no gradient when its reduce is due"));
-  if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) throw_error(broken_by(ok.error()));
-  unit.free_full();
+  for (auto* unit : unit_parts(u)) {
+    const auto& routed = routed_of(unit);
+    if (check)
+      for (size_t i = 0; i < unit->params().size(); ++i)
+        if (!unit->params()[i].grad().defined() && !routed[i])
+          throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
+                                              " has no gradient when its reduce is due"));
+    if (auto ok = unit->reduce_grads(*pg_, /*average=*/false); !ok) throw_error(broken_by(ok.error()));
+    unit->free_full();
+  }
 }
 
 // Autograd reached layer `l`'s output (or end_pass stands in for it): the
@@ -124,7 +174,7 @@ void Fsdp::finish_pending(bool check) {
   const auto above = static_cast<size_t>(pending_);
   pending_ = -1;
   if (train_) reduce_unit(above, check);
-  else units_[above].free_full();
+  else free_unit(above);
 }
 
 const caf::error& Fsdp::broken_by(const caf::error& e) {
@@ -143,7 +193,7 @@ Result<void> Fsdp::begin_pass(const LoraAdapter* lora) {
   if (auto ok = usable(); !ok) return ok;
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a pass began inside another");
   if (gathered_all_) release_all();
-  const auto L = static_cast<int64_t>(units_.size()) - 1;
+  const auto L = layers_;
   // Which layers the backward reaches: all when the base trains, else those
   // at or above the lowest layer an adapter adapts.
   int64_t lowest = train_ ? 0 : L;
@@ -168,12 +218,12 @@ Result<void> Fsdp::begin_pass(const LoraAdapter* lora) {
 Result<void> Fsdp::end_pass() try {
   if (!in_pass_) return {};
   in_pass_ = false;
-  const auto L = static_cast<int64_t>(units_.size()) - 1;
+  const auto L = layers_;
   c10::NoGradGuard no_grad;
   // A forward stopped part of the way: its remaining gathers.
   for (int64_t l = forward_done_; l < L; ++l) {
     gather_unit(static_cast<size_t>(l));
-    units_[static_cast<size_t>(l)].free_full();
+    free_unit(static_cast<size_t>(l));
   }
   // The backward's remaining steps, with whatever gradients there are
   // (none: zeros): unchecked, as the backward may not have run.
@@ -219,17 +269,21 @@ Result<void> Fsdp::gather_all() {
 
 size_t Fsdp::unit_of(const std::string& name) const {
   const auto l = layer_of(name);
-  return static_cast<size_t>(l < 0 ? static_cast<int64_t>(units_.size()) - 1 : l);
+  return static_cast<size_t>(l < 0 ? layers_ : l);
 }
 
 Result<void> Fsdp::gather_unit_to_read(size_t unit) {
   if (auto ok = usable(); !ok) return ok;
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a unit gathered to read inside a pass");
-  if (auto ok = units_.at(unit).gather(*pg_); !ok) return broken_by(ok.error());
+  for (auto* f : unit_parts(unit))
+    if (auto ok = f->gather(*pg_); !ok) {
+      free_unit(unit);
+      return broken_by(ok.error());
+    }
   return {};
 }
 
-void Fsdp::release_unit(size_t unit) { units_.at(unit).free_full(); }
+void Fsdp::release_unit(size_t unit) { free_unit(unit); }
 
 void Fsdp::release_all() {
   for (auto& u : units_) u.free_full();

@@ -1,7 +1,9 @@
 #pragma once
 /// `Fsdp`: a CausalLM's base parameters fully sharded over a process group
 /// (FSDP, ZeRO-3): one FlatParam per decoder layer and one for the rest
-/// (the embeddings, the final norm and an untied LM head), each rank
+/// (the embeddings, the final norm and an untied LM head), and on an
+/// expert-parallel model one more per sparse layer for the experts this ep
+/// rank holds (sharded over the ranks holding the same experts), each rank
 /// holding one shard of each, its gradient and (in the trainer) its
 /// optimizer state.
 ///
@@ -86,9 +88,14 @@ public:
   Result<void> gather_unit_to_read(size_t unit);
   void release_unit(size_t unit);
 
-  /// The shards, for the optimizer: ("fsdp.layers.L" or "fsdp.rest", the
-  /// shard), each a 1-d leaf that requires grad when the base trains.
+  /// The shards, for the optimizer: ("fsdpRofN.layers.L", "fsdpRofN.rest"
+  /// or, on an expert-parallel model, "fsdpRofN.epEofP.layers.L.experts";
+  /// the shard), each a 1-d leaf that requires grad when the base trains.
   ParamList shards() const;
+  /// Whether the shard named `shard` (shards()) holds this expert-parallel
+  /// rank's own experts (its gradient is whole after the fsdp reduce),
+  /// rather than parameters every ep rank holds.
+  bool holds_experts(const std::string& shard) const;
   /// Per shard, which elements weight decay applies to (decays() of the
   /// parameter each element belongs to; the padding does not decay).
   const std::map<std::string, at::Tensor>& decay_masks() const { return decay_; }
@@ -99,6 +106,9 @@ public:
 private:
   Fsdp() = default;
   void gather_unit(size_t u);  // throw: they run inside the forward and the backward
+  void free_unit(size_t u);
+  // Layer (or the rest) u's flat params: its own, and its experts' (ep).
+  std::vector<FlatParam*> unit_parts(size_t u);
   void reduce_unit(size_t u, bool check);
   void backward_reached(int64_t layer, bool check);
   void finish_pending(bool check);
@@ -107,7 +117,11 @@ private:
   CausalLM::Impl* model_ = nullptr;
   std::shared_ptr<ProcessGroup> pg_;
   bool train_ = false;
-  std::vector<FlatParam> units_;  // layers 0..L-1, then the rest
+  int64_t layers_ = 0;
+  std::vector<FlatParam> units_;     // layers 0..L-1, the rest, then the experts of sparse layers (ep)
+  std::vector<size_t> expert_unit_;  // per layer: its experts' unit, or 0 (none)
+  std::vector<std::vector<bool>> routed_;  // per unit, per parameter: a routed expert's
+  const std::vector<bool>& routed_of(const FlatParam* unit) const;
   std::vector<std::string> unit_names_;
   std::map<std::string, at::Tensor> decay_;
   PassOptions::LayerHooks hooks_;

@@ -126,13 +126,15 @@ struct Run {
 };
 
 // kSteps AdamW steps with clipping on the whole batch in one process.
-Run one_process(const json& j) {
+Run one_process(const json& j, const std::vector<TrainBatch>& bs = {batch()}) {
   auto tr = Trainer::create(sharp_model(j, 7), kTrain);
   EXPECT_TRUE(tr) << describe(tr.error());
   Run out;
   for (int s = 0; s < kSteps; ++s) {
-    auto m = tr->forward_backward(batch(), {});
-    EXPECT_TRUE(m) << describe(m.error());
+    for (const auto& b : bs) {
+      auto m = tr->forward_backward(b, {});
+      EXPECT_TRUE(m) << describe(m.error());
+    }
     auto st = tr->clip_grad_and_step();
     EXPECT_TRUE(st) << describe(st.error());
     out.norms.push_back(st->at("grad_norm"));
@@ -155,6 +157,35 @@ void trains_as(Trainer& tr, const TrainBatch& rows, const Run& single, int rank)
   }
   for (const auto& [n, p] : tr.model().impl().params)
     EXPECT_TRUE(near(p, single.model.impl().params.at(n), 1e-10)) << "rank " << rank << " " << n;
+}
+
+// Saves `tr`'s model whole to `path` and streams its parameters, each equal
+// to the one-process run's; the names rank 0's sink saw go to `streamed`.
+void saves_and_streams(Trainer& tr, const std::string& path, const Run& single, std::vector<std::string>& streamed,
+                       std::mutex& mu) {
+  auto saved = tr.save_model(path);
+  ASSERT_TRUE(saved) << describe(saved.error());
+  auto ok = tr.stream_parameters(1 << 12, [&](NamedTensors bucket) -> Result<void> {
+    std::lock_guard lock(mu);
+    for (auto& [n, t] : bucket) {
+      EXPECT_TRUE(near(to_torch(t), single.model.impl().params.at(n), 1e-10)) << n;
+      streamed.push_back(n);
+    }
+    return {};
+  });
+  ASSERT_TRUE(ok) << describe(ok.error());
+}
+
+// Every parameter streamed once, in Hugging Face's order, and the saved
+// directory the one-process run's model (to the f32 it is saved in).
+void saved_whole(const std::string& path, const Run& single, const std::vector<std::string>& streamed) {
+  std::vector<std::string> order;
+  for (const auto& [n, shape] : model_detail::parameter_shapes(single.model.config())) order.push_back(n);
+  EXPECT_EQ(streamed, order) << "every parameter once, in Hugging Face's order, from rank 0's sink";
+  auto loaded = CausalLM::load(path);
+  ASSERT_TRUE(loaded) << describe(loaded.error());
+  for (const auto& [n, p] : single.model.impl().params)
+    EXPECT_TRUE(near(loaded->impl().params.at(n).to(at::kDouble), p, 1e-6)) << n;
 }
 
 // Rank r of 2 takes rows [0, 3) (rank 0, one row per pass: three passes) or
@@ -248,17 +279,7 @@ TEST(ExpertParallel, ASaveAtEpTwoLoadsAtAnyEpAndStreamsWhole) {
       ASSERT_TRUE(tr->forward_backward(share(r), {}));
       ASSERT_TRUE(tr->clip_grad_and_step());
     }
-    auto saved = tr->save_model(path);
-    ASSERT_TRUE(saved) << describe(saved.error());
-    auto ok = tr->stream_parameters(1 << 12, [&](NamedTensors bucket) -> Result<void> {
-      std::lock_guard lock(mu);
-      for (auto& [n, t] : bucket) {
-        EXPECT_TRUE(near(to_torch(t), single.model.impl().params.at(n), 1e-10)) << n;
-        streamed.push_back(n);
-      }
-      return {};
-    });
-    ASSERT_TRUE(ok) << describe(ok.error());
+    saves_and_streams(*tr, path, single, streamed, mu);
     states[static_cast<size_t>(r)] = tr->optimizer_state();
     ASSERT_TRUE(pg.barrier());
     const auto& theirs = states[static_cast<size_t>(1 - r)];
@@ -266,13 +287,7 @@ TEST(ExpertParallel, ASaveAtEpTwoLoadsAtAnyEpAndStreamsWhole) {
     const auto& own = states[static_cast<size_t>(r)];
     EXPECT_TRUE(tr->load_optimizer_state(std::map<std::string, Tensor>(own.begin(), own.end())));
   });
-  std::vector<std::string> order;
-  for (const auto& [n, shape] : model_detail::parameter_shapes(single.model.config())) order.push_back(n);
-  EXPECT_EQ(streamed, order) << "every parameter once, in Hugging Face's order, from rank 0's sink";
-  auto loaded = CausalLM::load(path);
-  ASSERT_TRUE(loaded) << describe(loaded.error());
-  for (const auto& [n, p] : single.model.impl().params)
-    EXPECT_TRUE(near(loaded->impl().params.at(n).to(at::kDouble), p, 1e-6)) << n;
+  saved_whole(path, single, streamed);
   auto expected = single.model.forward(batch().tokens);
   ASSERT_TRUE(expected);
   on_ranks(2, [&](int r, ProcessGroup& pg) {
@@ -299,6 +314,85 @@ TEST(ExpertParallel, EpCombinesWithDataParallelism) {
     auto tr = Trainer::create(sharp_model(j, 7), mine);
     ASSERT_TRUE(tr) << describe(tr.error());
     trains_as(*tr, rows_of(batch(), rank, 1), single, rank);
+  });
+}
+
+// ep 2 x fsdp 2 (4 ranks: ep within fsdp, each its own quarter of a batch;
+// the replicated parameters sharded over all four, each ep rank's experts
+// over the two fsdp ranks that hold them) equals one process on the whole
+// batch: gradient norms and parameters, both models. Rank 0 takes two
+// passes (micro_batch_rows 1 on two rows) while the others join with none.
+// It then saves whole and streams every parameter once from rank 0.
+TEST(ExpertParallel, EpCombinesWithFsdp) {
+  for (const auto& j : {qwen3_moe_json(), qwen2_moe_json()}) {
+    auto cj = j;
+    cj["output_router_logits"] = false;
+    SCOPED_TRACE(cj["model_type"].get<std::string>());
+    const auto single = one_process(cj);
+    const auto path = glint::testing::fresh_dir("ep_fsdp_save") + "/model";
+    std::vector<std::string> streamed;
+    std::mutex mu;
+    on_grid(2, 2, [&](int rank, ProcessGroup& ep, ProcessGroup& fsdp) {
+      auto mine = kTrain;
+      mine.ep_group = borrowed(ep);
+      mine.fsdp_group = borrowed(fsdp);
+      mine.micro_batch_rows = rank == 0 ? 1 : 0;
+      auto tr = Trainer::create(sharp_model(cj, 7), mine);
+      ASSERT_TRUE(tr) << describe(tr.error());
+      // Rank 0: rows 0 and 1 (two passes); rank 1: row 2; rank 2: row 3; rank 3: none.
+      const TrainBatch rows = rank == 0 ? rows_of(batch(), 0, 2) : rows_of(batch(), std::min(rank + 1, 3), 1);
+      for (int s = 0; s < kSteps; ++s) {
+        auto m = rank == 3 ? tr->forward_backward(rows_of(batch(), 0, 0), {}) : tr->forward_backward(rows, {});
+        if (rank != 3) {
+          ASSERT_TRUE(m) << describe(m.error());
+        } else {
+          ASSERT_FALSE(m);  // no rows: left out, joining the others' passes with none
+          EXPECT_NE(describe(m.error()).find("input_ids is empty"), std::string::npos) << describe(m.error());
+        }
+        auto st = tr->clip_grad_and_step();
+        ASSERT_TRUE(st) << describe(st.error());
+        const double want = single.norms[static_cast<size_t>(s)];
+        EXPECT_NEAR(st->at("grad_norm"), want, 1e-10 * want) << "rank " << rank << " step " << s;
+      }
+      ASSERT_TRUE(tr->gather_parameters());
+      for (const auto& [n, p] : tr->model().impl().params)
+        EXPECT_TRUE(near(p, single.model.impl().params.at(n), 1e-10)) << "rank " << rank << " " << n;
+      tr->release_parameters();
+      saves_and_streams(*tr, path, single, streamed, mu);
+    });
+    saved_whole(path, single, streamed);
+  }
+}
+
+// FSDP alone on a mixture-of-experts model (each layer's unit holds all its
+// experts) equals one process. Rank 1's row has 2 tokens (4 of 8 experts
+// reached at most): it has no gradient for the others, which count as zeros
+// (an expert no rank reached steps with a zero gradient, as in one process).
+// The reference runs the rows in two calls, and padded in one: the same.
+TEST(ExpertParallel, FsdpAloneTrainsAMixtureOfExperts) {
+  const auto j = qwen3_moe_json();
+  const TrainBatch both{.tokens = {.input_ids = ids_of({{1, 2, 3, 4, 5, 6, 7}, {9, 4, 0, 0, 0, 0, 0}}),
+                                   .attention_mask = ids_of({{1, 1, 1, 1, 1, 1, 1}, {1, 1, 0, 0, 0, 0, 0}})}};
+  const TrainBatch row0{.tokens = {.input_ids = ids_of({{1, 2, 3, 4, 5, 6, 7}})}};
+  const TrainBatch row1{.tokens = {.input_ids = ids_of({{9, 4}})}};
+  const auto single = one_process(j, {row0, row1});
+  const auto padded = one_process(j, {both});
+  for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(padded.norms[s], single.norms[s], 1e-10) << "padding";
+  on_ranks(2, [&](int r, ProcessGroup& pg) {
+    auto mine = kTrain;
+    mine.fsdp_group = borrowed(pg);
+    auto tr = Trainer::create(sharp_model(j, 7), mine);
+    ASSERT_TRUE(tr) << describe(tr.error());
+    for (int s = 0; s < kSteps; ++s) {
+      auto m = tr->forward_backward(r == 0 ? row0 : row1, {});
+      ASSERT_TRUE(m) << describe(m.error());
+      auto st = tr->clip_grad_and_step();
+      ASSERT_TRUE(st) << describe(st.error());
+      EXPECT_NEAR(st->at("grad_norm"), single.norms[static_cast<size_t>(s)], 1e-10 * single.norms[static_cast<size_t>(s)]);
+    }
+    ASSERT_TRUE(tr->gather_parameters());
+    for (const auto& [n, p] : tr->model().impl().params)
+      EXPECT_TRUE(near(p, single.model.impl().params.at(n), 1e-10)) << "rank " << r << " " << n;
   });
 }
 

@@ -1,0 +1,211 @@
+#include "components/model/gated_deltanet.hpp"
+
+#include "components/comm/process_group_impl.hpp"  // throw_error
+
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace glint::components::gdn {
+
+namespace {
+
+std::string shape(const at::Tensor& t) {
+  if (!t.defined()) return "none";
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+[[noreturn]] void refuse(const std::string& why) {
+  throw_error(make_error(errc::invalid_argument, "the gated delta rule: " + why));
+}
+
+// The shapes checked: (B, T, H, dk, dv).
+struct Dims {
+  int64_t B, T, H, dk, dv;
+};
+Dims check(const Inputs& in) {
+  for (const auto* t : {&in.q, &in.k, &in.v, &in.g, &in.beta})
+    if (!t->defined()) refuse("q, k, v, g and beta are all required");
+  if (in.q.dim() != 4 || in.k.sizes() != in.q.sizes() || in.v.dim() != 4)
+    refuse("q and k must be [B, T, H, dk] alike and v [B, T, H, dv]; got q " + shape(in.q) + ", k " + shape(in.k) +
+           ", v " + shape(in.v));
+  const Dims d{in.q.size(0), in.q.size(1), in.q.size(2), in.q.size(3), in.v.size(3)};
+  if (in.v.size(0) != d.B || in.v.size(1) != d.T || in.v.size(2) != d.H)
+    refuse("v " + shape(in.v) + " does not match q " + shape(in.q) + " in B, T or H");
+  for (const auto* t : {&in.g, &in.beta})
+    if (t->dim() != 3 || t->size(0) != d.B || t->size(1) != d.T || t->size(2) != d.H)
+      refuse("g and beta must be [B, T, H] = [" + std::to_string(d.B) + ", " + std::to_string(d.T) + ", " +
+             std::to_string(d.H) + "]; got g " + shape(in.g) + ", beta " + shape(in.beta));
+  if (in.state.defined() && (in.state.dim() != 4 || in.state.size(0) != d.B || in.state.size(1) != d.H ||
+                             in.state.size(2) != d.dk || in.state.size(3) != d.dv))
+    refuse("the state must be [B, H, dk, dv] = [" + std::to_string(d.B) + ", " + std::to_string(d.H) + ", " +
+           std::to_string(d.dk) + ", " + std::to_string(d.dv) + "]; got " + shape(in.state));
+  if (in.resets.defined() && (in.resets.dim() != 2 || in.resets.size(0) != d.B || in.resets.size(1) != d.T))
+    refuse("resets must be [B, T]; got " + shape(in.resets));
+  const auto dtype = in.q.scalar_type();
+  for (const auto* t : {&in.k, &in.v, &in.g, &in.beta, &in.state})
+    if (t->defined() && t->scalar_type() != dtype) refuse("q, k, v, g, beta and the state must share one dtype");
+  if (!at::isFloatingType(dtype)) refuse("the inputs must be floating point");
+  return d;
+}
+
+at::Tensor initial_state(const Inputs& in, const Dims& d) {
+  return in.state.defined() ? in.state : at::zeros({d.B, d.H, d.dk, d.dv}, in.q.options());
+}
+
+}  // namespace
+
+Outputs recurrent(const Inputs& in) {
+  const auto d = check(in);
+  auto S = initial_state(in, d);
+  std::vector<at::Tensor> outs;
+  outs.reserve(static_cast<size_t>(d.T));
+  for (int64_t t = 0; t < d.T; ++t) {
+    if (in.resets.defined()) {
+      auto keep = in.resets.select(1, t).logical_not().to(S.scalar_type()).view({d.B, 1, 1, 1});
+      S = S * keep;
+    }
+    auto q = in.q.select(1, t), k = in.k.select(1, t), v = in.v.select(1, t);  // [B, H, d]
+    S = S * in.g.select(1, t).exp().view({d.B, d.H, 1, 1});
+    auto read = (S * k.unsqueeze(-1)).sum(-2);  // S^T k: [B, H, dv]
+    auto u = in.beta.select(1, t).unsqueeze(-1) * (v - read);
+    S = S + k.unsqueeze(-1) * u.unsqueeze(-2);
+    outs.push_back((S * q.unsqueeze(-1)).sum(-2));
+  }
+  auto o = d.T > 0 ? at::stack(outs, 1) : at::empty({d.B, 0, d.H, d.dv}, in.v.options());
+  return {o, S};
+}
+
+Outputs chunked(const Inputs& in, const ChunkOptions& opt) {
+  const auto d = check(in);
+  if (opt.chunk < 1) refuse("the chunk size must be at least 1, not " + std::to_string(opt.chunk));
+  const int64_t n = opt.chunk, C = (d.T + n - 1) / n, pad = C * n - d.T;
+  // [B, H, T, .], padded with positions that change nothing (k = v = 0,
+  // beta = 0, g = 0) and belong to the last position's segment.
+  auto heads_first = [&](const at::Tensor& t) {
+    auto x = t.dim() == 4 ? t.permute({0, 2, 1, 3}) : t.permute({0, 2, 1});
+    if (pad == 0) return x.contiguous();
+    std::vector<int64_t> p(static_cast<size_t>(2 * x.dim()), 0);
+    p[t.dim() == 4 ? 3 : 1] = pad;  // the time dimension's end (pairs from the last dimension backwards)
+    return at::constant_pad_nd(x, p, 0).contiguous();
+  };
+  const auto q = heads_first(in.q), k = heads_first(in.k), v = heads_first(in.v), g = heads_first(in.g),
+             beta = heads_first(in.beta);
+  // Each position's segment: the resets before it (and at it), counted.
+  at::Tensor seg = in.resets.defined() ? in.resets.to(at::kLong).cumsum(1) : at::zeros({d.B, d.T}, at::kLong);
+  if (pad > 0) {
+    auto last = d.T > 0 ? seg.narrow(1, d.T - 1, 1) : at::zeros({d.B, 1}, at::kLong);
+    seg = at::cat({seg, last.expand({d.B, pad})}, 1);
+  }
+  seg = seg.unsqueeze(1);  // [B, 1, T]: every head alike
+  const auto opts = q.options().dtype(at::kBool);
+  const auto strict = at::ones({n, n}, opts).tril(-1), incl = at::ones({n, n}, opts).tril(0);
+  const auto minus_inf = at::scalar_tensor(-std::numeric_limits<double>::infinity(), q.options());
+  // exp(x) where `keep`, else 0, with no exponent taken where not kept.
+  auto exp_where = [&](const at::Tensor& keep, const at::Tensor& x) { return at::where(keep, x, minus_inf).exp(); };
+
+  auto S = initial_state(in, d);
+  at::Tensor seg_prev = at::zeros({d.B, 1}, at::kLong);  // the segment the carried state belongs to
+  std::vector<at::Tensor> outs;
+  outs.reserve(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    auto qc = q.narrow(2, c * n, n), kc = k.narrow(2, c * n, n), vc = v.narrow(2, c * n, n);
+    auto bc = beta.narrow(2, c * n, n), G = g.narrow(2, c * n, n).cumsum(-1);  // [B, H, n]
+    auto sc = seg.narrow(2, c * n, n);                                           // [B, 1, n]
+    auto same = sc.unsqueeze(-1) == sc.unsqueeze(-2);                            // [B, 1, n, n]
+    auto from_state = sc == seg_prev.unsqueeze(-1);                              // [B, 1, n]
+    auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);                               // [t, s]: G_t - G_s
+    auto kT = kc.transpose(-1, -2);
+    // The writes: (I + A) U = beta (V - e^G K S0), A[s, r] = beta_s e^{G_s - G_r} k_s.k_r (r < s).
+    auto A = bc.unsqueeze(-1) * exp_where(strict & same, diff) * at::matmul(kc, kT);
+    auto eG = exp_where(from_state, G).unsqueeze(-1);  // [B, H, n, 1]
+    auto rhs = bc.unsqueeze(-1) * (vc - eG * at::matmul(kc, S));
+    auto U = at::linalg_solve_triangular(A + at::eye(n, q.options()), rhs, /*upper=*/false, /*left=*/true,
+                                         /*unitriangular=*/true);
+    outs.push_back(eG * at::matmul(qc, S) + at::matmul(exp_where(incl & same, diff) * at::matmul(qc, kT), U));
+    // The state after the chunk: its last segment's writes, decayed to the
+    // chunk's end, and the carried state where that segment is its own.
+    auto last = sc.narrow(2, n - 1, 1);  // [B, 1, 1]
+    auto Gn = G.narrow(2, n - 1, 1);     // [B, H, 1]
+    auto w = exp_where(sc == last, Gn - G).unsqueeze(-1);
+    auto carried = exp_where(last.squeeze(-1) == seg_prev, Gn.squeeze(-1)).view({d.B, d.H, 1, 1});
+    S = carried * S + at::matmul(kT, w * U);
+    seg_prev = last.view({d.B, 1});
+  }
+  auto o = C > 0 ? at::cat(outs, 2).narrow(2, 0, d.T) : at::empty({d.B, d.H, 0, d.dv}, in.v.options());
+  return {o.permute({0, 2, 1, 3}).contiguous(), S};
+}
+
+std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
+                                                   const at::Tensor& state, const at::Tensor& resets) {
+  if (x.dim() != 3 || weight.dim() != 3 || weight.size(0) != x.size(2) || weight.size(1) != 1 || weight.size(2) < 1)
+    refuse("the convolution takes x [B, T, C] and a weight [C, 1, K]; got x " + shape(x) + ", weight " + shape(weight));
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = weight.size(2);
+  if (state.defined() && (state.dim() != 3 || state.size(0) != B || state.size(1) != K - 1 || state.size(2) != C))
+    refuse("the convolution's state must be [B, K-1, C] = [" + std::to_string(B) + ", " + std::to_string(K - 1) +
+           ", " + std::to_string(C) + "]; got " + shape(state));
+  if (resets.defined() && (resets.dim() != 2 || resets.size(0) != B || resets.size(1) != T))
+    refuse("resets must be [B, T]; got " + shape(resets));
+  auto before = state.defined() ? state : at::zeros({B, K - 1, C}, x.options());
+  auto xp = at::cat({before, x}, 1);  // [B, K-1+T, C]
+  // The segment of each padded position: the state's rows are segment 0's
+  // (before any reset).
+  auto seg = resets.defined() ? resets.to(at::kLong).cumsum(1) : at::zeros({B, T}, at::kLong);
+  auto segp = at::cat({at::zeros({B, K - 1}, at::kLong), seg}, 1);
+  auto w = weight.squeeze(1);  // [C, K]
+  auto y = at::zeros_like(x);
+  for (int64_t j = 0; j < K; ++j) {  // tap K-1-j reads j positions back
+    auto xs = xp.narrow(1, K - 1 - j, T);
+    auto term = xs * w.select(1, K - 1 - j);
+    if (resets.defined()) term = term * (segp.narrow(1, K - 1 - j, T) == seg).unsqueeze(-1).to(x.scalar_type());
+    y = y + term;
+  }
+  // The next call's state: the last K-1 positions, zero where before the
+  // last position's segment.
+  auto next = xp.narrow(1, T, K - 1);
+  if (resets.defined() && K > 1) {
+    auto last = segp.narrow(1, K - 1 + T - 1, 1);
+    next = next * (segp.narrow(1, T, K - 1) == last).unsqueeze(-1).to(x.scalar_type());
+  }
+  return {at::silu(y), next};
+}
+
+at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps) {
+  return w * (o * (o.pow(2).mean(-1, true) + eps).rsqrt()) * at::silu(z);
+}
+
+std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h, const MixerState& state,
+                                      const at::Tensor& resets, int64_t chunk) {
+  if (h.dim() != 3) refuse("the mixer's input must be [B, T, H]; got " + shape(h));
+  const int64_t B = h.size(0), T = h.size(1), nk = w.key_heads, dk = w.key_dim, nv = w.value_heads, dv = w.value_dim;
+  if (nk < 1 || nv < 1 || nv % nk != 0)
+    refuse("linear_num_value_heads (" + std::to_string(nv) + ") must be a multiple of linear_num_key_heads (" +
+           std::to_string(nk) + ")");
+  const int64_t key_dim = nk * dk, value_dim = nv * dv;
+  auto c = at::linear(h, w.in_proj_qkv);
+  if (c.size(2) != 2 * key_dim + value_dim)
+    refuse("in_proj_qkv gives " + std::to_string(c.size(2)) + " channels, expected 2 x " + std::to_string(key_dim) +
+           " + " + std::to_string(value_dim));
+  auto [conv, conv_state] = causal_conv_silu(c, w.conv1d, state.conv, resets);
+  auto q = conv.narrow(2, 0, key_dim).view({B, T, nk, dk});
+  auto k = conv.narrow(2, key_dim, key_dim).view({B, T, nk, dk});
+  auto v = conv.narrow(2, 2 * key_dim, value_dim).reshape({B, T, nv, dv});
+  auto l2 = [](const at::Tensor& x) { return x * (x.pow(2).sum(-1, true) + 1e-6).rsqrt(); };
+  q = l2(q) / std::sqrt(static_cast<double>(dk));
+  k = l2(k);
+  if (nv != nk) {  // key head j serves value heads j r .. j r + r - 1
+    q = q.repeat_interleave(nv / nk, 2);
+    k = k.repeat_interleave(nv / nk, 2);
+  }
+  auto beta = at::sigmoid(at::linear(h, w.in_proj_b));
+  auto g = -w.A_log.exp() * at::softplus(at::linear(h, w.in_proj_a) + w.dt_bias);
+  Inputs in{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state.recurrent, .resets = resets};
+  auto rule = chunk > 0 ? chunked(in, {.chunk = chunk}) : recurrent(in);
+  auto z = at::linear(h, w.in_proj_z).view({B, T, nv, dv});
+  auto o = gated_rms_norm(rule.o, z, w.norm, w.eps).reshape({B, T, value_dim});
+  return {at::linear(o, w.out_proj), MixerState{conv_state, rule.state}};
+}
+
+}  // namespace glint::components::gdn

@@ -1,0 +1,99 @@
+#pragma once
+/// The gated delta rule, the recurrence of a Gated DeltaNet token mixer
+/// (Qwen3.5 / Qwen3.6 linear-attention layers; ../shared/reference/
+/// model-families.md, sections 3.3 and 4), in two evaluations that agree to
+/// rounding:
+///
+///   auto [o, s] = gdn::recurrent(in);           // the definition, token by token (decode, tests)
+///   auto [o, s] = gdn::chunked(in, {.chunk = 64});  // training, scoring, prefill
+///
+/// Per value head, with state S (dk x dv, zero or the given one) and, at
+/// each position t, a log decay g_t <= 0 and a write strength beta_t:
+///
+///   S <- exp(g_t) S;   u_t = beta_t (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t
+///
+/// q and k come in as the layer feeds them (l2-normalised, q scaled by
+/// dk^-1/2), one key head per value head (the caller repeats grouped key
+/// heads). The chunked form solves each chunk's writes as one unit lower-
+/// triangular system and carries the state across chunks; every exponent
+/// it takes is a difference G_t - G_s with s <= t of the chunk's running sum
+/// of g, so nothing overflows. Both are ATen compositions, differentiable
+/// by autograd (the fused kernels with hand-written backward passes build
+/// on them and are checked against them).
+///
+/// Packed batches (several sequences in one row) pass `resets`: the state
+/// is zero again before each marked position, exactly as if each segment
+/// ran alone.
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+namespace glint::components::gdn {
+
+/// One call's inputs. Shapes: q, k [B, T, H, dk]; v [B, T, H, dv];
+/// g, beta [B, T, H]; state [B, H, dk, dv] or undefined (zeros); resets
+/// [B, T] bool or undefined (none). One floating dtype throughout.
+struct Inputs {
+  at::Tensor q{}, k{}, v{}, g{}, beta{};
+  at::Tensor state{};
+  at::Tensor resets{};
+};
+
+struct Outputs {
+  at::Tensor o;      ///< [B, T, H, dv]
+  at::Tensor state;  ///< [B, H, dk, dv]: after the last position
+};
+
+/// The recurrence token by token. Throws (glint's error in a
+/// std::runtime_error) on shapes that do not fit together.
+Outputs recurrent(const Inputs& in);
+
+struct ChunkOptions {
+  int64_t chunk = 64;  ///< positions per chunk (any T: the last chunk is padded)
+};
+
+/// The same in chunks of `chunk` positions.
+Outputs chunked(const Inputs& in, const ChunkOptions& opt = {});
+
+/// The layer's short causal depthwise convolution and its silu: x [B, T, C]
+/// (the in_proj_qkv output), weight [C, 1, K] (conv1d.weight; tap K-1 is the
+/// current position), `state` [B, K-1, C] the K-1 positions before x (zeros
+/// when undefined), `resets` [B, T] as above (a window never reaches before
+/// its segment's start). Answers silu(conv(x)) [B, T, C] and the state after
+/// x: its last K-1 positions before the convolution (with the earlier state
+/// in front when T < K-1; zeros before a reset).
+std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
+                                                   const at::Tensor& state = {}, const at::Tensor& resets = {});
+
+/// The output norm with its gate, per value head over dv: w * o /
+/// sqrt(mean(o^2) + eps) * silu(z); o, z [..., dv], w [dv].
+at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps);
+
+/// A Gated DeltaNet token mixer's parameters (linear_attn.*, Hugging Face's
+/// names and shapes) and head layout.
+struct MixerWeights {
+  at::Tensor in_proj_qkv{}, in_proj_z{}, in_proj_b{}, in_proj_a{};  ///< [conv_dim | value_dim | nv | nv, H]
+  at::Tensor conv1d{};                                               ///< [conv_dim, 1, K]
+  at::Tensor A_log{}, dt_bias{};                                     ///< [nv]
+  at::Tensor norm{};                                                 ///< [dv]
+  at::Tensor out_proj{};                                             ///< [H, value_dim]
+  int64_t key_heads = 0, key_dim = 0, value_heads = 0, value_dim = 0;  ///< nk, dk, nv, dv (per head)
+  double eps = 1e-6;                                                   ///< rms_norm_eps
+};
+
+/// What a sequence carries from one call to the next (the sampler's cache).
+struct MixerState {
+  at::Tensor conv{};       ///< [B, K-1, conv_dim]
+  at::Tensor recurrent{};  ///< [B, nv, dk, dv]
+};
+
+/// The token mixer on h [B, T, H] (the layer's normed input): projections,
+/// convolution, l2-normed q and k, the gates, the delta rule (chunked, or
+/// token by token when `chunk` is 0), the gated norm and out_proj. `state`
+/// carries a previous call's (undefined members: zeros); `resets` marks
+/// packed segments' starts. Answers [B, T, H] and the state after h.
+std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h, const MixerState& state = {},
+                                      const at::Tensor& resets = {}, int64_t chunk = 64);
+
+}  // namespace glint::components::gdn

@@ -2,6 +2,8 @@
 
 #include "components/comm/process_group_impl.hpp"  // throw_error
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <limits>
 #include <string>
 #include <vector>
@@ -57,6 +59,150 @@ at::Tensor initial_state(const Inputs& in, const Dims& d) {
 
 }  // namespace
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One chunk's quantities (heads first: [B, H, n, .]), recomputed in the
+// backward pass from the chunk's inputs and incoming state.
+struct Chunk {
+  at::Tensor q, k, v, b, G;      // inputs; G the running sum of g
+  at::Tensor Ms, Mi;             // e^{G_t - G_s} where allowed: s < t, s <= t (same segment)
+  at::Tensor KK, QK, L, U;       // k.k, q.k, I + A, the writes
+  at::Tensor eG, w, carried;     // e^G from the state; e^{G_n - G} to the end; e^{G_n} on the state
+  at::Tensor KS, QS;             // K S0, Q S0
+  at::Tensor o, S_out;
+};
+
+struct Masks {
+  at::Tensor strict, incl, minus_inf;
+};
+
+Chunk run_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                const at::Tensor& beta, const at::Tensor& seg, int64_t c, int64_t n, const at::Tensor& S,
+                const Masks& m) {
+  auto exp_where = [&](const at::Tensor& keep, const at::Tensor& x) { return at::where(keep, x, m.minus_inf).exp(); };
+  const int64_t B = q.size(0), H = q.size(1);
+  Chunk ch;
+  ch.q = q.narrow(2, c * n, n);
+  ch.k = k.narrow(2, c * n, n);
+  ch.v = v.narrow(2, c * n, n);
+  ch.b = beta.narrow(2, c * n, n).unsqueeze(-1);  // [B, H, n, 1]
+  ch.G = g.narrow(2, c * n, n).cumsum(-1);
+  auto sc = seg.narrow(2, c * n, n);  // [B, 1, n]
+  auto prev = c == 0 ? at::zeros({B, 1, 1}, at::kLong) : seg.narrow(2, c * n - 1, 1);
+  auto same = sc.unsqueeze(-1) == sc.unsqueeze(-2);
+  auto diff = ch.G.unsqueeze(-1) - ch.G.unsqueeze(-2);
+  ch.Ms = exp_where(m.strict & same, diff);
+  ch.Mi = exp_where(m.incl & same, diff);
+  auto kT = ch.k.transpose(-1, -2);
+  ch.KK = at::matmul(ch.k, kT);
+  ch.QK = at::matmul(ch.q, kT);
+  ch.L = ch.b * ch.Ms * ch.KK + at::eye(n, q.options());
+  ch.eG = exp_where(sc == prev, ch.G).unsqueeze(-1);
+  ch.KS = at::matmul(ch.k, S);
+  ch.QS = at::matmul(ch.q, S);
+  ch.U = at::linalg_solve_triangular(ch.L, ch.b * (ch.v - ch.eG * ch.KS), /*upper=*/false, /*left=*/true,
+                                     /*unitriangular=*/true);
+  ch.o = ch.eG * ch.QS + at::matmul(ch.Mi * ch.QK, ch.U);
+  auto last = sc.narrow(2, n - 1, 1);
+  auto Gn = ch.G.narrow(2, n - 1, 1);
+  ch.w = exp_where(sc == last, Gn - ch.G).unsqueeze(-1);
+  ch.carried = exp_where(last == prev, Gn).view({B, H, 1, 1});
+  ch.S_out = ch.carried * S + at::matmul(kT, ch.w * ch.U);
+  return ch;
+}
+
+Masks masks_of(int64_t n, const at::TensorOptions& o) {
+  auto bools = o.dtype(at::kBool);
+  return {at::ones({n, n}, bools).tril(-1), at::ones({n, n}, bools).tril(0),
+          at::scalar_tensor(-std::numeric_limits<double>::infinity(), o)};
+}
+
+// The chunked rule over padded, heads-first inputs, its backward written by
+// hand: the forward keeps the inputs and each chunk's incoming state (C x
+// dk x dv per head) and nothing of size n x n; the backward recomputes a
+// chunk at a time, last first.
+struct ChunkedRule : torch::autograd::Function<ChunkedRule> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& g, const at::Tensor& beta, const at::Tensor& S0,
+                               const at::Tensor& seg, int64_t n) {
+    const int64_t C = q.size(2) / n;
+    const auto m = masks_of(n, q.options());
+    auto S = S0;
+    std::vector<at::Tensor> starts, outs;
+    for (int64_t c = 0; c < C; ++c) {
+      starts.push_back(S);
+      auto ch = run_chunk(q, k, v, g, beta, seg, c, n, S, m);
+      outs.push_back(ch.o);
+      S = ch.S_out;
+    }
+    ctx->save_for_backward({q, k, v, g, beta, seg, C > 0 ? at::stack(starts) : at::Tensor{}});
+    ctx->saved_data["n"] = n;
+    return {C > 0 ? at::cat(outs, 2) : at::zeros_like(v), S};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4], &seg = saved[5],
+               &starts = saved[6];
+    const int64_t n = ctx->saved_data["n"].toInt(), C = q.size(2) / n;
+    auto dO = grads[0].defined() ? grads[0] : at::zeros_like(v);
+    auto dS = grads[1].defined() ? grads[1].clone() : at::zeros({q.size(0), q.size(1), q.size(3), v.size(3)}, q.options());
+    auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v), dg = at::zeros_like(g),
+         db = at::zeros_like(beta);
+    const auto m = masks_of(n, q.options());
+    for (int64_t c = C - 1; c >= 0; --c) {
+      const auto& S = starts[c];
+      auto ch = run_chunk(q, k, v, g, beta, seg, c, n, S, m);
+      auto dOc = dO.narrow(2, c * n, n);
+      auto kT = ch.k.transpose(-1, -2);
+      auto P = ch.Mi * ch.QK;
+      // The state out: carried S and the writes K^T (w U).
+      auto KdS = at::matmul(ch.k, dS);                                          // [n, dv]
+      auto dU = at::matmul(P.transpose(-1, -2), dOc) + ch.w * KdS;
+      auto dkc = at::matmul(ch.w * ch.U, dS.transpose(-1, -2));
+      auto dw = (ch.U * KdS).sum(-1, true);
+      auto dcarried = (S * dS).sum({-1, -2}, true);
+      auto dS_in = ch.carried * dS + at::matmul(ch.q.transpose(-1, -2), ch.eG * dOc);
+      // O = eG QS + P U.
+      auto dP = at::matmul(dOc, ch.U.transpose(-1, -2));
+      auto dQK = dP * ch.Mi;
+      auto dMi = dP * ch.QK;
+      auto deG = (dOc * ch.QS).sum(-1, true);
+      auto dqc = at::matmul(ch.eG * dOc, S.transpose(-1, -2)) + at::matmul(dQK, ch.k);
+      dkc = dkc + at::matmul(dQK.transpose(-1, -2), ch.q);
+      // U = L^-1 R, R = b (v - eG KS).
+      auto dR = at::linalg_solve_triangular(ch.L.transpose(-1, -2), dU, /*upper=*/true, /*left=*/true,
+                                            /*unitriangular=*/true);
+      auto dA = -at::matmul(dR, ch.U.transpose(-1, -2));
+      auto resid = ch.v - ch.eG * ch.KS;
+      auto dbc = (dA * ch.Ms * ch.KK).sum(-1) + (dR * resid).sum(-1);
+      auto dMs = dA * ch.b * ch.KK;
+      auto dKK = dA * ch.b * ch.Ms;
+      auto dKS = -(ch.b * ch.eG) * dR;
+      deG = deG - (ch.b * dR * ch.KS).sum(-1, true);
+      dkc = dkc + at::matmul(dKS, S.transpose(-1, -2)) + at::matmul(dKK + dKK.transpose(-1, -2), ch.k);
+      dS_in = dS_in + at::matmul(kT, dKS);
+      // The decays, all functions of G.
+      auto dD = dMs * ch.Ms + dMi * ch.Mi;
+      auto dG = dD.sum(-1) - dD.sum(-2) + (deG * ch.eG).squeeze(-1) - (dw * ch.w).squeeze(-1);
+      auto dGn = (dw * ch.w).sum({-2, -1}) + (dcarried * ch.carried).view({q.size(0), q.size(1)});
+      dG.select(2, n - 1).add_(dGn);
+      dq.narrow(2, c * n, n).copy_(dqc);
+      dk.narrow(2, c * n, n).copy_(dkc);
+      dv.narrow(2, c * n, n).copy_(ch.b * dR);
+      db.narrow(2, c * n, n).copy_(dbc);
+      dg.narrow(2, c * n, n).copy_(dG.flip(-1).cumsum(-1).flip(-1));  // G = cumsum(g)
+      dS = dS_in;
+    }
+    return {dq, dk, dv, dg, db, dS, at::Tensor{}, at::Tensor{}};
+  }
+};
+
+}  // namespace
+
 Outputs recurrent(const Inputs& in) {
   const auto d = check(in);
   auto S = initial_state(in, d);
@@ -78,10 +224,17 @@ Outputs recurrent(const Inputs& in) {
   return {o, S};
 }
 
-Outputs chunked(const Inputs& in, const ChunkOptions& opt) {
-  const auto d = check(in);
-  if (opt.chunk < 1) refuse("the chunk size must be at least 1, not " + std::to_string(opt.chunk));
-  const int64_t n = opt.chunk, C = (d.T + n - 1) / n, pad = C * n - d.T;
+namespace {
+
+// The padded, heads-first inputs of the chunked form and each position's
+// segment ([B, 1, T + padding]).
+struct Padded {
+  at::Tensor q, k, v, g, beta, S0, seg;
+  int64_t T = 0;
+};
+
+Padded pad_for_chunks(const Inputs& in, const Dims& d, int64_t n) {
+  const int64_t C = (d.T + n - 1) / n, pad = C * n - d.T;
   // [B, H, T, .], padded with positions that change nothing (k = v = 0,
   // beta = 0, g = 0) and belong to the last position's segment.
   auto heads_first = [&](const at::Tensor& t) {
@@ -91,51 +244,46 @@ Outputs chunked(const Inputs& in, const ChunkOptions& opt) {
     p[t.dim() == 4 ? 3 : 1] = pad;  // the time dimension's end (pairs from the last dimension backwards)
     return at::constant_pad_nd(x, p, 0).contiguous();
   };
-  const auto q = heads_first(in.q), k = heads_first(in.k), v = heads_first(in.v), g = heads_first(in.g),
-             beta = heads_first(in.beta);
+  Padded out{heads_first(in.q), heads_first(in.k), heads_first(in.v), heads_first(in.g), heads_first(in.beta),
+             initial_state(in, d), {}, d.T};
   // Each position's segment: the resets before it (and at it), counted.
   at::Tensor seg = in.resets.defined() ? in.resets.to(at::kLong).cumsum(1) : at::zeros({d.B, d.T}, at::kLong);
   if (pad > 0) {
     auto last = d.T > 0 ? seg.narrow(1, d.T - 1, 1) : at::zeros({d.B, 1}, at::kLong);
     seg = at::cat({seg, last.expand({d.B, pad})}, 1);
   }
-  seg = seg.unsqueeze(1);  // [B, 1, T]: every head alike
-  const auto opts = q.options().dtype(at::kBool);
-  const auto strict = at::ones({n, n}, opts).tril(-1), incl = at::ones({n, n}, opts).tril(0);
-  const auto minus_inf = at::scalar_tensor(-std::numeric_limits<double>::infinity(), q.options());
-  // exp(x) where `keep`, else 0, with no exponent taken where not kept.
-  auto exp_where = [&](const at::Tensor& keep, const at::Tensor& x) { return at::where(keep, x, minus_inf).exp(); };
+  out.seg = seg.unsqueeze(1).contiguous();  // every head alike
+  return out;
+}
 
-  auto S = initial_state(in, d);
-  at::Tensor seg_prev = at::zeros({d.B, 1}, at::kLong);  // the segment the carried state belongs to
+Outputs unpadded(const at::Tensor& o, const at::Tensor& S, const Dims& d) {
+  return {o.narrow(2, 0, d.T).permute({0, 2, 1, 3}).contiguous(), S};
+}
+
+}  // namespace
+
+Outputs chunked(const Inputs& in, const ChunkOptions& opt) {
+  const auto d = check(in);
+  if (opt.chunk < 1) refuse("the chunk size must be at least 1, not " + std::to_string(opt.chunk));
+  auto p = pad_for_chunks(in, d, opt.chunk);
+  auto r = ChunkedRule::apply(p.q, p.k, p.v, p.g, p.beta, p.S0, p.seg, opt.chunk);
+  return unpadded(r[0], r[1], d);
+}
+
+Outputs chunked_by_autograd(const Inputs& in, const ChunkOptions& opt) {
+  const auto d = check(in);
+  if (opt.chunk < 1) refuse("the chunk size must be at least 1, not " + std::to_string(opt.chunk));
+  const int64_t n = opt.chunk;
+  auto p = pad_for_chunks(in, d, n);
+  const auto m = masks_of(n, p.q.options());
+  auto S = p.S0;
   std::vector<at::Tensor> outs;
-  outs.reserve(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) {
-    auto qc = q.narrow(2, c * n, n), kc = k.narrow(2, c * n, n), vc = v.narrow(2, c * n, n);
-    auto bc = beta.narrow(2, c * n, n), G = g.narrow(2, c * n, n).cumsum(-1);  // [B, H, n]
-    auto sc = seg.narrow(2, c * n, n);                                           // [B, 1, n]
-    auto same = sc.unsqueeze(-1) == sc.unsqueeze(-2);                            // [B, 1, n, n]
-    auto from_state = sc == seg_prev.unsqueeze(-1);                              // [B, 1, n]
-    auto diff = G.unsqueeze(-1) - G.unsqueeze(-2);                               // [t, s]: G_t - G_s
-    auto kT = kc.transpose(-1, -2);
-    // The writes: (I + A) U = beta (V - e^G K S0), A[s, r] = beta_s e^{G_s - G_r} k_s.k_r (r < s).
-    auto A = bc.unsqueeze(-1) * exp_where(strict & same, diff) * at::matmul(kc, kT);
-    auto eG = exp_where(from_state, G).unsqueeze(-1);  // [B, H, n, 1]
-    auto rhs = bc.unsqueeze(-1) * (vc - eG * at::matmul(kc, S));
-    auto U = at::linalg_solve_triangular(A + at::eye(n, q.options()), rhs, /*upper=*/false, /*left=*/true,
-                                         /*unitriangular=*/true);
-    outs.push_back(eG * at::matmul(qc, S) + at::matmul(exp_where(incl & same, diff) * at::matmul(qc, kT), U));
-    // The state after the chunk: its last segment's writes, decayed to the
-    // chunk's end, and the carried state where that segment is its own.
-    auto last = sc.narrow(2, n - 1, 1);  // [B, 1, 1]
-    auto Gn = G.narrow(2, n - 1, 1);     // [B, H, 1]
-    auto w = exp_where(sc == last, Gn - G).unsqueeze(-1);
-    auto carried = exp_where(last.squeeze(-1) == seg_prev, Gn.squeeze(-1)).view({d.B, d.H, 1, 1});
-    S = carried * S + at::matmul(kT, w * U);
-    seg_prev = last.view({d.B, 1});
+  for (int64_t c = 0; c < p.q.size(2) / n; ++c) {
+    auto ch = run_chunk(p.q, p.k, p.v, p.g, p.beta, p.seg, c, n, S, m);
+    outs.push_back(ch.o);
+    S = ch.S_out;
   }
-  auto o = C > 0 ? at::cat(outs, 2).narrow(2, 0, d.T) : at::empty({d.B, d.H, 0, d.dv}, in.v.options());
-  return {o.permute({0, 2, 1, 3}).contiguous(), S};
+  return unpadded(outs.empty() ? at::zeros_like(p.v) : at::cat(outs, 2), S, d);
 }
 
 std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,

@@ -17,9 +17,9 @@
 /// heads). The chunked form solves each chunk's writes as one unit lower-
 /// triangular system and carries the state across chunks; every exponent
 /// it takes is a difference G_t - G_s with s <= t of the chunk's running sum
-/// of g, so nothing overflows. Both are ATen compositions, differentiable
-/// by autograd (the fused kernels with hand-written backward passes build
-/// on them and are checked against them).
+/// of g, so nothing overflows. recurrent is differentiable by autograd;
+/// chunked has a backward pass of its own (checked against autograd's of
+/// the same composition, chunked_by_autograd, and finite differences).
 ///
 /// Packed batches (several sequences in one row) pass `resets`: the state
 /// is zero again before each marked position, exactly as if each segment
@@ -53,8 +53,14 @@ struct ChunkOptions {
   int64_t chunk = 64;  ///< positions per chunk (any T: the last chunk is padded)
 };
 
-/// The same in chunks of `chunk` positions.
+/// The same in chunks of `chunk` positions. Its backward pass is written
+/// by hand: the forward keeps the inputs and each chunk's incoming state
+/// only, and the backward recomputes one chunk at a time, last first.
 Outputs chunked(const Inputs& in, const ChunkOptions& opt = {});
+/// The same composition differentiated by autograd (which keeps every
+/// chunk's n x n products): the reference chunked's backward is tested
+/// against.
+Outputs chunked_by_autograd(const Inputs& in, const ChunkOptions& opt = {});
 
 /// The layer's short causal depthwise convolution and its silu: x [B, T, C]
 /// (the in_proj_qkv output), weight [C, 1, K] (conv1d.weight; tap K-1 is the

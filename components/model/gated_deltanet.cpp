@@ -286,6 +286,73 @@ Outputs chunked_by_autograd(const Inputs& in, const ChunkOptions& opt) {
   return unpadded(outs.empty() ? at::zeros_like(p.v) : at::cat(outs, 2), S, d);
 }
 
+namespace {
+
+// silu(conv(x)) over the padded input xp [B, K-1+T, C] (the state's rows in
+// front), taps w [C, K], `valid` [K, B, T, 1] (tap K-1-j may read j back;
+// no elements: every tap): the backward pass recomputes the convolution
+// instead of keeping it, and keeps no per-tap product.
+at::Tensor conv_taps(const at::Tensor& xp, const at::Tensor& w, const at::Tensor& valid, int64_t T) {
+  const int64_t K = w.size(1);
+  auto y = at::zeros({xp.size(0), T, xp.size(2)}, xp.options());
+  for (int64_t j = 0; j < K; ++j) {
+    auto term = xp.narrow(1, K - 1 - j, T) * w.select(1, K - 1 - j);
+    y.add_(valid.numel() > 0 ? term * valid[j] : term);
+  }
+  return y;
+}
+
+struct ConvSiluFn : torch::autograd::Function<ConvSiluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& xp, const at::Tensor& w, const at::Tensor& valid,
+                            int64_t T) {
+    ctx->save_for_backward({xp, w, valid});
+    ctx->saved_data["T"] = T;
+    return at::silu(conv_taps(xp, w, valid, T));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &xp = saved[0], &w = saved[1], &valid = saved[2];
+    const int64_t T = ctx->saved_data["T"].toInt(), K = w.size(1);
+    auto y = conv_taps(xp, w, valid, T);
+    auto s = at::sigmoid(y);
+    auto dy = grads[0] * s * (1 + y * (1 - s));  // silu'(y)
+    auto dxp = at::zeros_like(xp), dw = at::zeros_like(w);
+    for (int64_t j = 0; j < K; ++j) {
+      auto d = valid.numel() > 0 ? dy * valid[j] : dy;
+      dxp.narrow(1, K - 1 - j, T).add_(d * w.select(1, K - 1 - j));
+      dw.select(1, K - 1 - j).copy_((d * xp.narrow(1, K - 1 - j, T)).sum(at::IntArrayRef{0, 1}));
+    }
+    return {dxp, dw, at::Tensor{}, at::Tensor{}};
+  }
+};
+
+// w * o / sqrt(mean(o^2) + eps) * silu(z) over the last dimension, keeping
+// o, z and w only.
+struct GatedNormFn : torch::autograd::Function<GatedNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& o, const at::Tensor& z, const at::Tensor& w,
+                            double eps) {
+    ctx->save_for_backward({o, z, w});
+    ctx->saved_data["eps"] = eps;
+    return w * (o * (o.pow(2).mean(-1, true) + eps).rsqrt()) * at::silu(z);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &o = saved[0], &z = saved[1], &w = saved[2];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const auto& dout = grads[0];
+    auto r = (o.pow(2).mean(-1, true) + eps).rsqrt();
+    auto a = o * r;
+    auto sz = at::sigmoid(z), gz = z * sz;
+    auto da = dout * w * gz;
+    auto dO = r * (da - a * (da * a).mean(-1, true));
+    auto dz = dout * w * a * sz * (1 + z * (1 - sz));
+    auto dw = (dout * a * gz).reshape({-1, w.size(0)}).sum(0);
+    return {dO, dz, dw, at::Tensor{}};
+  }
+};
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& state, const at::Tensor& resets) {
   if (x.dim() != 3 || weight.dim() != 3 || weight.size(0) != x.size(2) || weight.size(1) != 1 || weight.size(2) < 1)
@@ -302,14 +369,15 @@ std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at
   // (before any reset).
   auto seg = resets.defined() ? resets.to(at::kLong).cumsum(1) : at::zeros({B, T}, at::kLong);
   auto segp = at::cat({at::zeros({B, K - 1}, at::kLong), seg}, 1);
-  auto w = weight.squeeze(1);  // [C, K]
-  auto y = at::zeros_like(x);
-  for (int64_t j = 0; j < K; ++j) {  // tap K-1-j reads j positions back
-    auto xs = xp.narrow(1, K - 1 - j, T);
-    auto term = xs * w.select(1, K - 1 - j);
-    if (resets.defined()) term = term * (segp.narrow(1, K - 1 - j, T) == seg).unsqueeze(-1).to(x.scalar_type());
-    y = y + term;
+  // Tap K-1-j reads j positions back, where that position is in the same
+  // segment.
+  at::Tensor valid = at::empty({0}, x.options());
+  if (resets.defined()) {
+    std::vector<at::Tensor> taps;
+    for (int64_t j = 0; j < K; ++j) taps.push_back((segp.narrow(1, K - 1 - j, T) == seg).unsqueeze(-1));
+    valid = at::stack(taps).to(x.scalar_type());  // [K, B, T, 1]
   }
+  auto y = ConvSiluFn::apply(xp, weight.squeeze(1), valid, T);
   // The next call's state: the last K-1 positions, zero where before the
   // last position's segment.
   auto next = xp.narrow(1, T, K - 1);
@@ -317,11 +385,14 @@ std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at
     auto last = segp.narrow(1, K - 1 + T - 1, 1);
     next = next * (segp.narrow(1, T, K - 1) == last).unsqueeze(-1).to(x.scalar_type());
   }
-  return {at::silu(y), next};
+  return {y, next};
 }
 
 at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps) {
-  return w * (o * (o.pow(2).mean(-1, true) + eps).rsqrt()) * at::silu(z);
+  if (o.sizes() != z.sizes() || w.dim() != 1 || o.dim() < 1 || w.size(0) != o.size(-1))
+    refuse("the gated norm takes o and z of one shape [..., d] and w [d]; got o " + shape(o) + ", z " + shape(z) +
+           ", w " + shape(w));
+  return GatedNormFn::apply(o, z, w, eps);
 }
 
 std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h, const MixerState& state,

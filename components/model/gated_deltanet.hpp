@@ -68,12 +68,14 @@ Outputs chunked_by_autograd(const Inputs& in, const ChunkOptions& opt = {});
 /// when undefined), `resets` [B, T] as above (a window never reaches before
 /// its segment's start). Answers silu(conv(x)) [B, T, C] and the state after
 /// x: its last K-1 positions before the convolution (with the earlier state
-/// in front when T < K-1; zeros before a reset).
+/// in front when T < K-1; zeros before a reset). Its backward pass is
+/// written by hand and recomputes the convolution rather than keep it.
 std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& state = {}, const at::Tensor& resets = {});
 
 /// The output norm with its gate, per value head over dv: w * o /
-/// sqrt(mean(o^2) + eps) * silu(z); o, z [..., dv], w [dv].
+/// sqrt(mean(o^2) + eps) * silu(z); o, z [..., dv], w [dv]. A hand-written
+/// backward that keeps o, z and w only.
 at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps);
 
 /// A Gated DeltaNet token mixer's parameters (linear_attn.*, Hugging Face's

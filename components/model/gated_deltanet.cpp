@@ -403,7 +403,14 @@ std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h
     refuse("linear_num_value_heads (" + std::to_string(nv) + ") must be a multiple of linear_num_key_heads (" +
            std::to_string(nk) + ")");
   const int64_t key_dim = nk * dk, value_dim = nv * dv;
-  auto c = at::linear(h, w.in_proj_qkv);
+  auto linear = [&](const char* name, const at::Tensor& weight, const at::Tensor& x) {
+    return w.project ? w.project(name, weight, x) : at::linear(x, weight);
+  };
+  for (const auto* t : {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a, &w.conv1d, &w.A_log, &w.dt_bias,
+                        &w.norm, &w.out_proj})
+    if (!t->defined()) refuse("a linear_attn tensor is missing (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, "
+                              "conv1d, A_log, dt_bias, norm and out_proj are all required)");
+  auto c = linear("in_proj_qkv", w.in_proj_qkv, h);
   if (c.size(2) != 2 * key_dim + value_dim)
     refuse("in_proj_qkv gives " + std::to_string(c.size(2)) + " channels, expected 2 x " + std::to_string(key_dim) +
            " + " + std::to_string(value_dim));
@@ -418,13 +425,13 @@ std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h
     q = q.repeat_interleave(nv / nk, 2);
     k = k.repeat_interleave(nv / nk, 2);
   }
-  auto beta = at::sigmoid(at::linear(h, w.in_proj_b));
-  auto g = -w.A_log.exp() * at::softplus(at::linear(h, w.in_proj_a) + w.dt_bias);
+  auto beta = at::sigmoid(linear("in_proj_b", w.in_proj_b, h));
+  auto g = -w.A_log.exp() * at::softplus(linear("in_proj_a", w.in_proj_a, h) + w.dt_bias);
   Inputs in{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state.recurrent, .resets = resets};
   auto rule = chunk > 0 ? chunked(in, {.chunk = chunk}) : recurrent(in);
-  auto z = at::linear(h, w.in_proj_z).view({B, T, nv, dv});
+  auto z = linear("in_proj_z", w.in_proj_z, h).view({B, T, nv, dv});
   auto o = gated_rms_norm(rule.o, z, w.norm, w.eps).reshape({B, T, value_dim});
-  return {at::linear(o, w.out_proj), MixerState{conv_state, rule.state}};
+  return {linear("out_proj", w.out_proj, o), MixerState{conv_state, rule.state}};
 }
 
 }  // namespace glint::components::gdn

@@ -27,6 +27,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <utility>
 
 namespace glint::components::gdn {
@@ -88,6 +89,11 @@ struct MixerWeights {
   at::Tensor out_proj{};                                             ///< [H, value_dim]
   int64_t key_heads = 0, key_dim = 0, value_heads = 0, value_dim = 0;  ///< nk, dk, nv, dv (per head)
   double eps = 1e-6;                                                   ///< rms_norm_eps
+  /// How a projection is applied: (module name as PEFT targets it,
+  /// "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a" or "out_proj"; its
+  /// weight; the input). Empty: x @ weight^T. The model passes its own
+  /// (LoRA adapters, per-row adapters, its matmul choice).
+  std::function<at::Tensor(const char*, const at::Tensor&, const at::Tensor&)> project{};
 };
 
 /// What a sequence carries from one call to the next (the sampler's cache).

@@ -326,6 +326,41 @@ TEST(GatedDeltaNetMixer, TheConvolutionAndTheGatedNormBackwardsEqualAutograds) {
   for (size_t i = 0; i < mine.size(); ++i) EXPECT_LT(worst(mine[i], theirs[i]), 1e-12) << "gated norm input " << i;
 }
 
+// The mixer's projections go through the caller's `project` when given
+// (the model's LoRA path), each named as PEFT targets it; bad layouts are
+// refused before any work, naming the fields.
+TEST(GatedDeltaNetMixer, ProjectionsGoThroughTheCallersAndBadLayoutsAreRefused) {
+  auto w = random_mixer(2);
+  auto h = at::randn({1, 5, 6}, at::kDouble);
+  auto [plain, s0] = mix(w, h);
+  std::vector<std::string> seen;
+  w.project = [&](const char* name, const at::Tensor& weight, const at::Tensor& x) {
+    seen.emplace_back(name);
+    auto y = at::linear(x, weight);
+    return std::string{name} == "out_proj" ? y * 2 : y;
+  };
+  auto [doubled, s1] = mix(w, h);
+  EXPECT_EQ(seen, (std::vector<std::string>{"in_proj_qkv", "in_proj_b", "in_proj_a", "in_proj_z", "out_proj"}));
+  EXPECT_LT(worst(doubled, plain * 2), 1e-12);
+  auto refused = [&](MixerWeights bad, const std::string& want) {
+    try {
+      (void)mix(bad, h);
+      ADD_FAILURE() << "ran: " << want;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string{e.what()}.find(want), std::string::npos) << e.what();
+    }
+  };
+  auto odd = random_mixer(2);
+  odd.value_heads = 3;  // not a multiple of the 2 key heads
+  refused(odd, "linear_num_value_heads (3) must be a multiple of linear_num_key_heads (2)");
+  auto no_kernel = random_mixer(2);
+  no_kernel.conv1d = at::zeros({20, 1, 0}, at::kDouble);
+  refused(no_kernel, "weight [C, 1, K]");
+  auto missing = random_mixer(2);
+  missing.A_log = at::Tensor{};
+  refused(missing, "a linear_attn tensor is missing");
+}
+
 // Shapes that do not fit are refused, naming what was expected.
 TEST(GatedDeltaRule, MismatchedShapesAreRefused) {
   auto in = random_inputs(1, 4, 2, 3, 2, 1, at::kDouble, false);

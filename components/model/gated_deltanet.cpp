@@ -1,6 +1,7 @@
 #include "components/model/gated_deltanet.hpp"
 
 #include "components/comm/process_group_impl.hpp"  // throw_error
+#include "components/tensor/torch_bridge.hpp"       // shape_of
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -11,13 +12,6 @@
 namespace glint::components::gdn {
 
 namespace {
-
-std::string shape(const at::Tensor& t) {
-  if (!t.defined()) return "none";
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
-}
 
 [[noreturn]] void refuse(const std::string& why) {
   throw_error(make_error(errc::invalid_argument, "the gated delta rule: " + why));
@@ -31,21 +25,21 @@ Dims check(const Inputs& in) {
   for (const auto* t : {&in.q, &in.k, &in.v, &in.g, &in.beta})
     if (!t->defined()) refuse("q, k, v, g and beta are all required");
   if (in.q.dim() != 4 || in.k.sizes() != in.q.sizes() || in.v.dim() != 4)
-    refuse("q and k must be [B, T, H, dk] alike and v [B, T, H, dv]; got q " + shape(in.q) + ", k " + shape(in.k) +
-           ", v " + shape(in.v));
+    refuse("q and k must be [B, T, H, dk] alike and v [B, T, H, dv]; got q " + shape_of(in.q) + ", k " + shape_of(in.k) +
+           ", v " + shape_of(in.v));
   const Dims d{in.q.size(0), in.q.size(1), in.q.size(2), in.q.size(3), in.v.size(3)};
   if (in.v.size(0) != d.B || in.v.size(1) != d.T || in.v.size(2) != d.H)
-    refuse("v " + shape(in.v) + " does not match q " + shape(in.q) + " in B, T or H");
+    refuse("v " + shape_of(in.v) + " does not match q " + shape_of(in.q) + " in B, T or H");
   for (const auto* t : {&in.g, &in.beta})
     if (t->dim() != 3 || t->size(0) != d.B || t->size(1) != d.T || t->size(2) != d.H)
       refuse("g and beta must be [B, T, H] = [" + std::to_string(d.B) + ", " + std::to_string(d.T) + ", " +
-             std::to_string(d.H) + "]; got g " + shape(in.g) + ", beta " + shape(in.beta));
+             std::to_string(d.H) + "]; got g " + shape_of(in.g) + ", beta " + shape_of(in.beta));
   if (in.state.defined() && (in.state.dim() != 4 || in.state.size(0) != d.B || in.state.size(1) != d.H ||
                              in.state.size(2) != d.dk || in.state.size(3) != d.dv))
     refuse("the state must be [B, H, dk, dv] = [" + std::to_string(d.B) + ", " + std::to_string(d.H) + ", " +
-           std::to_string(d.dk) + ", " + std::to_string(d.dv) + "]; got " + shape(in.state));
+           std::to_string(d.dk) + ", " + std::to_string(d.dv) + "]; got " + shape_of(in.state));
   if (in.resets.defined() && (in.resets.dim() != 2 || in.resets.size(0) != d.B || in.resets.size(1) != d.T))
-    refuse("resets must be [B, T]; got " + shape(in.resets));
+    refuse("resets must be [B, T]; got " + shape_of(in.resets));
   const auto dtype = in.q.scalar_type();
   for (const auto* t : {&in.k, &in.v, &in.g, &in.beta, &in.state})
     if (t->defined() && t->scalar_type() != dtype) refuse("q, k, v, g, beta and the state must share one dtype");
@@ -53,13 +47,20 @@ Dims check(const Inputs& in) {
   return d;
 }
 
+// Each position's segment: the resets at or before it, counted ([B, T]).
+at::Tensor segments_of(const at::Tensor& resets, int64_t B, int64_t T) {
+  return resets.defined() ? resets.to(at::kLong).cumsum(1) : at::zeros({B, T}, at::kLong);
+}
+
+// silu'(x) = s (1 + x (1 - s)), s = sigmoid(x).
+at::Tensor silu_grad(const at::Tensor& x) {
+  auto s = at::sigmoid(x);
+  return s * (1 + x * (1 - s));
+}
+
 at::Tensor initial_state(const Inputs& in, const Dims& d) {
   return in.state.defined() ? in.state : at::zeros({d.B, d.H, d.dk, d.dv}, in.q.options());
 }
-
-}  // namespace
-
-namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -79,9 +80,10 @@ struct Masks {
   at::Tensor strict, incl, minus_inf;
 };
 
+// `outputs`: o and S_out too (the backward pass recomputes without them).
 Chunk run_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                 const at::Tensor& beta, const at::Tensor& seg, int64_t c, int64_t n, const at::Tensor& S,
-                const Masks& m) {
+                const Masks& m, bool outputs = true) {
   auto exp_where = [&](const at::Tensor& keep, const at::Tensor& x) { return at::where(keep, x, m.minus_inf).exp(); };
   const int64_t B = q.size(0), H = q.size(1);
   Chunk ch;
@@ -105,11 +107,12 @@ Chunk run_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   ch.QS = at::matmul(ch.q, S);
   ch.U = at::linalg_solve_triangular(ch.L, ch.b * (ch.v - ch.eG * ch.KS), /*upper=*/false, /*left=*/true,
                                      /*unitriangular=*/true);
-  ch.o = ch.eG * ch.QS + at::matmul(ch.Mi * ch.QK, ch.U);
   auto last = sc.narrow(2, n - 1, 1);
   auto Gn = ch.G.narrow(2, n - 1, 1);
   ch.w = exp_where(sc == last, Gn - ch.G).unsqueeze(-1);
   ch.carried = exp_where(last == prev, Gn).view({B, H, 1, 1});
+  if (!outputs) return ch;
+  ch.o = ch.eG * ch.QS + at::matmul(ch.Mi * ch.QK, ch.U);
   ch.S_out = ch.carried * S + at::matmul(kT, ch.w * ch.U);
   return ch;
 }
@@ -155,7 +158,7 @@ struct ChunkedRule : torch::autograd::Function<ChunkedRule> {
     const auto m = masks_of(n, q.options());
     for (int64_t c = C - 1; c >= 0; --c) {
       const auto& S = starts[c];
-      auto ch = run_chunk(q, k, v, g, beta, seg, c, n, S, m);
+      auto ch = run_chunk(q, k, v, g, beta, seg, c, n, S, m, /*outputs=*/false);
       auto dOc = dO.narrow(2, c * n, n);
       auto kT = ch.k.transpose(-1, -2);
       auto P = ch.Mi * ch.QK;
@@ -230,10 +233,10 @@ namespace {
 // segment ([B, 1, T + padding]).
 struct Padded {
   at::Tensor q, k, v, g, beta, S0, seg;
-  int64_t T = 0;
 };
 
 Padded pad_for_chunks(const Inputs& in, const Dims& d, int64_t n) {
+  if (n < 1) refuse("the chunk size must be at least 1, not " + std::to_string(n));
   const int64_t C = (d.T + n - 1) / n, pad = C * n - d.T;
   // [B, H, T, .], padded with positions that change nothing (k = v = 0,
   // beta = 0, g = 0) and belong to the last position's segment.
@@ -245,9 +248,8 @@ Padded pad_for_chunks(const Inputs& in, const Dims& d, int64_t n) {
     return at::constant_pad_nd(x, p, 0).contiguous();
   };
   Padded out{heads_first(in.q), heads_first(in.k), heads_first(in.v), heads_first(in.g), heads_first(in.beta),
-             initial_state(in, d), {}, d.T};
-  // Each position's segment: the resets before it (and at it), counted.
-  at::Tensor seg = in.resets.defined() ? in.resets.to(at::kLong).cumsum(1) : at::zeros({d.B, d.T}, at::kLong);
+             initial_state(in, d), {}};
+  auto seg = segments_of(in.resets, d.B, d.T);
   if (pad > 0) {
     auto last = d.T > 0 ? seg.narrow(1, d.T - 1, 1) : at::zeros({d.B, 1}, at::kLong);
     seg = at::cat({seg, last.expand({d.B, pad})}, 1);
@@ -264,7 +266,6 @@ Outputs unpadded(const at::Tensor& o, const at::Tensor& S, const Dims& d) {
 
 Outputs chunked(const Inputs& in, const ChunkOptions& opt) {
   const auto d = check(in);
-  if (opt.chunk < 1) refuse("the chunk size must be at least 1, not " + std::to_string(opt.chunk));
   auto p = pad_for_chunks(in, d, opt.chunk);
   auto r = ChunkedRule::apply(p.q, p.k, p.v, p.g, p.beta, p.S0, p.seg, opt.chunk);
   return unpadded(r[0], r[1], d);
@@ -272,7 +273,6 @@ Outputs chunked(const Inputs& in, const ChunkOptions& opt) {
 
 Outputs chunked_by_autograd(const Inputs& in, const ChunkOptions& opt) {
   const auto d = check(in);
-  if (opt.chunk < 1) refuse("the chunk size must be at least 1, not " + std::to_string(opt.chunk));
   const int64_t n = opt.chunk;
   auto p = pad_for_chunks(in, d, n);
   const auto m = masks_of(n, p.q.options());
@@ -314,8 +314,7 @@ struct ConvSiluFn : torch::autograd::Function<ConvSiluFn> {
     const auto &xp = saved[0], &w = saved[1], &valid = saved[2];
     const int64_t T = ctx->saved_data["T"].toInt(), K = w.size(1);
     auto y = conv_taps(xp, w, valid, T);
-    auto s = at::sigmoid(y);
-    auto dy = grads[0] * s * (1 + y * (1 - s));  // silu'(y)
+    auto dy = grads[0] * silu_grad(y);
     auto dxp = at::zeros_like(xp), dw = at::zeros_like(w);
     for (int64_t j = 0; j < K; ++j) {
       auto d = valid.numel() > 0 ? dy * valid[j] : dy;
@@ -342,10 +341,10 @@ struct GatedNormFn : torch::autograd::Function<GatedNormFn> {
     const auto& dout = grads[0];
     auto r = (o.pow(2).mean(-1, true) + eps).rsqrt();
     auto a = o * r;
-    auto sz = at::sigmoid(z), gz = z * sz;
+    auto gz = at::silu(z);
     auto da = dout * w * gz;
     auto dO = r * (da - a * (da * a).mean(-1, true));
-    auto dz = dout * w * a * sz * (1 + z * (1 - sz));
+    auto dz = dout * w * a * silu_grad(z);
     auto dw = (dout * a * gz).reshape({-1, w.size(0)}).sum(0);
     return {dO, dz, dw, at::Tensor{}};
   }
@@ -356,18 +355,18 @@ struct GatedNormFn : torch::autograd::Function<GatedNormFn> {
 std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& state, const at::Tensor& resets) {
   if (x.dim() != 3 || weight.dim() != 3 || weight.size(0) != x.size(2) || weight.size(1) != 1 || weight.size(2) < 1)
-    refuse("the convolution takes x [B, T, C] and a weight [C, 1, K]; got x " + shape(x) + ", weight " + shape(weight));
+    refuse("the convolution takes x [B, T, C] and a weight [C, 1, K]; got x " + shape_of(x) + ", weight " + shape_of(weight));
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), K = weight.size(2);
   if (state.defined() && (state.dim() != 3 || state.size(0) != B || state.size(1) != K - 1 || state.size(2) != C))
     refuse("the convolution's state must be [B, K-1, C] = [" + std::to_string(B) + ", " + std::to_string(K - 1) +
-           ", " + std::to_string(C) + "]; got " + shape(state));
+           ", " + std::to_string(C) + "]; got " + shape_of(state));
   if (resets.defined() && (resets.dim() != 2 || resets.size(0) != B || resets.size(1) != T))
-    refuse("resets must be [B, T]; got " + shape(resets));
+    refuse("resets must be [B, T]; got " + shape_of(resets));
   auto before = state.defined() ? state : at::zeros({B, K - 1, C}, x.options());
   auto xp = at::cat({before, x}, 1);  // [B, K-1+T, C]
   // The segment of each padded position: the state's rows are segment 0's
   // (before any reset).
-  auto seg = resets.defined() ? resets.to(at::kLong).cumsum(1) : at::zeros({B, T}, at::kLong);
+  auto seg = segments_of(resets, B, T);
   auto segp = at::cat({at::zeros({B, K - 1}, at::kLong), seg}, 1);
   // Tap K-1-j reads j positions back, where that position is in the same
   // segment.
@@ -390,14 +389,14 @@ std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at
 
 at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps) {
   if (o.sizes() != z.sizes() || w.dim() != 1 || o.dim() < 1 || w.size(0) != o.size(-1))
-    refuse("the gated norm takes o and z of one shape [..., d] and w [d]; got o " + shape(o) + ", z " + shape(z) +
-           ", w " + shape(w));
+    refuse("the gated norm takes o and z of one shape [..., d] and w [d]; got o " + shape_of(o) + ", z " + shape_of(z) +
+           ", w " + shape_of(w));
   return GatedNormFn::apply(o, z, w, eps);
 }
 
 std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h, const MixerState& state,
                                       const at::Tensor& resets, int64_t chunk) {
-  if (h.dim() != 3) refuse("the mixer's input must be [B, T, H]; got " + shape(h));
+  if (h.dim() != 3) refuse("the mixer's input must be [B, T, H]; got " + shape_of(h));
   const int64_t B = h.size(0), T = h.size(1), nk = w.key_heads, dk = w.key_dim, nv = w.value_heads, dv = w.value_dim;
   if (nk < 1 || nv < 1 || nv % nk != 0)
     refuse("linear_num_value_heads (" + std::to_string(nv) + ") must be a multiple of linear_num_key_heads (" +

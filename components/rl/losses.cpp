@@ -1,5 +1,7 @@
 #include "components/rl/losses.hpp"
 
+#include "components/tensor/torch_bridge.hpp"  // shape_of
+
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
@@ -10,12 +12,6 @@
 
 namespace glint::components::rl {
 namespace {
-
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
-}
 
 caf::error bad(std::string_view fn, const std::string& text) {
   return make_error(errc::invalid_argument, std::string{fn} + ": " + text);

@@ -54,4 +54,11 @@ Result<Tensor> from_torch(const at::Tensor& t) {
   return Tensor::wrap(*dtype, t.sizes().vec(), owner, t.data_ptr());
 }
 
+std::string shape_of(const at::Tensor& t) {
+  if (!t.defined()) return "none";
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
 }  // namespace glint::components

@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace glint::components {
 
 /// A CPU at::Tensor over the same bytes. bool maps to at::kBool, u8 to kByte.
@@ -19,5 +21,8 @@ Result<Tensor> from_torch(const at::Tensor& t);
 
 at::ScalarType to_torch(Dtype d);
 Result<Dtype> from_torch(at::ScalarType s);
+
+/// A tensor's shape for error messages: "[2, 3]", or "none" when undefined.
+std::string shape_of(const at::Tensor& t);
 
 }  // namespace glint::components

@@ -117,22 +117,17 @@ Fsdp::~Fsdp() = default;
 // A collective that failed leaves this rank out of step with the others
 // (which issued it or not): the group is unusable from then on.
 void Fsdp::gather_unit(size_t u) {
-  for (auto* f : unit_parts(u))
-    if (auto ok = f->gather(*pg_); !ok) throw_error(broken_by(ok.error()));
+  for (auto i : unit_parts(u))
+    if (auto ok = units_[i].gather(*pg_); !ok) throw_error(broken_by(ok.error()));
 }
 
-const std::vector<bool>& Fsdp::routed_of(const FlatParam* unit) const {
-  return routed_[static_cast<size_t>(unit - units_.data())];
-}
-
-std::vector<FlatParam*> Fsdp::unit_parts(size_t u) {
-  std::vector<FlatParam*> out{&units_[u]};
-  if (u < expert_unit_.size() && expert_unit_[u] > 0) out.push_back(&units_[expert_unit_[u]]);
-  return out;
+std::vector<size_t> Fsdp::unit_parts(size_t u) const {
+  if (u < expert_unit_.size() && expert_unit_[u] > 0) return {u, expert_unit_[u]};
+  return {u};
 }
 
 void Fsdp::free_unit(size_t u) {
-  for (auto* f : unit_parts(u)) f->free_full();
+  for (auto i : unit_parts(u)) units_[i].free_full();
 }
 
 bool Fsdp::holds_experts(const std::string& shard) const {
@@ -146,15 +141,15 @@ bool Fsdp::holds_experts(const std::string& shard) const {
 // ran through the unit; a routed expert no token reached has none), else
 // autograd did not finish it where planned.
 void Fsdp::reduce_unit(size_t u, bool check) {
-  for (auto* unit : unit_parts(u)) {
-    const auto& routed = routed_of(unit);
+  for (auto i : unit_parts(u)) {
+    auto& unit = units_[i];
     if (check)
-      for (size_t i = 0; i < unit->params().size(); ++i)
-        if (!unit->params()[i].grad().defined() && !routed[i])
-          throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[u] +
+      for (size_t p = 0; p < unit.params().size(); ++p)
+        if (!unit.params()[p].grad().defined() && !routed_[i][p])
+          throw_error(make_error(errc::internal, "FSDP: a parameter of " + unit_names_[i] +
                                               " has no gradient when its reduce is due"));
-    if (auto ok = unit->reduce_grads(*pg_, /*average=*/false); !ok) throw_error(broken_by(ok.error()));
-    unit->free_full();
+    if (auto ok = unit.reduce_grads(*pg_, /*average=*/false); !ok) throw_error(broken_by(ok.error()));
+    unit.free_full();
   }
 }
 
@@ -275,8 +270,8 @@ size_t Fsdp::unit_of(const std::string& name) const {
 Result<void> Fsdp::gather_unit_to_read(size_t unit) {
   if (auto ok = usable(); !ok) return ok;
   if (in_pass_) return make_error(errc::failed_precondition, "FSDP: a unit gathered to read inside a pass");
-  for (auto* f : unit_parts(unit))
-    if (auto ok = f->gather(*pg_); !ok) {
+  for (auto i : unit_parts(unit))
+    if (auto ok = units_[i].gather(*pg_); !ok) {
       free_unit(unit);
       return broken_by(ok.error());
     }

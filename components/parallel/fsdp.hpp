@@ -107,8 +107,8 @@ private:
   Fsdp() = default;
   void gather_unit(size_t u);  // throw: they run inside the forward and the backward
   void free_unit(size_t u);
-  // Layer (or the rest) u's flat params: its own, and its experts' (ep).
-  std::vector<FlatParam*> unit_parts(size_t u);
+  // Layer (or the rest) u's units in units_: its own, and its experts' (ep).
+  std::vector<size_t> unit_parts(size_t u) const;
   void reduce_unit(size_t u, bool check);
   void backward_reached(int64_t layer, bool check);
   void finish_pending(bool check);
@@ -121,7 +121,6 @@ private:
   std::vector<FlatParam> units_;     // layers 0..L-1, the rest, then the experts of sparse layers (ep)
   std::vector<size_t> expert_unit_;  // per layer: its experts' unit, or 0 (none)
   std::vector<std::vector<bool>> routed_;  // per unit, per parameter: a routed expert's
-  const std::vector<bool>& routed_of(const FlatParam* unit) const;
   std::vector<std::string> unit_names_;
   std::map<std::string, at::Tensor> decay_;
   PassOptions::LayerHooks hooks_;

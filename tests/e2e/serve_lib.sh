@@ -5,6 +5,8 @@ temp_root() {
   root=$(mktemp -d "/tmp/glint-$1-XXXXXX")
   server=
   trap '[[ -n $server ]] && kill -9 "$server" 2>/dev/null; rm -rf "$root"' EXIT
+  # Under set -e a failed assignment ends the script without a word: say where.
+  trap 'echo "${BASH_SOURCE[0]}:$LINENO: \`$BASH_COMMAND\` failed (exit $?)" >&2' ERR
 }
 #   tiny_base GLINT [ROWS [ARCH]]
 # makes the tiny base model every remote-mode script serves, in ./local/model,
@@ -33,10 +35,18 @@ start_server() {
   printf 'model = "local/model"\nstate_dir = "state"\n%s\n[listen]\nport = 0\n' "$extra" > "$dir/serve.toml"
   local prefix=()
   (($# > 0)) && prefix=("$glint" "$@")
+  # A second server in the same directory: the shell truncates serve.out in
+  # the child after the fork, so without this the wait below could read the
+  # previous server's lines (and its port) before the new one starts.
+  rm -f "$dir/serve.out" "$dir/serve.err"
   "${prefix[@]}" "$glint" serve --config "$dir/serve.toml" > "$dir/serve.out" 2> "$dir/serve.err" &
   server=$!
-  for _ in $(seq 300); do grep -q "sampler group of" "$dir/serve.out" 2>/dev/null && break; sleep 0.1; done
-  port=$(grep -o '127.0.0.1:[0-9]*' "$dir/serve.out" | cut -d: -f2)
+  for _ in $(seq 300); do
+    grep -q "sampler group of" "$dir/serve.out" 2>/dev/null && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.1
+  done
+  port=$(grep -o '127.0.0.1:[0-9]*' "$dir/serve.out" 2>/dev/null | head -1 | cut -d: -f2 || true)
   [[ -n $port ]] || { echo "the server did not start"; cat "$dir/serve.err"; exit 1; }
 }
 # new_key GLINT ROOT TENANT: prints a key for TENANT (the config must exist).

@@ -119,6 +119,24 @@ void model_config_seeds() {
   qwen2_moe.moe.moe_intermediate_size = 16;
   qwen2_moe.moe.shared_expert_intermediate_size = 32;
   seed("model_config", qwen2_moe.to_json());
+  auto qwen3_5 = ModelConfig::make(Architecture::qwen3_5, 1000, 64, 96, 4, 4, 2, 16);
+  qwen3_5.linear_attention = {.num_key_heads = 2, .key_head_dim = 8, .num_value_heads = 4, .value_head_dim = 8,
+                              .conv_kernel_dim = 4};
+  seed("model_config", qwen3_5.to_json());
+  auto qwen3_5_moe = ModelConfig::make(Architecture::qwen3_5_moe, 1000, 64, 96, 2, 4, 2, 16);
+  qwen3_5_moe.linear_attention = qwen3_5.linear_attention;
+  qwen3_5_moe.moe.num_experts = 4;
+  qwen3_5_moe.moe.num_experts_per_tok = 2;
+  qwen3_5_moe.moe.moe_intermediate_size = 16;
+  qwen3_5_moe.moe.shared_expert_intermediate_size = 16;
+  seed("model_config", qwen3_5_moe.to_json());
+  // A vision-language checkpoint's nesting.
+  seed("model_config", R"({"architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 7,
+    "tie_word_embeddings": true, "vision_config": {"depth": 1}, "text_config": {"model_type": "qwen3_5_text",
+    "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "head_dim": 8, "linear_num_key_heads": 1, "linear_key_head_dim": 4, "linear_num_value_heads": 2,
+    "linear_value_head_dim": 4, "layer_types": ["linear_attention", "full_attention"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.5}}})");
   // The field spellings to_json does not write, and a few refusals.
   seed("model_config", R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
     "num_hidden_layers": 2, "num_attention_heads": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},

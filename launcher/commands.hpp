@@ -41,6 +41,13 @@ struct InitModelArgs {
   int64_t shared_intermediate = 0;  ///< qwen2_moe; 0: intermediate
   int64_t sparse_step = 1;
   bool norm_topk = false;
+  // Qwen3.5 (--arch qwen3_5, qwen3_5_moe): the Gated DeltaNet layers.
+  int64_t linear_key_heads = 0;    ///< 0: --heads
+  int64_t linear_value_heads = 0;  ///< 0: twice the key heads
+  int64_t linear_head_dim = 0;     ///< 0: --head-dim (or hidden / heads)
+  int64_t conv_kernel = 4;
+  int64_t full_attention_interval = 4;  ///< every n-th layer full attention (at least the last)
+  double partial_rotary = 0.25;
   /// A JSONL/JSON dataset to train a ChatML byte-level BPE tokenizer of
   /// `vocab` tokens on; written as tokenizer.json + tokenizer_config.json,
   /// and the model's vocabulary and eos follow it. Empty: no tokenizer.

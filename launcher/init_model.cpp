@@ -29,10 +29,30 @@ int init_model(const InitModelArgs& a) {
     m.num_experts_per_tok = a.experts_per_tok;
     m.moe_intermediate_size = a.moe_intermediate > 0 ? a.moe_intermediate : std::max<int64_t>(1, a.intermediate / 4);
     m.shared_expert_intermediate_size =
-        *arch == components::Architecture::qwen2_moe ? (a.shared_intermediate > 0 ? a.shared_intermediate : a.intermediate)
+        *arch != components::Architecture::qwen3_moe ? (a.shared_intermediate > 0 ? a.shared_intermediate : a.intermediate)
                                                      : 0;
     m.decoder_sparse_step = a.sparse_step;
     m.norm_topk_prob = a.norm_topk;
+    if (*arch == components::Architecture::qwen3_5_moe) {  // every layer sparse, always renormalised
+      if (a.sparse_step != 1) {
+        std::fprintf(stderr, "glint init-model: --sparse-step: Qwen3.5-MoE makes every layer sparse\n");
+        return 2;
+      }
+      m.norm_topk_prob = true;
+    }
+  }
+  if (components::is_hybrid(*arch)) {
+    auto& la = cfg.linear_attention;
+    la.num_key_heads = a.linear_key_heads > 0 ? a.linear_key_heads : a.heads;
+    la.num_value_heads = a.linear_value_heads > 0 ? a.linear_value_heads : 2 * la.num_key_heads;
+    la.key_head_dim = la.value_head_dim = a.linear_head_dim > 0 ? a.linear_head_dim : cfg.head_dim;
+    la.conv_kernel_dim = a.conv_kernel;
+    cfg.partial_rotary_factor = a.partial_rotary;
+    const int64_t interval = std::min(a.full_attention_interval, a.layers);
+    cfg.token_mixers.clear();
+    for (int64_t l = 0; l < a.layers; ++l)
+      cfg.token_mixers.push_back((l + 1) % interval == 0 ? components::TokenMixer::attention
+                                                         : components::TokenMixer::gated_deltanet);
   }
   cfg.tie_word_embeddings = a.tie;
   cfg.max_position_embeddings = a.max_positions;

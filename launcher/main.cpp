@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   init_cmd->add_option("dir", im.out, "Directory to write (created if missing)")->required();
   init_cmd->add_option("--arch", im.arch, "Architecture")
       ->capture_default_str()
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}));
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen3_5", "qwen3_5_moe"}));
   init_cmd->add_option("--vocab", im.vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   init_cmd->add_option("--hidden", im.hidden, "Hidden size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 17));
   init_cmd->add_option("--intermediate", im.intermediate, "MLP size")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -118,11 +118,33 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
   init_cmd->add_flag("--norm-topk", im.norm_topk, "MoE: renormalise the chosen experts' weights (norm_topk_prob)");
+  init_cmd->add_option("--linear-key-heads", im.linear_key_heads,
+                       "qwen3_5: Gated DeltaNet query/key heads (linear_num_key_heads; 0: --heads)")
+      ->capture_default_str();
+  init_cmd->add_option("--linear-value-heads", im.linear_value_heads,
+                       "qwen3_5: Gated DeltaNet value heads, a multiple of the key heads (0: twice them)")
+      ->capture_default_str();
+  init_cmd->add_option("--linear-head-dim", im.linear_head_dim,
+                       "qwen3_5: Gated DeltaNet key and value head size (0: the attention's head size)")
+      ->capture_default_str();
+  init_cmd->add_option("--conv-kernel", im.conv_kernel, "qwen3_5: the short causal conv's width (linear_conv_kernel_dim)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  init_cmd->add_option("--full-attention-interval", im.full_attention_interval,
+                       "qwen3_5: every n-th layer is full attention, the others Gated DeltaNets (the last layer is "
+                       "full attention in a model of fewer layers)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
+  init_cmd->add_option("--partial-rotary", im.partial_rotary,
+                       "qwen3_5: the share of each head RoPE rotates (partial_rotary_factor)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   init_cmd->add_option("--tokenizer-from", im.tokenizer_from,
                        "Train a ChatML byte-level BPE tokenizer of --vocab tokens on this JSONL/JSON dataset and write "
                        "it too (the model's vocab and eos follow it)");
   init_cmd->footer("Examples:\n  glint init-model models/tiny --arch qwen3 --hidden 256 --layers 4 --vocab 2048\n"
                    "  glint init-model models/tiny-moe --arch qwen3_moe --experts 8 --experts-per-tok 2 --norm-topk\n"
+                   "  glint init-model models/tiny-35 --arch qwen3_5 --hidden 128 --layers 4 --heads 4 --kv-heads 2\n"
                    "  glint init-data arithmetic data/arith.jsonl && "
                    "glint init-model models/arith --vocab 512 --tokenizer-from data/arith.jsonl");
 

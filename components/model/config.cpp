@@ -1,5 +1,6 @@
 #include "components/model/config.hpp"
 #include "components/model/config_field.hpp"
+#include "components/model/hybrid_config.hpp"
 #include "components/model/moe_config.hpp"
 
 #include "runtime/file.hpp"
@@ -23,6 +24,8 @@ std::string_view hf_class_name(Architecture a) {
     case Architecture::qwen3: return "Qwen3ForCausalLM";
     case Architecture::qwen2_moe: return "Qwen2MoeForCausalLM";
     case Architecture::qwen3_moe: return "Qwen3MoeForCausalLM";
+    case Architecture::qwen3_5: return "Qwen3_5ForCausalLM";
+    case Architecture::qwen3_5_moe: return "Qwen3_5MoeForCausalLM";
   }
   return "?";
 }
@@ -33,12 +36,30 @@ Result<Architecture> parse_architecture(std::string_view name) {
   if (name == "Qwen3ForCausalLM" || name == "qwen3") return Architecture::qwen3;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Architecture::qwen2_moe;
   if (name == "Qwen3MoeForCausalLM" || name == "qwen3_moe") return Architecture::qwen3_moe;
+  // Qwen3.6 uses Qwen3.5's classes and model_type.
+  if (name == "Qwen3_5ForConditionalGeneration" || name == "Qwen3_5ForCausalLM" || name == "qwen3_5" ||
+      name == "qwen3_5_text")
+    return Architecture::qwen3_5;
+  if (name == "Qwen3_5MoeForConditionalGeneration" || name == "Qwen3_5MoeForCausalLM" || name == "qwen3_5_moe" ||
+      name == "qwen3_5_moe_text")
+    return Architecture::qwen3_5_moe;
+  if (name == "Qwen3NextForCausalLM" || name == "qwen3_next")
+    return make_error(errc::unimplemented,
+                      "architecture '" + std::string{name} +
+                          "' is not supported: Qwen3-Next fuses its Gated DeltaNet projections per key head "
+                          "(in_proj_qkvz, in_proj_ba) and glint reads Qwen3.5's layout only");
   return make_error(errc::unimplemented, "architecture '" + std::string{name} +
                                              "' is not supported; glint loads LlamaForCausalLM, Qwen2ForCausalLM, "
-                                             "Qwen3ForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM");
+                                             "Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and the "
+                                             "Qwen3.5 / Qwen3.6 family (Qwen3_5ForConditionalGeneration, "
+                                             "Qwen3_5MoeForConditionalGeneration and their ForCausalLM text models)");
 }
 
-bool is_moe(Architecture a) { return a == Architecture::qwen2_moe || a == Architecture::qwen3_moe; }
+bool is_moe(Architecture a) {
+  return a == Architecture::qwen2_moe || a == Architecture::qwen3_moe || a == Architecture::qwen3_5_moe;
+}
+
+bool is_hybrid(Architecture a) { return a == Architecture::qwen3_5 || a == Architecture::qwen3_5_moe; }
 
 FeedForward ModelConfig::feed_forward(int64_t layer) const {
   if (!is_moe(architecture) || moe.num_experts <= 0 || moe.decoder_sparse_step <= 0) return FeedForward::dense;
@@ -81,6 +102,8 @@ std::string_view model_type(Architecture a) {
     case Architecture::qwen3: return "qwen3";
     case Architecture::qwen2_moe: return "qwen2_moe";
     case Architecture::qwen3_moe: return "qwen3_moe";
+    case Architecture::qwen3_5: return "qwen3_5_text";
+    case Architecture::qwen3_5_moe: return "qwen3_5_moe_text";
   }
   return "?";
 }
@@ -97,6 +120,11 @@ void apply_architecture_defaults(ModelConfig& c) {
   c.o_bias = false;
   c.mlp_bias = false;
   c.moe = is_moe(c.architecture) ? model_detail::default_moe(c.architecture) : MoeConfig{};
+  c.token_mixers.clear();
+  c.linear_attention = {};
+  c.partial_rotary_factor = 1.0;
+  c.attention_gate = c.unit_offset_norms = false;
+  if (is_hybrid(c.architecture)) model_detail::apply_hybrid_defaults(c);
 }
 
 }  // namespace
@@ -113,8 +141,15 @@ ModelConfig ModelConfig::make(Architecture a, int64_t vocab, int64_t hidden, int
   c.num_attention_heads = heads;
   c.num_key_value_heads = kv_heads;
   c.head_dim = head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0);
-  c.rope_theta = a == Architecture::llama ? 10000.0 : 1000000.0;
+  c.rope_theta = a == Architecture::llama ? 10000.0 : is_hybrid(a) ? 10000000.0 : 1000000.0;
   c.rms_norm_eps = a == Architecture::llama ? 1e-5 : 1e-6;
+  if (is_hybrid(a)) {
+    // transformers' layout, every fourth layer full attention; a model of
+    // fewer layers keeps its last one full.
+    const int64_t interval = std::clamp<int64_t>(layers, 1, 4);
+    for (int64_t l = 0; l < layers; ++l)
+      c.token_mixers.push_back((l + 1) % interval == 0 ? TokenMixer::attention : TokenMixer::gated_deltanet);
+  }
   return c;
 }
 
@@ -154,7 +189,14 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   if (!arch) return with_context(arch.error(), origin);
   c.architecture = *arch;
   apply_architecture_defaults(c);
-  const bool qwen = c.architecture != Architecture::llama;
+  const bool hybrid = is_hybrid(c.architecture);
+  if (hybrid) {  // a vision-language checkpoint's decoder is its text_config
+    auto text = model_detail::text_config_of(j, c, origin);
+    if (!text) return text.error();
+    j = std::move(*text);
+  }
+  // The families with sliding-window fields (Qwen2, Qwen3 and their MoE).
+  const bool qwen = c.architecture != Architecture::llama && !hybrid;
 
   // The fields read below; every other one goes to extra_json.
   std::set<std::string> used = {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
@@ -168,11 +210,12 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   if (!qwen2_like(c.architecture)) used.insert("attention_bias");
   if (c.architecture == Architecture::qwen2_moe) used.insert("qkv_bias");
   if (c.architecture == Architecture::llama) used.insert("mlp_bias");
+  if (hybrid) used.insert("text_config");
   if (qwen) used.insert({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"});
 
   bool attention_bias = qwen2_like(c.architecture);
   std::string torch_dtype = "float32", hidden_act = "silu";
-  double attention_dropout = 0.0, partial_rotary_factor = 1.0;
+  double attention_dropout = 0.0, partial_rotary_factor = c.partial_rotary_factor;
   caf::error err;
   auto field = [&](const char* key, auto& out) {
     if (!err) err = model_detail::read_field(j, key, out, origin);
@@ -217,15 +260,21 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
     if (!j.contains(key) && !(is_moe(c.architecture) && std::string_view{key} == "intermediate_size"))
       return make_error(errc::invalid_argument, origin + " lacks the field '" + key + "'");
   if (is_moe(c.architecture) && !j.contains("intermediate_size"))
-    c.intermediate_size = c.architecture == Architecture::qwen3_moe ? 6144 : 5632;
+    // Qwen3.5-MoE has no dense layer and no such field: a placeholder.
+    c.intermediate_size = c.architecture == Architecture::qwen3_moe   ? 6144
+                          : c.architecture == Architecture::qwen2_moe ? 5632
+                                                                      : 512;
   if (is_moe(c.architecture))
     if (auto e = model_detail::read_moe_fields(j, c, used, origin)) return e;
+  if (hybrid)
+    if (auto e = model_detail::read_hybrid_fields(j, c, used, origin)) return e;
   if (c.num_key_value_heads == 0) c.num_key_value_heads = c.num_attention_heads;
   if (c.head_dim == 0) {
     // transformers' defaults: Qwen3Config(head_dim=128); Llama, Qwen2 and
     // both MoE families (Qwen3MoeConfig has no head_dim default) derive it
     // from the hidden size.
     if (c.architecture == Architecture::qwen3) c.head_dim = 128;
+    else if (hybrid) c.head_dim = 256;  // Qwen3_5TextConfig's
     else if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   if (qwen2_like(c.architecture)) {
@@ -243,9 +292,10 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
   if (attention_dropout != 0.0)
     return unsupported("field 'attention_dropout' is " + json(attention_dropout).dump() +
                        "; glint trains without dropout on attention weights (only 0.0 is supported)");
-  if (partial_rotary_factor != 1.0)
+  if (partial_rotary_factor != 1.0 && !hybrid)
     return unsupported("field 'partial_rotary_factor' is " + json(partial_rotary_factor).dump() +
                        "; glint rotates every dimension of a head (only 1.0 is supported)");
+  c.partial_rotary_factor = partial_rotary_factor;
   if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null())
     return unsupported("field 'quantization_config' is " + q->dump() +
                        ": quantized weights are not supported; use the model's float16, bfloat16 or float32 weights");
@@ -262,9 +312,25 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
     } else if (auto top = j.find("rope_theta"); top != j.end() && top->is_number()) {
       theta = top->get<double>();
     }
-    if (auto f = rp->find("partial_rotary_factor"); f != rp->end() && !(f->is_number() && f->get<double>() == 1.0))
-      return unsupported("field 'rope_parameters.partial_rotary_factor' is " + f->dump() +
-                         "; glint rotates every dimension of a head (only 1.0 is supported)");
+    if (auto f = rp->find("partial_rotary_factor"); f != rp->end() && !f->is_null()) {
+      if (!f->is_number())
+        return refuse("field 'rope_parameters.partial_rotary_factor' should be a number, not " + f->dump());
+      if (!hybrid && f->get<double>() != 1.0)
+        return unsupported("field 'rope_parameters.partial_rotary_factor' is " + f->dump() +
+                           "; glint rotates every dimension of a head (only 1.0 is supported)");
+      // transformers moves a top-level factor into rope_parameters: two
+      // values would leave one of them ignored.
+      if (auto top = j.find("partial_rotary_factor"); top != j.end() && top->is_number() && *top != *f)
+        return refuse("fields 'partial_rotary_factor' (" + top->dump() + ") and 'rope_parameters.partial_rotary_factor' (" +
+                      f->dump() + ") disagree; keep one of them");
+      c.partial_rotary_factor = f->get<double>();
+    }
+    // Qwen3.5's multimodal RoPE (mrope_section, mrope_interleaved) is, for
+    // text, exactly RoPE: its three position rows are each the token's index
+    // (reference/model-families.md 3.4); image and video input is refused.
+    if (auto t = rp->find("rope_theta"); hybrid && (t == rp->end() || t->is_null()) && !j.contains("rope_theta"))
+      return refuse("field 'rope_parameters' gives no rope_theta; the Qwen3.5 family's config must (every "
+                    "shipped model has 10000000)");
     scaling = &*rp;
     scaling_field = "rope_parameters";
     // A legacy rope_scaling beside it must say the same, or one of the two
@@ -290,6 +356,9 @@ Result<ModelConfig> ModelConfig::parse(const std::string& text, const std::strin
       }
     }
   } else {
+    if (hybrid && !j.contains("rope_theta"))
+      return refuse("lacks rope_parameters.rope_theta (or rope_theta); the Qwen3.5 family's config must give it "
+                    "(every shipped model has 10000000)");
     field("rope_theta", theta);
     if (err) return err;
     if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
@@ -428,7 +497,7 @@ std::string ModelConfig::to_json() const {
   j["model_type"] = std::string{model_type(architecture)};
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
-  j["intermediate_size"] = intermediate_size;
+  if (architecture != Architecture::qwen3_5_moe) j["intermediate_size"] = intermediate_size;  // it has no dense MLP
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_attention_heads"] = num_attention_heads;
   j["num_key_value_heads"] = num_key_value_heads;
@@ -460,7 +529,8 @@ std::string ModelConfig::to_json() const {
   if (architecture == Architecture::qwen2_moe) j["qkv_bias"] = qkv_bias;
   if (is_moe(architecture)) model_detail::write_moe_fields(*this, j);
   if (architecture == Architecture::llama) j["mlp_bias"] = mlp_bias;
-  if (architecture != Architecture::llama) {
+  if (is_hybrid(architecture)) model_detail::write_hybrid_fields(*this, j);
+  if (architecture != Architecture::llama && !is_hybrid(architecture)) {
     j["use_sliding_window"] = sliding_window > 0;
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
     j["max_window_layers"] = max_window_layers;
@@ -526,6 +596,11 @@ Result<void> ModelConfig::validate() const {
                std::to_string(sliding_layers.size()));
   if (!(initializer_range > 0)) return bad("initializer_range must be positive");
   if (auto e = model_detail::validate_moe(*this)) return e;
+  if (auto e = model_detail::validate_hybrid(*this)) return e;
+  for (auto id : media_token_ids)
+    if (id < 0 || id >= vocab_size)
+      return bad("image_token_id / video_token_id " + std::to_string(id) + " is outside the vocabulary (vocab_size " +
+                 std::to_string(vocab_size) + ")");
   if (auto extra = nlohmann::json::parse(extra_json, nullptr, false); !extra.is_object())
     return bad("extra_json must hold a JSON object");
   return {};
@@ -533,14 +608,15 @@ Result<void> ModelConfig::validate() const {
 
 int64_t ModelConfig::num_parameters() const {
   int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
-  int64_t attn = hidden_size * q + 2 * hidden_size * kv + q * hidden_size;
+  int64_t attn = hidden_size * q * (attention_gate ? 2 : 1) + 2 * hidden_size * kv + q * hidden_size;
   if (qkv_bias) attn += q + 2 * kv;
   if (o_bias) attn += hidden_size;
   if (qk_norm) attn += 2 * head_dim;
   const int64_t mlp = 3 * hidden_size * intermediate_size + (mlp_bias ? 2 * intermediate_size + hidden_size : 0);
   int64_t layers = 0;
   for (int64_t l = 0; l < num_hidden_layers; ++l)
-    layers += attn + 2 * hidden_size +
+    layers += (token_mixer(l) == TokenMixer::gated_deltanet ? model_detail::gated_deltanet_parameters(*this) : attn) +
+              2 * hidden_size +
               (feed_forward(l) == FeedForward::sparse ? model_detail::sparse_block_parameters(*this) : mlp);
   int64_t emb = vocab_size * hidden_size;
   return layers + hidden_size + emb * (tie_word_embeddings ? 1 : 2);

@@ -1,12 +1,16 @@
 #pragma once
 /// `ModelConfig`: the shape of a decoder-only transformer, read from and
 /// written to a Hugging Face `config.json` (LlamaForCausalLM,
-/// Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixture-of-experts
-/// Qwen2MoeForCausalLM and Qwen3MoeForCausalLM).
+/// Qwen2ForCausalLM, Qwen3ForCausalLM, the mixture-of-experts
+/// Qwen2MoeForCausalLM and Qwen3MoeForCausalLM, and the hybrid Qwen3.5 /
+/// Qwen3.6 family: Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and their
+/// vision-language ConditionalGeneration checkpoints, whose text_config is
+/// read and whose vision tower is left out).
 ///
-/// A decoder layer is a stack of typed blocks: a token mixer (attention)
-/// and a feed-forward, chosen per layer (`feed_forward(l)`: a dense SwiGLU
-/// MLP, or a sparse mixture of experts as `moe` describes it).
+/// A decoder layer is a stack of typed blocks: a token mixer and a
+/// feed-forward, chosen per layer (`token_mixer(l)`: softmax attention or
+/// a Gated DeltaNet; `feed_forward(l)`: a dense SwiGLU MLP, or a sparse
+/// mixture of experts as `moe` describes it).
 ///
 ///   auto cfg = ModelConfig::load("models/tiny/config.json");
 ///   if (!cfg) std::puts(describe(cfg.error()).c_str());  // says which field and why
@@ -35,18 +39,43 @@
 
 namespace glint::components {
 
-enum class Architecture : uint8_t { llama, qwen2, qwen3, qwen2_moe, qwen3_moe };
+enum class Architecture : uint8_t { llama, qwen2, qwen3, qwen2_moe, qwen3_moe, qwen3_5, qwen3_5_moe };
 
 /// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-/// "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM".
+/// "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
+/// "Qwen3_5MoeForCausalLM" (glint writes the Qwen3.5 family's text model).
 std::string_view hf_class_name(Architecture a);
 /// config.json's model_type ("llama", "qwen2", "qwen3", "qwen2_moe",
-/// "qwen3_moe").
+/// "qwen3_moe", "qwen3_5_text", "qwen3_5_moe_text").
 std::string_view model_type(Architecture a);
-/// Parses an HF class name or a model_type ("llama", "qwen3_moe", ...).
+/// Parses an HF class name or a model_type ("llama", "qwen3_moe",
+/// "qwen3_5", "Qwen3_5ForConditionalGeneration", ...).
 Result<Architecture> parse_architecture(std::string_view name);
-/// Whether the family routes tokens to experts (Qwen2-MoE, Qwen3-MoE).
+/// Whether the family routes tokens to experts (Qwen2-MoE, Qwen3-MoE,
+/// Qwen3.5-MoE).
 bool is_moe(Architecture a);
+/// Whether the family is Qwen3.5's: Gated DeltaNet and gated attention
+/// layers, (1 + w) norms, partial RoPE.
+bool is_hybrid(Architecture a);
+
+/// A decoder layer's token mixer.
+enum class TokenMixer : uint8_t {
+  attention,       ///< softmax attention: self_attn.* (Qwen3.5's with an output gate)
+  gated_deltanet,  ///< linear attention by the gated delta rule: linear_attn.* (Qwen3.5)
+};
+
+/// The Gated DeltaNet layers' shape (Qwen3.5's linear_* fields).
+struct LinearAttentionConfig {
+  int64_t num_key_heads = 0;    ///< linear_num_key_heads: query/key heads
+  int64_t key_head_dim = 0;     ///< linear_key_head_dim
+  int64_t num_value_heads = 0;  ///< linear_num_value_heads: a multiple of the key heads
+  int64_t value_head_dim = 0;   ///< linear_value_head_dim
+  int64_t conv_kernel_dim = 0;  ///< linear_conv_kernel_dim: the short causal conv's width
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  /// in_proj_qkv's output: the q, k and v channels the conv runs over.
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
 
 /// A decoder layer's feed-forward block.
 enum class FeedForward : uint8_t {
@@ -130,8 +159,33 @@ struct ModelConfig {
   /// RMSNorm of q and k per head before RoPE (Qwen3).
   bool qk_norm = false;
   int64_t max_position_embeddings = 2048;
-  /// The experts (Qwen2-MoE, Qwen3-MoE; num_experts 0 on dense families).
+  /// The experts (Qwen2-MoE, Qwen3-MoE, Qwen3.5-MoE; num_experts 0 on
+  /// dense families).
   MoeConfig moe{};
+  /// Qwen3.5: each layer's token mixer (from layer_types, or
+  /// full_attention_interval). Empty: attention on every layer.
+  std::vector<TokenMixer> token_mixers{};
+  /// Qwen3.5: the Gated DeltaNet layers' heads and conv width.
+  LinearAttentionConfig linear_attention{};
+  /// The share of each head's dimensions RoPE rotates (the first
+  /// int(head_dim * factor); Qwen3.5: 0.25); the rest pass through.
+  double partial_rotary_factor = 1.0;
+  /// Qwen3.5's attention output gate: q_proj gives per head a query and a
+  /// gate of head_dim each, and the attention's output is multiplied by
+  /// sigmoid(gate) before o_proj.
+  bool attention_gate = false;
+  /// Qwen3.5's RMSNorms scale by (1 + weight), their weights starting at 0
+  /// (not the Gated DeltaNet's output norm, a plain weight).
+  bool unit_offset_norms = false;
+  /// Read from a vision-language checkpoint (Qwen3_5ForConditionalGeneration:
+  /// config.json's text_config, weights under model.language_model.): the
+  /// vision tower and the multi-token-prediction head were left out, and
+  /// glint saves the text model (Qwen3_5ForCausalLM).
+  bool from_multimodal = false;
+  /// With from_multimodal: the image and video placeholder ids
+  /// (image_token_id, video_token_id), refused in input since the vision
+  /// tower is not run.
+  std::vector<int64_t> media_token_ids{};
   /// Dtype the weights are stored in (torch_dtype).
   Dtype dtype = Dtype::f32;
   int64_t bos_token_id = -1;
@@ -155,6 +209,21 @@ struct ModelConfig {
                    sliding_layers[static_cast<size_t>(layer)]
                ? sliding_window
                : 0;
+  }
+  /// Layer `layer`'s token mixer.
+  TokenMixer token_mixer(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < token_mixers.size() ? token_mixers[static_cast<size_t>(layer)]
+                                                                          : TokenMixer::attention;
+  }
+  /// Whether any layer is a Gated DeltaNet.
+  bool has_linear_attention() const {
+    for (auto m : token_mixers)
+      if (m == TokenMixer::gated_deltanet) return true;
+    return false;
+  }
+  /// The dimensions of a head RoPE rotates: int(head_dim * partial_rotary_factor).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
   }
   /// Layer `layer`'s feed-forward block: sparse where the family has
   /// experts, (layer + 1) % decoder_sparse_step == 0 and the layer is not

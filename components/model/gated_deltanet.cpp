@@ -394,22 +394,40 @@ at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Te
   return GatedNormFn::apply(o, z, w, eps);
 }
 
-std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h, const MixerState& state,
-                                      const at::Tensor& resets, int64_t chunk) {
-  if (h.dim() != 3) refuse("the mixer's input must be [B, T, H]; got " + shape_of(h));
-  const int64_t B = h.size(0), T = h.size(1), nk = w.key_heads, dk = w.key_dim, nv = w.value_heads, dv = w.value_dim;
+namespace {
+
+// Checks the weights are there and the head counts fit; answers w.project
+// or a plain product.
+void check_weights(const MixerWeights& w) {
+  const int64_t nk = w.key_heads, nv = w.value_heads;
   if (nk < 1 || nv < 1 || nv % nk != 0)
     refuse("linear_num_value_heads (" + std::to_string(nv) + ") must be a multiple of linear_num_key_heads (" +
            std::to_string(nk) + ")");
-  const int64_t key_dim = nk * dk, value_dim = nv * dv;
-  auto linear = [&](const char* name, const at::Tensor& weight, const at::Tensor& x) {
-    return w.project ? w.project(name, weight, x) : at::linear(x, weight);
-  };
   for (const auto* t : {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a, &w.conv1d, &w.A_log, &w.dt_bias,
                         &w.norm, &w.out_proj})
     if (!t->defined()) refuse("a linear_attn tensor is missing (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, "
                               "conv1d, A_log, dt_bias, norm and out_proj are all required)");
-  auto c = linear("in_proj_qkv", w.in_proj_qkv, h);
+}
+
+at::Tensor apply(const MixerWeights& w, const char* name, const at::Tensor& weight, const at::Tensor& x) {
+  return w.project ? w.project(name, weight, x) : at::linear(x, weight);
+}
+
+}  // namespace
+
+Projected project_in(const MixerWeights& w, const at::Tensor& h) {
+  check_weights(w);
+  return {apply(w, "in_proj_qkv", w.in_proj_qkv, h), apply(w, "in_proj_z", w.in_proj_z, h),
+          apply(w, "in_proj_b", w.in_proj_b, h), apply(w, "in_proj_a", w.in_proj_a, h)};
+}
+
+std::pair<at::Tensor, MixerState> mix_projected(const MixerWeights& w, const Projected& in, const MixerState& state,
+                                                const at::Tensor& resets, int64_t chunk) {
+  check_weights(w);
+  const auto& c = in.qkv;
+  if (c.dim() != 3) refuse("the mixer's projections must be [B, T, .]; got " + shape_of(c));
+  const int64_t B = c.size(0), T = c.size(1), nk = w.key_heads, dk = w.key_dim, nv = w.value_heads, dv = w.value_dim;
+  const int64_t key_dim = nk * dk, value_dim = nv * dv;
   if (c.size(2) != 2 * key_dim + value_dim)
     refuse("in_proj_qkv gives " + std::to_string(c.size(2)) + " channels, expected 2 x " + std::to_string(key_dim) +
            " + " + std::to_string(value_dim));
@@ -424,13 +442,20 @@ std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h
     q = q.repeat_interleave(nv / nk, 2);
     k = k.repeat_interleave(nv / nk, 2);
   }
-  auto beta = at::sigmoid(linear("in_proj_b", w.in_proj_b, h));
-  auto g = -w.A_log.exp() * at::softplus(linear("in_proj_a", w.in_proj_a, h) + w.dt_bias);
-  Inputs in{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state.recurrent, .resets = resets};
-  auto rule = chunk > 0 ? chunked(in, {.chunk = chunk}) : recurrent(in);
-  auto z = linear("in_proj_z", w.in_proj_z, h).view({B, T, nv, dv});
+  auto beta = at::sigmoid(in.b);
+  auto g = -w.A_log.exp() * at::softplus(in.a + w.dt_bias);
+  Inputs rule_in{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state.recurrent, .resets = resets};
+  auto rule = chunk > 0 ? chunked(rule_in, {.chunk = chunk}) : recurrent(rule_in);
+  auto z = in.z.reshape({B, T, nv, dv});
   auto o = gated_rms_norm(rule.o, z, w.norm, w.eps).reshape({B, T, value_dim});
-  return {linear("out_proj", w.out_proj, o), MixerState{conv_state, rule.state}};
+  return {o, MixerState{conv_state, rule.state}};
+}
+
+std::pair<at::Tensor, MixerState> mix(const MixerWeights& w, const at::Tensor& h, const MixerState& state,
+                                      const at::Tensor& resets, int64_t chunk) {
+  if (h.dim() != 3) refuse("the mixer's input must be [B, T, H]; got " + shape_of(h));
+  auto [o, out_state] = mix_projected(w, project_in(w, h), state, resets, chunk);
+  return {apply(w, "out_proj", w.out_proj, o), std::move(out_state)};
 }
 
 }  // namespace glint::components::gdn

@@ -102,6 +102,25 @@ struct MixerState {
   at::Tensor recurrent{};  ///< [B, nv, dk, dv]
 };
 
+/// The input projections of h [..., H]: in_proj_qkv, in_proj_z, in_proj_b
+/// and in_proj_a, through w.project.
+struct Projected {
+  at::Tensor qkv{};  ///< [..., conv_dim]
+  at::Tensor z{};    ///< [..., value_heads * value_dim]
+  at::Tensor b{};    ///< [..., value_heads]
+  at::Tensor a{};    ///< [..., value_heads]
+};
+Projected project_in(const MixerWeights& w, const at::Tensor& h);
+
+/// What the mixer does between its projections, on [B, T, .] inputs:
+/// convolution, l2-normed q and k, the gates, the delta rule (chunked, or
+/// token by token when `chunk` is 0) and the gated norm. Answers the output
+/// before out_proj [B, T, value_heads * value_dim] and the state after it.
+/// The sampler projects a whole step's rows at once (each row's adapter)
+/// and runs this per sequence, with its own state.
+std::pair<at::Tensor, MixerState> mix_projected(const MixerWeights& w, const Projected& in, const MixerState& state = {},
+                                                const at::Tensor& resets = {}, int64_t chunk = 64);
+
 /// The token mixer on h [B, T, H] (the layer's normed input): projections,
 /// convolution, l2-normed q and k, the gates, the delta rule (chunked, or
 /// token by token when `chunk` is 0), the gated norm and out_proj. `state`

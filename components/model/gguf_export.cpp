@@ -45,6 +45,11 @@ uint32_t file_type_of(Dtype d) { return d == Dtype::f16 ? 1 : d == Dtype::bf16 ?
 
 // What llama.cpp computes for the architecture, checked against the config.
 Result<void> check_config(const ModelConfig& c) {
+  if (is_hybrid(c.architecture))
+    return refuse(std::string{hf_class_name(c.architecture)} +
+                  ": GGUF export of the Qwen3.5 family (Gated DeltaNet layers, gated attention) is not built yet; "
+                  "glint would have to write llama.cpp's qwen35 tensor layout, and the llama.cpp it is tested "
+                  "against does not run that architecture");
   if (is_moe(c.architecture)) {
     // llama.cpp builds every layer of these families as a sparse block,
     // renormalises the k weights for Qwen3-MoE and never for Qwen2-MoE.

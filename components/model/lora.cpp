@@ -43,8 +43,11 @@ std::vector<std::string> other_modules(const ModelConfig& c) {
   std::vector<std::string> out = {"model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb"};
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto p = "model.layers." + std::to_string(l);
-    for (const char* m : {"", ".self_attn", ".mlp", ".input_layernorm", ".post_attention_layernorm"})
+    const bool linear = c.token_mixer(l) == TokenMixer::gated_deltanet;
+    for (const char* m : {"", linear ? ".linear_attn" : ".self_attn", ".mlp", ".input_layernorm", ".post_attention_layernorm"})
       out.push_back(p + m);
+    if (linear)  // the Gated DeltaNet's conv (an nn.Conv1d), gated norm and activation
+      for (const char* m : {".linear_attn.conv1d", ".linear_attn.norm", ".linear_attn.act"}) out.push_back(p + m);
     if (c.feed_forward(l) == FeedForward::dense) {
       out.push_back(p + ".mlp.act_fn");
     } else {
@@ -60,7 +63,7 @@ std::vector<std::string> other_modules(const ModelConfig& c) {
         out.push_back(p + ".mlp.shared_expert.act_fn");
       }
     }
-    if (c.qk_norm) {
+    if (c.qk_norm && !linear) {
       out.push_back(p + ".self_attn.q_norm");
       out.push_back(p + ".self_attn.k_norm");
     }
@@ -83,8 +86,9 @@ Result<std::vector<std::string>> targeted_modules(const CausalLM::Impl& impl, co
     return make_error(errc::unimplemented, origin + targets_text() + " select " + join(unsupported) +
                                                ": glint adapts only the projections (q_proj, k_proj, v_proj, o_proj, "
                                                "gate_proj, up_proj, down_proj; on MoE layers also the router gate, "
-                                               "the experts' projections and shared_expert_gate) and the LM head "
-                                               "(lm_head)");
+                                               "the experts' projections and shared_expert_gate; on Gated DeltaNet "
+                                               "layers in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and out_proj) "
+                                               "and the LM head (lm_head)");
   std::vector<std::string> out;
   for (const auto& m : impl.linear_modules())
     if (cfg.targets(m)) out.push_back(m);

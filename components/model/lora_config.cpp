@@ -155,7 +155,7 @@ bool LoraConfig::targets(const std::string& path) const {
     // On MoE layers that includes the routers, the experts and the shared
     // expert's projections and gate, as PEFT's for transformers 4.
     static const std::regex projection{
-        R"(model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.((experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj|gate|shared_expert_gate)))"};
+        R"(model\.layers\.\d+\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_(qkv|z|b|a)|out_proj)|mlp\.((experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj|gate|shared_expert_gate)))"};
     return std::regex_match(path, projection);
   }
   // A module named by its whole path is taken whatever its layer; one
@@ -171,7 +171,10 @@ bool LoraConfig::targets(const std::string& path) const {
 const std::vector<std::string>& projection_names() {
   static const std::vector<std::string> names = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                  "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                 "mlp.down_proj",    "mlp.gate",         "mlp.shared_expert_gate"};
+                                                 "mlp.down_proj",    "mlp.gate",         "mlp.shared_expert_gate",
+                                                 "linear_attn.in_proj_qkv", "linear_attn.in_proj_z",
+                                                 "linear_attn.in_proj_b", "linear_attn.in_proj_a",
+                                                 "linear_attn.out_proj"};
   return names;
 }
 
@@ -181,10 +184,20 @@ std::vector<LinearModule> linear_modules(const ModelConfig& m) {
   std::vector<LinearModule> out;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
     const auto p = "model.layers." + std::to_string(l) + ".";
-    out.push_back({p + "self_attn.q_proj", h, q});
-    out.push_back({p + "self_attn.k_proj", h, kv});
-    out.push_back({p + "self_attn.v_proj", h, kv});
-    out.push_back({p + "self_attn.o_proj", q, h});
+    if (m.token_mixer(l) == TokenMixer::gated_deltanet) {
+      const auto& la = m.linear_attention;
+      out.push_back({p + "linear_attn.in_proj_qkv", h, la.conv_dim()});
+      out.push_back({p + "linear_attn.in_proj_z", h, la.value_dim()});
+      out.push_back({p + "linear_attn.in_proj_b", h, la.num_value_heads});
+      out.push_back({p + "linear_attn.in_proj_a", h, la.num_value_heads});
+      out.push_back({p + "linear_attn.out_proj", la.value_dim(), h});
+    } else {
+      // A LoRA on a gated q_proj adapts its query and gate rows together (PEFT).
+      out.push_back({p + "self_attn.q_proj", h, m.attention_gate ? 2 * q : q});
+      out.push_back({p + "self_attn.k_proj", h, kv});
+      out.push_back({p + "self_attn.v_proj", h, kv});
+      out.push_back({p + "self_attn.o_proj", q, h});
+    }
     if (m.feed_forward(l) == FeedForward::dense) {
       out.push_back({p + "mlp.gate_proj", h, m.intermediate_size});
       out.push_back({p + "mlp.up_proj", h, m.intermediate_size});

@@ -5,6 +5,7 @@
 #include "components/kernels/fused.hpp"
 #include "components/model/kernels.hpp"
 #include "components/tensor/torch_bridge.hpp"
+#include "runtime/log.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/text.hpp"
 
@@ -32,15 +33,30 @@ ParameterShapes parameter_shapes(const ModelConfig& c) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto p = "model.layers." + std::to_string(l) + ".";
     out.push_back({p + "input_layernorm.weight", {h}});
-    for (auto [name, rows] : {std::pair{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}}) {
-      out.push_back({p + "self_attn." + name + ".weight", {rows, h}});
-      if (c.qkv_bias) out.push_back({p + "self_attn." + name + ".bias", {rows}});
-    }
-    out.push_back({p + "self_attn.o_proj.weight", {h, q}});
-    if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {h}});
-    if (c.qk_norm) {
-      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
-      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    if (c.token_mixer(l) == TokenMixer::gated_deltanet) {
+      const auto& la = c.linear_attention;
+      const auto a = p + "linear_attn.";
+      out.push_back({a + "in_proj_qkv.weight", {la.conv_dim(), h}});
+      out.push_back({a + "in_proj_z.weight", {la.value_dim(), h}});
+      out.push_back({a + "in_proj_b.weight", {la.num_value_heads, h}});
+      out.push_back({a + "in_proj_a.weight", {la.num_value_heads, h}});
+      out.push_back({a + "conv1d.weight", {la.conv_dim(), 1, la.conv_kernel_dim}});
+      out.push_back({a + "dt_bias", {la.num_value_heads}});
+      out.push_back({a + "A_log", {la.num_value_heads}});
+      out.push_back({a + "norm.weight", {la.value_head_dim}});
+      out.push_back({a + "out_proj.weight", {h, la.value_dim()}});
+    } else {
+      // With Qwen3.5's output gate, q_proj gives each head's query and gate.
+      for (auto [name, rows] : {std::pair{"q_proj", c.attention_gate ? 2 * q : q}, {"k_proj", kv}, {"v_proj", kv}}) {
+        out.push_back({p + "self_attn." + name + ".weight", {rows, h}});
+        if (c.qkv_bias) out.push_back({p + "self_attn." + name + ".bias", {rows}});
+      }
+      out.push_back({p + "self_attn.o_proj.weight", {h, q}});
+      if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {h}});
+      if (c.qk_norm) {
+        out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+        out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+      }
     }
     out.push_back({p + "post_attention_layernorm.weight", {h}});
     if (c.feed_forward(l) == FeedForward::sparse) {
@@ -108,19 +124,32 @@ double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_byte
     routing += 2 * static_cast<double>(c.moe.num_experts) + 3 * k * h + h;
   }
   const double mean_width = L > 0 ? widths / L : I;
+  // Gated DeltaNet layers keep, instead of attention's tensors: the
+  // in_proj_qkv output and the conv's, q and k normed and repeated to the
+  // value heads, v, z, the gates, the rule's output and the normed output,
+  // and the chunked rule's incoming state per chunk of 64.
+  const auto& la = c.linear_attention;
+  const double nv = static_cast<double>(la.num_value_heads), vd = static_cast<double>(la.value_dim());
+  const double gdn = 2 * static_cast<double>(la.conv_dim()) + 2 * nv * static_cast<double>(la.key_head_dim) + 4 * vd +
+                     2 * nv + nv * static_cast<double>(la.key_head_dim * la.value_head_dim) / 64;
+  double linear_layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) linear_layers += c.token_mixer(l) == TokenMixer::gated_deltanet;
+  const double gate = c.attention_gate ? 2 * q : 0;  // the output gate and its product
   if (kernels::enabled()) {
     // The fused kernels keep per layer: the residual stream before and after
     // attention and both norms' outputs, the projections' q, k, v (and
     // before q/k norm, their inputs), the rotated q and k, the attention
     // output and one logsumexp per head, the MLP's gate and up (and their
     // product, when an adapter may take it as its input).
-    const double layer = 4 * h + 2 * q + 2 * kv + kv + (c.qk_norm ? q + kv : 0) + (adapter ? 3 : 2) * mean_width + nh + lora;
+    const double attention = 2 * q + 2 * kv + kv + (c.qk_norm ? q + kv : 0) + nh + gate;
+    const double layer = 4 * h + attention + (adapter ? 3 : 2) * mean_width + lora;
+    const double mixers = (L - linear_layers) * attention + linear_layers * gdn;
     // The backward pass's peak: one layer's gradients, the logits' gradients
     // and two [64, T] blocks of scores per thread (small: left out).
-    const double backward = layer + 3 * V;
+    const double backward = layer + (linear_layers > 0 ? std::max(0.0, gdn - attention) : 0.0) + 3 * V;
     // The boolean masks, [T, T] bytes (two with sliding windows).
     const double masks = (c.sliding_window > 0 ? 2 : 1) * t / static_cast<double>(elem_bytes);
-    return static_cast<double>(elem_bytes) * t * (L * layer + routing + head + backward + masks);
+    return static_cast<double>(elem_bytes) * t * (L * (layer - attention) + mixers + routing + head + backward + masks);
   }
   // The unfused composition. Against the peak resident memory of a
   // cross-entropy step (qwen3, hidden 256, 4 layers, vocab 8192, f32): 0.99x
@@ -130,13 +159,15 @@ double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_byte
   // Kept per layer: two norms' inputs and outputs, q/k/v and their rotated
   // forms, k/v repeated to every head, the attention output, the softmax
   // over T keys, the MLP's gate, up, activation and product.
-  const double layer = 6 * h + 6 * q + 4 * kv + 4 * mean_width + nh * t + lora;
+  const double attention = 6 * q + 4 * kv + nh * t + gate;
+  const double layer = 6 * h + attention + 4 * mean_width + lora;
+  const double mixers = (L - linear_layers) * attention + linear_layers * gdn;
   // The backward pass's peak: one layer's gradients, the scores' three
   // [heads, T, T] temporaries and the logits' gradients.
   const double backward = layer + 3 * nh * t + 3 * V;
   // The additive attention masks, [T, T] floats (two with sliding windows).
   const double masks = (c.sliding_window > 0 ? 2 : 1) * t;
-  return static_cast<double>(elem_bytes) * t * (L * layer + routing + head + backward + masks);
+  return static_cast<double>(elem_bytes) * t * (L * (layer - attention) + mixers + routing + head + backward + masks);
 }
 
 Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
@@ -174,6 +205,15 @@ Result<Prepared> prepare(const ModelConfig& c, const TokenBatch& b) {
     p.segments = seg;
   }
   if (auto e = check_vocab(p.ids, mask, "input_ids")) return e;
+  for (auto media : c.media_token_ids)
+    if (auto at = (p.ids == media).logical_and(mask); at.any().item<bool>()) {
+      auto idx = at.nonzero()[0];
+      return make_error(errc::unimplemented,
+                        "input_ids[" + std::to_string(idx[0].item<int64_t>()) + ", " +
+                            std::to_string(idx[1].item<int64_t>()) + "] = " + std::to_string(media) +
+                            " is the checkpoint's image or video placeholder token: glint runs the text model of this "
+                            "vision-language checkpoint only, so image and video input is not supported");
+    }
   p.real = mask;
   p.ids = p.ids.masked_fill(mask.logical_not(), 0);  // padding may hold any id
 
@@ -335,7 +375,9 @@ bool adapted(const std::string& prefix, const PassOptions& pass) {
 
 }  // namespace
 
-at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& weight) const {
+at::Tensor CausalLM::Impl::rms_norm(const at::Tensor& x, const at::Tensor& stored) const {
+  // Qwen3.5 scales by (1 + w): its stored weights start at 0.
+  const auto weight = cfg.unit_offset_norms ? stored + 1 : stored;
   if (fusable(x) && weight.scalar_type() == x.scalar_type()) return kernels::rms_norm(x, weight, cfg.rms_norm_eps);
   auto var = x.pow(2).mean(-1, /*keepdim=*/true);
   return x * at::rsqrt(var + cfg.rms_norm_eps) * weight;
@@ -382,8 +424,9 @@ at::Tensor CausalLM::Impl::feed_forward(int64_t layer, const at::Tensor& h, cons
 }
 
 at::Tensor CausalLM::Impl::inverse_frequencies() const {
-  const int64_t half = cfg.head_dim / 2;
-  auto exponents = at::arange(0, half, at::kDouble) * 2.0 / static_cast<double>(cfg.head_dim);
+  // Over the rotated dimensions only (partial_rotary_factor).
+  const int64_t rot = cfg.rotary_dim(), half = rot / 2;
+  auto exponents = at::arange(0, half, at::kDouble) * 2.0 / static_cast<double>(rot);
   auto inv_freq = at::pow(cfg.rope_theta, exponents).reciprocal();  // [half], f64
   const auto& s = cfg.rope_scaling;
   if (s.type != RopeScaling::Type::llama3) return inv_freq;
@@ -419,8 +462,34 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
+gdn::MixerWeights CausalLM::Impl::mixer_weights(int64_t layer, const PassOptions& pass) const {
+  const auto pre = "model.layers." + std::to_string(layer) + ".linear_attn.";
+  const auto& la = cfg.linear_attention;
+  gdn::MixerWeights w;
+  w.in_proj_qkv = param(pre + "in_proj_qkv.weight");
+  w.in_proj_z = param(pre + "in_proj_z.weight");
+  w.in_proj_b = param(pre + "in_proj_b.weight");
+  w.in_proj_a = param(pre + "in_proj_a.weight");
+  w.conv1d = param(pre + "conv1d.weight");
+  w.A_log = param(pre + "A_log");
+  w.dt_bias = param(pre + "dt_bias");
+  w.norm = param(pre + "norm.weight");
+  w.out_proj = param(pre + "out_proj.weight");
+  w.key_heads = la.num_key_heads;
+  w.key_dim = la.key_head_dim;
+  w.value_heads = la.num_value_heads;
+  w.value_dim = la.value_head_dim;
+  w.eps = cfg.rms_norm_eps;
+  // Through linear(): the pass's adapters on linear_attn.<name> (PEFT's
+  // module names) and its packed weights.
+  w.project = [this, pre, &pass](const char* name, const at::Tensor&, const at::Tensor& x) {
+    return linear(pre + name, x, false, pass);
+  };
+  return w;
+}
+
 at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
-                                        const PassOptions& pass) const {
+                                        const PassOptions& pass, const TokenMix& mix) const {
   const auto& c = cfg;
   const int64_t D = c.head_dim;
   // Tensor parallelism: this rank's heads, q/k/v and gate/up column-
@@ -437,11 +506,15 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
   auto x = !embeds ? pass.stage_input
            : tp    ? tp::vocab_embedding(ids, param("model.embed_tokens.weight"), tp->vocab_begin, *tp->pg)
                    : at::embedding(param("model.embed_tokens.weight"), ids);
-  auto [cos, sin] = rope(positions);  // [..., T, D]: the same for every head
+  auto [cos, sin] = rope(positions);  // [..., T, rot]: the same for every head
   const bool fused_rope = fusable(x);
+  const int64_t rot = c.rotary_dim();
   auto rotate = [&](const at::Tensor& t) {
-    if (fused_rope) return kernels::rope(t, cos, sin);
-    return t * cos.unsqueeze(-2) + rotate_half(t) * sin.unsqueeze(-2);
+    // Partial RoPE (Qwen3.5): the first rot dimensions turn (rotate-half
+    // within them), the rest pass through.
+    auto part = rot == D ? t : t.narrow(-1, 0, rot).contiguous();
+    auto turned = fused_rope ? kernels::rope(part, cos, sin) : part * cos.unsqueeze(-2) + rotate_half(part) * sin.unsqueeze(-2);
+    return rot == D ? turned : at::cat({turned, t.narrow(-1, rot, D - rot)}, -1);
   };
   auto heads = [&](const at::Tensor& t, int64_t n) {
     auto shape = t.sizes().vec();
@@ -454,16 +527,33 @@ at::Tensor CausalLM::Impl::decode_stack(const at::Tensor& ids, const at::Tensor&
     auto pre = "model.layers." + std::to_string(l) + ".";
     if (pass.layer_hooks) pass.layer_hooks->enter(l);
     auto h = replicated(rms_norm(x, param(pre + "input_layernorm.weight")));
-    auto q = heads(linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass), nh);
-    auto k = heads(linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass), nkv);
-    auto v = heads(linear(pre + "self_attn.v_proj", h, c.qkv_bias, pass), nkv);
-    if (c.qk_norm) {
-      q = rms_norm(q, param(pre + "self_attn.q_norm.weight"));
-      k = rms_norm(k, param(pre + "self_attn.k_norm.weight"));
+    if (c.token_mixer(l) == TokenMixer::gated_deltanet) {
+      if (!mix)
+        throw_error(make_error(errc::unimplemented, "layer " + std::to_string(l) +
+                                                        " is a Gated DeltaNet, and this pass has no state for it"));
+      x = x + summed(mix(l, mixer_weights(l, pass), h));
+    } else {
+      auto qg = linear(pre + "self_attn.q_proj", h, c.qkv_bias, pass);
+      at::Tensor q, gate;
+      if (c.attention_gate) {  // per head: head_dim of query, then head_dim of gate
+        auto both = heads(qg, nh * 2).unflatten(-2, {nh, 2});  // [..., nh, 2, D]
+        q = both.select(-2, 0).contiguous();
+        gate = both.select(-2, 1).flatten(-2);  // [..., nh * D]
+      } else {
+        q = heads(qg, nh);
+      }
+      auto k = heads(linear(pre + "self_attn.k_proj", h, c.qkv_bias, pass), nkv);
+      auto v = heads(linear(pre + "self_attn.v_proj", h, c.qkv_bias, pass), nkv);
+      if (c.qk_norm) {
+        q = rms_norm(q, param(pre + "self_attn.q_norm.weight"));
+        k = rms_norm(k, param(pre + "self_attn.k_norm.weight"));
+      }
+      q = rotate(q);
+      k = rotate(k);
+      auto attended = attend(l, q, k, v);
+      if (gate.defined()) attended = attended * at::sigmoid(gate);
+      x = x + summed(linear(pre + "self_attn.o_proj", attended, c.o_bias, pass));
     }
-    q = rotate(q);
-    k = rotate(k);
-    x = x + summed(linear(pre + "self_attn.o_proj", attend(l, q, k, v), c.o_bias, pass));
     h = replicated(rms_norm(x, param(pre + "post_attention_layernorm.weight")));
     x = x + summed(feed_forward(l, h, pass));
     if (pass.layer_hooks) x = pass.layer_hooks->exit(l, std::move(x));
@@ -489,13 +579,28 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
     window_allowed = p.allowed.logical_and(distance < c.sliding_window).logical_or(at::eye(T, at::kBool).unsqueeze(0));
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // Gated DeltaNet layers: padding zeroed before the mixer, as transformers
+  // does (a left-padded row's state stays zero until its first token), and
+  // the conv window and state reset at each packed segment's start.
+  TokenMix mix;
+  at::Tensor resets, real;
+  if (c.has_linear_attention()) {
+    if (p.segments.defined() && T > 1) {
+      resets = at::zeros({B, T}, at::kBool);
+      resets.narrow(1, 1, T - 1).copy_(p.segments.narrow(1, 1, T - 1) != p.segments.narrow(1, 0, T - 1));
+    }
+    real = p.real.unsqueeze(-1).to(options().dtype());
+    mix = [&](int64_t, const gdn::MixerWeights& w, const at::Tensor& h) {
+      return gdn::mix(w, h * real, {}, resets, gdn_chunk).first;
+    };
+  }
   if (fusable(params.begin()->second)) {
     // kernels::attention: the boolean masks as they are, no [B, heads, T, T]
     // scores or probabilities held for the backward pass.
     auto attend = [&](int64_t layer, const at::Tensor& q4, const at::Tensor& k4, const at::Tensor& v4) {
       return kernels::attention(q4, k4, v4, c.window(layer) > 0 ? window_allowed : p.allowed, scale);
     };
-    return decode_stack(p.ids, p.positions, attend, pass);
+    return decode_stack(p.ids, p.positions, attend, pass, mix);
   }
   auto bias = additive(p.allowed);
   auto window_bias = window_allowed.defined() ? additive(window_allowed) : at::Tensor{};
@@ -511,7 +616,7 @@ at::Tensor CausalLM::Impl::hidden(const model_detail::Prepared& p, const PassOpt
     auto attn = fast_bmm(flat(at::softmax(scores, -1)), flat(v)).view({B, nh, T, D});
     return attn.transpose(1, 2).reshape({B, T, nh * D});
   };
-  return decode_stack(p.ids, p.positions, attend, pass);
+  return decode_stack(p.ids, p.positions, attend, pass, mix);
 }
 
 const at::Tensor& CausalLM::Impl::module_weight(const std::string& module) const {
@@ -600,8 +705,40 @@ CausalLM::Impl::Outputs CausalLM::Impl::run(const model_detail::Prepared& p, boo
 
 namespace {
 
+// A Qwen3.5 checkpoint's text model under glint's (ForCausalLM's) names:
+// model.language_model.* is model.* (as transformers renames it loading the
+// text model), and the vision tower (model.visual.*) and the multi-token-
+// prediction head (mtp.*) are left out, the load saying so.
+Result<void> text_model_names(std::map<std::string, Tensor>& weights, const std::string& origin) {
+  std::map<std::string, Tensor> out;
+  int64_t visual = 0, mtp = 0;
+  const std::string nested = "model.language_model.";
+  for (auto& [name, t] : weights) {
+    if (name.rfind("model.visual.", 0) == 0) {
+      ++visual;
+      continue;
+    }
+    if (name.rfind("mtp.", 0) == 0) {
+      ++mtp;
+      continue;
+    }
+    auto to = name.rfind(nested, 0) == 0 ? "model." + name.substr(nested.size()) : name;
+    if (out.count(to))
+      return make_error(errc::invalid_argument, origin + " holds " + to + " twice (as " + name +
+                                                    " and under the other layout, model.language_model. or model.)");
+    out.emplace(std::move(to), std::move(t));
+  }
+  if (visual > 0 || mtp > 0)
+    log::info(origin + ": left out " + std::to_string(visual) + " vision-tower tensors (model.visual.*) and " +
+              std::to_string(mtp) + " multi-token-prediction tensors (mtp.*); glint runs the text model");
+  weights = std::move(out);
+  return {};
+}
+
 Result<std::shared_ptr<CausalLM::Impl>> from_weights(const ModelConfig& cfg, std::map<std::string, Tensor> weights,
                                                      const std::string& origin) {
+  if (is_hybrid(cfg.architecture))
+    if (auto ok = text_model_names(weights, origin); !ok) return ok.error();
   if (cfg.has_experts())
     if (auto ok = model_detail::unfuse_experts(cfg, weights, origin); !ok) return ok.error();
   auto expected = model_detail::parameter_shapes(cfg);
@@ -699,7 +836,16 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) tr
     at::Tensor t;
     bool is_norm = name.find("norm.weight") != std::string::npos;
     bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (is_norm) t = at::ones(shape, at::kFloat);
+    auto ends = [&](std::string_view tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    // (1 + w) norms start at 0, the Gated DeltaNet's plain output norm at 1
+    // (transformers' Qwen3.5 initialisation); A_log at log of U(1, 16) and
+    // dt_bias at 1, transformers' too (it draws A from U(0, 16)).
+    const bool plain_norm = !cfg.unit_offset_norms || name.find("linear_attn.norm.weight") != std::string::npos;
+    if (is_norm) t = plain_norm ? at::ones(shape, at::kFloat) : at::zeros(shape, at::kFloat);
+    else if (ends(".A_log")) t = at::empty(shape, at::kFloat).uniform_(1.0, 16.0, gen).log_();
+    else if (ends(".dt_bias")) t = at::ones(shape, at::kFloat);
     else if (is_bias) t = at::zeros(shape, at::kFloat);
     else t = at::empty(shape, at::kFloat).normal_(0.0, cfg.initializer_range, gen);
     impl->names.push_back(name);
@@ -744,7 +890,54 @@ Result<void> model_detail::save_pretrained(const ModelConfig& c, const std::stri
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(errc::unavailable, "cannot create " + dir + ": " + ec.message());
-  const auto shapes = parameter_shapes(c);
+  auto shapes = parameter_shapes(c);
+  // Qwen3.5-MoE's checkpoints hold each layer's experts fused, and
+  // transformers reads that layout only: gate_up_proj [E, 2I, H] (each
+  // expert's gate rows, then its up rows) and down_proj [E, H, I].
+  const bool fuse = c.architecture == Architecture::qwen3_5_moe;
+  if (fuse) {
+    const int64_t E = c.moe.num_experts, I = c.moe.moe_intermediate_size, H = c.hidden_size;
+    ParameterShapes disk;
+    for (auto& [name, shape] : shapes) {
+      const auto at = name.find(".mlp.experts.");
+      if (at == std::string::npos) {
+        disk.emplace_back(std::move(name), std::move(shape));
+        continue;
+      }
+      if (name.compare(at + 13, 2, "0.") != 0 || name.find(".gate_proj.") == std::string::npos) continue;
+      const auto layer = name.substr(0, at) + ".mlp.experts.";
+      disk.push_back({layer + "gate_up_proj", {E, 2 * I, H}});
+      disk.push_back({layer + "down_proj", {E, H, I}});
+    }
+    shapes = std::move(disk);
+  }
+  // `fetch` answers the parameters in parameter_shapes' order (each
+  // expert's gate, up, down): gate_up_proj fetches them all, and the down
+  // projections wait for down_proj, which follows it.
+  std::vector<at::Tensor> downs;
+  auto fetch_disk = [&](const std::string& name) -> Result<at::Tensor> {
+    const bool gate_up = name.ends_with(".mlp.experts.gate_up_proj"), down = name.ends_with(".mlp.experts.down_proj");
+    if (!fuse || (!gate_up && !down)) return fetch(name);
+    if (down) {
+      auto stacked = at::stack(downs);
+      downs.clear();
+      return stacked;
+    }
+    const auto layer = name.substr(0, name.rfind('.') + 1);
+    std::vector<at::Tensor> gate_ups;
+    for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+      const auto q = layer + std::to_string(e) + ".";
+      auto g = fetch(q + "gate_proj.weight");
+      if (!g) return g.error();
+      auto u = fetch(q + "up_proj.weight");
+      if (!u) return u.error();
+      auto d = fetch(q + "down_proj.weight");
+      if (!d) return d.error();
+      gate_ups.push_back(at::cat({*g, *u}, 0));
+      downs.push_back(*d);
+    }
+    return at::stack(gate_ups);
+  };
   const auto dtype = to_torch(c.dtype);
   std::vector<TensorSpec> specs;
   for (const auto& [name, shape] : shapes) {
@@ -754,7 +947,7 @@ Result<void> model_detail::save_pretrained(const ModelConfig& c, const std::stri
   }
   auto one = [&](size_t i) -> Result<Tensor> {
     const auto& [name, shape] = shapes[i];
-    auto t = fetch(name);
+    auto t = fetch_disk(name);
     if (!t) return t.error();
     if (t->sizes().vec() != shape)
       return make_error(errc::internal, name + " came as [" + join(t->sizes().vec()) + "], expected [" + join(shape) + "]");

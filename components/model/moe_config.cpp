@@ -20,6 +20,12 @@ MoeConfig default_moe(Architecture a) {
     m.num_experts_per_tok = 4;
     m.moe_intermediate_size = 1408;
     m.shared_expert_intermediate_size = 5632;
+  } else if (a == Architecture::qwen3_5_moe) {
+    m.num_experts = 256;
+    m.num_experts_per_tok = 8;
+    m.moe_intermediate_size = 512;
+    m.shared_expert_intermediate_size = 512;
+    m.norm_topk_prob = true;  // always: Qwen3.5-MoE's router has no such field
   }
   return m;
 }
@@ -28,8 +34,8 @@ caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>&
   auto& m = c.moe;
   used.insert({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"});
-  const bool qwen2 = c.architecture == Architecture::qwen2_moe;
-  if (qwen2) used.insert("shared_expert_intermediate_size");
+  const bool qwen2 = c.architecture == Architecture::qwen2_moe, qwen3_5 = c.architecture == Architecture::qwen3_5_moe;
+  if (qwen2 || qwen3_5) used.insert("shared_expert_intermediate_size");
   // transformers 5 calls num_experts num_local_experts too: either spelling,
   // and both only when they agree.
   int64_t local = -1;
@@ -46,7 +52,7 @@ caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>&
                           {"moe_intermediate_size", &m.moe_intermediate_size},
                           {"decoder_sparse_step", &m.decoder_sparse_step}})
     if (auto e = read_field(j, key, *out, origin)) return e;
-  if (qwen2)
+  if (qwen2 || qwen3_5)
     if (auto e = read_field(j, "shared_expert_intermediate_size", m.shared_expert_intermediate_size, origin)) return e;
   for (auto [key, out] : {std::pair{"norm_topk_prob", &m.norm_topk_prob},
                           {"output_router_logits", &m.output_router_logits}})
@@ -58,6 +64,16 @@ caf::error read_moe_fields(const json& j, ModelConfig& c, std::set<std::string>&
                                                          "indices, not " + it->dump());
     m.mlp_only_layers = it->get<std::vector<int64_t>>();
   }
+  // Qwen3.5-MoE reads none of these: every layer sparse, the k weights
+  // always renormalised. A file saying otherwise means what transformers
+  // does not compute.
+  if (qwen3_5 && (!m.norm_topk_prob || m.decoder_sparse_step != 1 || !m.mlp_only_layers.empty()))
+    return make_error(errc::unimplemented,
+                      origin + ": Qwen3.5-MoE makes every layer sparse and always renormalises the chosen experts' "
+                               "weights; this file says norm_topk_prob " + std::string{m.norm_topk_prob ? "true" : "false"} +
+                               ", decoder_sparse_step " + std::to_string(m.decoder_sparse_step) + ", mlp_only_layers " +
+                               std::to_string(m.mlp_only_layers.size()) + " layers, which transformers ignores "
+                               "(remove those fields)");
   return caf::none;
 }
 
@@ -66,10 +82,13 @@ void write_moe_fields(const ModelConfig& c, json& j) {
   j["num_experts"] = m.num_experts;
   j["num_experts_per_tok"] = m.num_experts_per_tok;
   j["moe_intermediate_size"] = m.moe_intermediate_size;
-  if (c.architecture == Architecture::qwen2_moe) j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
-  j["norm_topk_prob"] = m.norm_topk_prob;
-  j["decoder_sparse_step"] = m.decoder_sparse_step;
-  j["mlp_only_layers"] = m.mlp_only_layers;
+  if (c.architecture != Architecture::qwen3_moe)
+    j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+  if (c.architecture != Architecture::qwen3_5_moe) {  // fields Qwen3.5-MoE does not have
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["decoder_sparse_step"] = m.decoder_sparse_step;
+    j["mlp_only_layers"] = m.mlp_only_layers;
+  }
   j["router_aux_loss_coef"] = m.router_aux_loss_coef;
   j["output_router_logits"] = m.output_router_logits;
 }
@@ -103,6 +122,12 @@ caf::error validate_moe(const ModelConfig& c) {
                std::to_string(m.shared_expert_intermediate_size));
   if (c.architecture == Architecture::qwen2_moe && m.shared_expert_intermediate_size == 0)
     return bad("shared_expert_intermediate_size must be positive: every Qwen2-MoE sparse block has a shared expert");
+  if (c.architecture == Architecture::qwen3_5_moe) {
+    if (m.shared_expert_intermediate_size == 0)
+      return bad("shared_expert_intermediate_size must be positive: every Qwen3.5-MoE block has a shared expert");
+    if (!m.norm_topk_prob || m.decoder_sparse_step != 1 || !m.mlp_only_layers.empty())
+      return bad("Qwen3.5-MoE makes every layer sparse and renormalises the chosen experts' weights");
+  }
   if (c.architecture == Architecture::qwen3_moe && m.shared_expert_intermediate_size != 0)
     return bad("Qwen3-MoE has no shared expert (shared_expert_intermediate_size " +
                std::to_string(m.shared_expert_intermediate_size) + ")");

@@ -3,6 +3,7 @@
 /// includes ATen; layers above use model.hpp).
 
 #include "components/comm/process_group.hpp"
+#include "components/model/gated_deltanet.hpp"
 #include "components/model/model.hpp"
 
 #include <ATen/ATen.h>
@@ -164,6 +165,12 @@ struct PassOptions {
 /// (normed and rotated) to the weighted values [..., T, heads * D].
 using Attention = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
+/// One Gated DeltaNet layer's token mixer on its normed input h [..., hidden]
+/// (the layer's weights in `w`, projections through the pass's adapters):
+/// its output [..., hidden]. Dense batches run gdn::mix on the whole rows;
+/// the sampler carries each sequence's conv and recurrent state.
+using TokenMix = std::function<at::Tensor(int64_t layer, const gdn::MixerWeights& w, const at::Tensor& h)>;
+
 /// A model whose parameters are tensor-parallel shards (tp::shard_model):
 /// its passes are collective over `pg` (every rank runs each one).
 struct TensorParallelPlan {
@@ -271,12 +278,18 @@ struct CausalLM::Impl {
   /// cos and sin tables [B, T, head_dim] for the positions.
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
   /// The decoder stack on `ids` at `positions` (same shape: [B, T] or [N])
-  /// with attention computed by `attend`: final hidden states [..., hidden]
+  /// with attention computed by `attend` (and Gated DeltaNet layers by `mix`;
+  /// without one, such a layer throws): final hidden states [..., hidden]
   /// (after the last norm; on a pipeline stage, its layers' part, from
   /// pass.stage_input after the first stage, before the norm but on the last). Dense batches and the sampler's paged cache
   /// differ only in `attend`.
   at::Tensor decode_stack(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
-                          const PassOptions& pass = {}) const;
+                          const PassOptions& pass = {}, const TokenMix& mix = {}) const;
+  /// Layer `layer`'s Gated DeltaNet weights, its projections through
+  /// linear() (the pass's adapters and packed weights).
+  gdn::MixerWeights mixer_weights(int64_t layer, const PassOptions& pass) const;
+  /// The chunk the Gated DeltaNet layers' training and scoring passes use.
+  int64_t gdn_chunk = 64;
   /// Final hidden states [B, T, hidden] (after the last norm).
   at::Tensor hidden(const model_detail::Prepared& p, const PassOptions& pass = {}) const;
   /// Logits [B, T, vocab] from hidden states (with an adapter's LM-head

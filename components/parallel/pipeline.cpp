@@ -128,6 +128,10 @@ Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
   if (!m.adapters.empty())
     return make_error(errc::unimplemented, "LoRA on a pipeline-parallel model is not built yet; remove the adapters or "
                                            "use data parallelism");
+  if (m.cfg.has_linear_attention())
+    return make_error(errc::unimplemented, std::string{hf_class_name(m.cfg.architecture)} +
+                                               " has Gated DeltaNet layers, which pipeline parallelism does not run "
+                                               "yet; use data parallelism or fsdp");
   const int64_t L = m.cfg.num_hidden_layers;
   if (L < pg->size())
     return make_error(errc::invalid_argument, "the model has " + std::to_string(L) + " decoder layers, fewer than the " +

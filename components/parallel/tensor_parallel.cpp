@@ -209,6 +209,10 @@ Result<void> shard_model(CausalLM::Impl& m, std::shared_ptr<ProcessGroup> pg) {
     return make_error(errc::unimplemented, std::string{hf_class_name(c.architecture)} +
                                                " has experts, which tensor parallelism does not split yet; use "
                                                "data parallelism or fsdp");
+  if (c.has_linear_attention() || c.attention_gate)
+    return make_error(errc::unimplemented, std::string{hf_class_name(c.architecture)} +
+                                               " has Gated DeltaNet layers and gated attention, which tensor "
+                                               "parallelism does not split yet; use data parallelism or fsdp");
   if (c.o_bias || c.mlp_bias)
     return make_error(errc::unimplemented, "a model whose o_proj or down_proj has a bias cannot be tensor-parallel "
                                            "yet (the bias would be added on every rank)");

@@ -1,4 +1,5 @@
 #include "components/sampler/engine.hpp"
+#include "runtime/log.hpp"
 #include "runtime/memory.hpp"
 
 #include "components/model/kernels.hpp"
@@ -90,7 +91,16 @@ struct Engine::Impl {
   int64_t max_len = 0;
   int32_t num_blocks = 0;
   std::unique_ptr<Scheduler> sched;
-  std::vector<at::Tensor> k_cache, v_cache;  // per layer [num_blocks * block_size, kv_heads, head_dim]
+  std::vector<at::Tensor> k_cache, v_cache;  // per layer [num_blocks * block_size, kv_heads, head_dim]; undefined on Gated DeltaNet layers
+  // Gated DeltaNet layers (Qwen3.5): per layer (undefined members on
+  // attention layers), every sequence slot's conv window [slots, K-1, C] and
+  // delta-rule state [slots, nv, dk, dv]. A running sequence holds a slot
+  // from its first scheduled chunk until it finishes or is preempted; a
+  // fork copies its parent's; a chunk from position 0 starts from zeros.
+  std::vector<gdn::MixerState> linear_state;
+  int64_t state_slots = 0, state_bytes_per_sequence = 0;
+  std::map<uint64_t, int64_t> state_slot;  // sequence id -> slot
+  std::vector<int64_t> free_state_slots;
   // The projection and head weights in oneDNN's layout, converted once
   // instead of at every call (rebuilt when weights change).
   std::map<std::string, at::Tensor> packed;
@@ -119,10 +129,24 @@ struct Engine::Impl {
     const int64_t slots = static_cast<int64_t>(num_blocks) * cfg.block_size;
     k_cache.clear();
     v_cache.clear();
+    linear_state.clear();
+    state_slot.clear();
+    free_state_slots.clear();
+    const auto& la = c.linear_attention;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      if (c.token_mixer(l) == TokenMixer::gated_deltanet) {
+        k_cache.emplace_back();
+        v_cache.emplace_back();
+        linear_state.push_back({at::zeros({state_slots, la.conv_kernel_dim - 1, la.conv_dim()}, at::kFloat),
+                                at::zeros({state_slots, la.num_value_heads, la.key_head_dim, la.value_head_dim},
+                                          at::kFloat)});
+        continue;
+      }
       k_cache.push_back(at::zeros({slots, c.num_key_value_heads, c.head_dim}, at::kFloat));
       v_cache.push_back(at::zeros({slots, c.num_key_value_heads, c.head_dim}, at::kFloat));
+      linear_state.emplace_back();
     }
+    for (int64_t s = state_slots - 1; s >= 0; --s) free_state_slots.push_back(s);
     sched = std::make_unique<Scheduler>(SchedulerConfig{cfg.block_size, num_blocks, cfg.max_num_seqs,
                                                         cfg.max_num_batched_tokens, cfg.enable_prefix_caching});
   }
@@ -176,6 +200,10 @@ struct Engine::Impl {
         return make_error(errc::invalid_argument, "prompt token " + std::to_string(i) + " is " +
                                                       std::to_string(prompt[i]) + ", outside the vocabulary [0, " +
                                                       std::to_string(mc().vocab_size) + ")");
+      else if (std::find(mc().media_token_ids.begin(), mc().media_token_ids.end(), prompt[i]) != mc().media_token_ids.end())
+        return make_error(errc::unimplemented, "prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
+                                                   ", the checkpoint's image or video placeholder: glint runs the "
+                                                   "text model of this vision-language checkpoint only");
     const auto len = static_cast<int64_t>(prompt.size());
     if (len > max_len || (p.max_tokens > 0 && len == max_len))
       return make_error(errc::invalid_argument, "the prompt has " + std::to_string(len) +
@@ -218,17 +246,56 @@ struct Engine::Impl {
     int64_t num_decode = 0;
     at::Tensor decode_slots;    // i64 [S, Cmax]
     at::Tensor decode_lengths;  // i64 [S]
+    at::Tensor decode_states;   // i64 [S]: the decodes' Gated DeltaNet state slots
     struct Prefill {
       int64_t row = 0, count = 0, ctx = 0;
       at::Tensor slots;  // i64 [ctx]
       at::Tensor bias;   // f32 [count, ctx]
       at::Tensor window_bias{};  // f32 [count, ctx], for sliding-window layers
+      int64_t state = -1;        // its Gated DeltaNet state slot
+      bool fresh = true;         // the chunk starts its sequence (the state is zero)
     };
     std::vector<Prefill> prefills;
     std::vector<const Chunk*> order;  // chunks in row order
     std::vector<int64_t> first_row;   // per chunk in `order`
     std::vector<RowAdapter> adapters;
   };
+
+  // The state slot of a sequence whose chunk starts at `begin`: its own, or
+  // a free one; zeros when the chunk starts the sequence (fresh, or
+  // recomputed after a preemption).
+  int64_t state_slot_for(const Sequence& s, int64_t begin) {
+    auto it = state_slot.find(s.id);
+    if (it == state_slot.end()) {
+      if (free_state_slots.empty())
+        throw std::logic_error("more running sequences than Gated DeltaNet state slots (" + std::to_string(state_slots) + ")");
+      it = state_slot.emplace(s.id, free_state_slots.back()).first;
+      free_state_slots.pop_back();
+    }
+    if (begin == 0)
+      for (auto& st : linear_state)
+        if (st.conv.defined()) {
+          st.conv[it->second].zero_();
+          st.recurrent[it->second].zero_();
+        }
+    return it->second;
+  }
+  void release_state(uint64_t seq) {
+    if (auto it = state_slot.find(seq); it != state_slot.end()) {
+      free_state_slots.push_back(it->second);
+      state_slot.erase(it);
+    }
+  }
+  // A fork's samples start from their parent's state after the prompt.
+  void fork_state(const Sequence& parent, const Sequence& kid) {
+    if (state_slots == 0) return;
+    const int64_t from = state_slot.at(parent.id), to = state_slot_for(kid, kid.num_computed);
+    for (auto& st : linear_state)
+      if (st.conv.defined()) {
+        st.conv[to].copy_(st.conv[from]);
+        st.recurrent[to].copy_(st.recurrent[from]);
+      }
+  }
 
   int64_t slot_of(const Sequence& s, int64_t pos) const {
     return static_cast<int64_t>(s.blocks[static_cast<size_t>(pos / cfg.block_size)]) * cfg.block_size +
@@ -242,10 +309,11 @@ struct Engine::Impl {
     r.num_decode = static_cast<int64_t>(r.order.size());
     for (const auto& c : sch.chunks)
       if (c.count > 1) r.order.push_back(&c);
-    std::vector<int64_t> ids, pos, slots;
+    std::vector<int64_t> ids, pos, slots, states;
     std::map<std::string, std::vector<int64_t>> by_adapter;
     for (const auto* c : r.order) {
       r.first_row.push_back(static_cast<int64_t>(ids.size()));
+      if (state_slots > 0) states.push_back(state_slot_for(*c->seq, c->begin));
       const auto& adapter = requests.at(c->seq->request).adapter;
       for (int64_t i = 0; i < c->count; ++i) {
         const int64_t p = c->begin + i;
@@ -259,6 +327,8 @@ struct Engine::Impl {
     r.ids = vec(ids);
     r.positions = vec(pos);
     r.slots = vec(slots);
+    if (state_slots > 0)
+      r.decode_states = vec(std::vector<int64_t>(states.begin(), states.begin() + r.num_decode));
     for (auto& [name, rows] : by_adapter) {
       auto a = lm().adapter(name);  // requests hold their adapter (remove_adapter refuses)
       if (!a) throw std::logic_error("a scheduled request's adapter is gone: " + describe(a.error()));
@@ -281,6 +351,10 @@ struct Engine::Impl {
     for (size_t k = static_cast<size_t>(r.num_decode); k < r.order.size(); ++k) {
       const auto* c = r.order[k];
       Rows::Prefill p{r.first_row[k], c->count, c->begin + c->count, {}, {}};
+      if (state_slots > 0) {
+        p.state = states[k];
+        p.fresh = c->begin == 0;
+      }
       std::vector<int64_t> s(static_cast<size_t>(p.ctx));
       for (int64_t j = 0; j < p.ctx; ++j) s[static_cast<size_t>(j)] = slot_of(*c->seq, j);
       p.slots = vec(s);
@@ -327,11 +401,42 @@ struct Engine::Impl {
       }
       return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
     };
+    // Gated DeltaNet layers: the step's rows projected at once (each row's
+    // adapter), then the decodes token by token from their states in one
+    // batch and each prefill chunk by the chunked rule from its own; the
+    // states after them written back to their slots.
+    auto mix = [&](int64_t layer, const gdn::MixerWeights& w, const at::Tensor& h) {
+      auto& st = linear_state[static_cast<size_t>(layer)];
+      const auto in = gdn::project_in(w, h);  // [N, .]
+      auto rows_of = [&](int64_t row, int64_t count, int64_t dim) {
+        auto part = [&](const at::Tensor& t) { return t.narrow(0, row, count).unsqueeze(dim); };
+        return gdn::Projected{part(in.qkv), part(in.z), part(in.b), part(in.a)};
+      };
+      std::vector<at::Tensor> outs;
+      if (r.num_decode > 0) {
+        const auto& slots = r.decode_states;
+        gdn::MixerState before{st.conv.index_select(0, slots), st.recurrent.index_select(0, slots)};
+        auto [o, after] = gdn::mix_projected(w, rows_of(0, r.num_decode, 1), before, {}, /*chunk=*/0);
+        st.conv.index_copy_(0, slots, after.conv);
+        st.recurrent.index_copy_(0, slots, after.recurrent);
+        outs.push_back(o.squeeze(1));
+      }
+      for (const auto& p : r.prefills) {
+        gdn::MixerState before;
+        if (!p.fresh) before = {st.conv.narrow(0, p.state, 1), st.recurrent.narrow(0, p.state, 1)};
+        auto [o, after] = gdn::mix_projected(w, rows_of(p.row, p.count, 0), before, {}, lm().gdn_chunk);
+        st.conv.narrow(0, p.state, 1).copy_(after.conv);
+        st.recurrent.narrow(0, p.state, 1).copy_(after.recurrent);
+        outs.push_back(o.squeeze(0));
+      }
+      auto o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+      return w.project("out_proj", w.out_proj, o);
+    };
     PassOptions pass;
     pass.row_adapters = r.adapters;
     pass.packed = &packed;
     pass.routes = routes;
-    return lm().decode_stack(r.ids, r.positions, attend, pass);
+    return lm().decode_stack(r.ids, r.positions, attend, pass, mix);
   }
 
   // -- sampling ------------------------------------------------------------------
@@ -501,6 +606,7 @@ struct Engine::Impl {
       out.text = req.params.stop.empty() ? tokenizer->decode(out.tokens) : tokenizer->finish_text(st.bytes);
     if (st.seq) {
       seq_owner.erase(st.seq->id);
+      release_state(st.seq->id);
       sched->finish(*st.seq);
       st.seq = nullptr;
     }
@@ -571,6 +677,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
   auto t0 = clock::now();
   auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   auto sch = pending.empty() ? sched->schedule() : sched->schedule([this](uint64_t id) { return held(id); });
+  for (const auto* s : sch.preempted) release_state(s->id);  // recomputed from position 0 when readmitted
   if (sch.chunks.empty()) return touched;
   ++steps;
   std::set<uint64_t> stepped;  // the requests of this step's chunks
@@ -582,6 +689,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     for (auto [src, dst] : sch.copies) {
       const auto bs = cfg.block_size;
       for (size_t l = 0; l < k_cache.size(); ++l) {
+        if (!k_cache[l].defined()) continue;  // a Gated DeltaNet layer
         k_cache[l].narrow(0, dst * bs, bs).copy_(k_cache[l].narrow(0, src * bs, bs));
         v_cache[l].narrow(0, dst * bs, bs).copy_(v_cache[l].narrow(0, src * bs, bs));
       }
@@ -664,6 +772,7 @@ Result<std::vector<uint64_t>> Engine::Impl::run_step() {
     auto& parent = *d.req->seqs[0].seq;
     auto kids = sched->fork(parent, static_cast<int32_t>(d.req->params.num_samples));
     for (size_t j = 0; j < kids.size(); ++j) {
+      fork_state(parent, *kids[j]);
       d.req->seqs[j + 1].seq = kids[j];
       seq_owner[kids[j]->id] = {d.req->id, static_cast<int32_t>(j + 1)};
     }
@@ -712,8 +821,46 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
   impl->max_len = cfg.max_model_len > 0 ? cfg.max_model_len : c.max_position_embeddings;
-  const int64_t block_bytes = 2 * c.num_hidden_layers * cfg.block_size * c.num_key_value_heads * c.head_dim * 4;
-  const int64_t blocks = cfg.cache_bytes / block_bytes;
+  int64_t attention_layers = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) attention_layers += c.token_mixer(l) == TokenMixer::attention;
+  // Gated DeltaNet layers (Qwen3.5) keep per sequence a conv window and a
+  // delta-rule state of fixed size, whatever its length: a slot per
+  // sequence that may run at once, taken from the budget first (at most
+  // half of it: the rest is the attention layers' KV blocks).
+  int64_t kv_bytes = cfg.cache_bytes;
+  if (c.has_linear_attention()) {
+    const auto& la = c.linear_attention;
+    impl->state_bytes_per_sequence = (c.num_hidden_layers - attention_layers) *
+                                     ((la.conv_kernel_dim - 1) * la.conv_dim() +
+                                      la.num_value_heads * la.key_head_dim * la.value_head_dim) *
+                                     4;
+    impl->state_slots = std::min<int64_t>(cfg.max_num_seqs, cfg.cache_bytes / 2 / impl->state_bytes_per_sequence);
+    if (impl->state_slots < 1)
+      return make_error(errc::invalid_argument,
+                        "cache_bytes " + std::to_string(cfg.cache_bytes) + " cannot hold the Gated DeltaNet state of "
+                        "one sequence beside its KV cache: each sequence takes " +
+                            std::to_string(impl->state_bytes_per_sequence) + " bytes (conv windows and recurrent "
+                            "states of " + std::to_string(c.num_hidden_layers - attention_layers) +
+                            " layers) and the state gets at most half of cache_bytes; raise cache_bytes");
+    if (impl->state_slots < cfg.max_num_seqs)
+      log::info("sampler: cache_bytes holds the Gated DeltaNet state of " + std::to_string(impl->state_slots) +
+                " sequences at once (" + std::to_string(impl->state_bytes_per_sequence) +
+                " bytes each, half the budget), fewer than max_num_seqs " + std::to_string(cfg.max_num_seqs) +
+                ": at most that many run together (raise cache_bytes for more)");
+    impl->cfg.max_num_seqs = impl->state_slots;
+    kv_bytes -= impl->state_slots * impl->state_bytes_per_sequence;
+    // A cached prefix's KV blocks are of no use without the linear layers'
+    // state at the same position, which would take a snapshot per block
+    // (docs/sampler.md): prefix caching is off for these models.
+    impl->cfg.enable_prefix_caching = false;
+  }
+  const int64_t block_bytes =
+      std::max<int64_t>(1, 2 * attention_layers * cfg.block_size * c.num_key_value_heads * c.head_dim * 4);
+  // A model without attention layers keeps no KV: the blocks only count
+  // each sequence's tokens for the scheduler.
+  const int64_t blocks = attention_layers > 0
+                             ? kv_bytes / block_bytes
+                             : impl->cfg.max_num_seqs * ((impl->max_len + cfg.block_size - 1) / cfg.block_size);
   if (blocks < 1)
     return make_error(errc::invalid_argument, "cache_bytes " + std::to_string(cfg.cache_bytes) +
                                                   " holds no KV-cache block: one block of " +
@@ -722,7 +869,8 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
   impl->num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max() / cfg.block_size));
   // Refused before it is allocated: a cache past the machine's memory would
   // die in LibTorch's allocator (or the kernel's OOM killer) instead.
-  if (auto ok = check_memory(static_cast<double>(impl->num_blocks) * static_cast<double>(block_bytes),
+  if (auto ok = check_memory(static_cast<double>(impl->num_blocks) * static_cast<double>(attention_layers > 0 ? block_bytes : 0) +
+                                 static_cast<double>(impl->state_slots * impl->state_bytes_per_sequence),
                              "the sampler's KV cache (cache_bytes: lower it, or the prompts, samples and tokens "
                              "it was sized for)");
       !ok)
@@ -940,6 +1088,7 @@ Result<void> Engine::sleep() {
   m.apply_due_updates();  // none waits for anything now
   m.k_cache.clear();
   m.v_cache.clear();
+  m.linear_state.clear();
   m.sched.reset();
   m.asleep = true;
   return {};
@@ -962,6 +1111,8 @@ EngineStats Engine::stats() const {
   EngineStats s;
   s.num_blocks = m.num_blocks;
   s.block_size = m.cfg.block_size;
+  s.state_slots = m.state_slots;
+  s.state_bytes_per_sequence = m.state_bytes_per_sequence;
   s.steps = m.steps;
   s.generated_tokens = m.generated;
   s.schedule_seconds = m.schedule_seconds;

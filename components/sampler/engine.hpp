@@ -35,6 +35,9 @@ struct EngineStats {
   int64_t num_blocks = 0;
   int64_t free_blocks = 0;
   int64_t block_size = 0;
+  /// Gated DeltaNet layers (Qwen3.5): the sequences whose conv and
+  /// recurrent states the engine holds at once, and the bytes of one's.
+  int64_t state_slots = 0, state_bytes_per_sequence = 0;
   int64_t steps = 0;
   int64_t prompt_tokens = 0;      ///< prompt tokens of admitted requests
   int64_t cached_tokens = 0;      ///< of which the prefix cache served

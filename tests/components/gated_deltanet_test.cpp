@@ -340,7 +340,7 @@ TEST(GatedDeltaNetMixer, ProjectionsGoThroughTheCallersAndBadLayoutsAreRefused) 
     return std::string{name} == "out_proj" ? y * 2 : y;
   };
   auto [doubled, s1] = mix(w, h);
-  EXPECT_EQ(seen, (std::vector<std::string>{"in_proj_qkv", "in_proj_b", "in_proj_a", "in_proj_z", "out_proj"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"}));
   EXPECT_LT(worst(doubled, plain * 2), 1e-12);
   auto refused = [&](MixerWeights bad, const std::string& want) {
     try {

@@ -14,6 +14,7 @@
 #include "components/tensor/torch_bridge.hpp"
 
 #include "support/fake_process_group.hpp"
+#include "support/finite_difference.hpp"
 #include "support/temp_dir.hpp"
 #include "support/tensors.hpp"
 
@@ -433,19 +434,7 @@ TEST(MoeModel, TheGroupedBlockEqualsEveryExpertOnEveryToken) {
   }
 }
 
-// The central difference (step 1e-6) of `f` in element i of `t`, a float64
-// parameter whose value is restored after.
-double central_difference(const std::function<at::Tensor()>& f, const at::Tensor& t, int64_t i) {
-  c10::NoGradGuard ng;
-  auto flat = t.detach().view({-1});
-  const double h = 1e-6, old = flat[i].item<double>();
-  flat[i] = old + h;
-  const double up = f().item<double>();
-  flat[i] = old - h;
-  const double down = f().item<double>();
-  flat[i] = old;
-  return (up - down) / (2 * h);
-}
+using glint::testing::central_difference;
 
 // -- weights on disk ----------------------------------------------------------------------
 

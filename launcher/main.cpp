@@ -444,18 +444,35 @@ int main(int argc, char** argv) {
   if (*demo_cmd) return glint::launcher::demo(demo);
   if (*init_cmd) {
     // The expert options change nothing on a dense family: refused, not ignored.
-    if (im.arch != "qwen2_moe" && im.arch != "qwen3_moe")
+    if (im.arch != "qwen2_moe" && im.arch != "qwen3_moe" && im.arch != "qwen3_5_moe")
       for (const char* o : {"--experts", "--experts-per-tok", "--moe-intermediate", "--shared-intermediate",
                             "--sparse-step", "--norm-topk"})
         if (init_cmd->count(o) > 0) {
-          std::fprintf(stderr, "glint init-model: %s is for a mixture-of-experts --arch (qwen2_moe, qwen3_moe), not %s\n",
+          std::fprintf(stderr,
+                       "glint init-model: %s is for a mixture-of-experts --arch (qwen2_moe, qwen3_moe, qwen3_5_moe), "
+                       "not %s\n",
                        o, im.arch.c_str());
           return 2;
         }
-    if (im.arch != "qwen2_moe" && init_cmd->count("--shared-intermediate") > 0) {
-      std::fprintf(stderr, "glint init-model: --shared-intermediate is for --arch qwen2_moe (Qwen3-MoE has no shared expert)\n");
+    if (im.arch == "qwen3_moe" && init_cmd->count("--shared-intermediate") > 0) {
+      std::fprintf(stderr, "glint init-model: --shared-intermediate is for --arch qwen2_moe and qwen3_5_moe (Qwen3-MoE "
+                           "has no shared expert)\n");
       return 2;
     }
+    if (im.arch == "qwen3_5_moe")
+      for (const char* o : {"--sparse-step", "--norm-topk"})
+        if (init_cmd->count(o) > 0) {
+          std::fprintf(stderr, "glint init-model: %s: Qwen3.5-MoE makes every layer sparse and always renormalises\n", o);
+          return 2;
+        }
+    if (im.arch != "qwen3_5" && im.arch != "qwen3_5_moe")
+      for (const char* o : {"--linear-key-heads", "--linear-value-heads", "--linear-head-dim", "--conv-kernel",
+                            "--full-attention-interval", "--partial-rotary"})
+        if (init_cmd->count(o) > 0) {
+          std::fprintf(stderr, "glint init-model: %s is for the Qwen3.5 family (--arch qwen3_5, qwen3_5_moe), not %s\n", o,
+                       im.arch.c_str());
+          return 2;
+        }
     return glint::launcher::init_model(im);
   }
   if (*gguf_cmd) return glint::launcher::export_gguf(gguf_args);

@@ -11,12 +11,14 @@ temp_root() {
 #   tiny_base GLINT [ROWS [ARCH]]
 # makes the tiny base model every remote-mode script serves, in ./local/model,
 # with a tokenizer trained on ROWS (default: ./rows.jsonl, written here when
-# absent: 40 lines of one sentence); ARCH qwen3 (default) or an MoE family
-# (qwen3_moe, qwen2_moe: 4 experts, 2 per token).
+# absent: 40 lines of one sentence); ARCH qwen3 (default), an MoE family
+# (qwen3_moe, qwen2_moe: 4 experts, 2 per token) or Qwen3.5 (qwen3_5: a
+# Gated DeltaNet layer, then gated attention).
 tiny_base() {
   local glint=$1 rows=${2:-rows.jsonl} arch=${3:-qwen3}
   local experts=()
   [[ $arch == *_moe ]] && experts=(--experts 4 --experts-per-tok 2)
+  [[ $arch == qwen3_5* ]] && experts+=(--head-dim 16)
   mkdir -p local
   [[ -f $rows ]] || printf '{"text": "the quick brown fox jumps over the lazy dog %d times"}\n' $(seq 40) > "$rows"
   "$glint" init-model local/model --arch "$arch" "${experts[@]}" --hidden 64 --intermediate 128 --layers 2 --heads 4 \

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The recipes on a Qwen3.5 base (Gated DeltaNet and gated attention layers,
+# a Qwen3.5-MoE one too): `glint sft` with LoRA on the Gated DeltaNet's own
+# projections and with full training (fsdp over two processes equal to one
+# process), `glint grpo` from the warm-up (the sampler's per-sequence
+# states), `glint dpo`; each loss falls, and what is not built is refused
+# naming the layer kind.
+#   qwen35_recipes.sh GLINT_BINARY
+set -euo pipefail
+glint=$1 recipe=sft
+source "$(dirname "$0")/recipe_lib.sh"
+root=$(mktemp -d /tmp/glint-qwen35-XXXXXX)
+trap 'rm -rf "$root"' EXIT
+cd "$root"
+"$glint" init-data arithmetic arith.jsonl --rows 600 --max-operand 9 --seed 1 > /dev/null
+for arch in qwen3_5 qwen3_5_moe; do
+  experts=()
+  [[ $arch == *_moe ]] && experts=(--experts 4 --experts-per-tok 2 --moe-intermediate 32 --shared-intermediate 32)
+  "$glint" init-model $arch --arch $arch --hidden 64 --intermediate 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 16 \
+    "${experts[@]}" --vocab 400 --max-positions 256 --tokenizer-from arith.jsonl \
+    > init.log 2>&1 || { cat init.log; fail "init-model --arch $arch"; }
+done
+grep -q '"linear_attention"' qwen3_5/config.json || fail "no Gated DeltaNet layer in the config"
+# first_last FILE KEY: the first and last value of KEY in a metrics.jsonl.
+first_last() { python3 -c "import json; r=[json.loads(l) for l in open('$1')]; print(r[0]['$2'], r[-1]['$2'])"; }
+falls() { read -r a b < <(first_last "$1" "$2"); python3 -c "import sys; sys.exit(0 if $b < $a else 1)" || fail "$3: $2 went from $a to $b"; }
+
+# 1. LoRA on the Gated DeltaNet's projections (PEFT's names) and attention's.
+for arch in qwen3_5 qwen3_5_moe; do
+  "$glint" sft --model $arch --dataset arith.jsonl --lr 3e-3 --max-steps 20 \
+    --target-modules in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj,q_proj,v_proj --output runs/lora-$arch \
+    > lora.log 2>&1 || { cat lora.log; fail "LoRA sft on $arch"; }
+  falls runs/lora-$arch/metrics.jsonl loss "LoRA sft on $arch"
+  python3 - runs/lora-$arch/last/adapter_model.safetensors <<'EOF' || fail "the adapter lacks the Gated DeltaNet's modules"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; keys = json.loads(f.read(n))
+assert any(".linear_attn.in_proj_qkv.lora_A.weight" in k for k in keys), list(keys)[:8]
+assert any(".linear_attn.out_proj.lora_B.weight" in k for k in keys)
+assert any(".self_attn.q_proj.lora_A.weight" in k for k in keys)
+EOF
+done
+
+# 2. Full training, one process and fsdp over two: the same first loss.
+"$glint" sft --model qwen3_5 --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 60 \
+  --lr-scheduler constant --output runs/sft > sft.log 2>&1 || { cat sft.log; fail "full sft"; }
+falls runs/sft/metrics.jsonl loss "full sft"
+"$glint" run --nproc 2 -- "$glint" sft --model qwen3_5 --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 \
+  --max-steps 2 --lr-scheduler constant --mesh fsdp=2 --output runs/fsdp > fsdp.log 2>&1 || { cat fsdp.log; fail "fsdp sft"; }
+python3 - runs/sft/metrics.jsonl runs/fsdp/metrics.jsonl <<'EOF' || fail "fsdp's first loss is not one process's"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert abs(a[0]["loss"] - b[0]["loss"]) < 1e-4 * abs(a[0]["loss"]), (a[0]["loss"], b[0]["loss"])
+EOF
+
+# 3. GRPO from the warm-up: the sampler carries each sequence's states.
+"$glint" grpo --model runs/sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8 \
+  --num-generations 4 --lr 1e-3 --max-steps 4 --output runs/grpo > grpo.log 2>&1 || { cat grpo.log; fail "grpo"; }
+[[ -f runs/grpo/last/adapter_model.safetensors ]] || fail "grpo wrote no adapter"
+
+# 4. DPO on preference pairs.
+awk 'BEGIN{srand(1); for(i=0;i<80;i++){a=int(rand()*9);b=int(rand()*9);
+  printf("{\"prompt\": \"%d+%d=\", \"chosen\": \"%d\", \"rejected\": \"I do not know.\"}\n",a,b,a+b)}}' > pairs.jsonl
+"$glint" dpo --model qwen3_5 --dataset pairs.jsonl --lr 5e-3 --beta 0.5 --max-steps 10 --output runs/dpo > dpo.log 2>&1 ||
+  { cat dpo.log; fail "dpo"; }
+falls runs/dpo/metrics.jsonl loss "dpo"
+
+# 5. Tensor and pipeline parallelism refuse the layer kind.
+for mesh in tp=2 pp=2; do
+  code=0
+  "$glint" run --nproc 2 -- "$glint" sft --model qwen3_5 --dataset arith.jsonl --train-type full --max-steps 1 --mesh $mesh \
+    --output runs/$mesh > $mesh.log 2>&1 || code=$?
+  [[ $code != 0 ]] || fail "--mesh $mesh ran"
+  grep -q "Gated DeltaNet" $mesh.log || { cat $mesh.log; fail "--mesh $mesh: the error does not name the layer kind"; }
+done
+echo "qwen3.5 recipes: LoRA, full, fsdp, grpo and dpo ran; tp and pp refused"

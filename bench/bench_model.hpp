@@ -18,7 +18,9 @@ namespace glint::bench {
 /// for smoke runs, for sequences of up to `seq` tokens. With `arch`
 /// qwen3_moe: the same attention, and in every layer 8 experts of half the
 /// dense width, 2 per token (the dense model's feed-forward width per
-/// token: ~70M parameters, ~27M active).
+/// token: ~70M parameters, ~27M active). With qwen3_5: Gated DeltaNet
+/// layers (heads / 2 key heads, heads value heads) and one gated attention
+/// layer in four.
 inline components::ModelConfig bench_model(bool small, int64_t seq,
                                            components::Architecture arch = components::Architecture::qwen3) {
   using components::Architecture;
@@ -30,7 +32,15 @@ inline components::ModelConfig bench_model(bool small, int64_t seq,
     cfg.moe.num_experts_per_tok = 2;
     cfg.moe.moe_intermediate_size = cfg.intermediate_size / 2;
     cfg.moe.norm_topk_prob = true;
-    cfg.moe.shared_expert_intermediate_size = arch == Architecture::qwen2_moe ? cfg.intermediate_size / 2 : 0;
+    cfg.moe.shared_expert_intermediate_size = arch != Architecture::qwen3_moe ? cfg.intermediate_size / 2 : 0;
+  }
+  if (components::is_hybrid(arch)) {
+    // Qwen3.5's proportions: as many Gated DeltaNet key heads as attention
+    // heads, twice as many value heads, of the attention's head size; every
+    // fourth layer full attention (layer 3 of 6).
+    const int64_t heads = cfg.num_attention_heads, d = cfg.head_dim;
+    cfg.linear_attention = {.num_key_heads = heads / 2, .key_head_dim = d, .num_value_heads = heads, .value_head_dim = d,
+                            .conv_kernel_dim = 4};
   }
   return cfg;
 }

@@ -332,6 +332,79 @@ int sample_moe(const SampleBenchArgs& a, Architecture arch) {
   return 0;
 }
 
+// Qwen3.5's decode throughput at 64 sequences and at 1 against the
+// full-attention Qwen3 of the same sizes, both on glint's engine, runs
+// alternating; and what each keeps per sequence.
+int sample_hybrid(const SampleBenchArgs& a, Architecture arch) {
+  auto hybrid_cfg = bench_model(a.small, 4096, arch);
+  auto dense_cfg = bench_model(a.small, 4096);
+  int64_t attention_layers = 0;
+  for (int64_t l = 0; l < hybrid_cfg.num_hidden_layers; ++l)
+    attention_layers += hybrid_cfg.token_mixer(l) == TokenMixer::attention;
+  const auto& la = hybrid_cfg.linear_attention;
+  const int64_t state = (hybrid_cfg.num_hidden_layers - attention_layers) *
+                        ((la.conv_kernel_dim - 1) * la.conv_dim() + la.num_value_heads * la.key_head_dim * la.value_head_dim) * 4;
+  auto kv_per_token = [](const ModelConfig& c, int64_t layers) {
+    return 2 * layers * c.num_key_value_heads * c.head_dim * 4;  // f32 keys and values
+  };
+  const int64_t hybrid_kv_4k = 4096 * kv_per_token(hybrid_cfg, attention_layers);
+  const int64_t dense_kv_4k = 4096 * kv_per_token(dense_cfg, dense_cfg.num_hidden_layers);
+  std::printf("# %s: %s, %s parameters (%lld of %lld layers Gated DeltaNets), against %s of %s parameters (the same "
+              "sizes, softmax attention in every layer); decode: sequences of a %lld-token prompt and %lld new tokens, "
+              "temperature 1, all queued at once, at 64 sequences and at 1; libtorch threads: %d; medians of %d runs "
+              "each, alternating\n",
+              kName, std::string{hf_class_name(hybrid_cfg.architecture)}.c_str(),
+              millions(hybrid_cfg.num_parameters()).c_str(),
+              static_cast<long long>(hybrid_cfg.num_hidden_layers - attention_layers),
+              static_cast<long long>(hybrid_cfg.num_hidden_layers), std::string{hf_class_name(dense_cfg.architecture)}.c_str(),
+              millions(dense_cfg.num_parameters()).c_str(), static_cast<long long>(a.min_prompt),
+              static_cast<long long>(a.max_tokens), at::get_num_threads(), a.repeats);
+  std::printf("# per sequence, f32: the Gated DeltaNet layers' conv windows and recurrent states (fixed), the "
+              "attention layers' keys and values at 4096 tokens (growing with the length)\n");
+  print_metric("qwen35_state_bytes_per_sequence", static_cast<double>(state), 0);
+  print_metric("qwen35_kv_bytes_per_sequence_4k", static_cast<double>(hybrid_kv_4k), 0);
+  print_metric("qwen3_kv_bytes_per_sequence_4k", static_cast<double>(dense_kv_4k), 0);
+  print_metric("qwen35_state_and_kv_vs_qwen3_kv_4k", static_cast<double>(state + hybrid_kv_4k) / static_cast<double>(dense_kv_4k), 3);
+  std::fflush(stdout);
+  for (const int64_t n : {int64_t{64}, int64_t{1}}) {
+    auto b = a;
+    b.prompts = n;
+    b.samples = 1;
+    b.max_prompt = b.min_prompt;
+    b.shared_prefix = 0;
+    auto prompts = make_prompts(b, hybrid_cfg.vocab_size);
+    const int64_t tokens = b.min_prompt + b.max_tokens;
+    std::vector<Engine> engines;
+    for (const auto* cfg : {&hybrid_cfg, &dense_cfg}) {
+      int64_t layers = 0;
+      for (int64_t l = 0; l < cfg->num_hidden_layers; ++l) layers += cfg->token_mixer(l) == TokenMixer::attention;
+      // Room for every sequence's KV at once, and (Qwen3.5) twice its states: the engine gives them at most half.
+      const int64_t blocks = n * ((tokens + 15) / 16 + 1);
+      const int64_t states = cfg == &hybrid_cfg ? 2 * n * state : 0;
+      EngineConfig ecfg{.cache_bytes = blocks * 16 * kv_per_token(*cfg, layers) + states, .max_num_seqs = n,
+                        .max_num_batched_tokens = 2048};
+      auto lm = CausalLM::init_random(*cfg, kSeed);
+      if (!lm) return fail(describe(lm.error()));
+      auto e = Engine::create(std::move(*lm), ecfg);
+      if (!e) return fail(describe(e.error()));
+      engines.push_back(std::move(*e));
+    }
+    std::vector<double> rate[2];
+    for (int rep = 0; rep <= a.repeats; ++rep)  // the first run warms both up, untimed
+      for (int i = 0; i < 2; ++i) {
+        const int side = (rep + i) % 2;
+        auto g = run_glint(engines[static_cast<size_t>(side)], prompts, b, kSeed);
+        if (!g) return fail(describe(g.error()));
+        if (rep > 0) rate[side].push_back(static_cast<double>(g->tokens) / g->seconds);
+      }
+    const auto at = "_" + std::to_string(n);
+    print_metric(("qwen35_decode_tokens_per_s" + at).c_str(), median(rate[0]), 1);
+    print_metric(("qwen3_decode_tokens_per_s" + at).c_str(), median(rate[1]), 1);
+    print_metric(("qwen35_decode_vs_qwen3" + at).c_str(), median(rate[0]) / median(rate[1]), 3);
+  }
+  return 0;
+}
+
 int sample(const SampleBenchArgs& a) {
   if (a.repeats < 1 || a.prompts < 1 || a.samples < 1 || a.max_tokens < 1 || a.min_prompt < 1 ||
       a.max_prompt < a.min_prompt || a.shared_prefix < 0)
@@ -339,6 +412,7 @@ int sample(const SampleBenchArgs& a) {
                 "least --min-prompt, --shared-prefix at least 0");
   auto arch = parse_architecture(a.arch);
   if (!arch) return fail(describe(arch.error()));
+  if (is_hybrid(*arch)) return sample_hybrid(a, *arch);
   if (is_moe(*arch)) return sample_moe(a, *arch);
   auto cfg = a.small ? ModelConfig::make(Architecture::qwen3, 512, 64, 128, 2, 4, 2)
                      : ModelConfig::make(Architecture::qwen3, 8192, 512, 1536, 6, 8, 4);

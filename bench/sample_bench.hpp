@@ -50,7 +50,12 @@ struct SampleBenchArgs {
   /// moe_sample_speedup_vs_llamacpp; --llamacpp none leaves it out). No
   /// Python baseline (its generate loop is dense); llama.cpp's qwen2moe
   /// does not renormalise the bench model's expert weights, so qwen2_moe
-  /// has none either.
+  /// has none either. "qwen3_5" / "qwen3_5_moe": glint's engine on the
+  /// Qwen3.5 bench model against the same-size Qwen3, decoding --min-prompt
+  /// token prompts at 64 sequences and at 1 (qwen35_decode_tokens_per_s_N,
+  /// qwen3_decode_tokens_per_s_N, qwen35_decode_vs_qwen3_N), and the bytes
+  /// each keeps per sequence (qwen35_state_bytes_per_sequence,
+  /// qwen35_kv_bytes_per_sequence_4k, qwen3_kv_bytes_per_sequence_4k).
   std::string arch = "qwen3";
 };
 

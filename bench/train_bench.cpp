@@ -15,6 +15,7 @@
 #include "components/model/kernels.hpp"
 #include "components/model/moe.hpp"
 #include "components/model/trainer.hpp"
+#include "components/model/transformer.hpp"
 #include "components/tensor/block_cache.hpp"
 
 // The few ATen pieces the matmul FLOP/s measurement needs, not <ATen/ATen.h>
@@ -127,6 +128,9 @@ public:
     return r;
   }
 
+  /// The Gated DeltaNet layers' chunk (0: the token-by-token recurrence).
+  void set_gdn_chunk(int64_t chunk) { trainer_.model().impl().gdn_chunk = chunk; }
+
 private:
   Trainer trainer_;
   TrainBatch batch_;
@@ -196,11 +200,26 @@ int train(const TrainBenchArgs& a) {
   // LoRA: the frozen weights need no weight gradients, so 4 per weight
   // (forward, and backward to the activations); the adapters are small.
   const bool lora = a.mode == TrainMode::lora;
+  // Softmax attention's term over its layers only (a Gated DeltaNet layer's
+  // chunked rule is linear in seq and left out).
+  int64_t attention_layers = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) attention_layers += cfg.token_mixer(l) == TokenMixer::attention;
   const double flops_per_token =
       (lora ? 4.0 : 6.0) * static_cast<double>(matmul_params) +
-      12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * a.seq);
+      12.0 * static_cast<double>(attention_layers * cfg.num_attention_heads * cfg.head_dim * a.seq);
   const double tokens_per_step = static_cast<double>(a.batch * a.seq);
 
+  if (is_hybrid(cfg.architecture))
+    std::printf("# %s: %s, %lld of %lld layers Gated DeltaNets (%lld key heads, %lld value heads of %lld, conv width "
+                "%lld; the chunked rule in chunks of 64), the others gated attention rotating %lld of %lld dimensions "
+                "per head\n",
+                kName, std::string{hf_class_name(cfg.architecture)}.c_str(),
+                static_cast<long long>(cfg.num_hidden_layers - attention_layers), static_cast<long long>(cfg.num_hidden_layers),
+                static_cast<long long>(cfg.linear_attention.num_key_heads),
+                static_cast<long long>(cfg.linear_attention.num_value_heads),
+                static_cast<long long>(cfg.linear_attention.value_head_dim),
+                static_cast<long long>(cfg.linear_attention.conv_kernel_dim), static_cast<long long>(cfg.rotary_dim()),
+                static_cast<long long>(cfg.head_dim));
   if (moe)
     std::printf("# %s: %s, %lld experts of width %lld in every layer, %lld per token%s, %s of its parameters active "
                 "per token\n",
@@ -228,7 +247,7 @@ int train(const TrainBenchArgs& a) {
               a.python.c_str(), script.c_str());
   std::printf("# train_mfu: achieved FLOP/s / this machine's best 1024x1024 f32 matmul FLOP/s in this run (at::matmul or "
               "oneDNN); %.3g FLOPs per token = "
-              "%d x %s matmul weights (input embedding excluded) + 12 x layers x heads x head_dim x seq\n",
+              "%d x %s matmul weights (input embedding excluded) + 12 x attention layers x heads x head_dim x seq\n",
               flops_per_token, lora ? 4 : 6, millions(matmul_params).c_str());
   std::fflush(stdout);
 
@@ -354,6 +373,26 @@ int train(const TrainBenchArgs& a) {
               "glint %.1f MiB, python %.1f MiB (medians; /proc/self VmHWM after clear_refs, minus VmRSS before)\n",
               median(glint_peak) / (1 << 20), median(python_peak) / (1 << 20));
   if (median(python_peak) > 0) print_metric("train_peak_bytes_vs_python", median(glint_peak) / median(python_peak), 3);
+  if (is_hybrid(cfg.architecture)) {
+    print_metric("qwen35_train_speedup_vs_python", rate / py_rate, 3);
+    // The chunked rule (hand-written backward) against the recurrence token
+    // by token (autograd through every step), glint both, alternating.
+    std::vector<double> chunked_rate, recurrent_rate;
+    for (int rep = 0; rep < a.repeats; ++rep)
+      for (bool recurrent : {rep % 2 == 1, rep % 2 == 0}) {
+        glint->set_gdn_chunk(recurrent ? 0 : 64);
+        auto g = glint->run(a.steps, kSettleSteps);
+        glint->set_gdn_chunk(64);
+        if (!g) return fail(describe(g.error()));
+        (recurrent ? recurrent_rate : chunked_rate).push_back(tokens_per_step * a.steps / g->seconds);
+      }
+    std::printf("# gdn_*: the same step with the Gated DeltaNet layers' delta rule chunked (64) and token by token "
+                "(the definition, differentiated by autograd), medians of %d runs each, alternating\n",
+                a.repeats);
+    print_metric("gdn_chunked_tokens_per_s", median(chunked_rate), 1);
+    print_metric("gdn_recurrent_tokens_per_s", median(recurrent_rate), 1);
+    print_metric("gdn_chunked_vs_recurrent_train", median(chunked_rate) / median(recurrent_rate), 3);
+  }
   if (!moe) return 0;
   print_metric("moe_train_speedup_vs_python", rate / py_rate, 3);
 

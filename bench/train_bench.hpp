@@ -11,7 +11,9 @@
 /// Prints `name: value` lines (train_tokens_per_s, train_python_tokens_per_s,
 /// train_speedup_vs_python, train_mfu; with an MoE --arch also
 /// moe_train_speedup_vs_python, moe_dense_experts_tokens_per_s and
-/// moe_grouped_vs_dense_experts) after `# ...` comment lines, and
+/// moe_grouped_vs_dense_experts; with a Qwen3.5 --arch also
+/// qwen35_train_speedup_vs_python and gdn_chunked_vs_recurrent_train) after
+/// `# ...` comment lines, and
 /// returns the process exit code: 0, or 1 on an error or when the two sides'
 /// initial losses disagree (a `# warning: ...` line says by how much).
 
@@ -37,7 +39,9 @@ struct TrainBenchArgs {
   /// "qwen3" (dense), or "qwen3_moe" / "qwen2_moe": the same attention with
   /// 8 experts, 2 per token, in every layer (bench_model.hpp). An MoE run
   /// also prints moe_train_speedup_vs_python and moe_grouped_vs_dense_experts
-  /// (glint's grouped block against every expert on every token).
+  /// (glint's grouped block against every expert on every token). "qwen3_5"
+  /// / "qwen3_5_moe": Gated DeltaNet layers and gated attention, with
+  /// qwen35_train_speedup_vs_python and gdn_chunked_vs_recurrent_train.
   std::string arch = "qwen3";
 };
 

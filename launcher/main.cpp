@@ -224,9 +224,10 @@ int main(int argc, char** argv) {
   bench_train->add_flag("--small", train_args.small, "A ~0.1M-parameter model instead, for a quick smoke run");
   bench_train->add_option("--arch", train_args.arch,
                           "qwen3, or an MoE model of the same attention with 8 experts, 2 per token, in every layer "
-                          "(qwen3_moe, qwen2_moe with its shared expert)")
+                          "(qwen3_moe, qwen2_moe with its shared expert), or Qwen3.5 (qwen3_5: Gated DeltaNet layers "
+                          "and one gated attention layer in four; qwen3_5_moe)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe"}));
+      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe", "qwen3_5", "qwen3_5_moe"}));
   bool bench_lora = false;
   bench_train->add_flag("--lora", bench_lora, "Train a LoRA adapter (r 8, all-linear) on the frozen base instead of every weight");
   bench_train->add_option("--python", train_args.python,
@@ -245,9 +246,10 @@ int main(int argc, char** argv) {
                 "~27M-parameter Qwen3 model against a Python PyTorch generate loop, interleaved in one run");
   bench_sample->add_option("--arch", sample_args.arch,
                            "qwen3, or an MoE model (qwen3_moe, qwen2_moe: 8 experts, 2 per token) measured against the "
-                           "dense model of the same active size on glint's engine")
+                           "dense model of the same active size on glint's engine, or Qwen3.5 (qwen3_5, qwen3_5_moe: "
+                           "decode at 64 sequences and at 1 against the same-size Qwen3, and the state per sequence)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe"}));
+      ->check(CLI::IsMember({"qwen3", "qwen3_moe", "qwen2_moe", "qwen3_5", "qwen3_5_moe"}));
   bench_sample->add_option("--repeats", sample_args.repeats, "Timed runs per side (medians are printed)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));

@@ -1,7 +1,10 @@
 """The Python baseline of `glint bench train`: the same Qwen3 (or Llama/Qwen2,
 or Qwen3-MoE / Qwen2-MoE, whose sparse block is written as transformers 4
 writes it: a loop over the experts, each taking its tokens by index and
-adding its output back with index_add_) model and training step as glint's,
+adding its output back with index_add_; or Qwen3.5, whose Gated DeltaNet
+layers run the chunked delta rule as transformers' torch fallback does:
+chunks of 64, each chunk's unit lower-triangular system solved row by row,
+the state carried chunk to chunk) model and training step as glint's,
 written as a user writes it in plain
 PyTorch 1.13 (torch.nn, torch.nn.functional, torch.optim.AdamW; no
 torch.compile, which 1.13 lacks, and no scaled_dot_product_attention, which
@@ -89,9 +92,20 @@ class Config:
     def __init__(self, j):
         arch = (j.get("architectures") or [j.get("model_type", "")])[0].lower()
         self.arch = "qwen3" if "qwen3" in arch else "qwen2" if "qwen2" in arch else "llama"
+        # Qwen3.5 (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM): Gated DeltaNet
+        # and gated attention layers, (1 + w) norms, partial RoPE.
+        self.hybrid = "qwen3_5" in arch
+        self.layer_types = j.get("layer_types") or []
+        self.linear_num_key_heads = j.get("linear_num_key_heads", 0)
+        self.linear_key_head_dim = j.get("linear_key_head_dim", 0)
+        self.linear_num_value_heads = j.get("linear_num_value_heads", 0)
+        self.linear_value_head_dim = j.get("linear_value_head_dim", 0)
+        self.linear_conv_kernel_dim = j.get("linear_conv_kernel_dim", 0)
+        self.partial_rotary_factor = (j.get("rope_parameters") or {}).get("partial_rotary_factor",
+                                                                        j.get("partial_rotary_factor", 1.0))
         self.vocab_size = j["vocab_size"]
         self.hidden_size = j["hidden_size"]
-        self.intermediate_size = j["intermediate_size"]
+        self.intermediate_size = j.get("intermediate_size", 0)
         self.num_hidden_layers = j["num_hidden_layers"]
         self.num_attention_heads = j["num_attention_heads"]
         self.num_key_value_heads = j.get("num_key_value_heads") or self.num_attention_heads
@@ -110,12 +124,16 @@ class Config:
         self.num_experts = j.get("num_experts", 0) if moe else 0
         self.top_k = j.get("num_experts_per_tok", 0)
         self.moe_intermediate_size = j.get("moe_intermediate_size", 0)
-        self.shared_expert_intermediate_size = j.get("shared_expert_intermediate_size", 0) if self.arch == "qwen2" else 0
-        self.norm_topk_prob = j.get("norm_topk_prob", False)
+        self.shared_expert_intermediate_size = (j.get("shared_expert_intermediate_size", 0)
+                                                if self.arch == "qwen2" or self.hybrid else 0)
+        self.norm_topk_prob = j.get("norm_topk_prob", False) or self.hybrid  # Qwen3.5-MoE always renormalises
         self.decoder_sparse_step = j.get("decoder_sparse_step", 1)
         self.mlp_only_layers = j.get("mlp_only_layers") or []
         if moe and self.arch == "qwen2":
             self.qkv_bias = j.get("qkv_bias", True)
+
+    def linear(self, layer):
+        return self.hybrid and self.layer_types[layer] == "linear_attention"
 
     def sparse(self, layer):
         return (self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
@@ -131,6 +149,14 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         variance = x.pow(2).mean(-1, keepdim=True)
         return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Qwen3.5's RMSNorm: scales by (1 + weight), the weight starting at 0."""
+
+    def forward(self, x):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return (1 + self.weight) * (x * torch.rsqrt(variance + self.eps))
 
 
 def rotate_half(x):
@@ -178,6 +204,123 @@ class Attention(nn.Module):
         scores = q @ k.transpose(-2, -1) / math.sqrt(c.head_dim) + mask
         out = F.softmax(scores, dim=-1) @ v
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class GatedAttention(nn.Module):
+    """Qwen3.5's full attention: q_proj gives per head a query and a gate,
+    q/k (1 + w) norms, RoPE on the first rot dimensions, the output times
+    sigmoid(gate)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, 2 * q, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, kv, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, kv, bias=False)
+        self.o_proj = nn.Linear(q, c.hidden_size, bias=False)
+        self.q_norm = OffsetRMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask):
+        c = self.c
+        B, T, _ = x.shape
+        query, gate = self.q_proj(x).view(B, T, c.num_attention_heads, 2 * c.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(query).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        rot = cos.shape[-1]
+        q = torch.cat((q[..., :rot] * cos + rotate_half(q[..., :rot]) * sin, q[..., rot:]), dim=-1)
+        k = torch.cat((k[..., :rot] * cos + rotate_half(k[..., :rot]) * sin, k[..., rot:]), dim=-1)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(c.head_dim) + mask
+        out = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(out * torch.sigmoid(gate.reshape(B, T, -1)))
+
+
+def chunked_delta_rule(q, k, v, g, beta, chunk=64):
+    """The gated delta rule over [B, H, T, d] inputs by chunks, as
+    transformers' torch fallback evaluates it: within a chunk of n positions,
+    with G the running sum of g, the writes u solve the unit lower-triangular
+    system u_s + sum_{r<s} beta_s e^{G_s - G_r} (k_s . k_r) u_r = beta_s (v_s -
+    e^{G_s} S^T k_s), by forward substitution one row after another; the
+    outputs read the incoming state S and the chunk's writes; S moves on to
+    the next chunk."""
+    B, H, T, dk = k.shape
+    dv = v.shape[-1]
+    pad = (chunk - T % chunk) % chunk
+    q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    n = (T + pad) // chunk
+    q, k, v = (t.reshape(B, H, n, chunk, t.shape[-1]) for t in (q, k, v))
+    g, beta = g.reshape(B, H, n, chunk).cumsum(-1), beta.reshape(B, H, n, chunk)
+    kb, vb = k * beta[..., None], v * beta[..., None]
+    lower = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # e^{G_s - G_r}, r <= s
+    # A = -(beta_s k_s . k_r e^{G_s - G_r}) strictly below the diagonal; the
+    # system's inverse (I - A)^{-1} is built row by row in place of A.
+    a = -(kb @ k.transpose(-1, -2) * decay).masked_fill(lower.logical_not() | torch.eye(chunk, dtype=torch.bool), 0)
+    for i in range(1, chunk):
+        row, above = a[..., i, :i].clone(), a[..., :i, :i].clone()  # read before the row is written
+        a[..., i, :i] = row + (row[..., None] * above).sum(-2)
+    solve = a + torch.eye(chunk)
+    w_v = solve @ vb                          # the writes without the incoming state
+    w_k = solve @ (kb * g.exp()[..., None])   # what the incoming state takes off them
+    state = q.new_zeros(B, H, dk, dv)
+    out = []
+    strict = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+    for c in range(n):
+        qc, kc = q[:, :, c], k[:, :, c]
+        gc = g[:, :, c]
+        u = w_v[:, :, c] - w_k[:, :, c] @ state
+        inner = (qc @ kc.transpose(-1, -2) * decay[:, :, c]).masked_fill(strict, 0)
+        out.append((qc * gc.exp()[..., None]) @ state + inner @ u)
+        state = state * gc[..., -1, None, None].exp() + (kc * (gc[..., -1, None] - gc).exp()[..., None]).transpose(-1, -2) @ u
+    return torch.stack(out, 2).reshape(B, H, n * chunk, dv)[:, :, :T]
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear attention: projections, a short causal depthwise conv
+    with silu, l2-normed q and k, beta = sigmoid(b), g = -exp(A_log)
+    softplus(a + dt_bias), the chunked delta rule, a gated RMSNorm, out_proj."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        nk, dk, nv, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim
+        self.conv_dim = 2 * nk * dk + nv * dv
+        self.in_proj_qkv = nn.Linear(c.hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(c.hidden_size, nv * dv, bias=False)
+        self.in_proj_b = nn.Linear(c.hidden_size, nv, bias=False)
+        self.in_proj_a = nn.Linear(c.hidden_size, nv, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, c.linear_conv_kernel_dim, groups=self.conv_dim,
+                                padding=c.linear_conv_kernel_dim - 1, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(nv))
+        self.A_log = nn.Parameter(torch.zeros(nv))
+        self.norm = RMSNorm(dv, c.rms_norm_eps)
+        self.out_proj = nn.Linear(nv * dv, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        c = self.c
+        B, T, _ = x.shape
+        nk, dk, nv, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim
+        mixed = F.silu(self.conv1d(self.in_proj_qkv(x).transpose(1, 2))[..., :T]).transpose(1, 2)
+        q, k, v = torch.split(mixed, [nk * dk, nk * dk, nv * dv], dim=-1)
+        q, k, v = q.reshape(B, T, nk, dk), k.reshape(B, T, nk, dk), v.reshape(B, T, nv, dv)
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.exp() * F.softplus(self.in_proj_a(x) + self.dt_bias)
+        if nv > nk:
+            q, k = q.repeat_interleave(nv // nk, dim=2), k.repeat_interleave(nv // nk, dim=2)
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) / math.sqrt(dk)
+        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+        o = chunked_delta_rule(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2),
+                               beta.transpose(1, 2)).transpose(1, 2)  # [B, T, nv, dv]
+        z = self.in_proj_z(x).reshape(B, T, nv, dv)
+        o = self.norm(o) * F.silu(z)
+        return self.out_proj(o.reshape(B, T, nv * dv))
 
 
 class MLP(nn.Module):
@@ -231,13 +374,18 @@ class SparseMoeBlock(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, c, index):
         super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        norm = OffsetRMSNorm if c.hybrid else RMSNorm
+        self.input_layernorm = norm(c.hidden_size, c.rms_norm_eps)
+        if c.linear(index):
+            self.linear_attn = GatedDeltaNet(c)
+        else:
+            self.self_attn = GatedAttention(c) if c.hybrid else Attention(c)
+        self.post_attention_layernorm = norm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SparseMoeBlock(c) if c.sparse(index) else MLP(c)
 
     def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h) if hasattr(self, "linear_attn") else self.self_attn(h, cos, sin, mask))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -246,7 +394,7 @@ class Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c, l) for l in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = (OffsetRMSNorm if c.hybrid else RMSNorm)(c.hidden_size, c.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
@@ -260,7 +408,8 @@ class CausalLM(nn.Module):
     def forward(self, ids):
         c = self.c
         T = ids.shape[1]
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+        rot = int(c.head_dim * c.partial_rotary_factor)  # the dimensions RoPE turns
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, rot, 2).float() / rot))
         freqs = torch.outer(torch.arange(T).float() / c.rope_factor, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
@@ -295,7 +444,10 @@ def add_lora(model, r, alpha):
     model.requires_grad_(False)
     mlp_names = ("gate_proj", "up_proj", "down_proj")
     for layer in model.model.layers:
-        parents = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"))]
+        if hasattr(layer, "linear_attn"):
+            parents = [(layer.linear_attn, ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"))]
+        else:
+            parents = [(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"))]
         if isinstance(layer.mlp, SparseMoeBlock):
             parents.append((layer.mlp, ("gate",)))
             parents += [(e, mlp_names) for e in layer.mlp.experts]
@@ -309,14 +461,16 @@ def add_lora(model, r, alpha):
 
 
 def trainable_parameter_groups(model, mode, weight_decay):
-    """AdamW groups: no decay on biases and normalisation weights (as glint)."""
+    """AdamW groups: no decay on biases, normalisation weights and a Gated
+    DeltaNet's A_log and dt_bias (as glint)."""
     if mode not in ("full", "lora"):
         raise ValueError(f"mode {mode!r} is not implemented")
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if name.endswith(".bias") or "norm" in name else decay).append(p)
+        quiet = name.endswith((".bias", ".A_log", ".dt_bias")) or "norm" in name
+        (no_decay if quiet else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -206,8 +206,33 @@ struct ChunkedRule : torch::autograd::Function<ChunkedRule> {
 
 }  // namespace
 
+namespace {
+
+// The recurrence without gradients (a sampler's decode step): the state
+// updated in place with batched matrix products, no [B, H, dk, dv]
+// temporaries: S *= e^g; r = S^T k; S += k (beta (v - r))^T; o = S^T q.
+Outputs recurrent_in_place(const Inputs& in, const Dims& d) {
+  const int64_t BH = d.B * d.H;
+  auto S = in.state.defined() ? in.state.clone(at::MemoryFormat::Contiguous)
+                              : at::zeros({d.B, d.H, d.dk, d.dv}, in.q.options());
+  auto flat = S.view({BH, d.dk, d.dv});
+  auto o = at::empty({d.B, d.T, d.H, d.dv}, in.v.options());
+  for (int64_t t = 0; t < d.T; ++t) {
+    auto row = [&](const at::Tensor& x, int64_t n) { return x.select(1, t).reshape({BH, 1, n}); };
+    auto q = row(in.q, d.dk), k = row(in.k, d.dk), v = row(in.v, d.dv);
+    flat.mul_(in.g.select(1, t).exp().reshape({BH, 1, 1}));
+    auto u = (v - at::bmm(k, flat)).mul_(in.beta.select(1, t).reshape({BH, 1, 1}));
+    flat.baddbmm_(k.transpose(1, 2), u);
+    o.select(1, t).copy_(at::bmm(q, flat).view({d.B, d.H, d.dv}));
+  }
+  return {o, S};
+}
+
+}  // namespace
+
 Outputs recurrent(const Inputs& in) {
   const auto d = check(in);
+  if (!at::GradMode::is_enabled() && !in.resets.defined()) return recurrent_in_place(in, d);
   auto S = initial_state(in, d);
   std::vector<at::Tensor> outs;
   outs.reserve(static_cast<size_t>(d.T));

@@ -16,6 +16,9 @@ bool decays(std::string_view name) {
   };
   if (ends_with(".bias")) return false;
   if (name.find("norm") != std::string_view::npos) return false;  // *layernorm, q_norm, k_norm, model.norm
+  // A Gated DeltaNet's decay rates and their bias (as Mamba's and FLA's
+  // layers mark them): decaying them would change how fast the state forgets.
+  if (ends_with(".A_log") || ends_with(".dt_bias")) return false;
   return true;
 }
 

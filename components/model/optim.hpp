@@ -58,7 +58,8 @@ std::string_view to_string(SchedulerConfig::Kind k);
 double learning_rate(const SchedulerConfig& s, double lr, int64_t step);
 
 /// Whether weight decay applies to parameter `name`: not to biases and
-/// normalisation weights (Hugging Face's convention).
+/// normalisation weights (Hugging Face's convention), nor to a Gated
+/// DeltaNet's A_log and dt_bias.
 bool decays(std::string_view name);
 
 }  // namespace glint::components

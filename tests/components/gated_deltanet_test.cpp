@@ -50,6 +50,22 @@ TEST(GatedDeltaRule, ChunkedEqualsTheRecurrenceInDoublePrecision) {
   }
 }
 
+// Without gradients (a sampler's decode) the recurrence updates its state in
+// place with batched products: the same outputs and state, and the caller's
+// state is left as it was.
+TEST(GatedDeltaRule, TheInPlaceRecurrenceEqualsTheDifferentiableOne) {
+  for (bool with_state : {false, true}) {
+    auto in = random_inputs(3, 5, 2, 8, 6, 21, at::kDouble, with_state);
+    auto want = recurrent(in);
+    const auto before = in.state.defined() ? in.state.clone() : at::Tensor{};
+    c10::NoGradGuard no_grad;
+    auto got = recurrent(in);
+    EXPECT_LT(worst(got.o, want.o), 1e-12) << with_state;
+    EXPECT_LT(worst(got.state, want.state), 1e-12) << with_state;
+    if (with_state) EXPECT_TRUE(at::equal(in.state, before));
+  }
+}
+
 // In f32 against the f64 recurrence: within 1e-5, as the model's logits need.
 TEST(GatedDeltaRule, ChunkedInSinglePrecisionIsWithinOneInAHundredThousand) {
   auto in = random_inputs(1, 70, 2, 16, 16, 5, at::kDouble, true);

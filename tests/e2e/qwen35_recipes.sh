@@ -2,7 +2,7 @@
 # The recipes on a Qwen3.5 base (Gated DeltaNet and gated attention layers,
 # a Qwen3.5-MoE one too): `glint sft` with LoRA on the Gated DeltaNet's own
 # projections and with full training (fsdp over two processes equal to one
-# process), `glint grpo` from the warm-up (the sampler's per-sequence
+# process), expert parallelism on Qwen3.5-MoE, `glint grpo` from the warm-up (the sampler's per-sequence
 # states), `glint dpo`; each loss falls, and what is not built is refused
 # naming the layer kind.
 #   qwen35_recipes.sh GLINT_BINARY
@@ -52,6 +52,18 @@ a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 assert abs(a[0]["loss"] - b[0]["loss"]) < 1e-4 * abs(a[0]["loss"]), (a[0]["loss"], b[0]["loss"])
 EOF
 
+# Expert parallelism on Qwen3.5-MoE: the first loss and gradient norm are one process's.
+"$glint" sft --model qwen3_5_moe --dataset arith.jsonl --train-type full --batch-size 8 --max-steps 1 \
+  --lr-scheduler constant --output runs/ep1 > ep1.log 2>&1 || { cat ep1.log; fail "qwen3_5_moe sft"; }
+"$glint" run --nproc 2 -- "$glint" sft --model qwen3_5_moe --dataset arith.jsonl --train-type full --batch-size 8 \
+  --max-steps 1 --lr-scheduler constant --mesh ep=2 --output runs/ep2 > ep2.log 2>&1 || { cat ep2.log; fail "ep=2 sft"; }
+python3 - runs/ep1/metrics.jsonl runs/ep2/metrics.jsonl <<'EOF' || fail "ep=2's first step is not one process's"
+import json, sys
+a, b = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+for k in ("loss", "grad_norm"):
+    assert abs(a[k] - b[k]) <= 1e-4 * abs(a[k]), (k, a[k], b[k])
+EOF
+
 # 3. GRPO from the warm-up: the sampler carries each sequence's states.
 "$glint" grpo --model runs/sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8 \
   --num-generations 4 --lr 1e-3 --max-steps 4 --output runs/grpo > grpo.log 2>&1 || { cat grpo.log; fail "grpo"; }
@@ -72,4 +84,4 @@ for mesh in tp=2 pp=2; do
   [[ $code != 0 ]] || fail "--mesh $mesh ran"
   grep -q "Gated DeltaNet" $mesh.log || { cat $mesh.log; fail "--mesh $mesh: the error does not name the layer kind"; }
 done
-echo "qwen3.5 recipes: LoRA, full, fsdp, grpo and dpo ran; tp and pp refused"
+echo "qwen3.5 recipes: LoRA, full, fsdp, ep, grpo and dpo ran; tp and pp refused"

@@ -338,12 +338,9 @@ int sample_moe(const SampleBenchArgs& a, Architecture arch) {
 int sample_hybrid(const SampleBenchArgs& a, Architecture arch) {
   auto hybrid_cfg = bench_model(a.small, 4096, arch);
   auto dense_cfg = bench_model(a.small, 4096);
-  int64_t attention_layers = 0;
-  for (int64_t l = 0; l < hybrid_cfg.num_hidden_layers; ++l)
-    attention_layers += hybrid_cfg.token_mixer(l) == TokenMixer::attention;
-  const auto& la = hybrid_cfg.linear_attention;
-  const int64_t state = (hybrid_cfg.num_hidden_layers - attention_layers) *
-                        ((la.conv_kernel_dim - 1) * la.conv_dim() + la.num_value_heads * la.key_head_dim * la.value_head_dim) * 4;
+  const int64_t attention_layers = hybrid_cfg.layers_of(TokenMixer::attention);
+  const int64_t state =
+      hybrid_cfg.layers_of(TokenMixer::gated_deltanet) * hybrid_cfg.linear_attention.state_elements() * 4;  // f32
   auto kv_per_token = [](const ModelConfig& c, int64_t layers) {
     return 2 * layers * c.num_key_value_heads * c.head_dim * 4;  // f32 keys and values
   };
@@ -376,8 +373,7 @@ int sample_hybrid(const SampleBenchArgs& a, Architecture arch) {
     const int64_t tokens = b.min_prompt + b.max_tokens;
     std::vector<Engine> engines;
     for (const auto* cfg : {&hybrid_cfg, &dense_cfg}) {
-      int64_t layers = 0;
-      for (int64_t l = 0; l < cfg->num_hidden_layers; ++l) layers += cfg->token_mixer(l) == TokenMixer::attention;
+      const int64_t layers = cfg->layers_of(TokenMixer::attention);
       // Room for every sequence's KV at once, and (Qwen3.5) twice its states: the engine gives them at most half.
       const int64_t blocks = n * ((tokens + 15) / 16 + 1);
       const int64_t states = cfg == &hybrid_cfg ? 2 * n * state : 0;

@@ -202,8 +202,7 @@ int train(const TrainBenchArgs& a) {
   const bool lora = a.mode == TrainMode::lora;
   // Softmax attention's term over its layers only (a Gated DeltaNet layer's
   // chunked rule is linear in seq and left out).
-  int64_t attention_layers = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) attention_layers += cfg.token_mixer(l) == TokenMixer::attention;
+  const int64_t attention_layers = cfg.layers_of(TokenMixer::attention);
   const double flops_per_token =
       (lora ? 4.0 : 6.0) * static_cast<double>(matmul_params) +
       12.0 * static_cast<double>(attention_layers * cfg.num_attention_heads * cfg.head_dim * a.seq);

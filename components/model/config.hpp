@@ -75,6 +75,12 @@ struct LinearAttentionConfig {
   int64_t value_dim() const { return num_value_heads * value_head_dim; }
   /// in_proj_qkv's output: the q, k and v channels the conv runs over.
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  /// What one layer carries per sequence from token to token: the conv
+  /// window (its last conv_kernel_dim - 1 rows of in_proj_qkv's output) and
+  /// the recurrent state [value heads, key_head_dim, value_head_dim].
+  int64_t state_elements() const {
+    return (conv_kernel_dim - 1) * conv_dim() + num_value_heads * key_head_dim * value_head_dim;
+  }
 };
 
 /// A decoder layer's feed-forward block.
@@ -215,12 +221,14 @@ struct ModelConfig {
     return layer >= 0 && static_cast<size_t>(layer) < token_mixers.size() ? token_mixers[static_cast<size_t>(layer)]
                                                                           : TokenMixer::attention;
   }
-  /// Whether any layer is a Gated DeltaNet.
-  bool has_linear_attention() const {
-    for (auto m : token_mixers)
-      if (m == TokenMixer::gated_deltanet) return true;
-    return false;
+  /// How many layers have token mixer `m`.
+  int64_t layers_of(TokenMixer m) const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_hidden_layers; ++l) n += token_mixer(l) == m;
+    return n;
   }
+  /// Whether any layer is a Gated DeltaNet.
+  bool has_linear_attention() const { return layers_of(TokenMixer::gated_deltanet) > 0; }
   /// The dimensions of a head RoPE rotates: int(head_dim * partial_rotary_factor).
   int64_t rotary_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);

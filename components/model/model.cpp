@@ -132,8 +132,7 @@ double training_bytes_per_row(const ModelConfig& c, int64_t T, int64_t elem_byte
   const double nv = static_cast<double>(la.num_value_heads), vd = static_cast<double>(la.value_dim());
   const double gdn = 2 * static_cast<double>(la.conv_dim()) + 2 * nv * static_cast<double>(la.key_head_dim) + 4 * vd +
                      2 * nv + nv * static_cast<double>(la.key_head_dim * la.value_head_dim) / 64;
-  double linear_layers = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) linear_layers += c.token_mixer(l) == TokenMixer::gated_deltanet;
+  const auto linear_layers = static_cast<double>(c.layers_of(TokenMixer::gated_deltanet));
   const double gate = c.attention_gate ? 2 * q : 0;  // the output gate and its product
   if (kernels::enabled()) {
     // The fused kernels keep per layer: the residual stream before and after
@@ -836,16 +835,13 @@ Result<CausalLM> CausalLM::init_random(const ModelConfig& cfg, uint64_t seed) tr
     at::Tensor t;
     bool is_norm = name.find("norm.weight") != std::string::npos;
     bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    auto ends = [&](std::string_view tail) {
-      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-    };
     // (1 + w) norms start at 0, the Gated DeltaNet's plain output norm at 1
     // (transformers' Qwen3.5 initialisation); A_log at log of U(1, 16) and
     // dt_bias at 1, transformers' too (it draws A from U(0, 16)).
     const bool plain_norm = !cfg.unit_offset_norms || name.find("linear_attn.norm.weight") != std::string::npos;
     if (is_norm) t = plain_norm ? at::ones(shape, at::kFloat) : at::zeros(shape, at::kFloat);
-    else if (ends(".A_log")) t = at::empty(shape, at::kFloat).uniform_(1.0, 16.0, gen).log_();
-    else if (ends(".dt_bias")) t = at::ones(shape, at::kFloat);
+    else if (name.ends_with(".A_log")) t = at::empty(shape, at::kFloat).uniform_(1.0, 16.0, gen).log_();
+    else if (name.ends_with(".dt_bias")) t = at::ones(shape, at::kFloat);
     else if (is_bias) t = at::zeros(shape, at::kFloat);
     else t = at::empty(shape, at::kFloat).normal_(0.0, cfg.initializer_range, gen);
     impl->names.push_back(name);

@@ -821,26 +821,22 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
   impl->max_len = cfg.max_model_len > 0 ? cfg.max_model_len : c.max_position_embeddings;
-  int64_t attention_layers = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) attention_layers += c.token_mixer(l) == TokenMixer::attention;
+  const int64_t attention_layers = c.layers_of(TokenMixer::attention);
   // Gated DeltaNet layers (Qwen3.5) keep per sequence a conv window and a
   // delta-rule state of fixed size, whatever its length: a slot per
   // sequence that may run at once, taken from the budget first (at most
   // half of it: the rest is the attention layers' KV blocks).
   int64_t kv_bytes = cfg.cache_bytes;
   if (c.has_linear_attention()) {
-    const auto& la = c.linear_attention;
-    impl->state_bytes_per_sequence = (c.num_hidden_layers - attention_layers) *
-                                     ((la.conv_kernel_dim - 1) * la.conv_dim() +
-                                      la.num_value_heads * la.key_head_dim * la.value_head_dim) *
-                                     4;
+    impl->state_bytes_per_sequence =
+        c.layers_of(TokenMixer::gated_deltanet) * c.linear_attention.state_elements() * 4;  // f32
     impl->state_slots = std::min<int64_t>(cfg.max_num_seqs, cfg.cache_bytes / 2 / impl->state_bytes_per_sequence);
     if (impl->state_slots < 1)
       return make_error(errc::invalid_argument,
                         "cache_bytes " + std::to_string(cfg.cache_bytes) + " cannot hold the Gated DeltaNet state of "
                         "one sequence beside its KV cache: each sequence takes " +
                             std::to_string(impl->state_bytes_per_sequence) + " bytes (conv windows and recurrent "
-                            "states of " + std::to_string(c.num_hidden_layers - attention_layers) +
+                            "states of " + std::to_string(c.layers_of(TokenMixer::gated_deltanet)) +
                             " layers) and the state gets at most half of cache_bytes; raise cache_bytes");
     if (impl->state_slots < cfg.max_num_seqs)
       log::info("sampler: cache_bytes holds the Gated DeltaNet state of " + std::to_string(impl->state_slots) +
@@ -854,10 +850,9 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
     // (docs/sampler.md): prefix caching is off for these models.
     impl->cfg.enable_prefix_caching = false;
   }
-  const int64_t block_bytes =
-      std::max<int64_t>(1, 2 * attention_layers * cfg.block_size * c.num_key_value_heads * c.head_dim * 4);
-  // A model without attention layers keeps no KV: the blocks only count
-  // each sequence's tokens for the scheduler.
+  const int64_t block_bytes = 2 * attention_layers * cfg.block_size * c.num_key_value_heads * c.head_dim * 4;
+  // A model without attention layers keeps no KV (its blocks are 0 bytes):
+  // the blocks only count each sequence's tokens for the scheduler.
   const int64_t blocks = attention_layers > 0
                              ? kv_bytes / block_bytes
                              : impl->cfg.max_num_seqs * ((impl->max_len + cfg.block_size - 1) / cfg.block_size);
@@ -869,7 +864,7 @@ Result<Engine> Engine::create(CausalLM model, const EngineConfig& cfg, std::opti
   impl->num_blocks = static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max() / cfg.block_size));
   // Refused before it is allocated: a cache past the machine's memory would
   // die in LibTorch's allocator (or the kernel's OOM killer) instead.
-  if (auto ok = check_memory(static_cast<double>(impl->num_blocks) * static_cast<double>(attention_layers > 0 ? block_bytes : 0) +
+  if (auto ok = check_memory(static_cast<double>(impl->num_blocks) * static_cast<double>(block_bytes) +
                                  static_cast<double>(impl->state_slots * impl->state_bytes_per_sequence),
                              "the sampler's KV cache (cache_bytes: lower it, or the prompts, samples and tokens "
                              "it was sized for)");

@@ -614,9 +614,7 @@ TEST(Qwen35Sampler, SampledLogprobsEqualTheTrainersThroughForksAndPreemption) {
     // Room for the states of 8 sequences and few KV blocks: 4 prompts of 3
     // samples must take turns and be preempted.
     const auto& c = lm.config();
-    int64_t attention = 0;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) attention += c.token_mixer(l) == TokenMixer::attention;
-    const int64_t block = 2 * attention * 16 * c.num_key_value_heads * c.head_dim * 4;
+    const int64_t block = 2 * c.layers_of(TokenMixer::attention) * 16 * c.num_key_value_heads * c.head_dim * 4;
     auto engine = Engine::create(lm, {.cache_bytes = 16 * state + 5 * block, .max_num_seqs = 8, .max_num_batched_tokens = 32});
     ASSERT_TRUE(engine) << describe(engine.error());
     EXPECT_EQ(engine->stats().state_slots, 8);

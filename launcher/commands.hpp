@@ -80,6 +80,19 @@ struct ExportGgufArgs {
 /// `glint export gguf`: writes the model (and its tokenizer) as GGUF for llama.cpp.
 int export_gguf(const ExportGgufArgs& args);
 
+struct TemplateArgs {
+  std::string model{};          ///< a model directory: its chat template and tokenizer
+  std::string chat_template{};  ///< or a template file
+  std::string messages;         ///< a JSON file: an array of messages, or {"messages": [...], "tools": [...]}
+  std::string tools{}, documents{};
+  bool add_generation_prompt = false;
+  bool no_thinking = false;
+  std::string bos_token{}, eos_token{};
+  bool ids = false;
+};
+/// `glint template`: prints a conversation as the model's chat template renders it.
+int chat_template(const TemplateArgs& args);
+
 struct RunsArgs {
   std::string root = "runs";
   std::string run{};  ///< empty: list the runs; else that run's checkpoints

@@ -179,6 +179,25 @@ int main(int argc, char** argv) {
                    "  glint export gguf models/arith tuned.gguf --adapter runs/sft/step-200/adapter\n"
                    "Then, with llama.cpp: llama-cli -m arith.gguf -p 'Question: 3+4=' (docs/models.md, \"GGUF\")");
 
+  glint::launcher::TemplateArgs tmpl;
+  auto* tmpl_cmd = app.add_subcommand("template", "Print a conversation as a model's own chat template renders it");
+  tmpl_cmd->add_option("--model", tmpl.model, "A model directory: its chat template (tokenizer_config.json or "
+                                              "chat_template.jinja), special tokens and tokenizer");
+  tmpl_cmd->add_option("--chat-template", tmpl.chat_template, "A Jinja template file instead of a model's");
+  tmpl_cmd->add_option("--messages", tmpl.messages, "A JSON file: an array of messages, or an object with "
+                                                    "\"messages\" (and \"tools\", \"documents\")")
+      ->required();
+  tmpl_cmd->add_option("--tools", tmpl.tools, "A JSON file: the tools (OpenAI's function format)");
+  tmpl_cmd->add_option("--documents", tmpl.documents, "A JSON file: documents for retrieval-augmented templates");
+  tmpl_cmd->add_flag("--add-generation-prompt", tmpl.add_generation_prompt, "End with the assistant's header, ready to sample");
+  tmpl_cmd->add_flag("--no-thinking", tmpl.no_thinking, "Pass enable_thinking=false (Qwen3's and others' switch)");
+  tmpl_cmd->add_option("--bos-token", tmpl.bos_token, "bos_token (default: the model's)");
+  tmpl_cmd->add_option("--eos-token", tmpl.eos_token, "eos_token (default: the model's)");
+  tmpl_cmd->add_flag("--ids", tmpl.ids, "Also print each token's id and whether the loss counts it (needs --model)");
+  tmpl_cmd->footer("Prints the rendered text exactly, as transformers' apply_chat_template renders it (no newline is\n"
+                   "added). A template's raise_exception exits 1 with its message. SOURCE_DATE_EPOCH sets strftime_now.\n"
+                   "Example: glint template --model models/qwen --messages chat.json --add-generation-prompt");
+
   glint::launcher::RunsArgs runs_args;
   auto* runs_cmd = app.add_subcommand("runs", "List the runs saved under a root directory, with their latest checkpoint");
   runs_cmd->add_option("--root", runs_args.root, "Where the runs and their index live")->capture_default_str();
@@ -480,6 +499,7 @@ int main(int argc, char** argv) {
   if (*gguf_cmd) return glint::launcher::export_gguf(gguf_args);
   if (*data_cmd) return glint::launcher::init_data(idata);
   if (*runs_cmd) return glint::launcher::runs(runs_args);
+  if (*tmpl_cmd) return glint::launcher::chat_template(tmpl);
   if (*ckpts_cmd) return glint::launcher::runs(ckpt_args);
   if (*bench_actors) return glint::bench::actors(repeats, bench_modes);
   if (*bench_sample) return glint::bench::sample(sample_args);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -226,6 +227,56 @@ TEST(Cli, InitDataAndATrainedTokenizerMakeAChatModelDirectory) {
   EXPECT_NE(missing.out.find("cannot read dataset"), std::string::npos) << missing.out;
   auto kind = run("init-data poems " + dir + "/p.jsonl");
   EXPECT_NE(kind.code, 0);
+}
+
+// `glint template`: the text the model's own chat template renders, exactly;
+// --ids adds the tokens and which of them the loss counts; a template's
+// raise_exception is the exit code and its message.
+TEST(Cli, TemplatePrintsTheModelsChatTemplateAndWhatTheLossCounts) {
+  auto dir = glint::testing::fresh_dir("cli-template");
+  ASSERT_EQ(run("init-data arithmetic " + dir + "/arith.jsonl --rows 200 --seed 3").code, 0);
+  auto model = run("init-model " + dir + "/model --hidden 32 --intermediate 64 --layers 1 --heads 4 --kv-heads 2 --vocab 300 "
+                   "--tokenizer-from " + dir + "/arith.jsonl");
+  ASSERT_EQ(model.code, 0) << model.out;
+  std::ofstream{dir + "/chat.json"} << R"([{"role": "system", "content": "Add."}, {"role": "user", "content": "2+3"},
+    {"role": "assistant", "content": "5"}, {"role": "user", "content": "4+4"}, {"role": "assistant", "content": "8"}])";
+  auto text = run("template --model " + dir + "/model --messages " + dir + "/chat.json");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_EQ(text.out, "<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n2+3<|im_end|>\n<|im_start|>assistant\n5<|im_end|>\n"
+                      "<|im_start|>user\n4+4<|im_end|>\n<|im_start|>assistant\n8<|im_end|>\n");
+  auto prompt = run("template --model " + dir + "/model --messages " + dir + "/chat.json --add-generation-prompt");
+  EXPECT_TRUE(prompt.out.ends_with("<|im_start|>assistant\n")) << prompt.out;
+  // --ids: the tokens the loss counts are each assistant's text and its
+  // <|im_end|>: "5", "<|im_end|>", "8", "<|im_end|>" (a position marked 1
+  // counts the token after it).
+  auto ids = run("template --model " + dir + "/model --messages " + dir + "/chat.json --ids");
+  ASSERT_EQ(ids.code, 0) << ids.out;
+  EXPECT_NE(ids.out.find("4 learned"), std::string::npos) << ids.out;
+  std::vector<std::string> learned;
+  std::istringstream lines{ids.out.substr(ids.out.find("position\tid\tmask\ttoken"))};
+  std::string line;
+  bool next_learned = false;
+  std::getline(lines, line);
+  while (std::getline(lines, line)) {
+    const std::string token = line.substr(line.rfind('\t') + 1);
+    if (next_learned) learned.push_back(token);
+    next_learned = line.find("\t1\t") != std::string::npos;
+  }
+  EXPECT_EQ(learned, (std::vector<std::string>{"5", "<|im_end|>", "8", "<|im_end|>"})) << ids.out;
+  // A template that raises: exit 1 with its message; one that does not parse: the line.
+  std::ofstream{dir + "/strict.jinja"} << "{% for m in messages %}{% if m.role == 'system' %}"
+                                          "{{ raise_exception('System role not supported') }}{% endif %}{% endfor %}";
+  auto raised = run("template --chat-template " + dir + "/strict.jinja --messages " + dir + "/chat.json");
+  EXPECT_EQ(raised.code, 1);
+  EXPECT_NE(raised.out.find("raised an exception: System role not supported"), std::string::npos) << raised.out;
+  std::ofstream{dir + "/broken.jinja"} << "ok\n{% if x %}";
+  auto broken = run("template --chat-template " + dir + "/broken.jinja --messages " + dir + "/chat.json");
+  EXPECT_EQ(broken.code, 1);
+  EXPECT_NE(broken.out.find("cannot be parsed"), std::string::npos) << broken.out;
+  EXPECT_NE(run("template --messages " + dir + "/chat.json").code, 0);
+  auto bad = run("template --chat-template " + dir + "/strict.jinja --messages " + dir + "/arith.jsonl");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("is not JSON"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, MalformedConfigIsAClearError) {

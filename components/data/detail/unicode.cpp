@@ -1,5 +1,6 @@
 #include "components/data/detail/unicode.hpp"
 
+#include <unicode/locid.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 #include <unicode/unistr.h>
@@ -16,23 +17,6 @@ bool is_ascii(std::string_view text) {
   return std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
-void append_utf8(std::string& out, int32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else {
-    out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  }
-}
 
 caf::error icu_error(std::string_view what, UErrorCode status) {
   return make_error(errc::internal, std::string{what} + " failed in ICU: " + u_errorName(status));
@@ -124,6 +108,40 @@ Result<std::string> normalize(std::string_view text, NormalForm form) {
     auto dst = n->normalize(src, status);
     if (U_FAILURE(status)) return icu_error("Unicode normalisation", status);
     dst.toUTF8String(out);
+    return {};
+  });
+  if (!ok) return ok.error();
+  return out;
+}
+
+void append_utf8(std::string& out, int32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+}
+
+Result<std::string> change_case(std::string_view text, bool upper) {
+  std::string out;
+  out.reserve(text.size());
+  auto ok = for_each_valid_run(text, out, [&](std::string_view run) -> Result<void> {
+    auto u = icu::UnicodeString::fromUTF8(icu::StringPiece(run.data(), static_cast<int32_t>(run.size())));
+    if (upper)
+      u.toUpper(icu::Locale::getRoot());
+    else
+      u.toLower(icu::Locale::getRoot());
+    u.toUTF8String(out);
     return {};
   });
   if (!ok) return ok.error();

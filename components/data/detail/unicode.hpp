@@ -28,6 +28,9 @@ int32_t next_utf8(std::string_view text, size_t& i);
 /// are not one valid character. `end` must be > 0.
 int32_t previous_utf8(std::string_view text, size_t end, size_t& begin);
 
+/// Appends code point `cp` (at most U+10FFFF) as UTF-8.
+void append_utf8(std::string& out, int32_t cp);
+
 enum class NormalForm { nfc, nfd, nfkc, nfkd };
 
 /// `text` in normalisation form `form` (Unicode UAX #15). An error only when
@@ -38,6 +41,11 @@ Result<std::string> normalize(std::string_view text, NormalForm form);
 /// Rust's `char::to_lowercase` does: "İ" becomes "i̇" (two code points), and
 /// no context applies, so "Σ" is always "σ", never the final "ς".
 Result<std::string> lowercase_chars(std::string_view text);
+
+/// The whole text in upper or lower case, as Python's str.upper() and
+/// str.lower() are: full mappings ("ß" -> "SS"), the final-sigma context,
+/// no language rule (the root locale). Invalid bytes are kept.
+Result<std::string> change_case(std::string_view text, bool upper);
 
 /// The Unicode White_Space property: Rust's `char::is_whitespace` and its
 /// regex `\s`.

@@ -1,0 +1,212 @@
+// glint's Jinja interpreter against Jinja2 itself: the snippets of
+// tests/data/chat/jinja_cases.json (whitespace control, Python's values,
+// filters, tests, scoping, errors) and every chat template of
+// tests/data/chat_templates over the conversations of
+// tests/data/chat/conversations.json, rendered by both; then what is
+// refused, and how.
+#include "components/data/jinja.hpp"
+#include "support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace glint::components {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string read(const std::string& path) {
+  std::ifstream in{path};
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string data(const std::string& rel) { return std::string{GLINT_TEST_SOURCE_DIR} + "/data/" + rel; }
+
+// What Jinja2 renders (tests/support/jinja_reference.py) for each job
+// ({"template", "cases"}), one result per case: {"text", "generation"} or
+// {"error"}. Fails the test where python3 with jinja2 is missing:
+// scripts/setup.sh installs them.
+json reference(const json& jobs) {
+  const auto dir = glint::testing::fresh_dir("jinja-reference");
+  const std::string in = dir + "/job.json", out = dir + "/out.json";
+  std::ofstream{in} << json{{"jobs", jobs}}.dump();
+  const std::string cmd = "python3 " + std::string{GLINT_TEST_SOURCE_DIR} + "/support/jinja_reference.py < " + in + " > " + out;
+  if (std::system(cmd.c_str()) != 0) {
+    ADD_FAILURE() << "python3 with jinja2 did not run (scripts/setup.sh installs python3-jinja2): " << cmd;
+    return json::array();
+  }
+  return json::parse(read(out));
+}
+
+// Each case rendered by glint and as Jinja2 rendered it (`expected`): the
+// same text and generation ranges, or both fail. Returns how many cases
+// agreed.
+size_t compare(const std::string& name, const std::string& source, const json& cases, const json& expected) {
+  if (expected.size() != cases.size()) return 0;
+  auto t = JinjaTemplate::parse(source, name);
+  size_t agreed = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const json& want = expected[i];
+    const std::string label = name + " case " + std::to_string(i) + " " + cases[i].dump().substr(0, 160);
+    if (!t) {
+      ADD_FAILURE() << label << ": glint refused to parse it (" << describe(t.error()) << "); Jinja2: " << want.dump().substr(0, 200);
+      continue;
+    }
+    auto got = t->render(cases[i]);
+    if (want.contains("error")) {
+      EXPECT_FALSE(got) << label << ": Jinja2 failed (" << want["error"] << ") but glint rendered:\n" << got->text;
+      agreed += !got;
+      continue;
+    }
+    if (!got) {
+      ADD_FAILURE() << label << ": glint failed (" << describe(got.error()) << "); Jinja2 rendered:\n" << want["text"];
+      continue;
+    }
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const auto& r : want["generation"]) ranges.emplace_back(r[0].get<size_t>(), r[1].get<size_t>());
+    EXPECT_EQ(got->text, want["text"].get<std::string>()) << label;
+    EXPECT_EQ(got->generation, ranges) << label;
+    agreed += got->text == want["text"].get<std::string>() && got->generation == ranges;
+  }
+  return agreed;
+}
+
+class EpochEnv : public ::testing::Test {
+protected:
+  void SetUp() override { setenv("SOURCE_DATE_EPOCH", "1700000000", 1); }
+  void TearDown() override { unsetenv("SOURCE_DATE_EPOCH"); }
+};
+using JinjaAgainstJinja2 = EpochEnv;
+
+TEST_F(JinjaAgainstJinja2, EachSnippetRendersAsJinja2RendersIt) {
+  const json cases = json::parse(read(data("chat/jinja_cases.json")));
+  json jobs = json::array();
+  for (const auto& c : cases) jobs.push_back({{"template", c["template"]}, {"cases", json::array({c["variables"]})}});
+  const json expected = reference(jobs);
+  ASSERT_EQ(expected.size(), cases.size());
+  size_t agreed = 0;
+  for (size_t i = 0; i < cases.size(); ++i)
+    agreed += compare("snippet " + std::to_string(i), cases[i]["template"].get<std::string>(), jobs[i]["cases"], expected[i]);
+  EXPECT_EQ(agreed, cases.size());
+}
+
+TEST_F(JinjaAgainstJinja2, EachModelsChatTemplateRendersEachConversationAsJinja2Does) {
+  const json conversations = json::parse(read(data("chat/conversations.json")));
+  json cases = json::array();
+  for (const auto& c : conversations) {
+    json v = c;
+    v.erase("name");
+    if (!v.contains("add_generation_prompt")) v["add_generation_prompt"] = false;
+    v["bos_token"] = "<s>";
+    v["eos_token"] = "</s>";
+    cases.push_back(v);
+  }
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(data("chat_templates")))
+    if (entry.path().extension() == ".jinja") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  json jobs = json::array();
+  for (const auto& f : files) jobs.push_back({{"template", read(f.string())}, {"cases", cases}});
+  const json expected = reference(jobs);
+  ASSERT_EQ(expected.size(), files.size());
+  size_t rendered = 0, raised = 0;
+  for (size_t k = 0; k < files.size(); ++k) {
+    EXPECT_EQ(compare(files[k].filename().string(), jobs[k]["template"].get<std::string>(), cases, expected[k]), cases.size())
+        << files[k];
+    for (const auto& r : expected[k]) (r.contains("error") ? raised : rendered)++;
+  }
+  // The real templates' spread: Qwen2.5/3/3.5, QwQ, Llama 3.1/3.2, Mistral,
+  // Gemma, DeepSeek-R1/V3, Phi, GLM-4, Kimi-K2, gpt-oss, Granite, Command-R,
+  // Hermes (each file's first line says where it comes from).
+  EXPECT_GE(files.size(), 20u);
+  EXPECT_GT(rendered, 4 * raised) << "most conversations should render, not raise";
+}
+
+std::string render(const std::string& source, const json& vars = json::object()) {
+  auto t = JinjaTemplate::parse(source, "test.jinja");
+  if (!t) return "parse error: " + describe(t.error());
+  auto r = t->render(vars);
+  if (!r) return "render error: " + describe(r.error());
+  return r->text;
+}
+
+TEST(Jinja, RaiseExceptionFailsWithTheTemplatesMessageAndLine) {
+  const std::string out = render("line one\n{% if messages | length == 0 %}\n{{ raise_exception('Conversation roles must alternate') }}\n{% endif %}",
+                                 {{"messages", json::array()}});
+  EXPECT_NE(out.find("render error"), std::string::npos) << out;
+  EXPECT_NE(out.find("test.jinja, line 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("raised an exception: Conversation roles must alternate"), std::string::npos) << out;
+}
+
+TEST(Jinja, WhatItDoesNotRunIsRefusedAtParseNamingTheConstructAndLine) {
+  for (const auto& [source, what] : std::vector<std::pair<std::string, std::string>>{
+           {"a\n{% include 'x.jinja' %}", "line 2: cannot be parsed: {% include %} is not supported"},
+           {"{% call foo() %}x{% endcall %}", "{% call %} is not supported"},
+           {"{% do x.append(1) %}", "{% do %} is not supported"},
+           {"\n\n{{ x | no_such_filter }}", "line 3: cannot be parsed: no filter named 'no_such_filter'"},
+           {"{{ x is frobnicated }}", "no test named 'frobnicated'"},
+           {"{% for x in y recursive %}{% endfor %}", "recursive for loops are not supported"},
+           {"{% if x %}never closed", "the template ends inside a block"},
+           {"{{ f(*args) }}", "*args and **kwargs"},
+           {"{% break %}", "outside a for loop"},
+           {"{{ 'unterminated }}", "never closed"},
+           {"{% frobnicate %}", "unknown tag 'frobnicate'"},
+       }) {
+    const std::string out = render(source);
+    EXPECT_NE(out.find("parse error"), std::string::npos) << source << " -> " << out;
+    EXPECT_NE(out.find(what), std::string::npos) << source << " -> " << out;
+  }
+}
+
+TEST(Jinja, UndefinedIsEmptyTextButFailsWhenUsedAsMoreNamingWhatWasMissing) {
+  EXPECT_EQ(render("[{{ missing }}][{{ m.nope }}]", {{"m", json::object()}}), "[][]");
+  const std::string out = render("{{ m.tool_calls.function }}", {{"m", {{"role", "user"}}}});
+  EXPECT_NE(out.find("'dict object' has no attribute 'tool_calls'"), std::string::npos) << out;
+  EXPECT_NE(render("{{ 1 + x }}").find("'x' is undefined"), std::string::npos);
+}
+
+TEST(Jinja, StrftimeNowReadsSourceDateEpoch) {
+  setenv("SOURCE_DATE_EPOCH", "86400", 1);
+  EXPECT_EQ(render("{{ strftime_now('%d %b %Y') }}"), "02 Jan 1970");
+  setenv("SOURCE_DATE_EPOCH", "yesterday", 1);
+  EXPECT_NE(render("{{ strftime_now('%Y') }}").find("SOURCE_DATE_EPOCH='yesterday'"), std::string::npos);
+  unsetenv("SOURCE_DATE_EPOCH");
+  EXPECT_EQ(render("{{ strftime_now('%Y') | length }}"), "4");
+}
+
+TEST(Jinja, AListMethodThatWouldChangeItFailsAsInTheImmutableSandbox) {
+  const std::string out = render("{% set l = [1] %}{{ l.append(2) }}");
+  EXPECT_NE(out.find("access to attribute 'append' of 'list' object is unsafe"), std::string::npos) << out;
+}
+
+TEST(Jinja, RunawayRecursionAndOutputAreBounded) {
+  EXPECT_NE(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("macros nest deeper than"), std::string::npos);
+  EXPECT_NE(render("{% for i in range(2000000) %}{% endfor %}").find("more than a million"), std::string::npos);
+}
+
+TEST(Jinja, GenerationBlocksReportTheirByteRanges) {
+  auto t = JinjaTemplate::parse("ab{% generation %}é{{ x }}{% endgeneration %}c{% generation %}{% endgeneration %}", "g");
+  ASSERT_TRUE(t) << describe(t.error());
+  auto r = t->render({{"x", 1}});
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->text, "abé1c");
+  EXPECT_EQ(r->generation, (std::vector<std::pair<size_t, size_t>>{{2, 5}, {6, 6}}));
+}
+
+TEST(Jinja, TheVariablesMustBeAnObject) {
+  auto t = JinjaTemplate::parse("x", "t");
+  ASSERT_TRUE(t);
+  EXPECT_FALSE(t->render(json::array()));
+}
+
+}  // namespace
+}  // namespace glint::components

@@ -4,6 +4,7 @@
 #include "bench/remote_bench.hpp"
 #include "bench/soak_bench.hpp"
 #include "bench/rl_bench.hpp"
+#include "bench/template_bench.hpp"
 #include "bench/sample_bench.hpp"
 #include "bench/sync_bench.hpp"
 #include "bench/train_bench.hpp"
@@ -394,6 +395,14 @@ int main(int argc, char** argv) {
                      "soak_rss_end_mib, soak_rss_growth (goal < 0.05), soak_fds_start, soak_fds_end and soak_fds_leaked "
                      "(goal 0); exits 1 when a goal is missed.");
 
+  glint::bench::TemplateBenchArgs template_args;
+  auto* bench_template = bench->add_subcommand(
+      "template", "Chat template rendering: glint's Jinja interpreter against Python's Jinja2, and the C++ formats");
+  bench_template->add_option("--repeats", template_args.repeats, "Timed rounds (medians are printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_template->footer("Prints jinja_render_us, jinja2_render_us, jinja_vs_jinja2 (goal > 1), jinja_vs_jinja2_min and "
+                         "chat_cpp_vs_jinja_encode, over tests/data/chat_templates (run from the source tree's build)");
   glint::bench::RlBenchArgs rl_args;
   auto* bench_rl = bench->add_subcommand(
       "rl", "Asynchronous RL: the GRPO example at --max-staleness 0, 1 and 2 (model and sampler on different cores), "
@@ -509,6 +518,7 @@ int main(int argc, char** argv) {
   if (*bench_remote) return glint::bench::remote(remote_args);
   if (*bench_soak) return glint::bench::serve_soak(soak_args);
   if (*bench_rl) return glint::bench::rl(rl_args);
+  if (*bench_template) return glint::bench::templates(template_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;
     return glint::bench::train(train_args);

@@ -4,13 +4,12 @@
 #include "components/data/chat_render.hpp"
 #include "components/data/tokenizer_config.hpp"
 #include "launcher/commands.hpp"
+#include "runtime/file.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 namespace glint::launcher {
 namespace {
@@ -24,14 +23,12 @@ int fail(const std::string& what) {
 }
 
 std::optional<std::string> read_file(const std::string& path, std::string& error) {
-  std::ifstream in{path, std::ios::binary};
-  if (!in) {
-    error = "cannot read " + path;
+  auto text = read_text_file(path);
+  if (!text) {
+    error = describe(text.error());
     return std::nullopt;
   }
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return std::move(*text);
 }
 
 std::optional<json> read_json(const std::string& path, std::string& error) {

@@ -1,5 +1,7 @@
 #include "components/data/template.hpp"
 
+#include "components/data/chat_render.hpp"
+#include "components/data/jinja.hpp"
 #include "runtime/log.hpp"
 #include "runtime/text.hpp"
 
@@ -90,6 +92,22 @@ bool is_tool_response(const std::string& s) {
          s.compare(s.size() - close.size(), close.size(), close) == 0;
 }
 
+// The conversation as the interpreter's input: a trailing assistant message
+// left out under a generation prompt (a reference answer), the default
+// system message put first where there is none.
+Result<ChatInput> chat_input(std::span<const Message> messages, bool add_generation_prompt, const TemplateOptions& o) {
+  if (messages.empty()) return make_error(errc::invalid_argument, "the conversation has no messages");
+  auto turns = messages;
+  if (add_generation_prompt && turns.back().role == "assistant") turns = turns.first(turns.size() - 1);
+  ChatInput in;
+  if ((turns.empty() || turns.front().role != "system") && o.default_system && !o.default_system->empty())
+    in.messages.push_back({{"role", "system"}, {"content", *o.default_system}});
+  for (const auto& m : turns) in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  in.add_generation_prompt = add_generation_prompt;
+  if (!o.enable_thinking) in.kwargs["enable_thinking"] = false;
+  return in;
+}
+
 }  // namespace
 
 ChatTemplateInfo detect_chat_template(const std::string& j) {
@@ -138,17 +156,16 @@ Result<Template> Template::make(std::shared_ptr<const Tokenizer> tokenizer, Temp
       return make_error(errc::invalid_argument,
                         "the tokenizer has no chat template (tokenizer_config.json's chat_template or "
                         "chat_template.jinja); name the format: chatml, qwen2.5, qwen3 or llama3");
+    options.name = seen->name.empty() ? "jinja" : seen->name;
     if (seen->name.empty())
-      return make_error(errc::unimplemented,
-                        model.chat_template_origin + " is not a template glint renders: " + seen->why +
-                            ". Name a format (chatml, qwen2.5, qwen3 or llama3) to train with glint's rendering of "
-                            "it instead of the model's");
-    options.name = seen->name;
+      log::info(model.chat_template_origin + " is not one of glint's C++ chat formats (" + seen->why +
+                "): rendering it with glint's Jinja interpreter");
   }
+  if (options.name == "jinja") return make_jinja(std::move(tokenizer), std::move(options));
   const auto* f = format_of(options.name);
   if (!f)
     return make_error(errc::invalid_argument, "unknown chat template '" + options.name +
-                                                  "'; use auto (the model's), chatml, qwen2.5, qwen3 or llama3");
+                                                  "'; use auto (the model's), jinja, chatml, qwen2.5, qwen3 or llama3");
   if (seen && !seen->name.empty() && seen->name != f->name)
     return make_error(errc::invalid_argument, "chat template '" + options.name + "' is not the model's: " +
                                                   model.chat_template_origin + " is " + seen->name +
@@ -253,6 +270,13 @@ Result<std::vector<Template::Piece>> Template::pieces(std::span<const Message> m
 }
 
 Result<std::string> Template::render(std::span<const Message> messages, bool add_generation_prompt) const {
+  if (jinja_) {
+    auto in = chat_input(messages, add_generation_prompt, options_);
+    if (!in) return in.error();
+    auto r = jinja_->render(chat_variables(*in, tokenizer_->config().special_tokens));
+    if (!r) return r.error();
+    return std::move(r->text);
+  }
   auto ps = pieces(messages, add_generation_prompt);
   if (!ps) return ps.error();
   std::string text;
@@ -261,6 +285,7 @@ Result<std::string> Template::render(std::span<const Message> messages, bool add
 }
 
 Result<EncodedRow> Template::encode(std::span<const Message> messages, bool add_generation_prompt) const {
+  if (jinja_) return encode_jinja(messages, add_generation_prompt);
   auto ps = pieces(messages, add_generation_prompt);
   if (!ps) return ps.error();
   std::vector<int64_t> ids;
@@ -276,6 +301,10 @@ Result<EncodedRow> Template::encode(std::span<const Message> messages, bool add_
     ids.insert(ids.end(), piece->begin(), piece->end());
     learned.insert(learned.end(), piece->size(), p.learned);
   }
+  return finish(std::move(ids), std::move(learned), add_generation_prompt);
+}
+
+Result<EncodedRow> Template::finish(std::vector<int64_t> ids, std::vector<uint8_t> learned, bool add_generation_prompt) const {
   EncodedRow row;
   const auto n = static_cast<int64_t>(ids.size());
   const auto max = options_.max_length;
@@ -303,6 +332,65 @@ Result<EncodedRow> Template::encode(std::span<const Message> messages, bool add_
                           : std::string{"the conversation has no assistant message to learn from"});
   row.input_ids = std::move(ids);
   return row;
+}
+
+
+Result<Template> Template::make_jinja(std::shared_ptr<const Tokenizer> tokenizer, TemplateOptions options) {
+  const auto& model = tokenizer->config();
+  if (!model.chat_template)
+    return make_error(errc::invalid_argument, "chat template 'jinja' runs the model's own template, and the tokenizer "
+                                              "has none (tokenizer_config.json's chat_template or chat_template.jinja)");
+  if (options.max_length < 0)
+    return make_error(errc::invalid_argument, "max_length must be 0 (no limit) or more, not " +
+                                                  std::to_string(options.max_length));
+  if (!options.enable_thinking && model.chat_template->find("enable_thinking") == std::string::npos)
+    return make_error(errc::invalid_argument, "enable_thinking false: " + model.chat_template_origin +
+                                                  " never reads enable_thinking, so it would change nothing");
+  auto parsed = JinjaTemplate::parse(*model.chat_template, model.chat_template_origin);
+  if (!parsed) return parsed.error();
+  if (auto probe = tokenizer->encode("a"); !probe)
+    return with_context(probe.error(), "the model's chat template needs a tokenizer that encodes");
+  Template t;
+  t.jinja_ = std::make_shared<const JinjaTemplate>(std::move(*parsed));
+  t.tokenizer_ = std::move(tokenizer);
+  options.name = "jinja";
+  t.options_ = std::move(options);
+  // The token that ends an assistant turn: the last one the loss counts in
+  // a one-turn conversation, where it is special; else eos_token.
+  const std::vector<Message> probe = {{"user", "1"}, {"assistant", "2"}};
+  auto row = t.encode_jinja(probe, false);
+  if (row) {
+    for (size_t k = row->input_ids.size(); k-- > 1;)
+      if (row->loss_mask[k - 1] > 0) {
+        if (t.tokenizer_->is_special(row->input_ids[k])) t.end_of_turn_id_ = row->input_ids[k];
+        break;
+      }
+  }
+  if (t.end_of_turn_id_ < 0)
+    if (auto eos = model.special_tokens.find("eos_token"); eos != model.special_tokens.end())
+      t.end_of_turn_id_ = t.tokenizer_->token_id(eos->second);
+  if (t.end_of_turn_id_ < 0)
+    return make_error(errc::invalid_argument,
+                      model.chat_template_origin + ": cannot tell which token ends an assistant turn (no special token "
+                      "ends one, and tokenizer_config.json has no eos_token)" +
+                          (row ? std::string{} : "; rendering a one-turn conversation failed: " + describe(row.error())));
+  return t;
+}
+
+Result<EncodedRow> Template::encode_jinja(std::span<const Message> messages, bool add_generation_prompt) const {
+  auto in = chat_input(messages, add_generation_prompt, options_);
+  if (!in) return in.error();
+  const auto& special = tokenizer_->config().special_tokens;
+  // As the C++ formats do, a prompt's earlier assistant turns count too
+  // (a multi-turn prompt trained on is a conversation).
+  auto chat = render_chat(*jinja_, *in, special);
+  if (!chat) return chat.error();
+  auto tokens = tokenize_chat(*tokenizer_, *chat);
+  if (!tokens) return tokens.error();
+  std::vector<int64_t> ids = std::move(tokens->input_ids);
+  std::vector<uint8_t> learned(ids.size(), 0);
+  for (size_t k = 0; k + 1 < ids.size(); ++k) learned[k + 1] = tokens->loss_mask[k] > 0;
+  return finish(std::move(ids), std::move(learned), add_generation_prompt);
 }
 
 }  // namespace glint::components

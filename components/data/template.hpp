@@ -6,14 +6,17 @@
 ///   auto tok = std::make_shared<const Tokenizer>(*Tokenizer::load("models/tiny"));
 ///   auto chat = Template::make(tok, {.max_length = 512});   // name "auto"
 ///
-/// glint renders each format in C++ rather than running the model's Jinja,
-/// so it checks that the two agree: with name "auto" the format is the one
-/// the model's chat_template (tokenizer_config.json or chat_template.jinja)
-/// is recognised as, and a template glint does not recognise is refused,
-/// naming the file and what differs; a name given explicitly is refused
-/// when the model's template is recognised as another format (and logged as
-/// a warning when it is not recognised). detect_chat_template() says what a
-/// template is recognised as.
+/// With name "auto" a model's chat_template (tokenizer_config.json or
+/// chat_template.jinja) that glint recognises as one of four formats
+/// (ChatML, Qwen2.5's, Qwen3's, Llama 3's) is rendered by glint's C++
+/// rendering of that format, which is checked equal to the template and is
+/// faster; any other template is run by glint's Jinja interpreter
+/// (jinja.hpp), as transformers runs it, with the loss mask from its
+/// {% generation %} blocks or from rendering prefixes (chat_render.hpp).
+/// Name "jinja" runs the interpreter whatever the template. A format named
+/// explicitly is refused when the model's template is recognised as another
+/// (and logged as a warning when it is not recognised).
+/// detect_chat_template() says what a template is recognised as.
 ///   auto row = chat->encode(messages, /*add_generation_prompt=*/false);
 ///   // row->input_ids: the whole conversation; row->loss_mask: 1 where the
 ///   // next token is an assistant token (its text and its end-of-turn token)
@@ -41,6 +44,8 @@
 
 namespace glint::components {
 
+class JinjaTemplate;
+
 struct Message {
   std::string role;  ///< system, user, assistant or tool
   std::string content;
@@ -56,7 +61,9 @@ enum class Truncation : uint8_t {
 Result<Truncation> parse_truncation(std::string_view name);
 
 struct TemplateOptions {
-  /// auto (the model's chat_template), chatml, qwen2.5, qwen3 or llama3.
+  /// auto (the model's chat_template), jinja (the model's chat_template run
+  /// by the interpreter, even where a C++ format would do), chatml, qwen2.5,
+  /// qwen3 or llama3.
   std::string name = "auto";
   int64_t max_length = 0;  ///< tokens; 0: no limit
   Truncation truncation = Truncation::refuse;
@@ -64,8 +71,9 @@ struct TemplateOptions {
   /// the default the model's chat template writes (Qwen2.5's "You are Qwen,
   /// created by Alibaba Cloud. ..."), if any.
   std::optional<std::string> default_system{};
-  /// qwen3 only: false closes an empty <think></think> block in the
-  /// generation prompt, as Qwen3's enable_thinking=False does.
+  /// false: Qwen3's enable_thinking=False (an empty <think></think> block in
+  /// the generation prompt); for a Jinja template, enable_thinking=false is
+  /// passed, and refused when the template never reads it.
   bool enable_thinking = true;
 };
 
@@ -87,8 +95,8 @@ struct EncodedRow {
 
 class Template {
 public:
-  /// Errors: an unknown name; "auto" with a tokenizer that has no chat
-  /// template or one glint does not recognise; a name other than the one
+  /// Errors: an unknown name; "auto" or "jinja" with a tokenizer that has no
+  /// chat template, or one the interpreter cannot parse; a name other than the one
   /// the model's template is recognised as; enable_thinking false for a
   /// format without thinking; a tokenizer that lacks the format's special
   /// tokens or cannot encode; max_length < 0.
@@ -118,8 +126,13 @@ private:
     bool special = false;  // one special token, by id
   };
   Result<std::vector<Piece>> pieces(std::span<const Message> messages, bool add_generation_prompt) const;
+  static Result<Template> make_jinja(std::shared_ptr<const Tokenizer> tokenizer, TemplateOptions options);
+  Result<EncodedRow> encode_jinja(std::span<const Message> messages, bool add_generation_prompt) const;
+  /// Truncation and the loss mask from each token's `learned` flag.
+  Result<EncodedRow> finish(std::vector<int64_t> ids, std::vector<uint8_t> learned, bool add_generation_prompt) const;
 
   std::shared_ptr<const Tokenizer> tokenizer_;
+  std::shared_ptr<const JinjaTemplate> jinja_;  ///< name "jinja": the model's template, interpreted
   TemplateOptions options_;
   int64_t end_of_turn_id_ = -1;
 };

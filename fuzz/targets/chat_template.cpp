@@ -1,6 +1,7 @@
 // A model's Jinja chat template (detect_chat_template, and Template::make
-// with name "auto"): what glint recognises renders and encodes
-// conversations, each with labels the size of its ids.
+// with name "auto"): what glint recognises as a C++ format, and any other
+// template the Jinja interpreter parses, renders and encodes conversations,
+// each with labels the size of its ids; nothing crashes or runs unbounded.
 #include "common.hpp"
 
 #include "components/data/template.hpp"
@@ -20,8 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   GLINT_FUZZ_CHECK(tok != nullptr, "the tokenizer does not load with a chat template");
   for (bool thinking : {true, false}) {
     auto chat = Template::make(tok, {.max_length = 48, .truncation = Truncation::left, .enable_thinking = thinking});
-    GLINT_FUZZ_CHECK(!!chat == !info.name.empty() || !thinking,
-                     "Template::make and detect_chat_template disagree on '" + info.name + "'");
+    GLINT_FUZZ_CHECK(!!chat || info.name.empty() || !thinking,
+                     "Template::make refused a template detect_chat_template recognises as '" + info.name + "'");
     if (!chat) continue;
     const std::vector<Message> messages = {{"system", "Be brief."},
                                            {"user", "What is 2 + 6?"},

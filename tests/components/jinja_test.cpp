@@ -5,6 +5,7 @@
 // tests/data/chat/conversations.json, rendered by both; then what is
 // refused, and how.
 #include "components/data/jinja.hpp"
+#include "runtime/file.hpp"
 #include "support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -15,7 +16,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 namespace glint::components {
 namespace {
@@ -23,10 +23,9 @@ namespace {
 using json = nlohmann::ordered_json;
 
 std::string read(const std::string& path) {
-  std::ifstream in{path};
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto text = read_text_file(path);
+  EXPECT_TRUE(text) << describe(text.error());
+  return text ? std::move(*text) : std::string{};
 }
 
 std::string data(const std::string& rel) { return std::string{GLINT_TEST_SOURCE_DIR} + "/data/" + rel; }

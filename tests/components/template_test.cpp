@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -151,8 +152,9 @@ std::string fixture(const std::string& name) {
   return s.str();
 }
 
-std::shared_ptr<const Tokenizer> with_template(const std::string& jinja) {
+std::shared_ptr<const Tokenizer> with_template(const std::string& jinja, std::map<std::string, std::string> special = {}) {
   TokenizerConfig config;
+  config.special_tokens = std::move(special);
   config.chat_template = jinja;
   config.chat_template_origin = "tokenizer_config.json: chat_template";
   return glint::testing::chat_tokenizer(std::move(config));
@@ -177,15 +179,13 @@ TEST(ChatTemplate, RecognisesTheFormatsGlintRenders) {
   }
 }
 
-TEST(ChatTemplate, RefusesATemplateItDoesNotRenderOrANameThatIsNotTheModels) {
-  // Llama 3.1 puts a dated system header on every conversation.
+TEST(ChatTemplate, RunsATemplateItDoesNotRecogniseAndRefusesANameThatIsNotTheModels) {
+  // Llama 3.1 puts a dated system header on every conversation: not one of
+  // glint's C++ formats, so "auto" runs the template itself.
   auto auto_31 = Template::make(with_template(fixture("llama3.1.jinja")), {});
-  ASSERT_FALSE(auto_31);
-  EXPECT_EQ(code_of(auto_31.error()), errc::unimplemented);
-  EXPECT_NE(describe(auto_31.error()).find("tokenizer_config.json: chat_template is not a template glint renders"),
-            std::string::npos)
-      << describe(auto_31.error());
-  EXPECT_NE(describe(auto_31.error()).find("Llama 3.1"), std::string::npos);
+  ASSERT_TRUE(auto_31) << describe(auto_31.error());
+  EXPECT_EQ(auto_31->options().name, "jinja");
+  EXPECT_NE(auto_31->render(chat, false)->find("Cutting Knowledge Date"), std::string::npos);
   // Named explicitly, glint's own rendering is used (with a warning).
   EXPECT_TRUE(Template::make(with_template(fixture("llama3.1.jinja")), {.name = "llama3"}));
   // A Qwen3 model trained with plain ChatML would lose its <think> blocks.
@@ -275,6 +275,91 @@ TEST(ChatTemplate, TheModelsDefaultSystemMessageIsUsedUnlessOneIsGiven) {
   EXPECT_EQ(t->render(m, false)->rfind("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.", 0), 0u);
   auto none = Template::make(with_template(fixture("qwen2.5.jinja")), {.default_system = ""});
   EXPECT_EQ(none->render(m, false)->rfind("<|im_start|>user\nHi", 0), 0u) << "an explicit empty default: none";
+}
+
+// The C++ formats stay because they are the template's rows exactly (the
+// interpreter gives the same ids and loss mask) and faster (glint bench
+// template). Qwen3's template rewrites earlier turns, which the
+// interpreter's prefix rendering refuses and the C++ format handles.
+TEST(ChatTemplate, TheCppFormatsGiveTheInterpretersRows) {
+  const std::vector<std::vector<Message>> chats = {
+      {{"user", "Hi"}, {"assistant", "Hello!"}},
+      {{"system", "Be brief."}, {"user", "2 + 2?"}, {"assistant", "4"}, {"user", "  and 3 + 3? "}, {"assistant", "6\n"}},
+      {{"user", "Think first."}, {"assistant", "<think>\nplan it\n</think>\n\nThe answer."}},
+      {{"user", "a"}, {"assistant", "<think>r1</think>a1"}, {"user", "b"}, {"assistant", "<think>\n\nr2\n</think>\n\n\na2"}},
+      {{"user", "Weather?"}, {"assistant", "Calling."}, {"tool", "22C"}, {"tool", "sunny"}, {"assistant", "22C, sunny."}},
+      {{"user", "Ünïcödé 😀?"}, {"assistant", "ja — 日本"}},
+  };
+  size_t compared = 0, refused = 0;
+  for (const char* file : {"chatml_glint.jinja", "qwen2.jinja", "qwen2.5.jinja", "qwen3.jinja", "llama3.jinja"}) {
+    // Llama 3's template writes bos_token, which the C++ format has built in.
+    std::map<std::string, std::string> special;
+    if (std::string{file} == "llama3.jinja") special["bos_token"] = "<|begin_of_text|>";
+    auto cpp = Template::make(with_template(fixture(file), special), {});
+    auto interp = Template::make(with_template(fixture(file), special), {.name = "jinja"});
+    ASSERT_TRUE(cpp) << file << ": " << describe(cpp.error());
+    ASSERT_TRUE(interp) << file << ": " << describe(interp.error());
+    ASSERT_NE(cpp->options().name, "jinja");
+    EXPECT_EQ(interp->options().name, "jinja");
+    EXPECT_EQ(cpp->end_of_turn_id(), interp->end_of_turn_id()) << file;
+    for (const auto& c : chats)
+      for (bool prompt : {false, true}) {
+        EXPECT_EQ(*cpp->render(c, prompt), *interp->render(c, prompt)) << file;
+        auto a = cpp->encode(c, prompt), b = interp->encode(c, prompt);
+        ASSERT_TRUE(a) << describe(a.error());
+        if (!b) {
+          EXPECT_EQ(std::string{cpp->options().name}, "qwen3") << file << ": " << describe(b.error());
+          EXPECT_NE(describe(b.error()).find("rewrites earlier turns"), std::string::npos) << describe(b.error());
+          ++refused;
+          continue;
+        }
+        EXPECT_EQ(a->input_ids, b->input_ids) << file << " " << c.front().content;
+        EXPECT_EQ(a->loss_mask, b->loss_mask) << file << " " << c.front().content << "\n"
+                                              << learned_text(*cpp, *a) << "\nvs\n" << learned_text(*interp, *b);
+        ++compared;
+      }
+  }
+  // 5 templates x 6 chats x (training row, prompt): only Qwen3's
+  // multi-turn chats are refused by the interpreter.
+  EXPECT_EQ(compared + refused, 60u);
+  EXPECT_LE(refused, 6u);
+}
+
+// A template none of the C++ formats is (Qwen3.5's, with its own tool and
+// thinking markup) trains through the interpreter: the text is Jinja2's,
+// the loss counts what the model writes after the generation prompt, and sampling
+// stops at <|im_end|>.
+TEST(ChatTemplate, AnyOtherTemplateTrainsThroughTheInterpreter) {
+  const std::string jinja = fixture("qwen3.5.jinja");
+  auto t = Template::make(with_template(jinja), {});
+  ASSERT_TRUE(t) << describe(t.error());
+  EXPECT_EQ(t->options().name, "jinja");
+  const auto tok = with_template(jinja);
+  EXPECT_EQ(t->end_of_turn_id(), tok->token_id("<|im_end|>"));
+  const std::vector<Message> m = {{"system", "Be brief."}, {"user", "2 + 6?"}, {"assistant", "8"}};
+  auto row = t->encode(m, false);
+  ASSERT_TRUE(row) << describe(row.error());
+  // Qwen3.5's generation prompt opens the <think> block, so what the model
+  // writes (and the loss counts) starts inside it.
+  EXPECT_EQ(learned_text(*t, *row), "\n</think>\n\n8<|im_end|>");
+  auto prompt = t->render(m, true);
+  ASSERT_TRUE(prompt);
+  auto want = reference(jinja, nlohmann::json::array({{{"messages", {{{"role", "system"}, {"content", "Be brief."}},
+                                                                      {{"role", "user"}, {"content", "2 + 6?"}}}},
+                                                        {"add_generation_prompt", true}}}));
+  ASSERT_TRUE(want);
+  EXPECT_EQ(*prompt, (*want)[0]);
+  auto no_think = Template::make(with_template(jinja), {.enable_thinking = false});
+  ASSERT_TRUE(no_think) << describe(no_think.error());
+  EXPECT_TRUE(no_think->render(m, true)->ends_with("<think>\n\n</think>\n\n")) << *no_think->render(m, true);
+  // A template that does not parse is refused at make, naming its line.
+  auto broken = Template::make(with_template("{% for m in messages %}\n{{ m.content | nope }}"), {});
+  ASSERT_FALSE(broken);
+  EXPECT_NE(describe(broken.error()).find("line 2"), std::string::npos) << describe(broken.error());
+  // enable_thinking false for a template that never reads it changes nothing: refused.
+  auto ignored = Template::make(with_template(fixture("llama3.1.jinja")), {.enable_thinking = false});
+  ASSERT_FALSE(ignored);
+  EXPECT_NE(describe(ignored.error()).find("never reads enable_thinking"), std::string::npos) << describe(ignored.error());
 }
 
 TEST(ChatTemplate, Qwen3LearnsTheThinkingBlockOfTheLastAnswer) {

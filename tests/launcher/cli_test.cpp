@@ -279,6 +279,14 @@ TEST(Cli, TemplatePrintsTheModelsChatTemplateAndWhatTheLossCounts) {
   EXPECT_NE(bad.out.find("is not JSON"), std::string::npos) << bad.out;
 }
 
+TEST(Cli, BenchTemplatePrintsItsLinesWithTheJinja2Baseline) {
+  auto r = run("bench template --repeats 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* line : {"jinja_render_us: ", "jinja2_render_us: ", "jinja_vs_jinja2: ", "jinja_vs_jinja2_min: ",
+                           "chat_cpp_vs_jinja_encode: "})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+}
+
 TEST(Cli, MalformedConfigIsAClearError) {
   auto path = glint::testing::fresh_dir("cli-bad") + "/bad.toml";
   std::ofstream{path} << "[[group]\n";

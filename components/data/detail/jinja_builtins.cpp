@@ -519,6 +519,8 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     const Value& n = a.string() || a.list() ? b : a;
     if (!(n.integer() || n.boolean())) return unsupported();
     const int64_t k = std::max<int64_t>(0, n.as_int());
+    const size_t unit = seq.string() ? seq.str().size() : seq.items().items.size() * sizeof(Value);
+    if (unit > 0 && static_cast<uint64_t>(k) > (uint64_t{256} << 20) / unit) fail("repeating a sequence past 256 MiB");
     if (seq.string()) {
       std::string out;
       for (int64_t i = 0; i < k; ++i) out += seq.str();

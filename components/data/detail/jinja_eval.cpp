@@ -11,6 +11,9 @@ namespace {
 
 constexpr int kMaxCallDepth = 200;
 constexpr size_t kMaxOutputBytes = size_t{256} << 20;
+// Loop iterations and macro calls in one render: a chat template takes
+// thousands; a template that would take longer than seconds is refused.
+constexpr int64_t kMaxSteps = 20'000'000;
 
 struct Scope {
   std::vector<std::pair<std::string, Value>> vars;
@@ -105,6 +108,10 @@ private:
     return Flow::normal;
   }
 
+  void step() {
+    if (++steps_ > kMaxSteps) fail("the template runs more than " + std::to_string(kMaxSteps) + " loop iterations and macro calls");
+  }
+
   void append(std::string& out, const std::string& text) {
     if (out.size() + text.size() > kMaxOutputBytes) fail("the rendered text passes 256 MiB");
     out += text;
@@ -127,6 +134,7 @@ private:
     if (items.empty()) return exec(n.else_body, scope, out);
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      step();
       auto inner = std::make_shared<Scope>();
       inner->parent = scope;
       assign(*n.target, items[static_cast<size_t>(i)], inner);
@@ -178,6 +186,7 @@ private:
     return CallablePtr{std::make_shared<const Callable>(Callable{n.name, [this, node, weak](Args& a) -> Value {
       auto parent = weak.lock();
       if (!parent) fail("macro '" + node->name + "' is called after the scope it was defined in ended");
+      step();
       if (++depth_ > kMaxCallDepth) fail("macros nest deeper than " + std::to_string(kMaxCallDepth) + " calls");
       struct Leave {
         int& d;
@@ -330,6 +339,7 @@ private:
   Clock clock_;
   Output* main_ = nullptr;
   int depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

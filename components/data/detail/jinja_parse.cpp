@@ -404,6 +404,7 @@ private:
   }
 
   NodePtr statement() {
+    Nest nest{*this, cur().line};
     const Token t = next();
     const std::string& w = t.text;
     if (w == "for") return for_statement(t.line);
@@ -615,9 +616,23 @@ private:
     return t;
   }
 
-  ExprPtr expression(bool with_condexpr) { return with_condexpr ? condexpr() : or_expr(); }
+  // Nesting is bounded, so that a hostile template cannot exhaust the stack.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser, int line) : p(parser) {
+      if (++p.depth_ > kMaxNesting) syntax(line, "expressions or blocks nest deeper than " + std::to_string(kMaxNesting));
+    }
+    ~Nest() { --p.depth_; }
+  };
+  static constexpr int kMaxNesting = 150;
+
+  ExprPtr expression(bool with_condexpr) {
+    Nest nest{*this, cur().line};
+    return with_condexpr ? condexpr() : or_expr();
+  }
 
   ExprPtr condexpr() {
+    Nest nest{*this, cur().line};
     auto e = or_expr();
     while (is_name("if")) {
       const int line = next().line;
@@ -661,6 +676,7 @@ private:
     return e;
   }
   ExprPtr not_expr() {
+    Nest nest{*this, cur().line};
     if (is_name("not")) {
       auto e = expr(Expr::Kind::unary, next().line);
       e->name = "not";
@@ -729,6 +745,7 @@ private:
     return e;
   }
   ExprPtr unary(bool with_filter) {
+    Nest nest{*this, cur().line};
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       e = expr(Expr::Kind::unary, cur().line);
@@ -953,6 +970,7 @@ private:
   std::vector<Token> t_;
   size_t i_ = 0;
   int loops_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

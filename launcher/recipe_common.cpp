@@ -64,7 +64,8 @@ void add_data_flags(CLI::App* c, RecipeArgs& a, const std::string& rows) {
       ->check(CLI::Range(0.0, 0.9));
   c->add_option("--system", a.system, "System message for rows that have none");
   c->add_option("--template", a.chat_template,
-                "Chat template: auto (the model's tokenizer_config.json), chatml, qwen2.5, qwen3 or llama3")
+                "Chat template: auto (the model's tokenizer_config.json; any Jinja template), jinja (the Jinja interpreter even "
+                "where a C++ format renders it), chatml, qwen2.5, qwen3 or llama3")
       ->capture_default_str();
 }
 

@@ -208,18 +208,24 @@ TEST(ChatTemplate, RunsATemplateItDoesNotRecogniseAndRefusesANameThatIsNotTheMod
 }
 
 // The text Jinja2 renders for `cases` (as Hugging Face's apply_chat_template
-// does), or nullopt where python3 with jinja2 is missing.
+// does: tests/support/jinja_reference.py), or nullopt where python3 with
+// jinja2 is missing.
 std::optional<std::vector<std::string>> reference(const std::string& jinja, const nlohmann::json& cases) {
   const auto dir = glint::testing::fresh_dir("chat-template");
   const std::string in = dir + "/job.json", out = dir + "/out.json";
-  std::ofstream{in} << nlohmann::json{{"template", jinja}, {"bos_token", "<|begin_of_text|>"}, {"cases", cases}}.dump();
-  const std::string cmd = "python3 " + std::string{GLINT_TEST_SOURCE_DIR} + "/support/render_chat_template.py < " + in +
+  nlohmann::json variables = nlohmann::json::array();
+  for (auto c : cases) {
+    c["bos_token"] = "<|begin_of_text|>";
+    variables.push_back(std::move(c));
+  }
+  std::ofstream{in} << nlohmann::json{{"template", jinja}, {"cases", variables}}.dump();
+  const std::string cmd = "python3 " + std::string{GLINT_TEST_SOURCE_DIR} + "/support/jinja_reference.py < " + in +
                           " > " + out + " 2>/dev/null";
   if (std::system(cmd.c_str()) != 0) return std::nullopt;
   std::ifstream r{out};
   auto j = nlohmann::json::parse(r);
   std::vector<std::string> texts;
-  for (const auto& x : j) texts.push_back(x.is_string() ? x.get<std::string>() : "error: " + x.dump());
+  for (const auto& x : j) texts.push_back(x.contains("text") ? x["text"].get<std::string>() : "error: " + x.dump());
   return texts;
 }
 

@@ -68,7 +68,7 @@ port=$((20000 + $$ % 20000))
 run() {
   local name=$1; shift
   port=$((port + 1))
-  local common=(--nnodes 2 --nproc 1 --master-addr $addr_a --master-port $port --peer-timeout 3)
+  local common=(--nnodes 2 --nproc 1 --master-addr $addr_a --master-port $port --peer-timeout ${peer_timeout:-3})
   ip netns exec $A "$glint" run "${common[@]}" --node-rank 0 -- "$glint" "${grpo[@]}" "$@" --output $name > $name.a.log 2>&1 &
   pid_a=$!
   ip netns exec $B "$glint" run "${common[@]}" --node-rank 1 -- "$glint" "${grpo[@]}" "$@" --output $name > $name.b.log 2>&1 &
@@ -89,7 +89,7 @@ hop() {
   run $name "$@"
   wait_for $pid_a 120; local code_a=$?
   wait_for $pid_b 30; local code_b=$?
-  ((code_a == 0 && code_b == 0)) || { tail -n 5 $name.a.log $name.b.log; fail "$name: the job across namespaces exited $code_a/$code_b"; }
+  ((code_a == 0 && code_b == 0)) || { tail -n 40 $name.a.log $name.b.log; fail "$name: the job across namespaces exited $code_a/$code_b"; }
   grep -q "$spread" $name.a.log || { cat $name.a.log; fail "$name: not spread over both namespaces ($spread)"; }
   local why
   why=$(same_metrics $ref/metrics.jsonl $name/metrics.jsonl) || fail "$name: $why"
@@ -134,8 +134,13 @@ unimpair() {
   done
 }
 if impair; then
+  # A lossy link is not a cut one: the peer timeout is not what is tested
+  # here, and 3 s is close to what a loaded 2-core CI machine can stall a
+  # process for (a CI run saw node 1 give up on its driver at step 10).
+  peer_timeout=8
   hop lossy reference "2 sampler rank(s) on node 0,1"
   hop lossy_dp reference_dp "2 model rank(s) on node 0,1" --dp 2
+  peer_timeout=3
   unimpair
   echo "netns_grpo: with $how: the same metrics (sampler rank and model rank across the hop)$( ((dropped > 0)) && echo "; $dropped packets dropped")"
 else

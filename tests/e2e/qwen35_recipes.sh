@@ -3,7 +3,8 @@
 # a Qwen3.5-MoE one too): `glint sft` with LoRA on the Gated DeltaNet's own
 # projections and with full training (fsdp over two processes equal to one
 # process), expert parallelism on Qwen3.5-MoE, `glint grpo` from the warm-up (the sampler's per-sequence
-# states), `glint dpo`; each loss falls, and what is not built is refused
+# states; asynchronous, and resumed), `glint dpo`, SFT through Qwen3.5's own
+# chat template; each loss falls, and what is not built is refused
 # naming the layer kind.
 #   qwen35_recipes.sh GLINT_BINARY
 set -euo pipefail
@@ -40,6 +41,31 @@ assert any(".self_attn.q_proj.lora_A.weight" in k for k in keys)
 EOF
 done
 
+# 1b. Qwen3.5's own chat template (tests/data/chat_templates/qwen3.5.jinja, its
+#     <think> generation prompt): `glint template` renders what Jinja2 renders,
+#     and sft trains through glint's Jinja interpreter.
+here=$(cd "$(dirname "$0")/.." && pwd)
+cp -r qwen3_5 qwen3_5_own
+cp "$here/data/chat_templates/qwen3.5.jinja" qwen3_5_own/chat_template.jinja
+echo '[{"role": "system", "content": "Add."}, {"role": "user", "content": "2+3="}, {"role": "assistant", "content": "5"}]' > chat.json
+for prompt in "" --add-generation-prompt; do
+  "$glint" template --model qwen3_5_own --messages chat.json $prompt > own.txt 2> own.err || { cat own.err; fail "glint template $prompt"; }
+  python3 - "$here/support" qwen3_5_own chat.json own.txt "$prompt" <<'EOF' || fail "glint template $prompt is not Jinja2's render"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jinja_reference
+cfg = json.load(open(sys.argv[2] + "/tokenizer_config.json"))
+variables = {k: v for k, v in cfg.items() if k.endswith("_token") and isinstance(v, str)}
+variables.update(messages=json.load(open(sys.argv[3])), tools=None, documents=None, add_generation_prompt=bool(sys.argv[5]))
+want = jinja_reference.render_all(open(sys.argv[2] + "/chat_template.jinja").read(), [variables])[0]["text"]
+got = open(sys.argv[4]).read()
+assert got == want, (got, want)
+EOF
+done
+"$glint" sft --model qwen3_5_own --dataset arith.jsonl --lr 3e-3 --max-steps 20 --output runs/own > own.log 2>&1 ||
+  { cat own.log; fail "sft through Qwen3.5's own chat template"; }
+falls runs/own/metrics.jsonl loss "sft through Qwen3.5's own chat template"
+
 # 2. Full training, one process and fsdp over two: the same first loss.
 "$glint" sft --model qwen3_5 --dataset arith.jsonl --train-type full --lr 3e-3 --batch-size 32 --max-steps 60 \
   --lr-scheduler constant --output runs/sft > sft.log 2>&1 || { cat sft.log; fail "full sft"; }
@@ -69,6 +95,22 @@ EOF
   --num-generations 4 --lr 1e-3 --max-steps 4 --output runs/grpo > grpo.log 2>&1 || { cat grpo.log; fail "grpo"; }
 [[ -f runs/grpo/last/adapter_model.safetensors ]] || fail "grpo wrote no adapter"
 
+# 3b. Asynchronous GRPO (a step stale, decoupled PPO) over the per-sequence
+#     states, and a resume from its last checkpoint.
+async=(--model runs/sft/last --dataset arith.jsonl --max-tokens 16 --max-prompt-length 64 --prompts-per-step 8
+       --num-generations 4 --lr 1e-3 --max-steps 4 --save-every 2 --max-staleness 1 --loss decoupled_ppo)
+"$glint" grpo "${async[@]}" --output runs/async > async.log 2>&1 || { cat async.log; fail "asynchronous grpo"; }
+python3 - runs/async/metrics.jsonl <<'EOF' || fail "the asynchronous run's rows"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if json.loads(l)["step"] > 0]
+assert len(rows) == 4, rows
+for r in rows:
+    assert r["staleness/max"] == min(r["step"] - 1, 1), r
+EOF
+rm -rf runs/async/checkpoint-4 runs/async/last
+"$glint" grpo "${async[@]}" --output runs/async --resume > async-resume.log 2>&1 || { cat async-resume.log; fail "resuming asynchronous grpo"; }
+grep -q "resumed at step 2" async-resume.log || { cat async-resume.log; fail "asynchronous grpo did not resume at step 2"; }
+
 # 4. DPO on preference pairs.
 awk 'BEGIN{srand(1); for(i=0;i<80;i++){a=int(rand()*9);b=int(rand()*9);
   printf("{\"prompt\": \"%d+%d=\", \"chosen\": \"%d\", \"rejected\": \"I do not know.\"}\n",a,b,a+b)}}' > pairs.jsonl
@@ -84,4 +126,4 @@ for mesh in tp=2 pp=2; do
   [[ $code != 0 ]] || fail "--mesh $mesh ran"
   grep -q "Gated DeltaNet" $mesh.log || { cat $mesh.log; fail "--mesh $mesh: the error does not name the layer kind"; }
 done
-echo "qwen3.5 recipes: LoRA, full, fsdp, ep, grpo and dpo ran; tp and pp refused"
+echo "qwen3.5 recipes: LoRA (also through Qwen3.5's own chat template), full, fsdp, ep, grpo (also asynchronous, resumed) and dpo ran; tp and pp refused"

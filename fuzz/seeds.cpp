@@ -217,6 +217,20 @@ void chat_template_seeds() {
        "<|im_end|>\\n{% endfor %}");
 }
 
+// A format byte (ToolCallFormat) and what a model might write in it.
+void tool_calls_seeds() {
+  const std::pair<char, const char*> seeds[] = {
+      {1, "Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 1}}\n</tool_call><|im_end|>"},
+      {1, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"n\\\": 2}\"}</tool_call><tool_call>{bad</tool_call>"},
+      {2, "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n<parameter=s>\nx\n</parameter>\n</function>\n</tool_call>"},
+      {3, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"n\": 4}}; {\"name\": \"g\", \"parameters\": {}}<|eot_id|>"},
+      {4, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"n\": 5}, \"id\": \"abcdefghi\"}]</s>"},
+      {4, "[TOOL_CALLS]f[ARGS]{\"n\": 6}[TOOL_CALLS]g[ARGS]{}"},
+      {0, "plain text"},
+  };
+  for (const auto& [format, text] : seeds) seed("tool_calls", std::string(1, format) + text);
+}
+
 void lora_config_seeds() {
   LoraConfig c;
   seed("lora_config", c.to_json());
@@ -458,6 +472,7 @@ int main(int argc, char** argv) {
   tokenizer_seeds();
   tokenizer_config_seeds(tmp);
   chat_template_seeds();
+  tool_calls_seeds();
   lora_config_seeds();
   dataset_seeds(tmp);
   job_toml_seeds();

@@ -7,6 +7,7 @@ set(GLINT_FUZZ_TARGETS
   tokenizer         # tokenizer.json (Tokenizer::parse)
   tokenizer_config  # tokenizer_config.json (TokenizerConfig::parse)
   chat_template     # a model's Jinja chat template (detect_chat_template, Template::make)
+  tool_calls        # tool calls in model output (parse_tool_calls)
   lora_config       # adapter_config.json (LoraConfig::parse)
   dataset           # dataset rows, JSONL and JSON (Dataset::parse)
   job_toml          # the job TOML (placement::JobConfig::parse)

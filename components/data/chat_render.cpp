@@ -56,11 +56,23 @@ Result<RenderedChat> render_chat(const JinjaTemplate& t, const ChatInput& input,
     if (!before) return with_context(before.error(), "rendering the messages before " + turn + " (for the loss mask)");
     auto upto = prefix(i + 1, false);
     if (!upto) return with_context(upto.error(), "rendering the messages up to " + turn + " (for the loss mask)");
-    if (!upto->text.starts_with(before->text))
-      return make_error(errc::invalid_argument,
-                        "chat template " + t.name() + ": the messages up to " + turn + " do not render as the messages before it "
-                        "with a generation prompt, followed by the assistant's turn; the loss mask cannot come from "
-                        "rendering prefixes (mark the assistant's text with {% generation %} blocks)");
+    // Where the assistant's turn starts: after the generation prompt; or,
+    // where the template's generation prompt writes what its rendering of a
+    // past turn does not (QwQ opens <think>, and renders a past turn without
+    // its reasoning), where the two part, backed off to a line end or the
+    // end of a tag, so that no shared letters of two different markups count.
+    size_t start = before->text.size();
+    if (!upto->text.starts_with(before->text)) {
+      size_t common = 0;
+      while (common < before->text.size() && common < upto->text.size() && before->text[common] == upto->text[common]) ++common;
+      while (common > 0 && before->text[common - 1] != '\n' && before->text[common - 1] != '>') --common;
+      if (common == 0)
+        return make_error(errc::invalid_argument,
+                          "chat template " + t.name() + ": the messages up to " + turn + " share no start with the "
+                          "messages before it; the loss mask cannot come from rendering prefixes (mark the assistant's "
+                          "text with {% generation %} blocks)");
+      start = common;
+    }
     if (!out.text.starts_with(upto->text))
       return make_error(errc::invalid_argument,
                         "chat template " + t.name() + " renders " + turn + " differently once later messages follow (it "
@@ -70,8 +82,8 @@ Result<RenderedChat> render_chat(const JinjaTemplate& t, const ChatInput& input,
     size_t end = upto->text.size();
     // The newline after an end-of-turn token is the template's, not the
     // model's: it is never sampled (sampling stops at the token).
-    while (end > before->text.size() && is_space(upto->text[end - 1])) --end;
-    if (end > before->text.size()) out.learned.emplace_back(before->text.size(), end);
+    while (end > start && is_space(upto->text[end - 1])) --end;
+    if (end > start) out.learned.emplace_back(start, end);
   }
   return out;
 }

@@ -18,7 +18,9 @@
 /// has them (transformers' return_assistant_tokens_mask), else from
 /// rendering prefixes: assistant message i spans from the end of
 /// messages[:i] rendered with a generation prompt to the end of
-/// messages[:i+1] rendered without. That needs a template that renders a
+/// messages[:i+1] rendered without (where the generation prompt writes
+/// more than a past turn shows, as QwQ's opens <think>, from where the two
+/// renders part, at a line end or tag end). That needs a template that renders a
 /// conversation's start the same whatever follows; one that rewrites
 /// earlier turns (Qwen3 drops the reasoning of turns before the last user
 /// message) is refused for that conversation, naming the turn, rather than

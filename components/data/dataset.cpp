@@ -1,5 +1,7 @@
 #include "components/data/dataset.hpp"
 
+#include "components/data/agent_rows.hpp"
+
 #include "components/data/detail/splitmix.hpp"
 #include "runtime/text.hpp"
 
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -18,7 +21,7 @@ namespace {
 
 constexpr int kLoggedPerReason = 3;
 
-std::string scalar_text(const nlohmann::json& v) {
+std::string scalar_text(const nlohmann::ordered_json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());  // past int64: not as a negative
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
@@ -27,26 +30,33 @@ std::string scalar_text(const nlohmann::json& v) {
   return {};
 }
 
-// A row from a JSON object; a string error is the reason to skip it.
-Result<Row> row_of(const nlohmann::json& j, std::string origin) {
+// A row from a JSON object; a string error is the reason to skip it. Kept
+// in the file's key order (a tool call's arguments render in it).
+Result<Row> row_of(const nlohmann::ordered_json& j, std::string origin) {
   if (!j.is_object()) return make_error(errc::invalid_argument, "not a JSON object");
   Row row;
   row.origin = std::move(origin);
-  auto is_message = [](const nlohmann::json& m) {
+  auto is_message = [](const nlohmann::ordered_json& m) {
     return m.is_object() && m.contains("role") && m.contains("content") && m["role"].is_string() &&
            (m["content"].is_string() || m["content"].is_null());
   };
-  auto message_of = [](const nlohmann::json& m) {
+  auto message_of = [](const nlohmann::ordered_json& m) {
     return Message{m["role"].get<std::string>(), m["content"].is_null() ? "" : m["content"].get<std::string>()};
   };
+  bool sharegpt = false;
   for (const auto& [key, v] : j.items()) {
     if (key == "messages") {
-      if (!v.is_array()) return make_error(errc::invalid_argument, "\"messages\" is not an array");
-      for (const auto& m : v) {
-        if (!is_message(m))
-          return make_error(errc::invalid_argument, "a message lacks a string \"role\" or \"content\"");
-        row.messages.push_back(message_of(m));
-      }
+      auto ms = agent_messages(v, false);
+      if (!ms) return ms.error();
+      row.messages = std::move(*ms);
+    } else if (key == "conversations" && is_sharegpt(v)) {
+      auto ms = agent_messages(v, true);
+      if (!ms) return ms.error();
+      if (!j.contains("messages")) row.messages = std::move(*ms), sharegpt = true;
+    } else if (key == "tools" && !(v.is_array() && v.empty()) && !(v.is_string() && v.get<std::string>().empty())) {
+      auto tools = agent_tools(v);
+      if (!tools) return tools.error();
+      row.tools = std::move(*tools);
     } else if (v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), is_message)) {
       auto& c = row.conversations[key];
       for (const auto& m : v) c.push_back(message_of(m));
@@ -56,6 +66,11 @@ Result<Row> row_of(const nlohmann::json& j, std::string origin) {
       row.nested.push_back(key);
     }
   }
+  // ShareGPT keeps the system prompt beside the turns.
+  if (sharegpt)
+    if (auto s = row.fields.find("system"); s != row.fields.end() && !s->second.empty() &&
+                                            (row.messages.empty() || row.messages.front().role != "system"))
+      row.messages.insert(row.messages.begin(), Message{"system", s->second});
   return row;
 }
 
@@ -77,6 +92,53 @@ bool read_line(std::istream& in, std::string& line) {
     line.push_back(static_cast<char>(c));
     if (line.size() > kMaxLineBytes) return true;
   }
+}
+
+// The records of a CSV file (RFC 4180: a field in double quotes may hold
+// commas, line breaks and "" for a quote), each with the line it starts on.
+// false: a quoted field never closed.
+bool csv_records(std::istream& in, std::vector<std::pair<int64_t, std::vector<std::string>>>& out) {
+  std::string text{std::istreambuf_iterator<char>(in), {}};
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a byte order mark, as spreadsheets write
+  std::vector<std::string> record;
+  std::string field;
+  bool quoted = false, any = false;
+  int64_t line = 1, start = 1;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') field += '"', ++i;
+      else if (c == '"') quoted = false;
+      else field += c, line += c == '\n';
+      continue;
+    }
+    if (c == '"' && field.empty()) {
+      quoted = any = true;
+    } else if (c == ',') {
+      record.push_back(std::move(field));
+      field.clear();
+      any = true;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      if (any || !field.empty()) {
+        record.push_back(std::move(field));
+        out.emplace_back(start, std::move(record));
+      }
+      record.clear();
+      field.clear();
+      any = false;
+      start = ++line;
+    } else {
+      field += c;
+      any = true;
+    }
+  }
+  if (quoted) return false;
+  if (any || !field.empty()) {
+    record.push_back(std::move(field));
+    out.emplace_back(start, std::move(record));
+  }
+  return true;
 }
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
@@ -137,8 +199,37 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
   ds.name_ = meta.path;
   ds.log_ = meta.log;
   std::vector<Row> rows;
-  const bool jsonl = meta.path.size() >= 6 && meta.path.compare(meta.path.size() - 6, 6, ".jsonl") == 0;
-  if (jsonl) {
+  const bool jsonl = meta.path.ends_with(".jsonl"), csv = meta.path.ends_with(".csv");
+  if (csv) {
+    std::vector<std::pair<int64_t, std::vector<std::string>>> records;
+    if (!csv_records(in, records))
+      return make_error(errc::invalid_argument, meta.path + ": a quoted field is never closed (a \" without its pair)");
+    if (records.empty()) return make_error(errc::invalid_argument, meta.path + " has no header line");
+    const auto header = records.front().second;
+    for (size_t r = 1; r < records.size(); ++r) {
+      const auto& [line, cells] = records[r];
+      auto origin = meta.path + ":" + std::to_string(line);
+      if (cells.size() > header.size()) {
+        ds.skip("malformed row", origin, std::to_string(cells.size()) + " fields, the header names " + std::to_string(header.size()));
+        continue;
+      }
+      // Columns as fields (an empty cell is an absent one, as ms-swift reads
+      // CSV); "messages" or "tools" holding JSON read as in a JSON row.
+      nlohmann::ordered_json j = nlohmann::ordered_json::object();
+      for (size_t k = 0; k < cells.size(); ++k) {
+        if (cells[k].empty()) continue;
+        if (header[k] == "messages" || header[k] == "conversations") {
+          auto v = nlohmann::ordered_json::parse(cells[k], nullptr, false);
+          j[header[k]] = v.is_discarded() ? nlohmann::ordered_json(cells[k]) : v;
+        } else {
+          j[header[k]] = cells[k];
+        }
+      }
+      auto row = row_of(j, origin);
+      if (!row) ds.skip("malformed row", origin, context_of(row.error()));
+      else rows.push_back(std::move(*row));
+    }
+  } else if (jsonl) {
     std::string line;
     for (int64_t n = 1; read_line(in, line); ++n) {
       auto origin = meta.path + ":" + std::to_string(n);
@@ -146,7 +237,7 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
         return make_error(errc::invalid_argument, origin + " is longer than " + std::to_string(kMaxLineBytes >> 20) +
                                                       " MiB: a .jsonl file holds one row per line (is it JSONL?)");
       if (trim(line).empty()) continue;
-      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) {
         ds.skip("invalid JSON", origin, "");
         continue;
@@ -159,7 +250,7 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
   } else {
     std::stringstream s;
     s << in.rdbuf();
-    auto j = nlohmann::json::parse(s.str(), nullptr, false);
+    auto j = nlohmann::ordered_json::parse(s.str(), nullptr, false);
     if (j.is_discarded() || !j.is_array())
       return make_error(errc::invalid_argument, meta.path + " is not a JSON array of rows (a .jsonl file holds one JSON object per line)");
     for (size_t i = 0; i < j.size(); ++i) {
@@ -227,7 +318,8 @@ Result<void> Dataset::encode(const EncodeOptions& options) {
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::max<size_t>(n / 64, 1))));
   auto work = [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
-      if (!rows_[i].messages.empty()) out[i] = template_->encode(rows_[i].messages, options.add_generation_prompt);
+      if (!rows_[i].messages.empty())
+        out[i] = template_->encode(rows_[i].messages, options.add_generation_prompt, rows_[i].tools);
     }
   };
   std::vector<std::thread> pool;
@@ -265,9 +357,10 @@ Result<void> save_jsonl(std::span<const Row> rows, const std::string& path) {
     if (!out) return make_error(errc::not_found, "cannot write " + tmp + " (does its directory exist?)");
     for (const auto& r : rows) {
       nlohmann::ordered_json j = nlohmann::ordered_json::object();
+      if (!r.tools.empty()) j["tools"] = nlohmann::ordered_json::parse(r.tools, nullptr, false);
       if (!r.messages.empty()) {
         auto& ms = j["messages"] = nlohmann::ordered_json::array();
-        for (const auto& m : r.messages) ms.push_back({{"role", m.role}, {"content", m.content}});
+        for (const auto& m : r.messages) ms.push_back(message_json(m));
       }
       for (const auto& [k, c] : r.conversations) {
         auto& ms = j[k] = nlohmann::ordered_json::array();
@@ -288,7 +381,11 @@ Result<void> save_jsonl(std::span<const Row> rows, const std::string& path) {
 std::vector<std::string> texts_of(const Dataset& ds) {
   std::vector<std::string> out;
   for (size_t i = 0; i < ds.size(); ++i) {
-    for (const auto& m : ds.row(i).messages) out.push_back(m.content);
+    for (const auto& m : ds.row(i).messages) {
+      out.push_back(m.content);
+      if (!m.extra.empty()) out.push_back(m.extra);
+    }
+    if (!ds.row(i).tools.empty()) out.push_back(ds.row(i).tools);
     for (const auto& [_, v] : ds.row(i).fields) out.push_back(v);
   }
   return out;

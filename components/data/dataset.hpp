@@ -10,10 +10,15 @@
 ///   ds->encode({.add_generation_prompt = false});   // on a thread pool
 ///   ds->encoded(0).input_ids;  ds->skipped().summary();
 ///
-/// Formats: a .jsonl file holds one JSON object per line; any other file a
-/// JSON array of objects. A row has "messages" ([{"role", "content"}, ...])
-/// and/or plain fields (strings and numbers, such as GSM8K's "question" and
-/// "answer", kept as text); a preprocessor turns fields into messages.
+/// Formats: a .jsonl file holds one JSON object per line; a .csv file a
+/// header and one row per record (RFC 4180: quoted fields may hold commas,
+/// quotes and line breaks), as ms-swift reads CSV; any other file a JSON
+/// array of objects. A row has "messages" ([{"role", "content"}, ...], with
+/// tool calls and tool messages in OpenAI's or ms-swift's agent layout, and
+/// "tools": agent_rows.hpp), or ShareGPT's "conversations" ({"from",
+/// "value"}), and/or plain fields (strings and numbers, such as GSM8K's
+/// "question" and "answer", kept as text); a preprocessor turns fields into
+/// messages.
 ///
 /// Bad rows never stop a job: a line that is not JSON, a row without
 /// messages at encode time, a preprocessor's refusal, a conversation longer
@@ -49,6 +54,9 @@ struct Row {
   /// The row's other lists of messages ({"role", "content"} objects), as
   /// preference rows hold them ("chosen": [...], "rejected": [...]).
   std::map<std::string, std::vector<Message>> conversations{};
+  /// The tools offered (a JSON list, "tools" of OpenAI's and ms-swift's
+  /// agent rows); "" for none.
+  std::string tools{};
   friend bool operator==(const Row&, const Row&) = default;
 };
 

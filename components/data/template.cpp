@@ -1,5 +1,6 @@
 #include "components/data/template.hpp"
 
+#include "components/data/agent_rows.hpp"
 #include "components/data/chat_render.hpp"
 #include "components/data/jinja.hpp"
 #include "runtime/log.hpp"
@@ -95,14 +96,19 @@ bool is_tool_response(const std::string& s) {
 // The conversation as the interpreter's input: a trailing assistant message
 // left out under a generation prompt (a reference answer), the default
 // system message put first where there is none.
-Result<ChatInput> chat_input(std::span<const Message> messages, bool add_generation_prompt, const TemplateOptions& o) {
+Result<ChatInput> chat_input(std::span<const Message> messages, bool add_generation_prompt, const TemplateOptions& o,
+                             std::string_view tools) {
   if (messages.empty()) return make_error(errc::invalid_argument, "the conversation has no messages");
   auto turns = messages;
   if (add_generation_prompt && turns.back().role == "assistant") turns = turns.first(turns.size() - 1);
   ChatInput in;
   if ((turns.empty() || turns.front().role != "system") && o.default_system && !o.default_system->empty())
     in.messages.push_back({{"role", "system"}, {"content", *o.default_system}});
-  for (const auto& m : turns) in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  for (const auto& m : turns) in.messages.push_back(message_json(m));
+  if (!tools.empty()) {
+    in.tools = nlohmann::ordered_json::parse(tools, nullptr, false);
+    if (!in.tools.is_array()) return make_error(errc::invalid_argument, "the tools are not a JSON list");
+  }
   in.add_generation_prompt = add_generation_prompt;
   if (!o.enable_thinking) in.kwargs["enable_thinking"] = false;
   return in;
@@ -192,6 +198,11 @@ Result<Template> Template::make(std::shared_ptr<const Tokenizer> tokenizer, Temp
   }
   Template t;
   t.end_of_turn_id_ = tokenizer->token_id(f->end_of_turn);
+  // The model's own template renders what the format cannot (tools, tool
+  // calls); one the interpreter cannot parse leaves those rows refused.
+  if (model.chat_template)
+    if (auto parsed = JinjaTemplate::parse(*model.chat_template, model.chat_template_origin))
+      t.jinja_ = std::make_shared<const JinjaTemplate>(std::move(*parsed));
   t.tokenizer_ = std::move(tokenizer);
   t.options_ = std::move(options);
   return t;
@@ -269,9 +280,24 @@ Result<std::vector<Template::Piece>> Template::pieces(std::span<const Message> m
   return out;
 }
 
-Result<std::string> Template::render(std::span<const Message> messages, bool add_generation_prompt) const {
-  if (jinja_) {
-    auto in = chat_input(messages, add_generation_prompt, options_);
+Result<bool> Template::needs_interpreter(std::span<const Message> messages, std::string_view tools) const {
+  if (options_.name == "jinja") return true;
+  bool more = !tools.empty();
+  for (const auto& m : messages) more = more || !m.extra.empty();
+  if (more && !jinja_)
+    return make_error(errc::invalid_argument,
+                      "the conversation has tools, tool calls or other fields beside role and content, which glint's " +
+                          options_.name + " format does not render, and the model has no chat template of its own "
+                          "(tokenizer_config.json's chat_template or chat_template.jinja) to render them");
+  return more;
+}
+
+Result<std::string> Template::render(std::span<const Message> messages, bool add_generation_prompt,
+                                     std::string_view tools) const {
+  auto interpret = needs_interpreter(messages, tools);
+  if (!interpret) return interpret.error();
+  if (*interpret) {
+    auto in = chat_input(messages, add_generation_prompt, options_, tools);
     if (!in) return in.error();
     auto r = jinja_->render(chat_variables(*in, tokenizer_->config().special_tokens));
     if (!r) return r.error();
@@ -284,8 +310,11 @@ Result<std::string> Template::render(std::span<const Message> messages, bool add
   return text;
 }
 
-Result<EncodedRow> Template::encode(std::span<const Message> messages, bool add_generation_prompt) const {
-  if (jinja_) return encode_jinja(messages, add_generation_prompt);
+Result<EncodedRow> Template::encode(std::span<const Message> messages, bool add_generation_prompt,
+                                   std::string_view tools) const {
+  auto interpret = needs_interpreter(messages, tools);
+  if (!interpret) return interpret.error();
+  if (*interpret) return encode_jinja(messages, add_generation_prompt, tools);
   auto ps = pieces(messages, add_generation_prompt);
   if (!ps) return ps.error();
   std::vector<int64_t> ids;
@@ -358,7 +387,7 @@ Result<Template> Template::make_jinja(std::shared_ptr<const Tokenizer> tokenizer
   // The token that ends an assistant turn: the last one the loss counts in
   // a one-turn conversation, where it is special; else eos_token.
   const std::vector<Message> probe = {{"user", "1"}, {"assistant", "2"}};
-  auto row = t.encode_jinja(probe, false);
+  auto row = t.encode_jinja(probe, false, {});
   if (row) {
     for (size_t k = row->input_ids.size(); k-- > 1;)
       if (row->loss_mask[k - 1] > 0) {
@@ -377,8 +406,9 @@ Result<Template> Template::make_jinja(std::shared_ptr<const Tokenizer> tokenizer
   return t;
 }
 
-Result<EncodedRow> Template::encode_jinja(std::span<const Message> messages, bool add_generation_prompt) const {
-  auto in = chat_input(messages, add_generation_prompt, options_);
+Result<EncodedRow> Template::encode_jinja(std::span<const Message> messages, bool add_generation_prompt,
+                                         std::string_view tools) const {
+  auto in = chat_input(messages, add_generation_prompt, options_, tools);
   if (!in) return in.error();
   const auto& special = tokenizer_->config().special_tokens;
   // As the C++ formats do, a prompt's earlier assistant turns count too

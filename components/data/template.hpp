@@ -40,6 +40,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace glint::components {
@@ -49,6 +50,10 @@ class JinjaTemplate;
 struct Message {
   std::string role;  ///< system, user, assistant or tool
   std::string content;
+  /// The message's other fields as a JSON object (tool_calls, tool_call_id,
+  /// name, reasoning_content, ...), "" for none: what a model's own chat
+  /// template renders (agent_rows.hpp reads them).
+  std::string extra{};
   friend bool operator==(const Message&, const Message&) = default;
 };
 
@@ -102,14 +107,21 @@ public:
   /// tokens or cannot encode; max_length < 0.
   static Result<Template> make(std::shared_ptr<const Tokenizer> tokenizer, TemplateOptions options);
 
-  /// The conversation as text, as the model's Jinja chat template renders it.
-  Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt) const;
+  /// The conversation as text, as the model's Jinja chat template renders
+  /// it. `tools`: the tools offered, a JSON list ("" for none).
+  Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt,
+                             std::string_view tools = {}) const;
   /// Tokens and loss mask. Errors: invalid_argument for no messages, an
   /// unknown role, a system message that is not first, no assistant turn
   /// in a training row; resource_exhausted for a conversation longer than
   /// max_length under Truncation::refuse, or a training row with no
   /// assistant token left once truncated.
-  Result<EncodedRow> encode(std::span<const Message> messages, bool add_generation_prompt) const;
+  /// A conversation with tools or with messages that carry more than text
+  /// (tool calls, reasoning_content) goes through the model's own template
+  /// even where a C++ format renders the rest: an error (invalid_argument)
+  /// where the model has none.
+  Result<EncodedRow> encode(std::span<const Message> messages, bool add_generation_prompt,
+                            std::string_view tools = {}) const;
 
   /// The token that ends an assistant turn (<|im_end|>, <|eot_id|>):
   /// sampling stops on it.
@@ -127,12 +139,17 @@ private:
   };
   Result<std::vector<Piece>> pieces(std::span<const Message> messages, bool add_generation_prompt) const;
   static Result<Template> make_jinja(std::shared_ptr<const Tokenizer> tokenizer, TemplateOptions options);
-  Result<EncodedRow> encode_jinja(std::span<const Message> messages, bool add_generation_prompt) const;
+  Result<EncodedRow> encode_jinja(std::span<const Message> messages, bool add_generation_prompt, std::string_view tools) const;
+  /// Whether the C++ format cannot render this conversation (an error when
+  /// the model has no template to render it instead).
+  Result<bool> needs_interpreter(std::span<const Message> messages, std::string_view tools) const;
   /// Truncation and the loss mask from each token's `learned` flag.
   Result<EncodedRow> finish(std::vector<int64_t> ids, std::vector<uint8_t> learned, bool add_generation_prompt) const;
 
   std::shared_ptr<const Tokenizer> tokenizer_;
-  std::shared_ptr<const JinjaTemplate> jinja_;  ///< name "jinja": the model's template, interpreted
+  /// The model's template for the interpreter: every conversation under
+  /// name "jinja", those a C++ format cannot render under the others.
+  std::shared_ptr<const JinjaTemplate> jinja_;
   TemplateOptions options_;
   int64_t end_of_turn_id_ = -1;
 };

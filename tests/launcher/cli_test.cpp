@@ -39,6 +39,18 @@ Run run(const std::string& args) {
   return r;
 }
 
+// A tiny chat model in dir/model: a ChatML tokenizer trained on generated
+// arithmetic (dir/arith.jsonl). Returns its path ("" where it failed: the
+// test has failed then).
+std::string tiny_chat_model(const std::string& dir, const std::string& flags = "") {
+  auto data = run("init-data arithmetic " + dir + "/arith.jsonl --rows 200 --seed 3");
+  EXPECT_EQ(data.code, 0) << data.out;
+  auto model = run("init-model " + dir + "/model --hidden 32 --intermediate 64 --layers 1 --heads 4 --kv-heads 2 --vocab 300 " +
+                   flags + " --tokenizer-from " + dir + "/arith.jsonl");
+  EXPECT_EQ(model.code, 0) << model.out;
+  return data.code == 0 && model.code == 0 ? dir + "/model" : "";
+}
+
 TEST(Cli, HelpListsTheSubcommands) {
   auto r = run("--help");
   EXPECT_EQ(r.code, 0);
@@ -234,10 +246,7 @@ TEST(Cli, InitDataAndATrainedTokenizerMakeAChatModelDirectory) {
 // raise_exception is the exit code and its message.
 TEST(Cli, TemplatePrintsTheModelsChatTemplateAndWhatTheLossCounts) {
   auto dir = glint::testing::fresh_dir("cli-template");
-  ASSERT_EQ(run("init-data arithmetic " + dir + "/arith.jsonl --rows 200 --seed 3").code, 0);
-  auto model = run("init-model " + dir + "/model --hidden 32 --intermediate 64 --layers 1 --heads 4 --kv-heads 2 --vocab 300 "
-                   "--tokenizer-from " + dir + "/arith.jsonl");
-  ASSERT_EQ(model.code, 0) << model.out;
+  ASSERT_FALSE(tiny_chat_model(dir).empty());
   std::ofstream{dir + "/chat.json"} << R"([{"role": "system", "content": "Add."}, {"role": "user", "content": "2+3"},
     {"role": "assistant", "content": "5"}, {"role": "user", "content": "4+4"}, {"role": "assistant", "content": "8"}])";
   auto text = run("template --model " + dir + "/model --messages " + dir + "/chat.json");
@@ -277,6 +286,33 @@ TEST(Cli, TemplatePrintsTheModelsChatTemplateAndWhatTheLossCounts) {
   auto bad = run("template --chat-template " + dir + "/strict.jinja --messages " + dir + "/arith.jsonl");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find("is not JSON"), std::string::npos) << bad.out;
+}
+
+// glint sft on agent rows (OpenAI's tool calls and tool messages) through
+// the model's own chat template (Qwen2.5's), and on a CSV file.
+TEST(Cli, SftTrainsAgentRowsThroughTheModelsTemplateAndReadsCsv) {
+  auto dir = glint::testing::fresh_dir("cli-agent");
+  ASSERT_FALSE(tiny_chat_model(dir, "--max-positions 1024").empty());
+  {
+    std::ifstream in{std::string{GLINT_TEST_SOURCE_DIR} + "/data/chat_templates/qwen2.5.jinja"};
+    std::ofstream{dir + "/model/chat_template.jinja"} << in.rdbuf();
+  }
+  {
+    std::ofstream rows{dir + "/agent.jsonl"};
+    for (int i = 0; i < 16; ++i)
+      rows << R"({"tools": [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}], )"
+           << R"("messages": [{"role": "user", "content": "What is )" << i << R"( + 2?"}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": ")"
+           << i << R"(+2"}}}]}, {"role": "tool", "content": ")" << i + 2 << R"("}, {"role": "assistant", "content": "It is )" << i + 2 << R"(."}]})" << "\n";
+    std::ofstream csv{dir + "/rows.csv"};
+    csv << "query,response\n";
+    for (int i = 0; i < 16; ++i) csv << "\"What is " << i << ", plus 1?\"," << i + 1 << "\n";
+  }
+  auto agent = run("sft --model " + dir + "/model --dataset " + dir + "/agent.jsonl --max-steps 2 --output " + dir + "/ra");
+  ASSERT_EQ(agent.code, 0) << agent.out;
+  EXPECT_NE(agent.out.find("on 16 rows (no rows skipped)"), std::string::npos) << agent.out;
+  auto csv = run("sft --model " + dir + "/model --dataset " + dir + "/rows.csv --max-steps 2 --output " + dir + "/rc");
+  ASSERT_EQ(csv.code, 0) << csv.out;
+  EXPECT_NE(csv.out.find("on 16 rows (no rows skipped)"), std::string::npos) << csv.out;
 }
 
 TEST(Cli, BenchTemplatePrintsItsLinesWithTheJinja2Baseline) {

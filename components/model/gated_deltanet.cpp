@@ -375,7 +375,81 @@ struct GatedNormFn : torch::autograd::Function<GatedNormFn> {
   }
 };
 
+// x / sqrt(sum(x^2) + eps) * scale over the last dimension of x [B, T, nk,
+// d], each head then repeated `r` times in place ([B, T, nk r, d]: key head
+// j serves value heads j r .. j r + r - 1). Keeps the normed x and the
+// inverse norm; the backward sums each head's repeats, then
+// dx = r (dy' - x' sum(dy' x')), dy' the scaled gradient.
+struct L2NormRepeatFn : torch::autograd::Function<L2NormRepeatFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double scale, int64_t repeat) {
+    auto inv = (x.pow(2).sum(-1, true) + 1e-6).rsqrt();
+    auto normed = x * inv;
+    ctx->save_for_backward({normed, inv});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["repeat"] = repeat;
+    auto y = scale == 1.0 ? normed : normed * scale;
+    return repeat > 1 ? y.repeat_interleave(repeat, 2) : y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &normed = saved[0], &inv = saved[1];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t repeat = ctx->saved_data["repeat"].toInt();
+    auto dy = grads[0];
+    if (repeat > 1) {
+      const auto n = normed.sizes();
+      dy = dy.view({n[0], n[1], n[2], repeat, n[3]}).sum(3);
+    }
+    if (scale != 1.0) dy = dy * scale;
+    auto dx = inv * (dy - normed * (dy * normed).sum(-1, true));
+    return {dx, at::Tensor{}, at::Tensor{}};
+  }
+};
+
+// The decay g = -exp(A_log) softplus(a + dt_bias) and the write strength
+// beta = sigmoid(b), a and b [B, T, H], A_log and dt_bias [H], in one pass
+// each way.
+struct GatesFn : torch::autograd::Function<GatesFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const at::Tensor& A_log,
+                               const at::Tensor& dt_bias) {
+    auto x = a + dt_bias;
+    auto decay = A_log.exp();
+    auto g = -decay * at::softplus(x);
+    auto beta = at::sigmoid(b);
+    ctx->save_for_backward({x, decay, g, beta});
+    return {g, beta};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &decay = saved[1], &g = saved[2], &beta = saved[3];
+    at::Tensor da, dA_log, ddt, db;
+    if (grads[0].defined()) {
+      da = -grads[0] * decay * at::sigmoid(x);  // softplus' = sigmoid
+      const int64_t H = decay.size(0);
+      ddt = da.reshape({-1, H}).sum(0);
+      dA_log = (grads[0] * g).reshape({-1, H}).sum(0);  // d(-e^A s)/dA = g
+    }
+    if (grads[1].defined()) db = grads[1] * beta * (1 - beta);
+    return {da, db, dA_log, ddt};
+  }
+};
+
 }  // namespace
+
+at::Tensor l2_norm_heads(const at::Tensor& x, double scale, int64_t repeat) {
+  if (x.dim() != 4 || repeat < 1) refuse("the l2 norm takes x [B, T, heads, d] and a repeat >= 1; got x " + shape_of(x));
+  return L2NormRepeatFn::apply(x, scale, repeat);
+}
+
+std::pair<at::Tensor, at::Tensor> gates(const at::Tensor& a, const at::Tensor& b, const at::Tensor& A_log,
+                                        const at::Tensor& dt_bias) {
+  if (a.dim() != 3 || a.sizes() != b.sizes() || A_log.dim() != 1 || dt_bias.sizes() != A_log.sizes() ||
+      a.size(2) != A_log.size(0))
+    refuse("the gates take a and b [B, T, H] and A_log, dt_bias [H]; got a " + shape_of(a) + ", b " + shape_of(b) +
+           ", A_log " + shape_of(A_log) + ", dt_bias " + shape_of(dt_bias));
+  auto out = GatesFn::apply(a, b, A_log, dt_bias);
+  return {out[0], out[1]};
+}
 
 std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                                                    const at::Tensor& state, const at::Tensor& resets) {
@@ -460,15 +534,9 @@ std::pair<at::Tensor, MixerState> mix_projected(const MixerWeights& w, const Pro
   auto q = conv.narrow(2, 0, key_dim).view({B, T, nk, dk});
   auto k = conv.narrow(2, key_dim, key_dim).view({B, T, nk, dk});
   auto v = conv.narrow(2, 2 * key_dim, value_dim).reshape({B, T, nv, dv});
-  auto l2 = [](const at::Tensor& x) { return x * (x.pow(2).sum(-1, true) + 1e-6).rsqrt(); };
-  q = l2(q) / std::sqrt(static_cast<double>(dk));
-  k = l2(k);
-  if (nv != nk) {  // key head j serves value heads j r .. j r + r - 1
-    q = q.repeat_interleave(nv / nk, 2);
-    k = k.repeat_interleave(nv / nk, 2);
-  }
-  auto beta = at::sigmoid(in.b);
-  auto g = -w.A_log.exp() * at::softplus(in.a + w.dt_bias);
+  q = l2_norm_heads(q, 1.0 / std::sqrt(static_cast<double>(dk)), nv / nk);
+  k = l2_norm_heads(k, 1.0, nv / nk);
+  auto [g, beta] = gates(in.a, in.b, w.A_log, w.dt_bias);
   Inputs rule_in{.q = q, .k = k, .v = v, .g = g, .beta = beta, .state = state.recurrent, .resets = resets};
   auto rule = chunk > 0 ? chunked(rule_in, {.chunk = chunk}) : recurrent(rule_in);
   auto z = in.z.reshape({B, T, nv, dv});

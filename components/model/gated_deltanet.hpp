@@ -79,6 +79,17 @@ std::pair<at::Tensor, at::Tensor> causal_conv_silu(const at::Tensor& x, const at
 /// backward that keeps o, z and w only.
 at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps);
 
+/// q or k l2-normed per head over d (eps 1e-6 inside the root), times
+/// `scale`, each of its heads then repeated `repeat` times in place: x [B,
+/// T, heads, d] gives [B, T, heads repeat, d] (key head j serves value heads
+/// j r .. j r + r - 1). A hand-written backward.
+at::Tensor l2_norm_heads(const at::Tensor& x, double scale, int64_t repeat);
+
+/// The gates: g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b),
+/// a and b [B, T, H], A_log and dt_bias [H]. A hand-written backward.
+std::pair<at::Tensor, at::Tensor> gates(const at::Tensor& a, const at::Tensor& b, const at::Tensor& A_log,
+                                        const at::Tensor& dt_bias);
+
 /// A Gated DeltaNet token mixer's parameters (linear_attn.*, Hugging Face's
 /// names and shapes) and head layout.
 struct MixerWeights {

@@ -130,6 +130,59 @@ TEST_F(JinjaAgainstJinja2, EachModelsChatTemplateRendersEachConversationAsJinja2
   EXPECT_GT(rendered, 4 * raised) << "most conversations should render, not raise";
 }
 
+// Random templates from a seeded grammar (tests/support/jinja_random.py:
+// expressions, filters, tests, methods, slices, loops, conditions, macros,
+// namespaces, whitespace control, over messages with tool calls and
+// unicode), each rendered by Jinja2 and by glint: the same text, or both
+// fail (a template Jinja2 cannot parse, glint must refuse too).
+TEST_F(JinjaAgainstJinja2, RandomTemplatesRenderAsJinja2RendersThem) {
+  const auto dir = glint::testing::fresh_dir("jinja-random");
+  const std::string out = dir + "/cases.json";
+  const std::string cmd = "python3 " + std::string{GLINT_TEST_SOURCE_DIR} + "/support/jinja_random.py 20261204 1000 > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const json cases = json::parse(read(out));
+  ASSERT_EQ(cases.size(), 1000u);
+  size_t agreed = 0, errors = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    const std::string source = c["template"].get<std::string>();
+    const json& want = c["result"];
+    auto t = JinjaTemplate::parse(source, "random " + std::to_string(i));
+    if (want.contains("error")) {
+      ++errors;
+      const bool jinja_parse_error = want["error"].get<std::string>().starts_with("parse: ");
+      if (!t) {
+        EXPECT_TRUE(jinja_parse_error) << source << "\nglint refused to parse: " << describe(t.error());
+        agreed += jinja_parse_error;
+        continue;
+      }
+      auto got = t->render(c["variables"]);
+      EXPECT_FALSE(got) << source << "\nJinja2 failed (" << want["error"] << "); glint rendered: " << got->text;
+      agreed += !got;
+      continue;
+    }
+    if (!t) {
+      ADD_FAILURE() << source << "\nglint refused to parse: " << describe(t.error());
+      continue;
+    }
+    auto got = t->render(c["variables"]);
+    if (!got) {
+      ADD_FAILURE() << source << "\nglint failed: " << describe(got.error()) << "\nJinja2: " << want["text"];
+      continue;
+    }
+    // A generator printed: Jinja2 writes its address.
+    if (want["text"].get<std::string>().find(" at 0x") != std::string::npos) {
+      EXPECT_NE(got->text.find("<generator object"), std::string::npos) << source;
+      ++agreed;
+      continue;
+    }
+    EXPECT_EQ(got->text, want["text"].get<std::string>()) << source;
+    agreed += got->text == want["text"].get<std::string>();
+  }
+  EXPECT_EQ(agreed, cases.size());
+  EXPECT_LT(errors, cases.size() * 2 / 3) << "a third of the random templates should render";
+}
+
 std::string render(const std::string& source, const json& vars = json::object()) {
   auto t = JinjaTemplate::parse(source, "test.jinja");
   if (!t) return "parse error: " + describe(t.error());

@@ -4,6 +4,7 @@
 #include "components/data/detail/unicode.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <ctime>
 #include <functional>
@@ -386,6 +387,55 @@ std::string object_repr(const Value& obj) { return obj.none() ? "None" : type_na
 
 }  // namespace
 
+// Python's printf-style `fmt % args` for %s %r %d %i %f %e %g %x %%.
+std::string printf_format(const std::string& fmt, const std::vector<Value>& values, bool allow_unused) {
+  std::string out;
+  size_t next = 0;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    size_t j = i + 1;
+    std::string spec = "%";
+    while (j < fmt.size() && std::string_view{"-+ #0123456789."}.find(fmt[j]) != std::string_view::npos) spec += fmt[j++];
+    if (j >= fmt.size()) fail("incomplete format");
+    const char conv = fmt[j];
+    if (conv == '%') {
+      out += '%';
+      i = j;
+      continue;
+    }
+    if (next >= values.size()) fail("not enough arguments for format string");
+    const Value& v = values[next++];
+    char buf[512];
+    if (conv == 's' || conv == 'r') {
+      std::string s = conv == 's' ? to_str(v) : repr(v);
+      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), s.c_str());
+      out += buf;
+    } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
+      std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(),
+                    static_cast<long long>(v.real() ? std::trunc(v.as_double()) : v.as_int()));
+      out += buf;
+    } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'E' || conv == 'g' || conv == 'G') {
+      std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.as_double());
+      out += buf;
+    } else {
+      fail(std::string{"unsupported format character '"} + conv + "'");
+    }
+    i = j;
+  }
+  if (next < values.size() && !allow_unused) fail("not all arguments converted during string formatting");
+  return out;
+}
+
+Value printf_percent(const std::string& fmt, const Value& b) {
+  require_defined(b);
+  if (b.list() && b.items().tuple) return printf_format(fmt, b.items().items, false);
+  // Python takes a dict or list on the right as a mapping: unused, no error.
+  return printf_format(fmt, {b}, b.dict() || (b.list() && !b.items().generator));
+}
+
 Value argument(Args& args, size_t position, const char* keyword, Value fallback) {
   for (auto& [k, v] : args.keywords)
     if (k == keyword) return v;
@@ -423,6 +473,7 @@ Value get_item(const Value& obj, const Value& key) {
     }
     return Undefined{"'" + object_repr(obj) + "' has no element " + repr(key)};
   }
+  if (obj.list() && obj.items().generator) fail("'generator' object is not subscriptable");
   if ((obj.list() || obj.string()) && (key.integer() || key.boolean())) {
     int64_t i = key.as_int();
     if (obj.list()) {
@@ -445,6 +496,7 @@ Value get_item(const Value& obj, const Value& key) {
 Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
   require_defined(obj);
   auto part = [](const Value& v, int64_t fallback) { return v.undefined() || v.none() ? fallback : v.as_int(); };
+  if (obj.list() && obj.items().generator) fail("'generator' object is not subscriptable");
   const int64_t st = part(step, 1);
   if (st == 0) fail("slice step cannot be zero");
   auto pick = [&](int64_t n, auto&& take) {
@@ -477,6 +529,13 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
 
 std::vector<Value> iterate(const Value& v) {
   if (v.undefined()) return {};
+  if (v.list() && v.items().generator) {
+    List& g = *v.list_ptr();
+    if (!g.deferred.empty()) fail(g.deferred);
+    std::vector<Value> rest(g.items.begin() + static_cast<std::ptrdiff_t>(std::min(g.consumed, g.items.size())), g.items.end());
+    g.consumed = g.items.size();
+    return rest;
+  }
   if (v.list()) return v.items().items;
   if (v.dict()) {
     std::vector<Value> keys;
@@ -501,6 +560,7 @@ bool contains(const Value& container, const Value& item) {
 }
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
+  if (op == "%" && a.string()) return printf_percent(a.str(), b);
   require_defined(a);
   require_defined(b);
   auto unsupported = [&]() -> Value {
@@ -530,7 +590,6 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     for (int64_t i = 0; i < k; ++i) out.insert(out.end(), seq.items().items.begin(), seq.items().items.end());
     return make_list(std::move(out), seq.items().tuple);
   }
-  if (op == "%" && a.string()) fail("printf-style formatting ('...' % x) is not supported by glint's Jinja; use the format filter");
   if (!a.number() || !b.number()) return unsupported();
   const bool ints = !a.real() && !b.real();
   if (ints) {

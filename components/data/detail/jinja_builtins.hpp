@@ -34,6 +34,12 @@ Value global(const std::string& name, const Clock& clock);
 
 /// Python's binary operators (+ - * / // % **) on values.
 Value arithmetic(const std::string& op, const Value& a, const Value& b);
+/// Python's printf-style `fmt % values` (%s %r %d %i %f %e %g %x %%);
+/// `allow_unused`: values left over are no error (a mapping on the right).
+std::string printf_format(const std::string& fmt, const std::vector<Value>& values, bool allow_unused);
+/// Python's `fmt % b`: a tuple's items, else b itself.
+Value printf_percent(const std::string& fmt, const Value& b);
+
 /// Python's `a in b`.
 bool contains(const Value& container, const Value& item);
 /// The items a for loop (or list()) walks: a list's items, a dict's keys, a

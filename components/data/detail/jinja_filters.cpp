@@ -51,21 +51,37 @@ bool run_test(const std::string& name, const Value& v, Args& args) {
   return it->second(v, args);
 }
 
+// A generator of what `make` computes: what it raises is raised when the
+// generator is iterated, not now (as Jinja2's generator filters do).
+template <class F>
+Value lazily(F&& make) {
+  try {
+    return make_generator(make());
+  } catch (const Failure& f) {
+    if (f.raised) throw;
+    return make_generator({}, f.message);
+  }
+}
+
 // select/reject/selectattr/rejectattr: `attr` (for the *attr forms) and then
 // an optional test name and its arguments.
 Value select(const Value& seq, Args& args, bool by_attr, bool keep) {
+  // Jinja2 walks the value only when it is true (none | select: nothing).
+  if (!truthy(seq)) return make_generator({});
   size_t next = 0;
   Value attr;
   if (by_attr) attr = argument(args, next++, "attribute");
   Value test_name = argument(args, next, "test");
   Args test_args = rest(args, next + 1);
-  std::vector<Value> out;
-  for (const auto& item : iterate(seq)) {
-    const Value subject = by_attr ? lookup_path(item, attr) : item;
-    bool pass = test_name.undefined() ? truthy(subject) : run_test(to_str(test_name), subject, test_args);
-    if (pass == keep) out.push_back(item);
-  }
-  return make_list(std::move(out));
+  return lazily([&] {
+    std::vector<Value> out;
+    for (const auto& item : iterate(seq)) {
+      const Value subject = by_attr ? lookup_path(item, attr) : item;
+      bool pass = test_name.undefined() ? truthy(subject) : run_test(to_str(test_name), subject, test_args);
+      if (pass == keep) out.push_back(item);
+    }
+    return out;
+  });
 }
 
 Value sort_key(const Value& v, bool case_sensitive) {
@@ -116,48 +132,6 @@ std::string html_escape(const std::string& s) {
       default: out += c;
     }
   }
-  return out;
-}
-
-// Python's printf-style `fmt % args` for %s %r %d %i %f %e %g %x %%.
-std::string printf_format(const std::string& fmt, const std::vector<Value>& values) {
-  std::string out;
-  size_t next = 0;
-  for (size_t i = 0; i < fmt.size(); ++i) {
-    if (fmt[i] != '%') {
-      out += fmt[i];
-      continue;
-    }
-    size_t j = i + 1;
-    std::string spec = "%";
-    while (j < fmt.size() && std::string_view{"-+ #0123456789."}.find(fmt[j]) != std::string_view::npos) spec += fmt[j++];
-    if (j >= fmt.size()) fail("incomplete format");
-    const char conv = fmt[j];
-    if (conv == '%') {
-      out += '%';
-      i = j;
-      continue;
-    }
-    if (next >= values.size()) fail("not enough arguments for format string");
-    const Value& v = values[next++];
-    char buf[512];
-    if (conv == 's' || conv == 'r') {
-      std::string s = conv == 's' ? to_str(v) : repr(v);
-      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), s.c_str());
-      out += buf;
-    } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
-      std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(),
-                    static_cast<long long>(v.real() ? std::trunc(v.as_double()) : v.as_int()));
-      out += buf;
-    } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'E' || conv == 'g' || conv == 'G') {
-      std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.as_double());
-      out += buf;
-    } else {
-      fail(std::string{"unsupported format character '"} + conv + "'");
-    }
-    i = j;
-  }
-  if (next < values.size()) fail("not all arguments converted during string formatting");
   return out;
 }
 
@@ -235,16 +209,24 @@ const std::map<std::string, Filter>& filters() {
     f["e"] = f["escape"];
     f["forceescape"] = f["escape"];
     f["first"] = [](const Value& v, Args&) -> Value {
+      if (v.list() && v.items().generator) {  // takes one item, leaving the rest
+        List& g = *v.list_ptr();
+        if (!g.deferred.empty()) fail(g.deferred);
+        if (g.consumed >= g.items.size()) return Undefined{"No first item, sequence was empty."};
+        return g.items[g.consumed++];
+      }
       auto items = iterate(v);
       if (items.empty()) return Undefined{"No first item, sequence was empty."};
       return items.front();
     };
     f["last"] = [](const Value& v, Args&) -> Value {
+      if (v.list() && v.items().generator) fail("'generator' object is not reversible");
       auto items = iterate(v);
       if (items.empty()) return Undefined{"No last item, sequence was empty."};
       return items.back();
     };
     f["float"] = [](const Value& v, Args& a) -> Value {
+      require_defined(v);  // float(Undefined) raises in Jinja2, past its default
       if (v.number()) return v.as_double();
       if (v.string()) {
         bool ok = false;
@@ -254,6 +236,7 @@ const std::map<std::string, Filter>& filters() {
       return argument(a, 0, "default", 0.0);
     };
     f["int"] = [](const Value& v, Args& a) -> Value {
+      require_defined(v);
       if (v.integer() || v.boolean()) return v.as_int();
       if (v.real()) return static_cast<int64_t>(std::trunc(v.as_double()));
       if (v.string()) {
@@ -267,9 +250,11 @@ const std::map<std::string, Filter>& filters() {
     };
     f["format"] = [](const Value& v, Args& a) {
       if (!a.keywords.empty() && !a.positional.empty()) fail("can't handle positional and keyword arguments at the same time");
-      return Value{printf_format(text_of(v), a.positional)};
+      return Value{printf_format(text_of(v), a.positional, false)};
     };
     f["indent"] = [](const Value& v, Args& a) {
+      require_defined(v);
+      if (!v.string()) fail("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");  // Jinja2 appends to it
       const Value w = argument(a, 0, "width", int64_t{4});
       const std::string ind = w.string() ? w.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, w.as_int())), ' ');
       const bool first = truthy(argument(a, 1, "first", false)), blank = truthy(argument(a, 2, "blank", false));
@@ -286,11 +271,13 @@ const std::map<std::string, Filter>& filters() {
       return Value{out};
     };
     f["items"] = [](const Value& v, Args&) -> Value {
-      if (v.undefined()) return make_list();
-      if (!v.dict()) fail("Can only get item pairs from a mapping.");
-      std::vector<Value> out;
-      for (const auto& [k, x] : v.dict_ptr()->entries) out.emplace_back(make_list({k, x}, true));
-      return make_list(std::move(out));
+      return lazily([&] {
+        std::vector<Value> out;
+        if (v.undefined()) return out;
+        if (!v.dict() || v.dict_ptr()->kind != Dict::Kind::dict) fail("Can only get item pairs from a mapping.");
+        for (const auto& [k, x] : v.dict_ptr()->entries) out.emplace_back(make_list({k, x}, true));
+        return out;
+      });
     };
     f["join"] = [](const Value& v, Args& a) {
       const std::string d = to_str(argument(a, 0, "d", ""));
@@ -306,7 +293,7 @@ const std::map<std::string, Filter>& filters() {
     f["length"] = [](const Value& v, Args&) -> Value {
       if (v.undefined()) return int64_t{0};
       if (v.string()) return static_cast<int64_t>(length(v.str()));
-      if (v.list()) return static_cast<int64_t>(v.items().items.size());
+      if (v.list() && !v.items().generator) return static_cast<int64_t>(v.items().items.size());
       if (v.dict()) return static_cast<int64_t>(v.dict_ptr()->entries.size());
       fail("object of type '" + type_name(v) + "' has no len()");
     };
@@ -320,25 +307,28 @@ const std::map<std::string, Filter>& filters() {
       Args none;
       return get_attr(Value{text_of(v)}, "upper").fn().call(none);
     };
-    f["map"] = [](const Value& v, Args& a) {
-      std::vector<Value> out;
+    f["map"] = [](const Value& v, Args& a) -> Value {
+      if (!truthy(v)) return make_generator({});
       const Value attr = argument(a, 99, "attribute");
+      if (attr.undefined() && a.positional.empty()) fail("map requires a filter argument");
+      return lazily([&] {
+      std::vector<Value> out;
       if (!attr.undefined()) {
         const Value fallback = argument(a, 99, "default");
         for (const auto& x : iterate(v)) {
           Value y = lookup_path(x, attr);
           out.push_back(y.undefined() && !fallback.undefined() ? fallback : y);
         }
-        return Value{make_list(std::move(out))};
+        return out;
       }
-      if (a.positional.empty()) fail("map requires a filter argument");
       const std::string name = to_str(a.positional[0]);
       auto it = filters().find(name);
       if (it == filters().end()) fail("no filter named '" + name + "'");
       Args fargs = rest(a, 1);
       for (auto& kw : a.keywords) fargs.keywords.push_back(kw);
       for (const auto& x : iterate(v)) out.push_back(it->second(x, fargs));
-      return Value{make_list(std::move(out))};
+      return out;
+      });
     };
     f["max"] = [](const Value& v, Args& a) { return min_max(v, a, true); };
     f["min"] = [](const Value& v, Args& a) { return min_max(v, a, false); };
@@ -361,13 +351,17 @@ const std::map<std::string, Filter>& filters() {
       }
       auto items = iterate(v);
       std::reverse(items.begin(), items.end());
-      return make_list(std::move(items));
+      // reversed() of a list is an iterator; a generator is listed first.
+      if (v.list() && v.items().generator) return make_list(std::move(items));
+      return make_generator(std::move(items));
     };
     f["round"] = [](const Value& v, Args& a) -> Value {
       const int64_t precision = argument(a, 0, "precision", int64_t{0}).as_int();
       const std::string method = to_str(argument(a, 1, "method", "common"));
       const double scale = std::pow(10.0, static_cast<double>(precision)), x = v.as_double() * scale;
       double r;
+      // Python's round(int, n >= 0) is the int itself.
+      if (method == "common" && (v.integer() || v.boolean()) && precision >= 0) return v.as_int();
       if (method == "common") {
         // Python's round(x, n): the decimal nearest the exact binary value
         // (2.675 is 2.67499..., so 2.67), halves to even, as printf does.
@@ -437,6 +431,7 @@ const std::map<std::string, Filter>& filters() {
     f["unique"] = [](const Value& v, Args& a) {
       const bool case_sensitive = truthy(argument(a, 0, "case_sensitive", false));
       const Value attr = argument(a, 1, "attribute", nullptr);
+      return lazily([&] {
       std::vector<Value> out, seen;
       for (const auto& x : iterate(v)) {
         const Value key = sort_key(attr.none() ? x : lookup_path(x, attr), case_sensitive);
@@ -445,7 +440,8 @@ const std::map<std::string, Filter>& filters() {
           out.push_back(x);
         }
       }
-      return Value{make_list(std::move(out))};
+      return out;
+      });
     };
     f["wordcount"] = [](const Value& v, Args&) {
       const std::string s = text_of(v);
@@ -463,10 +459,10 @@ const std::map<std::string, Filter>& filters() {
   return table;
 }
 
+// Jinja2's lower and upper tests: str(value).islower() (any value).
 bool is_lower(const Value& v) {
-  if (!v.string()) return false;
   Args none;
-  return truthy(get_attr(v, "islower").fn().call(none));
+  return truthy(get_attr(Value{to_str(v)}, "islower").fn().call(none));
 }
 
 const std::map<std::string, Test>& tests() {
@@ -485,7 +481,8 @@ const std::map<std::string, Test>& tests() {
     t["mapping"] = [](const Value& v, Args&) { return v.dict() && v.dict_ptr()->kind == Dict::Kind::dict; };
     t["iterable"] = [](const Value& v, Args&) { return v.list() || v.dict() || v.string() || v.undefined(); };
     t["sequence"] = [](const Value& v, Args&) {
-      return v.list() || v.string() || v.undefined() || (v.dict() && v.dict_ptr()->kind == Dict::Kind::dict);
+      return (v.list() && !v.items().generator) || v.string() || v.undefined() ||
+             (v.dict() && v.dict_ptr()->kind == Dict::Kind::dict);
     };
     t["callable"] = [](const Value& v, Args&) { return v.callable(); };
     t["escaped"] = [](const Value&, Args&) { return false; };
@@ -499,13 +496,10 @@ const std::map<std::string, Test>& tests() {
       return equal(v, o);
     };
     t["in"] = [](const Value& v, Args& a) { return contains(argument(a, 0, "seq"), v); };
-    t["even"] = [](const Value& v, Args&) { return v.as_int() % 2 == 0; };
-    t["odd"] = [](const Value& v, Args&) { return v.as_int() % 2 != 0; };
-    t["divisibleby"] = [](const Value& v, Args& a) {
-      const int64_t n = argument(a, 0, "num").as_int();
-      if (n == 0) fail("integer division or modulo by zero");
-      return v.as_int() % n == 0;
-    };
+    // Python's value % 2 (and % num): floats too.
+    t["even"] = [](const Value& v, Args&) { return equal(arithmetic("%", v, int64_t{2}), int64_t{0}); };
+    t["odd"] = [](const Value& v, Args&) { return equal(arithmetic("%", v, int64_t{2}), int64_t{1}); };
+    t["divisibleby"] = [](const Value& v, Args& a) { return equal(arithmetic("%", v, argument(a, 0, "num")), int64_t{0}); };
     t["eq"] = [](const Value& v, Args& a) { return equal(v, argument(a, 0, "other")); };
     t["ne"] = [](const Value& v, Args& a) { return !equal(v, argument(a, 0, "other")); };
     t["lt"] = [](const Value& v, Args& a) { return less(v, argument(a, 0, "other")); };
@@ -517,9 +511,8 @@ const std::map<std::string, Test>& tests() {
       t[alias] = t[name];
     t["lower"] = [](const Value& v, Args&) { return is_lower(v); };
     t["upper"] = [](const Value& v, Args&) {
-      if (!v.string()) return false;
       Args none;
-      return truthy(get_attr(v, "isupper").fn().call(none));
+      return truthy(get_attr(Value{to_str(v)}, "isupper").fn().call(none));
     };
     t["filter"] = [](const Value& v, Args&) { return v.string() && filters().count(v.str()) > 0; };
     t["test"] = [](const Value& v, Args&) { return v.string() && tests().count(v.str()) > 0; };

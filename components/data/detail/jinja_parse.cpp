@@ -867,6 +867,16 @@ private:
       }
       if (parts[static_cast<size_t>(part)]) syntax(line, "expected ']' or ':' in a subscript, found " + describe(cur()));
       parts[static_cast<size_t>(part)] = expression(true);
+      if (!slice && is_op(",")) {  // x[a, b]: a tuple as the key, as Jinja2 reads it
+        auto t = expr(Expr::Kind::tuple, line);
+        t->args.push_back(std::move(parts[0]));
+        while (is_op(",")) {
+          ++i_;
+          if (is_op("]")) break;
+          t->args.push_back(expression(true));
+        }
+        parts[0] = std::move(t);
+      }
     }
     ++i_;
     if (!slice) {

@@ -48,6 +48,13 @@ ListPtr make_list(std::vector<Value> items, bool tuple) {
   return l;
 }
 
+ListPtr make_generator(std::vector<Value> items, std::string deferred) {
+  auto l = make_list(std::move(items));
+  l->generator = true;
+  l->deferred = std::move(deferred);
+  return l;
+}
+
 DictPtr make_dict(Dict::Kind kind) {
   auto d = std::make_shared<Dict>();
   d->kind = kind;
@@ -63,7 +70,7 @@ bool truthy(const Value& v) {
         else if constexpr (std::is_same_v<T, int64_t>) return x != 0;
         else if constexpr (std::is_same_v<T, double>) return x != 0.0;
         else if constexpr (std::is_same_v<T, std::string>) return !x.empty();
-        else if constexpr (std::is_same_v<T, ListPtr>) return !x->items.empty();
+        else if constexpr (std::is_same_v<T, ListPtr>) return x->generator || !x->items.empty();
         else if constexpr (std::is_same_v<T, DictPtr>) return x->kind != Dict::Kind::dict || !x->entries.empty();
         else return true;
       },
@@ -145,6 +152,7 @@ std::string repr_string(const std::string& s) {
 
 std::string repr(const Value& v) {
   if (v.string()) return repr_string(v.str());
+  if (v.list() && v.items().generator) return "<generator object>";  // Jinja2 prints an address
   if (v.list()) {
     const auto& l = v.items();
     std::string out = l.tuple ? "(" : "[";
@@ -191,6 +199,7 @@ bool equal(const Value& a, const Value& b) {
   if (a.string()) return a.str() == b.str();
   if (a.list()) {
     const auto &x = a.items(), &y = b.items();
+    if (x.generator || y.generator) return a.list_ptr() == b.list_ptr();
     if (x.tuple != y.tuple || x.items.size() != y.items.size()) return false;
     for (size_t i = 0; i < x.items.size(); ++i)
       if (!equal(x.items[i], y.items[i])) return false;
@@ -239,7 +248,7 @@ std::string type_name(const Value& v) {
         else if constexpr (std::is_same_v<T, int64_t>) return "int";
         else if constexpr (std::is_same_v<T, double>) return "float";
         else if constexpr (std::is_same_v<T, std::string>) return "str";
-        else if constexpr (std::is_same_v<T, ListPtr>) return x->tuple ? "tuple" : "list";
+        else if constexpr (std::is_same_v<T, ListPtr>) return x->generator ? "generator" : x->tuple ? "tuple" : "list";
         else if constexpr (std::is_same_v<T, DictPtr>)
           return x->kind == Dict::Kind::dict ? "dict" : x->kind == Dict::Kind::loop ? "LoopContext" : "Namespace";
         else return "function";
@@ -326,7 +335,9 @@ void json_value(std::string& out, const Value& v, const JsonStyle& st, int level
     double d = std::get<double>(v.v);
     out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d < 0 ? "-Infinity" : "Infinity") : repr_float(d);
   } else if (v.string()) json_string(out, v.str(), st.ensure_ascii);
-  else if (v.list()) {
+  else if (v.list() && v.items().generator) {
+    fail("Object of type generator is not JSON serializable");
+  } else if (v.list()) {
     const auto& items = v.items().items;
     if (items.empty()) {
       out += "[]";

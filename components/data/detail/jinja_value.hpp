@@ -90,6 +90,14 @@ struct Value {
 struct List {
   std::vector<Value> items;
   bool tuple = false;  ///< prints as (a, b)
+  /// What Jinja2's select, reject, selectattr, rejectattr, map, items and
+  /// unique return, and reverse of a list: a Python generator. It is true
+  /// even when empty, has no length and no index, iterates once (what is
+  /// left: `consumed` counts what was taken), and raises what its filter
+  /// raised (`deferred`) only when iterated.
+  bool generator = false;
+  size_t consumed = 0;
+  std::string deferred{};
 };
 
 /// A dict in insertion order (Python's), keyed by strings; or a namespace()
@@ -117,6 +125,8 @@ struct Callable {
 };
 
 ListPtr make_list(std::vector<Value> items = {}, bool tuple = false);
+/// A generator over `items`, or one that raises `deferred` when iterated.
+ListPtr make_generator(std::vector<Value> items, std::string deferred = {});
 DictPtr make_dict(Dict::Kind kind = Dict::Kind::dict);
 
 /// Python's truth value.

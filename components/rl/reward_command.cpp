@@ -1,5 +1,7 @@
 #include "components/rl/reward_command.hpp"
 
+#include "components/rl/detail/process_status.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -32,11 +34,6 @@ struct TempDir {
   }
 };
 
-std::string status_text(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string{"was killed by signal "} + strsignal(WTERMSIG(status));
-  return "ended with wait status " + std::to_string(status);
-}
 
 }  // namespace
 
@@ -96,7 +93,7 @@ Result<std::vector<double>> run_reward_command(const RewardCommand& command, std
     }
     std::this_thread::sleep_for(pause);
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error(errc::failed_precondition, what + " " + status_text(status));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error(errc::failed_precondition, what + " " + detail::status_text(status));
 
   std::ifstream out{out_path};
   std::vector<double> scores;

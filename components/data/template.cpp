@@ -96,14 +96,15 @@ bool is_tool_response(const std::string& s) {
 // The conversation as the interpreter's input: a trailing assistant message
 // left out under a generation prompt (a reference answer), the default
 // system message put first where there is none.
+// `default_system`: one the caller gave (the template's own it writes itself).
 Result<ChatInput> chat_input(std::span<const Message> messages, bool add_generation_prompt, const TemplateOptions& o,
-                             std::string_view tools) {
+                             const std::optional<std::string>& default_system, std::string_view tools) {
   if (messages.empty()) return make_error(errc::invalid_argument, "the conversation has no messages");
   auto turns = messages;
   if (add_generation_prompt && turns.back().role == "assistant") turns = turns.first(turns.size() - 1);
   ChatInput in;
-  if ((turns.empty() || turns.front().role != "system") && o.default_system && !o.default_system->empty())
-    in.messages.push_back({{"role", "system"}, {"content", *o.default_system}});
+  if ((turns.empty() || turns.front().role != "system") && default_system && !default_system->empty())
+    in.messages.push_back({{"role", "system"}, {"content", *default_system}});
   for (const auto& m : turns) in.messages.push_back(message_json(m));
   if (!tools.empty()) {
     in.tools = nlohmann::ordered_json::parse(tools, nullptr, false);
@@ -182,7 +183,8 @@ Result<Template> Template::make(std::shared_ptr<const Tokenizer> tokenizer, Temp
   if (!options.enable_thinking && !f->think)
     return make_error(errc::invalid_argument, "enable_thinking false needs a template with thinking (qwen3), not " +
                                                   std::string{f->name});
-  if (!options.default_system && seen && seen->name == f->name) options.default_system = seen->default_system;
+  const bool templates_default = !options.default_system && seen && seen->name == f->name;
+  if (templates_default) options.default_system = seen->default_system;
   options.name = f->name;
   if (options.max_length < 0)
     return make_error(errc::invalid_argument, "max_length must be 0 (no limit) or more, not " +
@@ -197,6 +199,7 @@ Result<Template> Template::make(std::shared_ptr<const Tokenizer> tokenizer, Temp
                                                     " template needs (was it trained with it as a special token?)");
   }
   Template t;
+  t.templates_default_system_ = templates_default;
   t.end_of_turn_id_ = tokenizer->token_id(f->end_of_turn);
   // The model's own template renders what the format cannot (tools, tool
   // calls); one the interpreter cannot parse leaves those rows refused.
@@ -297,7 +300,7 @@ Result<std::string> Template::render(std::span<const Message> messages, bool add
   auto interpret = needs_interpreter(messages, tools);
   if (!interpret) return interpret.error();
   if (*interpret) {
-    auto in = chat_input(messages, add_generation_prompt, options_, tools);
+    auto in = chat_input(messages, add_generation_prompt, options_, given_default_system(), tools);
     if (!in) return in.error();
     auto r = jinja_->render(chat_variables(*in, tokenizer_->config().special_tokens));
     if (!r) return r.error();
@@ -408,7 +411,7 @@ Result<Template> Template::make_jinja(std::shared_ptr<const Tokenizer> tokenizer
 
 Result<EncodedRow> Template::encode_jinja(std::span<const Message> messages, bool add_generation_prompt,
                                          std::string_view tools) const {
-  auto in = chat_input(messages, add_generation_prompt, options_, tools);
+  auto in = chat_input(messages, add_generation_prompt, options_, given_default_system(), tools);
   if (!in) return in.error();
   const auto& special = tokenizer_->config().special_tokens;
   // As the C++ formats do, a prompt's earlier assistant turns count too

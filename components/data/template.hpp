@@ -150,6 +150,12 @@ private:
   /// The model's template for the interpreter: every conversation under
   /// name "jinja", those a C++ format cannot render under the others.
   std::shared_ptr<const JinjaTemplate> jinja_;
+  /// options_.default_system is the template's own (found in its text),
+  /// which the template writes itself when interpreted.
+  bool templates_default_system_ = false;
+  std::optional<std::string> given_default_system() const {
+    return templates_default_system_ ? std::nullopt : options_.default_system;
+  }
   TemplateOptions options_;
   int64_t end_of_turn_id_ = -1;
 };

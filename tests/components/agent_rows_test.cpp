@@ -99,6 +99,12 @@ TEST(AgentRows, ToolRowsTrainTheAssistantsCallsAndAnswerNeverTheToolsResult) {
   ASSERT_TRUE(text);
   EXPECT_NE(text->find("<tools>\n{\"type\": \"function\""), std::string::npos) << *text;
   EXPECT_NE(text->find("<tool_response>\n21C\n</tool_response>"), std::string::npos) << *text;
+  // As the template alone renders it: the C++ format's default system
+  // message (found in the template) is not put in a second time.
+  auto interp = Template::make(qwen25(), {.name = "jinja"});
+  ASSERT_TRUE(interp);
+  EXPECT_EQ(*text, *interp->render(ds.row(0).messages, false, ds.row(0).tools));
+  EXPECT_EQ(ds.encoded(0), *interp->encode(ds.row(0).messages, false, ds.row(0).tools));
   // A format with no template of the model's to fall back on refuses such a row by name.
   auto bare = Template::make(glint::testing::chat_tokenizer(), {.name = "chatml"});
   ASSERT_TRUE(bare);

@@ -1,5 +1,7 @@
 #include "components/data/dataset.hpp"
 
+#include "components/data/detail/json_depth.hpp"
+
 #include "components/data/agent_rows.hpp"
 
 #include "components/data/detail/splitmix.hpp"
@@ -53,10 +55,10 @@ Result<Row> row_of(const nlohmann::ordered_json& j, std::string origin) {
       auto ms = agent_messages(v, true);
       if (!ms) return ms.error();
       if (!j.contains("messages")) row.messages = std::move(*ms), sharegpt = true;
-    } else if (key == "tools" && !(v.is_array() && v.empty()) && !(v.is_string() && v.get<std::string>().empty())) {
+    } else if (key == "tools" && !v.is_null() && !(v.is_array() && v.empty()) && !(v.is_string() && v.get<std::string>().empty())) {
       auto tools = agent_tools(v);
       if (!tools) return tools.error();
-      row.tools = std::move(*tools);
+      if (*tools != "[]") row.tools = std::move(*tools);  // "[]" as a string: none either
     } else if (v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), is_message)) {
       auto& c = row.conversations[key];
       for (const auto& m : v) c.push_back(message_of(m));
@@ -141,6 +143,8 @@ bool csv_records(std::istream& in, std::vector<std::pair<int64_t, std::vector<st
   return true;
 }
 
+constexpr int kMaxRowDepth = 64;
+
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
 }
@@ -218,7 +222,7 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
       nlohmann::ordered_json j = nlohmann::ordered_json::object();
       for (size_t k = 0; k < cells.size(); ++k) {
         if (cells[k].empty()) continue;
-        if (header[k] == "messages" || header[k] == "conversations") {
+        if ((header[k] == "messages" || header[k] == "conversations") && !detail::json_nests_deeper(cells[k], kMaxRowDepth)) {
           auto v = nlohmann::ordered_json::parse(cells[k], nullptr, false);
           j[header[k]] = v.is_discarded() ? nlohmann::ordered_json(cells[k]) : v;
         } else {
@@ -237,6 +241,10 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
         return make_error(errc::invalid_argument, origin + " is longer than " + std::to_string(kMaxLineBytes >> 20) +
                                                       " MiB: a .jsonl file holds one row per line (is it JSONL?)");
       if (trim(line).empty()) continue;
+      if (detail::json_nests_deeper(line, kMaxRowDepth)) {
+        ds.skip("nested deeper than 64 levels", origin, "");
+        continue;
+      }
       auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) {
         ds.skip("invalid JSON", origin, "");
@@ -250,6 +258,8 @@ Result<Dataset> Dataset::parse(std::istream& in, const DatasetMeta& meta) {
   } else {
     std::stringstream s;
     s << in.rdbuf();
+    if (detail::json_nests_deeper(s.str(), kMaxRowDepth + 1))
+      return make_error(errc::invalid_argument, meta.path + " nests deeper than 64 levels in a row");
     auto j = nlohmann::ordered_json::parse(s.str(), nullptr, false);
     if (j.is_discarded() || !j.is_array())
       return make_error(errc::invalid_argument, meta.path + " is not a JSON array of rows (a .jsonl file holds one JSON object per line)");
@@ -367,7 +377,8 @@ Result<void> save_jsonl(std::span<const Row> rows, const std::string& path) {
         for (const auto& m : c) ms.push_back({{"role", m.role}, {"content", m.content}});
       }
       for (const auto& [k, v] : r.fields) j[k] = v;
-      out << j.dump() << '\n';
+      // Bytes that are not UTF-8 (a Latin-1 CSV) are replaced, not a throw.
+      out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
     }
     out.flush();
     if (!out) return make_error(errc::resource_exhausted, "writing " + tmp + " failed (is the disk full?)");

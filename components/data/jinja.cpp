@@ -29,6 +29,8 @@ Result<JinjaTemplate> JinjaTemplate::parse(const std::string& source, std::strin
     p->body = jinja::parse(source);
   } catch (const jinja::Failure& f) {
     return failure(p->name, f, true);
+  } catch (const std::exception& e) {  // std::bad_alloc: ours to see
+    return make_error(errc::internal, "chat template " + p->name + ": parsing failed: " + e.what());
   }
   JinjaTemplate t;
   t.program_ = std::move(p);

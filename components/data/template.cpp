@@ -202,8 +202,9 @@ Result<Template> Template::make(std::shared_ptr<const Tokenizer> tokenizer, Temp
   t.templates_default_system_ = templates_default;
   t.end_of_turn_id_ = tokenizer->token_id(f->end_of_turn);
   // The model's own template renders what the format cannot (tools, tool
-  // calls); one the interpreter cannot parse leaves those rows refused.
-  if (model.chat_template)
+  // calls), where it is this format's; one the interpreter cannot parse, or
+  // a format named over an unrecognised template, leaves those rows refused.
+  if (model.chat_template && seen && seen->name == f->name)
     if (auto parsed = JinjaTemplate::parse(*model.chat_template, model.chat_template_origin))
       t.jinja_ = std::make_shared<const JinjaTemplate>(std::move(*parsed));
   t.tokenizer_ = std::move(tokenizer);

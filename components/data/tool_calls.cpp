@@ -1,5 +1,7 @@
 #include "components/data/tool_calls.hpp"
 
+#include "components/data/detail/json_depth.hpp"
+
 namespace glint::components {
 
 using json = nlohmann::ordered_json;
@@ -34,6 +36,16 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// Nesting deeper than this in model text is refused: reading is iterative,
+// but copying and writing JSON recurse.
+constexpr int kMaxDepth = 64;
+
+
+json parse_json(std::string_view text) {
+  if (detail::json_nests_deeper(text, kMaxDepth)) return json(json::value_t::discarded);
+  return json::parse(text.begin(), text.end(), nullptr, false);
+}
+
 std::string call_name(size_t n) { return "tool call " + std::to_string(n); }
 
 // A call from a JSON object with "name" and "arguments" (or "parameters"),
@@ -56,7 +68,7 @@ bool call_of_json(const json& j, const std::string& which, ToolCall& out, std::s
   }
   json args = j[key];
   if (args.is_string()) {
-    json parsed = json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    json parsed = parse_json(args.get<std::string>());
     if (parsed.is_discarded()) {
       error = which + " (" + out.name + "): its arguments are a string that is not JSON";
       return false;
@@ -71,7 +83,6 @@ bool call_of_json(const json& j, const std::string& which, ToolCall& out, std::s
   return true;
 }
 
-json parse_json(std::string_view text) { return json::parse(text.begin(), text.end(), nullptr, false); }
 
 void add_json_call(ParsedReply& r, std::string_view body, size_t n) {
   json j = parse_json(trim(body));
@@ -115,12 +126,19 @@ std::string parameter_type(const json& tools, const std::string& function, const
   if (!tools.is_array()) return "";
   for (const auto& t : tools) {
     const json& f = t.contains("function") ? t["function"] : t;
-    if (!f.is_object() || f.value("name", "") != function) continue;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>() != function) continue;
     const json* props = f.contains("parameters") && f["parameters"].is_object() && f["parameters"].contains("properties")
                             ? &f["parameters"]["properties"]
                             : nullptr;
-    if (props && props->is_object() && props->contains(parameter) && (*props)[parameter].is_object())
-      return (*props)[parameter].value("type", "");
+    if (props && props->is_object() && props->contains(parameter) && (*props)[parameter].is_object()) {
+      const json& type = (*props)[parameter].contains("type") ? (*props)[parameter]["type"] : json{};
+      if (type.is_string()) return type.get<std::string>();
+      // ["string", "null"]: a string if it may be one
+      if (type.is_array())
+        for (const auto& t : type)
+          if (t == "string") return "string";
+      return type.is_null() ? "" : "any";
+    }
   }
   return "";
 }

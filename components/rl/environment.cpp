@@ -127,8 +127,11 @@ Result<json> CommandEnvironment::ask(const json& request) {
       pending_.erase(0, nl + 1);
       if (!answer.empty() && answer.back() == '\r') answer.pop_back();
       json j = json::parse(answer, nullptr, false);
-      if (j.is_discarded() || !j.is_object())
-        return make_error(errc::invalid_argument, what + " answered a line that is not a JSON object: " + answer.substr(0, 200));
+      if (j.is_discarded() || !j.is_object()) {
+        stop();  // what it writes next would answer the wrong request
+        return make_error(errc::invalid_argument, what + " answered a line that is not a JSON object: " + answer.substr(0, 200) +
+                                                      " (it was stopped; it starts again at the next reset)");
+      }
       return j;
     }
     if (pending_.size() > kMaxAnswerBytes) {

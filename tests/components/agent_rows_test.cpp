@@ -144,6 +144,16 @@ TEST(AgentRows, MalformedAgentRowsAreSkippedWithTheReason) {
                   R"({"tools": {"a": 1}, "messages": [{"role": "user", "content": "x"}]})" "\n");
   EXPECT_EQ(ds.size(), 0u);
   EXPECT_EQ(ds.skipped().total(), 4) << ds.skipped().summary();
+  // No tools, however a tools column writes it: null, "", [], "[]".
+  auto none = parse("none.jsonl", R"({"tools": null, "messages": [{"role": "user", "content": "x"}]})" "\n"
+                                  R"({"tools": "[]", "messages": [{"role": "user", "content": "x"}]})" "\n"
+                                  R"({"tools": [], "messages": [{"role": "user", "content": "x"}]})" "\n");
+  ASSERT_EQ(none.size(), 3u) << none.skipped().summary();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(none.row(i).tools, "");
+  auto deep = parse("deep.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"meta\": " +
+                                      std::string(100000, '[') + std::string(100000, ']') + "}]}\n");
+  EXPECT_EQ(deep.size(), 0u);
+  EXPECT_EQ(deep.skipped().counts.count("nested deeper than 64 levels"), 1u) << deep.skipped().summary();
 }
 
 }  // namespace

@@ -119,6 +119,10 @@ TEST(CommandEnvironment, ACrashAHangAndGarbageAreNamedAndTheNextEpisodeStartsAfr
   auto garbage = (*env)->step({"x", {}, {}});
   ASSERT_FALSE(garbage);
   EXPECT_NE(describe(garbage.error()).find("not a JSON object: not json"), std::string::npos) << describe(garbage.error());
+  // Stopped: the next request does not read an answer meant for an earlier one.
+  auto next = (*env)->reset({{"question", "again"}});
+  ASSERT_TRUE(next) << describe(next.error());
+  EXPECT_EQ(next->messages[0]["content"], "Q: again");
   auto missing = make_environment("exit 0", {.timeout = 1s});
   ASSERT_TRUE(missing);
   auto r = (*missing)->reset({});

@@ -245,6 +245,39 @@ TEST(Jinja, RunawayRecursionAndOutputAreBounded) {
   EXPECT_NE(render("{% for i in range(2000000) %}{% endfor %}").find("more than a million"), std::string::npos);
 }
 
+// Hostile templates: each is refused or fails with an error, fast, and none
+// crashes or runs unbounded (found in review).
+TEST(Jinja, HostileTemplatesFailCleanly) {
+  EXPECT_EQ(render("{{ 1e400 }} {{ -1e400 }} {{ 1e-400 }}"), "inf -inf 0.0");
+  EXPECT_NE(render("{{ x.99999999999999999999 }}").find("too large"), std::string::npos);
+  EXPECT_NE(render("{{ 123456789012345678901234567890 }}").find("too large"), std::string::npos);
+  EXPECT_NE(render("{{ (-9223372036854775807 - 1) // -1 }}").find("too large"), std::string::npos);
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }} {{ 7 // -1 }}"), "0 -7");
+  EXPECT_EQ(render("{{ 1 ** 9223372036854775807 }} {{ 2 ** 62 }}"), "1 4611686018427387904");
+  EXPECT_NE(render("{{ 2 ** 100 }}").find("too large"), std::string::npos);
+  EXPECT_NE(render("{{ 9223372036854775807 + 1 }}").find("too large"), std::string::npos);
+  EXPECT_EQ(render("{{ 'abc'[1::9223372036854775807] }}{{ [1, 2, 3][-1::-9223372036854775807] }}"), "b[3]");
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += "+1";
+  EXPECT_NE(render(chain + " }}").find("deeper than 150"), std::string::npos);
+  EXPECT_NE(render("{{ \"\\x\xF4\x8F\xBF\xBF\" }}").find("parse error"), std::string::npos);
+  EXPECT_NE(render("{{ '\\U00110000' }}").find("names no character"), std::string::npos);
+  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.a = ns %}{{ ns | string | length > 0 }}"), "True");
+  EXPECT_NE(render("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+                .find("more than 256 MiB"),
+            std::string::npos);
+  EXPECT_NE(render("{% for i in range(1000000) %}{{ range(1000000) | length }}{% endfor %}").find("units of work"),
+            std::string::npos);
+  EXPECT_NE(render("{{ 'x' | center(100000000000) }}").find("width"), std::string::npos);
+  EXPECT_NE(render("{{ [1] | tojson(indent=1000000000) }}").find("indent"), std::string::npos);
+  EXPECT_EQ(render("{{ '%s' | format(x) | length }} {{ ('%s!' % x) | length }}", {{"x", std::string(5000, 'a')}}), "5000 5001");
+  EXPECT_NE(render("{{ 1e300 | int }}").find("too large"), std::string::npos);
+  EXPECT_EQ(render("{{ 1234 | round(-2) }} {{ 1250 | round(-2) }} {{ 1350 | round(-2) }}"), "1200 1200 1400");
+  json deep = json::array();
+  for (int i = 0; i < 1000; ++i) deep = json::array({deep});
+  EXPECT_NE(render("{{ x }}", {{"x", deep}}).find("deeper than 256"), std::string::npos);
+}
+
 TEST(Jinja, GenerationBlocksReportTheirByteRanges) {
   auto t = JinjaTemplate::parse("ab{% generation %}é{{ x }}{% endgeneration %}c{% generation %}{% endgeneration %}", "g");
   ASSERT_TRUE(t) << describe(t.error());

@@ -64,6 +64,17 @@ TEST(ToolCalls, QwenXmlParametersAreTypedByTheToolsSchema) {
   auto r = parse_tool_calls(text, ToolCallFormat::qwen_xml, tools);
   ASSERT_EQ(r.calls.size(), 1u) << (r.errors.empty() ? "" : r.errors[0]);
   EXPECT_EQ(r.calls[0].arguments, json::parse(R"({"n": 42, "s": "42", "o": {"k": [1, 2]}, "free": "multi\nline"})"));
+  // A schema's type may be a list; a name may be anything: no throw.
+  const json odd = json::parse(R"([{"function": {"name": 5}}, {"type": "function", "function": {"name": "f",
+      "parameters": {"properties": {"n": {"type": ["string", "null"]}, "m": {"type": ["integer", "null"]}}}}}])");
+  auto typed = parse_tool_calls("<tool_call><function=f><parameter=n>1</parameter><parameter=m>2</parameter></function></tool_call>",
+                                ToolCallFormat::qwen_xml, odd);
+  ASSERT_EQ(typed.calls.size(), 1u);
+  EXPECT_EQ(typed.calls[0].arguments, json::parse(R"({"n": "1", "m": 2})"));
+  std::string deep = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + std::string(1000, '[') + std::string(1000, ']') + "}}</tool_call>";
+  auto too_deep = parse_tool_calls(deep, ToolCallFormat::hermes);
+  EXPECT_TRUE(too_deep.calls.empty());
+  EXPECT_EQ(too_deep.errors.size(), 1u);
   auto bad = parse_tool_calls("<tool_call>\n<function=f>\n<parameter=n>\n1\n</function>\n</tool_call>", ToolCallFormat::qwen_xml);
   EXPECT_TRUE(bad.calls.empty());
   ASSERT_EQ(bad.errors.size(), 1u);

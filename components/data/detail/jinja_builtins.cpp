@@ -408,18 +408,24 @@ std::string printf_format(const std::string& fmt, const std::vector<Value>& valu
     }
     if (next >= values.size()) fail("not enough arguments for format string");
     const Value& v = values[next++];
-    char buf[512];
+    // Formatted at its full length (a spec's width is bounded: no 1e9-wide fields).
+    auto formatted = [&](const std::string& f, auto x) {
+      const int n = std::snprintf(nullptr, 0, f.c_str(), x);
+      if (n < 0 || n > (64 << 20)) fail("a formatted field of more than 64 MiB");
+      std::string buf(static_cast<size_t>(n) + 1, '\0');
+      std::snprintf(buf.data(), buf.size(), f.c_str(), x);
+      buf.resize(static_cast<size_t>(n));
+      return buf;
+    };
     if (conv == 's' || conv == 'r') {
       std::string s = conv == 's' ? to_str(v) : repr(v);
-      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), s.c_str());
-      out += buf;
+      out += spec == "%" ? s : formatted(spec + "s", s.c_str());
     } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
-      std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(),
-                    static_cast<long long>(v.real() ? std::trunc(v.as_double()) : v.as_int()));
-      out += buf;
+      if (v.real() && !(std::fabs(v.as_double()) < 9.2e18)) fail("%d of " + repr(v) + ": too large for glint's Jinja (64 bits)");
+      out += formatted(spec + "ll" + (conv == 'i' ? 'd' : conv),
+                       static_cast<long long>(v.real() ? std::trunc(v.as_double()) : v.as_int()));
     } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'E' || conv == 'g' || conv == 'G') {
-      std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.as_double());
-      out += buf;
+      out += formatted(spec + conv, v.as_double());
     } else {
       fail(std::string{"unsupported format character '"} + conv + "'");
     }
@@ -510,7 +516,10 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
     if (!(start.undefined() || start.none())) b = clamp(b, true);
     if (!(stop.undefined() || stop.none())) e = clamp(e, false);
     else if (st < 0) e = -1;
-    for (int64_t i = b; st > 0 ? i < e : i > e; i += st) take(static_cast<size_t>(i));
+    for (int64_t i = b; st > 0 ? i < e : i > e;) {
+      take(static_cast<size_t>(i));
+      if (__builtin_add_overflow(i, st, &i)) break;
+    }
   };
   if (obj.list()) {
     const auto& items = obj.items().items;
@@ -567,7 +576,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     fail("unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
   };
   if (op == "+") {
-    if (a.string() && b.string()) return a.str() + b.str();
+    if (a.string() && b.string()) {
+      charge_bytes(a.str().size() + b.str().size());
+      return a.str() + b.str();
+    }
     if (a.list() && b.list() && a.items().tuple == b.items().tuple) {
       auto items = a.items().items;
       items.insert(items.end(), b.items().items.begin(), b.items().items.end());
@@ -594,16 +606,23 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   const bool ints = !a.real() && !b.real();
   if (ints) {
     const int64_t x = a.as_int(), y = b.as_int();
-    if (op == "+") return x + y;
-    if (op == "-") return x - y;
-    if (op == "*") return x * y;
+    int64_t r = 0;
+    auto too_large = [&]() -> Value { fail("the integer result of " + op + " is too large for glint's Jinja (64 bits)"); };
+    if (op == "+") return __builtin_add_overflow(x, y, &r) ? too_large() : Value{r};
+    if (op == "-") return __builtin_sub_overflow(x, y, &r) ? too_large() : Value{r};
+    if (op == "*") return __builtin_mul_overflow(x, y, &r) ? too_large() : Value{r};
     if (op == "/") {
       if (y == 0) fail("division by zero");
       return static_cast<double>(x) / static_cast<double>(y);
     }
     if (op == "//" || op == "%") {
       if (y == 0) fail("integer division or modulo by zero");
-      int64_t q = x / y, r = x % y;
+      if (y == -1) {  // INT64_MIN / -1 traps
+        if (op == "%") return int64_t{0};
+        return x == INT64_MIN ? too_large() : Value{-x};
+      }
+      int64_t q = x / y;
+      r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) {
         --q;
         r += y;
@@ -612,8 +631,13 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     }
     if (op == "**") {
       if (y < 0) return std::pow(static_cast<double>(x), static_cast<double>(y));
-      int64_t r = 1;
-      for (int64_t i = 0; i < y; ++i) r *= x;
+      int64_t base = x, e = y;  // square and multiply
+      r = 1;
+      while (e > 0) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) return too_large();
+        e >>= 1;
+        if (e > 0 && __builtin_mul_overflow(base, base, &base)) return too_large();
+      }
       return r;
     }
   }
@@ -647,10 +671,12 @@ Value global(const std::string& name, const Clock& clock) {
       } else fail("range expected at least 1 argument, got 0");
       if (step == 0) fail("range() arg 3 must not be zero");
       std::vector<Value> out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         out.emplace_back(i);
         if (out.size() > 1000000) fail("range() of more than a million items");
+        if (__builtin_add_overflow(i, step, &i)) break;
       }
+      charge(static_cast<int64_t>(out.size()));
       return Value{make_list(std::move(out))};
     });
   if (name == "namespace" || name == "dict")

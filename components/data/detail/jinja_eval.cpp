@@ -13,7 +13,7 @@ constexpr int kMaxCallDepth = 200;
 constexpr size_t kMaxOutputBytes = size_t{256} << 20;
 // Loop iterations and macro calls in one render: a chat template takes
 // thousands; a template that would take longer than seconds is refused.
-constexpr int64_t kMaxSteps = 20'000'000;
+constexpr int64_t kMaxSteps = 20'000'000;  // jinja_value.hpp's budget
 
 struct Scope {
   std::vector<std::pair<std::string, Value>> vars;
@@ -43,6 +43,7 @@ public:
   Interpreter(const DictPtr& variables, const Clock& clock) : variables_(variables), clock_(clock) {}
 
   Output run(const Body& body) {
+    start_budget(kMaxSteps);
     Output out;
     main_ = &out;
     auto top = std::make_shared<Scope>();
@@ -108,9 +109,7 @@ private:
     return Flow::normal;
   }
 
-  void step() {
-    if (++steps_ > kMaxSteps) fail("the template runs more than " + std::to_string(kMaxSteps) + " loop iterations and macro calls");
-  }
+  static void step() { charge(1); }
 
   void append(std::string& out, const std::string& text) {
     if (out.size() + text.size() > kMaxOutputBytes) fail("the rendered text passes 256 MiB");
@@ -294,6 +293,7 @@ private:
         if (!v.number()) fail("bad operand type for unary " + e.name + ": '" + type_name(v) + "'");
         if (e.name == "+") return v.boolean() ? Value{v.as_int()} : v;
         if (v.real()) return -v.as_double();
+        if (v.as_int() == INT64_MIN) fail("the integer result of - is too large for glint's Jinja (64 bits)");
         return -v.as_int();
       }
       case Expr::Kind::binary: {
@@ -306,7 +306,11 @@ private:
           return truthy(a) ? a : eval(*e.args[1], scope);
         }
         const Value a = eval(*e.args[0], scope), b = eval(*e.args[1], scope);
-        if (e.name == "~") return to_str(a) + to_str(b);
+        if (e.name == "~") {
+          std::string l = to_str(a), r = to_str(b);
+          charge_bytes(l.size() + r.size());
+          return l + r;
+        }
         return arithmetic(e.name, a, b);
       }
       case Expr::Kind::compare: {
@@ -339,7 +343,6 @@ private:
   Clock clock_;
   Output* main_ = nullptr;
   int depth_ = 0;
-  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -168,7 +168,10 @@ const std::map<std::string, Filter>& filters() {
   static const std::map<std::string, Filter> table = [] {
     std::map<std::string, Filter> f;
     f["abs"] = [](const Value& v, Args&) -> Value {
-      if (v.integer() || v.boolean()) return std::abs(v.as_int());
+      if (v.integer() || v.boolean()) {
+        if (v.as_int() == INT64_MIN) fail("abs of the smallest 64-bit integer is too large for glint's Jinja");
+        return std::abs(v.as_int());
+      }
       return std::fabs(v.as_double());
     };
     f["attr"] = [](const Value& v, Args& a) { return get_attr(v, to_str(argument(a, 0, "name"))); };
@@ -179,6 +182,7 @@ const std::map<std::string, Filter>& filters() {
     f["center"] = [](const Value& v, Args& a) {
       const std::string s = text_of(v);
       const int64_t width = argument(a, 0, "width", int64_t{80}).as_int(), n = static_cast<int64_t>(length(s));
+      if (width > (int64_t{64} << 20)) fail("center to a width of more than 64 Mi characters");
       if (width <= n) return Value{s};
       const int64_t pad = width - n, left = pad / 2 + (pad & width & 1);
       return Value{std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(pad - left), ' ')};
@@ -238,13 +242,16 @@ const std::map<std::string, Filter>& filters() {
     f["int"] = [](const Value& v, Args& a) -> Value {
       require_defined(v);
       if (v.integer() || v.boolean()) return v.as_int();
-      if (v.real()) return static_cast<int64_t>(std::trunc(v.as_double()));
+      if (v.real()) {
+        if (!(std::fabs(v.as_double()) < 9.2e18)) fail("int of " + repr(v) + ": too large for glint's Jinja (64 bits)");
+        return static_cast<int64_t>(std::trunc(v.as_double()));
+      }
       if (v.string()) {
         bool ok = false;
         int64_t i = parse_int(v.str(), argument(a, 1, "base", int64_t{10}).as_int(), ok);
         if (ok) return i;
         double d = parse_float(v.str(), ok);
-        if (ok) return static_cast<int64_t>(std::trunc(d));
+        if (ok && std::fabs(d) < 9.2e18) return static_cast<int64_t>(std::trunc(d));
       }
       return argument(a, 0, "default", int64_t{0});
     };
@@ -256,6 +263,7 @@ const std::map<std::string, Filter>& filters() {
       require_defined(v);
       if (!v.string()) fail("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");  // Jinja2 appends to it
       const Value w = argument(a, 0, "width", int64_t{4});
+      if (!w.string() && w.as_int() > 4096) fail("indent by more than 4096 spaces");
       const std::string ind = w.string() ? w.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, w.as_int())), ' ');
       const bool first = truthy(argument(a, 1, "first", false)), blank = truthy(argument(a, 2, "blank", false));
       Args none;
@@ -288,6 +296,7 @@ const std::map<std::string, Filter>& filters() {
         out += (first ? "" : d) + to_str(attr.none() ? x : lookup_path(x, attr));
         first = false;
       }
+      charge_bytes(out.size());
       return Value{out};
     };
     f["length"] = [](const Value& v, Args&) -> Value {
@@ -360,8 +369,17 @@ const std::map<std::string, Filter>& filters() {
       const std::string method = to_str(argument(a, 1, "method", "common"));
       const double scale = std::pow(10.0, static_cast<double>(precision)), x = v.as_double() * scale;
       double r;
-      // Python's round(int, n >= 0) is the int itself.
-      if (method == "common" && (v.integer() || v.boolean()) && precision >= 0) return v.as_int();
+      // Python's round(int, n) is an int (n < 0: to tens, hundreds, ...).
+      if (method == "common" && (v.integer() || v.boolean())) {
+        if (precision >= 0) return v.as_int();
+        if (precision < -18) return int64_t{0};
+        int64_t p10 = 1;
+        for (int64_t k = 0; k < -precision; ++k) p10 *= 10;
+        const int64_t x = v.as_int(), q = x / p10, rem = x % p10;
+        int64_t r = q;  // halves to even, as Python
+        if (2 * std::abs(rem) > p10 || (2 * std::abs(rem) == p10 && (q % 2 != 0))) r += x < 0 ? -1 : 1;
+        return r * p10;
+      }
       if (method == "common") {
         // Python's round(x, n): the decimal nearest the exact binary value
         // (2.675 is 2.67499..., so 2.67), halves to even, as printf does.
@@ -412,6 +430,7 @@ const std::map<std::string, Filter>& filters() {
       JsonStyle st;
       st.ensure_ascii = truthy(argument(a, 0, "ensure_ascii", false));
       const Value indent = argument(a, 1, "indent", nullptr);
+      if (!indent.none() && (indent.as_int() < 0 || indent.as_int() > 4096)) fail("tojson's indent must be 0 to 4096");
       st.indent = indent.none() ? -1 : static_cast<int>(indent.as_int());
       const Value separators = argument(a, 2, "separators", nullptr);
       if (!separators.none()) {

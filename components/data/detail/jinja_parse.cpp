@@ -8,6 +8,8 @@
 #include "components/data/detail/jinja_ast.hpp"
 
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <set>
 
@@ -52,12 +54,13 @@ std::string unescape(std::string_view s, int line) {
     auto hex = [&](size_t digits) {
       char32_t v = 0;
       for (size_t k = 1; k <= digits; ++k) {
-        if (i + k >= in.size() || !std::isxdigit(static_cast<int>(in[i + k])))
+        if (i + k >= in.size() || in[i + k] >= 128 || !std::isxdigit(static_cast<int>(in[i + k])))
           syntax(line, "a truncated \\x, \\u or \\U escape in a string");
-        v = v * 16 + static_cast<char32_t>(std::isdigit(static_cast<int>(in[i + k])) ? in[i + k] - '0'
-                                                                                       : std::tolower(static_cast<int>(in[i + k])) - 'a' + 10);
+        v = v * 16 + static_cast<char32_t>(in[i + k] <= '9' ? in[i + k] - '0' : (in[i + k] | 0x20) - 'a' + 10);
       }
       i += digits;
+      if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+        syntax(line, "a \\u or \\U escape names no character (a surrogate, or past U+10FFFF)");
       out.push_back(v);
     };
     switch (c) {
@@ -625,6 +628,18 @@ private:
     ~Nest() { --p.depth_; }
   };
   static constexpr int kMaxNesting = 150;
+  // Each link of a left-associative chain (a + b + c, x.a.b, x | f | g)
+  // deepens the tree as nesting does: counted the same, until the chain ends.
+  struct Chain {
+    Parser& p;
+    int links = 0;
+    explicit Chain(Parser& parser) : p(parser) {}
+    void link(int line) {
+      ++links;
+      if (++p.depth_ > kMaxNesting) syntax(line, "an expression chains or nests deeper than " + std::to_string(kMaxNesting));
+    }
+    ~Chain() { p.depth_ -= links; }
+  };
 
   ExprPtr expression(bool with_condexpr) {
     Nest nest{*this, cur().line};
@@ -661,7 +676,9 @@ private:
 
   ExprPtr or_expr() {
     auto e = and_expr();
+    Chain chain{*this};
     while (is_name("or")) {
+      chain.link(cur().line);
       const int line = next().line;
       e = binary("or", std::move(e), and_expr(), line);
     }
@@ -669,7 +686,9 @@ private:
   }
   ExprPtr and_expr() {
     auto e = not_expr();
+    Chain chain{*this};
     while (is_name("and")) {
+      chain.link(cur().line);
       const int line = next().line;
       e = binary("and", std::move(e), not_expr(), line);
     }
@@ -690,7 +709,9 @@ private:
     std::vector<ExprPtr> operands;
     std::vector<std::string> ops;
     const int line = first->line;
+    Chain chain{*this};
     for (;;) {
+      chain.link(cur().line);
       if (cur().type == Tok::op && (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == "<=" ||
                                     cur().text == ">" || cur().text == ">=")) {
         ops.push_back(next().text);
@@ -714,7 +735,9 @@ private:
   }
   ExprPtr math1() {
     auto e = concat();
+    Chain chain{*this};
     while (is_op("+") || is_op("-")) {
+      chain.link(cur().line);
       const Token t = next();
       e = binary(t.text, std::move(e), concat(), t.line);
     }
@@ -722,7 +745,9 @@ private:
   }
   ExprPtr concat() {
     auto e = math2();
+    Chain chain{*this};
     while (is_op("~")) {
+      chain.link(cur().line);
       const int line = next().line;
       e = binary("~", std::move(e), math2(), line);
     }
@@ -730,7 +755,9 @@ private:
   }
   ExprPtr math2() {
     auto e = power();
+    Chain chain{*this};
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      chain.link(cur().line);
       const Token t = next();
       e = binary(t.text, std::move(e), power(), t.line);
     }
@@ -738,7 +765,9 @@ private:
   }
   ExprPtr power() {
     auto e = unary(true);
+    Chain chain{*this};
     while (is_op("**")) {
+      chain.link(cur().line);
       const int line = next().line;
       e = binary("**", std::move(e), unary(true), line);
     }
@@ -785,7 +814,7 @@ private:
     }
     if (t.type == Tok::floating) {
       ++i_;
-      return literal(std::stod(t.text), t.line);
+      return literal(std::strtod(t.text.c_str(), nullptr), t.line);  // 1e400: inf, as Python
     }
     if (is_op("(")) {
       ++i_;
@@ -827,7 +856,9 @@ private:
   }
 
   ExprPtr postfix(ExprPtr e) {
+    Chain chain{*this};
     for (;;) {
+      if (is_op(".") || is_op("[") || is_op("(")) chain.link(cur().line);
       if (is_op(".")) {
         const int line = next().line;
         if (cur().type == Tok::name) {
@@ -838,7 +869,11 @@ private:
         } else if (cur().type == Tok::integer) {
           auto a = expr(Expr::Kind::item, line);
           a->args.push_back(std::move(e));
-          a->args.push_back(literal(static_cast<int64_t>(std::stoll(next().text)), line));
+          const std::string digits = next().text;
+          errno = 0;
+          const long long v = std::strtoll(digits.c_str(), nullptr, 10);
+          if (errno == ERANGE) syntax(line, "the index " + digits + " is too large for glint's Jinja (64 bits)");
+          a->args.push_back(literal(static_cast<int64_t>(v), line));
           e = std::move(a);
         } else {
           syntax(line, "expected an attribute name after '.', found " + describe(cur()));
@@ -932,8 +967,10 @@ private:
 
   // `| f(args) | g` applied to `e` (nullptr: the body of a filter or set block).
   ExprPtr filter_chain(ExprPtr e) {
+    Chain chain{*this};
     bool first = true;
     while (first || is_op("|")) {
+      chain.link(cur().line);
       if (!first || is_op("|")) expect_op("|");
       first = false;
       const int line = cur().line;
@@ -948,7 +985,9 @@ private:
   }
 
   ExprPtr filter_expr(ExprPtr e) {
+    Chain chain{*this};
     for (;;) {
+      if (is_op("|") || is_name("is") || is_op("(")) chain.link(cur().line);
       if (is_op("|")) {
         e = filter_chain(std::move(e));
       } else if (is_name("is")) {

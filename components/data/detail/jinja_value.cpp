@@ -11,6 +11,25 @@ namespace glint::components::jinja {
 
 void fail(std::string message) { throw Failure{std::move(message)}; }
 
+namespace {
+thread_local int64_t budget_left = INT64_MAX;
+thread_local int64_t budget_total = 0;
+}  // namespace
+
+void start_budget(int64_t units) { budget_left = budget_total = units; }
+
+void charge_bytes(size_t bytes) {
+  if (bytes > (size_t{256} << 20)) fail("a string of more than 256 MiB");
+  charge(static_cast<int64_t>(bytes >> 6));
+}
+
+void charge(int64_t units) {
+  budget_left -= units;
+  if (budget_left < 0)
+    fail("the template does more than " + std::to_string(budget_total) +
+         " units of work (loop iterations, macro calls, range items, 64-byte pieces of strings built)");
+}
+
 double Value::as_double() const {
   if (integer()) return static_cast<double>(std::get<int64_t>(v));
   if (real()) return std::get<double>(v);
@@ -150,8 +169,29 @@ std::string repr_string(const std::string& s) {
 
 }  // namespace
 
+namespace {
+thread_local int repr_depth = 0;
+}  // namespace
+
+std::string repr_container(const Value& v);
+std::string repr_scalar(const Value& v);
+
 std::string repr(const Value& v) {
   if (v.string()) return repr_string(v.str());
+  // A namespace can hold itself: Python prints the repeat as {...}; glint
+  // stops at a depth no real value reaches.
+  if (v.list() || v.dict()) {
+    if (repr_depth > 100) return v.list() ? "[...]" : "{...}";
+    ++repr_depth;
+    struct Leave {
+      ~Leave() { --repr_depth; }
+    } leave;
+    return repr_container(v);
+  }
+  return repr_scalar(v);
+}
+
+std::string repr_container(const Value& v) {
   if (v.list() && v.items().generator) return "<generator object>";  // Jinja2 prints an address
   if (v.list()) {
     const auto& l = v.items();
@@ -169,6 +209,10 @@ std::string repr(const Value& v) {
     if (d.kind == Dict::Kind::namespace_) return "<Namespace " + out + ">";
     return out;
   }
+  return repr_scalar(v);
+}
+
+std::string repr_scalar(const Value& v) {
   if (v.undefined()) return "Undefined";
   return to_str(v);
 }
@@ -260,7 +304,10 @@ void require_defined(const Value& v) {
   if (v.undefined()) fail(v.undef().hint);
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j) { return from_json(j, 0); }
+
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 256) fail("the variables nest deeper than 256 levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return nullptr;
     case nlohmann::ordered_json::value_t::boolean: return j.get<bool>();
@@ -275,13 +322,13 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& x : j) items.push_back(from_json(x));
+      for (const auto& x : j) items.push_back(from_json(x, depth + 1));
       return make_list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = make_dict();
       d->entries.reserve(j.size());
-      for (const auto& [k, x] : j.items()) d->entries.emplace_back(k, from_json(x));
+      for (const auto& [k, x] : j.items()) d->entries.emplace_back(k, from_json(x, depth + 1));
       return d;
     }
     default: return Undefined{"a binary JSON value has no template value"};
@@ -321,6 +368,7 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 }
 
 void json_value(std::string& out, const Value& v, const JsonStyle& st, int level) {
+  if (level > 200) fail("ValueError: Circular reference detected (or nesting deeper than 200)");
   const std::string item_sep = !st.item_separator.empty() ? st.item_separator : st.indent >= 0 ? "," : ", ";
   const std::string key_sep = !st.key_separator.empty() ? st.key_separator : ": ";
   auto newline = [&](int l) {

@@ -32,6 +32,15 @@ struct Failure {
 };
 [[noreturn]] void fail(std::string message);
 
+/// A render's work budget (jinja_eval.cpp starts one per render on its
+/// thread): loop iterations, macro calls and range items count one each,
+/// bytes of strings built by + and ~ one per 64. Past it the render fails;
+/// so does a string built past 256 MiB.
+void charge(int64_t units);
+void charge_bytes(size_t bytes);
+/// Starts a budget of `units` on this thread (the previous one is replaced).
+void start_budget(int64_t units);
+
 struct Value;
 struct List;
 struct Dict;
@@ -150,6 +159,7 @@ void require_defined(const Value& v);
 /// JSON (the render's variables) into values, in the document's key order;
 /// integers stay integers, 1.0 stays a float.
 Value from_json(const nlohmann::ordered_json& j);
+Value from_json(const nlohmann::ordered_json& j, int depth);  ///< fails past 256 levels
 
 /// transformers' tojson: json.dumps(x, ensure_ascii, indent, separators,
 /// sort_keys); ensure_ascii false by default, as transformers has it.

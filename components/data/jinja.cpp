@@ -50,8 +50,7 @@ Result<JinjaTemplate::Rendered> JinjaTemplate::render(const nlohmann::ordered_js
   }
   try {
     jinja::Value vars = jinja::from_json(variables);
-    auto out = jinja::render(program_->body, vars.dict_ptr(), clock);
-    return Rendered{std::move(out.text), std::move(out.generation)};
+    return jinja::render(program_->body, vars.dict_ptr(), clock);
   } catch (const jinja::Failure& f) {
     return failure(program_->name, f, false);
   } catch (const std::exception& e) {  // std::bad_alloc, a std::stoll range error: ours to see

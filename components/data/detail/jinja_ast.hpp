@@ -5,6 +5,7 @@
 // lstrip_blocks, and no trailing newline kept); jinja_eval.cpp runs it.
 
 #include "components/data/detail/jinja_value.hpp"
+#include "components/data/jinja.hpp"
 
 #include <memory>
 #include <string>
@@ -88,10 +89,7 @@ struct Clock;
 
 /// What a render wrote: the text, and the byte ranges {% generation %}
 /// blocks wrote into it (transformers' assistant masks).
-struct Output {
-  std::string text;
-  std::vector<std::pair<size_t, size_t>> generation;
-};
+using Output = JinjaTemplate::Rendered;
 
 /// Runs a parsed template with `variables` (jinja_eval.cpp); throws Failure.
 Output render(const Body& body, const DictPtr& variables, const Clock& clock);

@@ -207,7 +207,7 @@ std::string format_fields(const std::string& fmt, Args& args) {
   fail("access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe");
 }
 
-Value string_method(const std::string& self, const std::string& name, const Value& obj) {
+Value string_method(const std::string& self, const std::string& name) {
   static const std::map<std::string, std::function<Value(const std::string&, Args&)>> methods = {
       {"strip", [](const std::string& s, Args& a) { return Value{strip(s, argument(a, 0, "chars"), true, true)}; }},
       {"lstrip", [](const std::string& s, Args& a) { return Value{strip(s, argument(a, 0, "chars"), true, false)}; }},
@@ -325,7 +325,6 @@ Value string_method(const std::string& self, const std::string& name, const Valu
   if (it == methods.end()) return Undefined{"'str object' has no attribute '" + name + "'"};
   auto fn = it->second;
   return bound("str." + name, [self, fn](Args& a) { return fn(self, a); });
-  (void)obj;
 }
 
 Value list_method(const Value& obj, const std::string& name) {
@@ -460,7 +459,7 @@ Value get_attr(const Value& obj, const std::string& name) {
     if (const Value* v = d.find(name)) return *v;
     return Undefined{"'" + object_repr(obj) + "' has no attribute '" + name + "'"};
   }
-  if (obj.string()) return string_method(obj.str(), name, obj);
+  if (obj.string()) return string_method(obj.str(), name);
   if (obj.list()) return list_method(obj, name);
   return Undefined{"'" + object_repr(obj) + "' has no attribute '" + name + "'"};
 }

@@ -101,7 +101,8 @@ Result<void> RolloutPipeline::admit() {
     auto arrived = std::make_shared<clock::time_point>();
     Chunk c{.begin = p->admitted,
             .end = p->admitted + n,
-            .answer = sampler_.sample(requests, p->batch.params)
+            .answer = (options_.sample ? options_.sample(p->step, p->batch, requests)
+                                       : sampler_.sample(requests, p->batch.params))
                           .then([arrived](const Result<std::vector<SampledSequence>>& r) {
                             *arrived = clock::now();
                             return r;

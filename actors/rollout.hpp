@@ -79,6 +79,13 @@ struct RolloutOptions {
   /// How weights travel, and the policy for requests in flight: finish_old
   /// or continue_new (abort is refused).
   SyncOptions sync{};
+  /// What samples the prompts `requests` of batch `step` (default: the
+  /// sampler group's sample with batch.params). Multi-turn rollouts run
+  /// their episodes here (agents.hpp): the answer is num_samples sequences
+  /// per request, in order, each with the request's index.
+  std::function<Future<std::vector<SampledSequence>>(int64_t step, const RolloutBatch& batch,
+                                                     const std::vector<SampleRequest>& requests)>
+      sample{};
 };
 
 /// A whole batch of samples.

@@ -84,6 +84,9 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
   for (size_t i = 0; i < o.advantages.size(); ++i)
     if (!std::isfinite(o.advantages[i]))
       return make_error(errc::invalid_argument, "advantage " + std::to_string(i) + " is not finite");
+  if (!o.learned.empty() && o.learned.size() != seqs.size())
+    return make_error(errc::invalid_argument, std::to_string(o.learned.size()) + " learned masks for " +
+                                                  std::to_string(seqs.size()) + " sequences; give one per sequence");
   // Position t predicts token t + 1 (TrainBatch's convention): the
   // completion's tokens are the targets of positions P-1 .. L-2.
   std::vector<components::EncodedRow> rows(seqs.size());
@@ -101,6 +104,9 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
       return make_error(errc::invalid_argument, what + " has " + std::to_string(s.logprobs.chosen.size()) +
                                                     " log-probabilities for " + std::to_string(s.tokens.size()) +
                                                     " tokens");
+    if (!o.learned.empty() && o.learned[i].size() != s.tokens.size())
+      return make_error(errc::invalid_argument, what + " has a learned mask of " + std::to_string(o.learned[i].size()) +
+                                                    " for " + std::to_string(s.tokens.size()) + " tokens");
     const size_t p = prompt.size(), c = s.tokens.size(), len = p + c;
     auto& row = rows[i];
     row.input_ids.reserve(len);
@@ -109,7 +115,7 @@ Result<Batch> training_batch(const std::vector<std::vector<int64_t>>& prompts, c
     row.loss_mask.assign(len, 0.f);
     old_logps[i].assign(len, 0.f);
     for (size_t j = 0; j < c; ++j) {
-      row.loss_mask[p - 1 + j] = 1.f;
+      row.loss_mask[p - 1 + j] = o.learned.empty() ? 1.f : o.learned[i][j];
       old_logps[i][p - 1 + j] = s.logprobs.chosen[j];
     }
   }

@@ -169,6 +169,12 @@ struct TrainingBatchOptions {
   /// trainer then uses the sampler's experts there. A sequence without
   /// routes is an error.
   bool routing_replay = false;
+  /// Multi-turn rollouts (agents.hpp): per sequence, per completion token, 1
+  /// where the model sampled it and 0 where the environment's observation
+  /// put it (kept in the context, left out of the loss). Empty: every
+  /// completion token is learned; else one vector per sequence, as long as
+  /// its tokens.
+  std::vector<std::vector<float>> learned{};
 };
 
 /// The right-padded [B, T] (or, with options.pack, packed) training batch of `seqs` that the model's

@@ -37,6 +37,11 @@ public:
     heal();
     return sample_with_failover(requests, with_call_seed(params), adapter);
   }
+  Future<std::vector<SampledSequence>> sample_on(uint64_t key, const std::vector<SampleRequest>& requests,
+                                                 const SamplingParams& params, const std::string& adapter) override {
+    heal();
+    return sample_with_failover(requests, with_call_seed(params), adapter, nullptr, key);
+  }
   Result<std::vector<SampledSequence>> sample_streaming(const std::vector<SampleRequest>& requests,
                                                         const SamplingParams& params, const std::string& adapter,
                                                         std::function<void(const SampleChunk&)> on_chunk) override {
@@ -194,7 +199,8 @@ private:
   /// stream hands each sequence's tokens on once.
   Future<std::vector<SampledSequence>> sample_with_failover(const std::vector<SampleRequest>& requests,
                                                             const SamplingParams& params, const std::string& adapter,
-                                                            std::shared_ptr<detail::ChunkStream> stream = nullptr);
+                                                            std::shared_ptr<detail::ChunkStream> stream = nullptr,
+                                                            std::optional<uint64_t> key = std::nullopt);
 
   Runtime& rt_;
   mutable std::mutex mx_;  ///< guards g_ and the supervision state below
@@ -426,7 +432,7 @@ void ActorSamplerBackend::send_part(const std::shared_ptr<Call>& call, size_t pa
 
 Future<std::vector<SampledSequence>> ActorSamplerBackend::sample_with_failover(
     const std::vector<SampleRequest>& requests, const SamplingParams& params, const std::string& adapter,
-    std::shared_ptr<detail::ChunkStream> stream) {
+    std::shared_ptr<detail::ChunkStream> stream, std::optional<uint64_t> key) {
   auto call = std::make_shared<Call>();
   call->stream = std::move(stream);
   call->group = group();
@@ -440,6 +446,8 @@ Future<std::vector<SampledSequence>> ActorSamplerBackend::sample_with_failover(
   call->params = params;
   call->adapter = adapter;
   call->failed.assign(static_cast<size_t>(g.size()), 0);
+  // With a key, one part on the key's rank (failing over as any part does).
+  if (key) live = {live[static_cast<size_t>(*key % live.size())]};
   const int parts = static_cast<int>(live.size());
   for (int k = 0; k < parts; ++k) {
     auto p = glint::detail::part_of(requests, k, parts);

@@ -39,6 +39,16 @@ public:
   virtual const GroupInfo& info() const = 0;
   virtual Future<std::vector<SampledSequence>> sample(const std::vector<SampleRequest>& requests,
                                                       const SamplingParams& params, const std::string& adapter) = 0;
+  /// As sample, every request on one rank chosen by `key` (the same key,
+  /// the same rank while the group's serving ranks stay): a conversation
+  /// whose turns are sampled one call at a time finds its earlier turns in
+  /// that rank's prefix cache. Where the backend does not choose ranks (a
+  /// remote server), the key is a hint it may drop: this is sample.
+  virtual Future<std::vector<SampledSequence>> sample_on(uint64_t key, const std::vector<SampleRequest>& requests,
+                                                         const SamplingParams& params, const std::string& adapter) {
+    (void)key;
+    return sample(requests, params, adapter);
+  }
   virtual Result<std::vector<SampledSequence>> sample_streaming(const std::vector<SampleRequest>& requests,
                                                                 const SamplingParams& params,
                                                                 const std::string& adapter,
@@ -91,6 +101,13 @@ public:
   Future<std::vector<SampledSequence>> sample(const std::vector<SampleRequest>& requests,
                                               const SamplingParams& params) const {
     return backend_->sample(requests, params, adapter_);
+  }
+  /// The requests sampled on one rank, chosen by `key` (SamplerBackend::sample_on):
+  /// multi-turn rollouts key each conversation's turns the same, so that
+  /// they reuse its prefix cache.
+  Future<std::vector<SampledSequence>> sample_on(uint64_t key, const std::vector<SampleRequest>& requests,
+                                                 const SamplingParams& params) const {
+    return backend_->sample_on(key, requests, params, adapter_);
   }
   /// As sample, calling `on_chunk` with each sequence's new tokens after
   /// every engine step (one call at a time, in each sequence's order).

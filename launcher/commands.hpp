@@ -52,6 +52,7 @@ struct InitModelArgs {
   /// `vocab` tokens on; written as tokenizer.json + tokenizer_config.json,
   /// and the model's vocabulary and eos follow it. Empty: no tokenizer.
   std::string tokenizer_from{};
+  std::string chat_template = "chatml";  ///< chatml, or tools (ChatML with hermes tool calls)
 };
 /// Writes a random model directory (config.json + model.safetensors, and a
 /// trained tokenizer when asked).
@@ -64,6 +65,7 @@ struct InitDataArgs {
   int64_t max_operand = 20;
   int64_t max_terms = 2;
   uint64_t seed = 0;
+  double tool_share = 0.5;  ///< calculator: the rows whose answer calls the tool
 };
 /// Writes a generated dataset as JSONL (GSM8K format for arithmetic).
 int init_data(const InitDataArgs& args);

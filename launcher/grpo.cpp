@@ -17,10 +17,12 @@
 // validation prompts).
 #include "launcher/recipe_common.hpp"
 
+#include "actors/agents.hpp"
 #include "actors/checkpoint_engine.hpp"
 #include "actors/dataloader_group.hpp"
 #include "actors/rollout.hpp"
 #include "actors/sampler_group.hpp"
+#include "components/rl/environment.hpp"
 #include "components/rl/metrics.hpp"
 #include "components/rl/reward_command.hpp"
 #include "components/rl/rewards.hpp"
@@ -33,6 +35,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 namespace glint::launcher {
@@ -100,6 +103,39 @@ std::vector<int64_t> completion_lengths(const std::vector<actors::SampledSequenc
   for (const auto& s : seqs) out.push_back(static_cast<int64_t>(s.tokens.size()));
   return out;
 }
+
+/// With --env: each episode's reward, as "env" and "total".
+std::map<std::string, std::vector<double>> episode_scores(const std::vector<actors::Trajectory>& runs) {
+  std::vector<double> r;
+  for (const auto& t : runs) r.push_back(t.reward);
+  return {{"env", r}, {"total", r}};
+}
+
+std::vector<int64_t> learned_lengths(const std::vector<actors::Trajectory>& runs) {
+  std::vector<int64_t> out;
+  for (const auto& t : runs) out.push_back(static_cast<int64_t>(std::count(t.learned.begin(), t.learned.end(), 1.f)));
+  return out;
+}
+
+/// Appends the first episode of each prompt's group to `path`
+/// (episodes.jsonl): what the agent did, as the conversation and its end.
+void log_episodes(const std::string& path, int64_t step, const std::vector<actors::Trajectory>& runs) {
+  std::ofstream out{path, std::ios::app};
+  for (const auto& t : runs) {
+    if (t.sample != 0) continue;
+    nlohmann::ordered_json j{{"step", step}, {"prompt", t.index}, {"reward", t.reward}, {"end", t.end}};
+    if (!t.error.empty()) j["error"] = t.error;
+    j["messages"] = t.messages;
+    out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+  }
+}
+
+/// Asynchronous episodes: what the rollout pipeline's sample hook ran, by
+/// step, until the step trains.
+struct EpisodeTable {
+  std::mutex mx;
+  std::map<int64_t, std::vector<actors::Trajectory>> runs;
+};
 
 /// The first refused request of a sample call, as an error.
 Result<void> check_sampled(const std::vector<actors::SampledSequence>& seqs) {
@@ -199,6 +235,21 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
   c->add_option("--sampler-cache-mib", a.sampler_cache_mib, "KV cache per sampler rank, MiB")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  c->add_option("--env", a.env,
+                "Multi-turn episodes in an environment: builtin:calculator (arithmetic rows, a calculator tool), or a "
+                "shell command speaking JSON lines (reset with the row, step with each assistant turn and its tool "
+                "calls; docs/rl.md, Agents). Its reward replaces --reward; --max-tokens is per turn");
+  c->add_option("--max-turns", a.max_turns, "With --env: assistant turns per episode")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  c->add_option("--max-trajectory-tokens", a.max_trajectory_tokens,
+                "With --env: tokens per episode, prompt, turns and observations together (0: --max-prompt-length + "
+                "--max-turns x --max-tokens)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  c->add_option("--env-timeout", a.env_timeout, "With --env: seconds the environment may take per answer")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1e6));
   recipe::add_optim_flags(c, a);
   recipe::add_run_flags(c, a);
   recipe::add_model_restart_flag(c, a);
@@ -206,6 +257,7 @@ CLI::App* add_grpo(CLI::App& app, GrpoArgs& a) {
       "Examples:\n"
       "  glint grpo --model models/qwen --dataset gsm8k.jsonl --output runs/math\n"
       "  glint grpo --model models/qwen --dataset prompts.jsonl --reward-command 'python3 score.py'\n"
+      "  glint grpo --model models/qwen --dataset arithmetic.jsonl --env builtin:calculator --max-turns 3\n"
       "  glint grpo --config run.toml            (the same flags as a TOML file; docs/recipes.md)\n"
       "  glint run --nproc 2 -- glint grpo --model models/qwen --dataset gsm8k.jsonl --dp 2 --sampler-dp 2");
   return c;
@@ -221,7 +273,7 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
   if (!files) return refuse(context_of(files.error()));  // nothing is written yet
   const auto& model_dir = files->dir;
   const auto& mcfg = files->config;
-  if (a.max_prompt_length + a.max_tokens > mcfg.max_position_embeddings)
+  if (a.env.empty() && a.max_prompt_length + a.max_tokens > mcfg.max_position_embeddings)
     return refuse("--max-prompt-length " + std::to_string(a.max_prompt_length) + " + --max-tokens " +
                   std::to_string(a.max_tokens) + " is beyond the model's max_position_embeddings " +
                   std::to_string(mcfg.max_position_embeddings) + " (config.json)");
@@ -249,9 +301,41 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
     return refuse("--prompts-per-step x --num-generations is " + std::to_string(a.prompts_per_step * a.num_generations) +
                   " completions, fewer than the data-parallel ranks (--dp x --mesh's fsdp) " +
                   std::to_string(a.data_ranks()) + ": every data-parallel rank needs one");
+  // Multi-turn episodes.
+  const bool agentic = !a.env.empty();
+  const int64_t trajectory_tokens =
+      a.max_trajectory_tokens > 0 ? a.max_trajectory_tokens : a.max_prompt_length + a.max_turns * a.max_tokens;
+  components::rl::EnvironmentOptions env_options{
+      .timeout = std::chrono::milliseconds{static_cast<int64_t>(std::ceil(a.env_timeout * 1000))}};
+  if (!agentic) {
+    // Values other than the defaults: config.toml records every flag, so a replay gives them all.
+    const GrpoArgs defaults;
+    for (auto [flag, differs] : {std::pair{"--max-turns", a.max_turns != defaults.max_turns},
+                                 std::pair{"--max-trajectory-tokens", a.max_trajectory_tokens != defaults.max_trajectory_tokens},
+                                 std::pair{"--env-timeout", a.env_timeout != defaults.env_timeout}})
+      if (differs) return refuse(std::string{flag} + " applies to multi-turn episodes: give --env too");
+  } else {
+    if (!a.reward.empty() || !a.reward_command.empty())
+      return refuse("--env scores each episode with the environment's reward; leave out --reward and --reward-command");
+    if (!a.stop.empty())
+      return refuse("--stop does not apply with --env: a turn ends at the chat template's end-of-turn token, and its "
+                    "tokens are kept as sampled");
+    if (a.routing_replay) return refuse("--routing-replay is not built for multi-turn episodes yet; leave it out");
+    if (trajectory_tokens > mcfg.max_position_embeddings)
+      return refuse("an episode's " + std::to_string(trajectory_tokens) +
+                    " tokens (--max-trajectory-tokens, or --max-prompt-length + --max-turns x --max-tokens) are beyond "
+                    "the model's max_position_embeddings " + std::to_string(mcfg.max_position_embeddings) +
+                    " (config.json)");
+    if (trajectory_tokens <= a.max_prompt_length)
+      return refuse("--max-trajectory-tokens " + std::to_string(trajectory_tokens) +
+                    " leaves no room after a prompt of --max-prompt-length " + std::to_string(a.max_prompt_length));
+    if (auto env = components::rl::make_environment(a.env, env_options); !env)
+      return refuse("--env " + a.env + ": " + context_of(env.error()));
+  }
   // The rewards.
   Rewards rewards;
   rewards.names = a.reward;
+  if (agentic) rewards.names = {"env"};
   if (rewards.names.empty() && a.reward_command.empty()) rewards.names = {"accuracy", "format"};
   for (size_t i = 0; i < rewards.names.size(); ++i)
     if (std::count(rewards.names.begin(), rewards.names.end(), rewards.names[i]) > 1)
@@ -305,7 +389,7 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
   // A step holds every completion in the driver and the training batch
   // (ids, masks, log-probabilities, advantages: about 48 bytes a token).
   const double step_tokens = static_cast<double>(a.prompts_per_step * a.num_generations) *
-                             static_cast<double>(a.max_tokens + a.max_prompt_length);
+                             static_cast<double>(agentic ? trajectory_tokens : a.max_tokens + a.max_prompt_length);
   if (auto ok = check_memory(48 * step_tokens, "a step of " + std::to_string(a.prompts_per_step) + " prompts x " +
                                                    std::to_string(a.num_generations) + " completions");
       !ok)
@@ -384,7 +468,7 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
       auto sampler_base = actors::open_sampler_group(
           rt, placement::DeviceGroup::of("sampler", a.sampler_dp), *mesh,
           {.model_dir = model_dir, .sampling_seed = a.seed, .cache_bytes = a.sampler_cache_mib << 20,
-           .max_model_len = a.max_prompt_length + a.max_tokens},
+           .max_model_len = agentic ? trajectory_tokens : a.max_prompt_length + a.max_tokens},
           RestartPolicy{.max_restarts = a.sampler_max_restarts});
       if (!sampler_base) return fail("opening the sampler group", sampler_base.error());
       auto sampler = *sampler_base;
@@ -434,6 +518,13 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
         std::printf(" %s", rewards.names[k].c_str());
         if (rewards.weights[k] != 1.0) std::printf(" x %g", rewards.weights[k]);
       }
+      if (agentic)
+        std::printf(" (episodes in %s: at most %lld turns of %lld tokens, %lld tokens each; tool calls read as %s)",
+                    a.env.c_str(), static_cast<long long>(a.max_turns), static_cast<long long>(a.max_tokens),
+                    static_cast<long long>(trajectory_tokens),
+                    std::string(components::to_string(components::tool_call_format_of(
+                                    files->tokenizer->config().chat_template.value_or(""))))
+                        .c_str());
       std::printf("\n");
 
       auto position = recipe::resume_run(*checkpoints, resumes, model, &train, kName, "best_eval_reward");
@@ -444,6 +535,12 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
       RunReport report{out, "grpo", resumes && start > 0 ? static_cast<int>(start) : -1};
       const int64_t pad = recipe::pad_id(*files->tokenizer);
       actors::CheckpointEngine engine{model, sampler};
+      // --env: episodes in the environment, sampled by the sampler (with its adapter).
+      std::optional<actors::AgentRunner> agents;
+      if (agentic)
+        agents.emplace(sampler, std::make_shared<const components::Template>(*chat),
+                       [&a, env_options] { return components::rl::make_environment(a.env, env_options); },
+                       actors::AgentOptions{.max_turns = a.max_turns, .max_tokens = trajectory_tokens});
       int64_t synced_after = -1;  // the step whose weights the sampler holds
       auto sync = [&](int64_t after) -> Result<double> {
         if (synced_after == after) return 0.0;
@@ -464,6 +561,14 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
           auto greedy = sampling;
           greedy.num_samples = 1;
           greedy.temperature = 0;
+          if (agents) {
+            auto runs = agents->run(b->rows, greedy).take();
+            if (!runs) return runs.error();
+            for (const auto& [k, v] : episode_scores(*runs))
+              for (double x : v) sums[k] += x;
+            n += static_cast<double>(runs->size());
+            continue;
+          }
           // A short last batch gets copies of its first prompt (their answers
           // dropped), so every sampler rank has one.
           auto prompts = prompt_ids(b->rows);
@@ -503,6 +608,31 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
       };
       // --max-staleness: later steps' batches sample while this one trains.
       std::optional<actors::RolloutPipeline> rollouts;
+      auto episodes = std::make_shared<EpisodeTable>();
+      // With --env the pipeline runs each batch's episodes, and keeps them here for its step.
+      auto run_episodes = [&agents, episodes, g = a.num_generations](int64_t step, const actors::RolloutBatch& b,
+                                                                       const std::vector<actors::SampleRequest>& reqs) {
+        std::vector<actors::DataRow> rows;
+        for (const auto& q : reqs) rows.push_back(b.rows[static_cast<size_t>(q.index)]);
+        const int64_t offset = reqs.empty() ? 0 : reqs.front().index;
+        const size_t n = b.rows.size() * static_cast<size_t>(g);
+        return agents->run(rows, b.params)
+            .then([episodes, step, offset, n, g](const Result<std::vector<actors::Trajectory>>& r)
+                      -> Result<std::vector<actors::SampledSequence>> {
+              if (!r) return r.error();
+              std::vector<actors::SampledSequence> seqs;
+              std::lock_guard<std::mutex> guard{episodes->mx};
+              auto& slot = episodes->runs[step];
+              slot.resize(n);
+              for (auto t : *r) {
+                t.index += offset;
+                t.sequence.index = t.index;
+                seqs.push_back(t.sequence);
+                slot[static_cast<size_t>(t.index * g + t.sample)] = std::move(t);
+              }
+              return seqs;
+            });
+      };
       if (a.max_staleness > 0)
         rollouts.emplace(
             engine, sampler,
@@ -513,13 +643,16 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
               return actors::RolloutBatch{.prompts = std::move(prompts), .params = params_of(step),
                                           .rows = std::move(b->rows), .loader_state = b->state};
             },
-            actors::RolloutOptions{.max_staleness = a.max_staleness, .first_batch = start + 1, .last_batch = steps});
+            actors::RolloutOptions{.max_staleness = a.max_staleness, .first_batch = start + 1, .last_batch = steps,
+                                   .sample = agents ? decltype(actors::RolloutOptions::sample){run_episodes}
+                                                    : decltype(actors::RolloutOptions::sample){}});
       for (int64_t step = start + 1; step <= steps; ++step) {
         metrics.reset();
         double sync_seconds = 0;
         // The step's prompts and completions.
         actors::RolloutBatch batch;
         std::vector<actors::SampledSequence> sampled;
+        std::vector<actors::Trajectory> runs;  // --env
         std::optional<actors::Rollout> rollout;
         if (rollouts) {
           auto r = rollouts->next();
@@ -527,6 +660,11 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
           sampled = std::move(r->sequences);
           batch = std::move(r->batch);
           rollout = std::move(*r);
+          if (agents) {
+            std::lock_guard<std::mutex> guard{episodes->mx};
+            runs = std::move(episodes->runs[step]);
+            episodes->runs.erase(step);
+          }
         } else {
           auto b = train.next_batch().take();
           if (!b) return fail("reading prompts", b.error());
@@ -538,22 +676,46 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
             sync_seconds = *s;
           }
           batch = {.prompts = prompt_ids(b->rows), .params = params_of(step), .rows = std::move(b->rows)};
-          auto seqs = sampler.sample(batch.prompts, batch.params).take();
-          if (!seqs) return fail("sampling at step " + std::to_string(step), seqs.error());
-          sampled = std::move(*seqs);
+          if (agents) {
+            auto r = agents->run(batch.rows, batch.params).take();
+            if (!r) return fail("the episodes of step " + std::to_string(step), r.error());
+            runs = std::move(*r);
+          } else {
+            auto seqs = sampler.sample(batch.prompts, batch.params).take();
+            if (!seqs) return fail("sampling at step " + std::to_string(step), seqs.error());
+            sampled = std::move(*seqs);
+          }
         }
         const auto& prompts = batch.prompts;
-        if (auto ok = check_sampled(sampled); !ok) return fail("sampling at step " + std::to_string(step), ok.error());
-        auto scores = rewards.score(batch.rows, a.num_generations, sampled);
+        Result<std::map<std::string, std::vector<double>>> scores = std::map<std::string, std::vector<double>>{};
+        if (agents) {
+          scores = episode_scores(runs);
+        } else {
+          if (auto ok = check_sampled(sampled); !ok) return fail("sampling at step " + std::to_string(step), ok.error());
+          scores = rewards.score(batch.rows, a.num_generations, sampled);
+        }
         if (!scores) return fail("scoring at step " + std::to_string(step), scores.error());
-        if (auto ok = metrics.accumulate(completion_lengths(sampled), *scores); !ok)
+        if (auto ok = metrics.accumulate(agents ? learned_lengths(runs) : completion_lengths(sampled), *scores); !ok)
           return fail("the reward metrics", ok.error());
         auto adv = components::rl::advantages(scores->at("total"), {.group_size = a.num_generations, .scale = *scale});
         if (!adv) return fail("the advantages", adv.error());
-        auto inputs = actors::training_batch(
-            prompts, sampled,
-            {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size(),
-             .routing_replay = a.routing_replay});
+        Result<Batch> inputs = Batch{};
+        if (agents) {
+          // Episodes that failed before the model's first token have none to learn from.
+          auto episodes_batch = actors::agent_batch(runs, *adv);
+          if (episodes_batch.sequences.empty())
+            return fail("step " + std::to_string(step), make_error(errc::invalid_argument,
+                                                                 "no episode of the step got as far as a sampled token: " +
+                                                                     (runs.empty() ? std::string{"none ran"} : runs.front().error)));
+          inputs = actors::training_batch(episodes_batch.prompts, episodes_batch.sequences,
+                                          {.pad_id = pad, .advantages = episodes_batch.advantages, .pack = a.packing,
+                                           .min_rows = model.info().dp_size(), .learned = episodes_batch.learned});
+        } else {
+          inputs = actors::training_batch(
+              prompts, sampled,
+              {.pad_id = pad, .advantages = *adv, .pack = a.packing, .min_rows = model.info().dp_size(),
+               .routing_replay = a.routing_replay});
+        }
         if (!inputs) return fail("making the training batch", inputs.error());
         auto m = model.forward_backward(*inputs).take();
         if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
@@ -572,6 +734,10 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
         for (const char* k : {"grad_norm", "lr"})
           if (s->count(k)) row[k] = s->at(k);
         row["weight_sync_seconds"] = sync_seconds;
+        if (agents) {
+          for (const auto& [k, v] : actors::agent_metrics(runs)) row[k] = v;
+          log_episodes(out + "/episodes.jsonl", step, runs);
+        }
         if (rollout) {
           row["staleness/max"] = static_cast<double>(rollout->staleness_max);
           row["staleness/mean"] = rollout->staleness_mean;
@@ -621,6 +787,8 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
       if (has_val) charts.push_back({"grpo", "eval_reward"});
       for (const auto& n : rewards.names)
         if (rewards.names.size() > 1) charts.push_back({"grpo", "reward/" + n + "/mean"});
+      if (agents)
+        for (const char* k : {"turns/mean", "tool_calls/mean", "end/done"}) charts.push_back({"grpo", k});
       for (const char* k : {"loss", "completion_length/mean", "grad_norm"}) charts.push_back({"grpo", k});
       auto html = report.write_html("glint grpo: " + fs::path{model_dir}.filename().string(), charts);
       std::printf("metrics: %s/metrics.jsonl\nreport:  %s\n", out.c_str(), html.c_str());

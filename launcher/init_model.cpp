@@ -5,6 +5,7 @@
 #include "components/data/synthetic.hpp"
 #include "components/data/tokenizer.hpp"
 #include "components/model/model.hpp"
+#include "components/rl/environment.hpp"
 #include "launcher/commands.hpp"
 #include "runtime/memory.hpp"
 #include "runtime/progress.hpp"
@@ -54,6 +55,10 @@ int init_model(const InitModelArgs& a) {
       cfg.token_mixers.push_back((l + 1) % interval == 0 ? components::TokenMixer::attention
                                                          : components::TokenMixer::gated_deltanet);
   }
+  if (a.tokenizer_from.empty() && a.chat_template != "chatml") {
+    std::fprintf(stderr, "glint init-model: --chat-template comes with the tokenizer: give --tokenizer-from too\n");
+    return 2;
+  }
   cfg.tie_word_embeddings = a.tie;
   cfg.max_position_embeddings = a.max_positions;
   auto dtype = parse_dtype(a.dtype);
@@ -100,7 +105,7 @@ int init_model(const InitModelArgs& a) {
     return 1;
   }
   if (!tokenizer_json.empty())
-    if (auto ok = components::save_chatml_tokenizer(a.out, tokenizer_json); !ok) {
+    if (auto ok = components::save_chatml_tokenizer(a.out, tokenizer_json, a.chat_template == "tools"); !ok) {
       std::fprintf(stderr, "glint init-model: %s\n", describe(ok.error()).c_str());
       return 1;
     }
@@ -112,8 +117,13 @@ int init_model(const InitModelArgs& a) {
 }
 
 int init_data(const InitDataArgs& a) {
-  if (a.kind != "arithmetic") {
-    std::fprintf(stderr, "glint init-data: unknown kind '%s'; the generated datasets are: arithmetic\n", a.kind.c_str());
+  if (a.kind != "arithmetic" && a.kind != "calculator") {
+    std::fprintf(stderr, "glint init-data: unknown kind '%s'; the generated datasets are: arithmetic, calculator\n",
+                 a.kind.c_str());
+    return 2;
+  }
+  if (a.kind != "calculator" && a.tool_share != 0.5) {
+    std::fprintf(stderr, "glint init-data: --tool-share applies to calculator rows, not %s\n", a.kind.c_str());
     return 2;
   }
   // The rows are made in memory, then written: estimate both from a sample
@@ -142,12 +152,22 @@ int init_data(const InitDataArgs& a) {
     return 2;
   }
   auto rows = components::arithmetic_rows(a.rows, opts);
+  if (a.kind == "calculator") {
+    line *= 4;  // the episode's messages and tools beside the question
+    rows = components::rl::calculator_rows(rows, a.tool_share, a.seed);
+  }
   if (auto ok = components::save_jsonl(rows, a.out); !ok) {
     std::fprintf(stderr, "glint init-data: %s\n", describe(ok.error()).c_str());
     return 1;
   }
-  std::printf("wrote %s: %lld arithmetic rows (GSM8K format: question, answer ending in '#### n'), seed %llu\n",
-              a.out.c_str(), static_cast<long long>(a.rows), static_cast<unsigned long long>(a.seed));
+  if (a.kind == "calculator")
+    std::printf("wrote %s: %lld calculator episodes (question and answer, and messages with a calculator tool call in "
+                "%.0f%% of them), seed %llu\n",
+                a.out.c_str(), static_cast<long long>(rows.size()), 100 * a.tool_share,
+                static_cast<unsigned long long>(a.seed));
+  else
+    std::printf("wrote %s: %lld arithmetic rows (GSM8K format: question, answer ending in '#### n'), seed %llu\n",
+                a.out.c_str(), static_cast<long long>(a.rows), static_cast<unsigned long long>(a.seed));
   return 0;
 }
 

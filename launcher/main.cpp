@@ -143,6 +143,11 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--tokenizer-from", im.tokenizer_from,
                        "Train a ChatML byte-level BPE tokenizer of --vocab tokens on this JSONL/JSON dataset and write "
                        "it too (the model's vocab and eos follow it)");
+  init_cmd->add_option("--chat-template", im.chat_template,
+                       "With --tokenizer-from: the chat template written: chatml, or tools (ChatML that lists tools "
+                       "and writes tool calls as <tool_call> JSON, for glint grpo --env)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"chatml", "tools"}));
   init_cmd->footer("Examples:\n  glint init-model models/tiny --arch qwen3 --hidden 256 --layers 4 --vocab 2048\n"
                    "  glint init-model models/tiny-moe --arch qwen3_moe --experts 8 --experts-per-tok 2 --norm-topk\n"
                    "  glint init-model models/tiny-35 --arch qwen3_5 --hidden 128 --layers 4 --heads 4 --kv-heads 2\n"
@@ -151,15 +156,21 @@ int main(int argc, char** argv) {
 
   glint::launcher::InitDataArgs idata;
   auto* data_cmd = app.add_subcommand("init-data", "Write a generated dataset as JSONL (no download needed)");
-  data_cmd->add_option("kind", idata.kind, "What to generate: arithmetic (GSM8K format)")
+  data_cmd->add_option("kind", idata.kind,
+                       "What to generate: arithmetic (GSM8K format), or calculator (arithmetic episodes with a "
+                       "calculator tool: SFT rows for --env builtin:calculator)")
       ->required()
-      ->check(CLI::IsMember({"arithmetic"}));
+      ->check(CLI::IsMember({"arithmetic", "calculator"}));
   data_cmd->add_option("out", idata.out, "The .jsonl file to write")->required();
   data_cmd->add_option("--rows", idata.rows, "Rows")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000000}));
   data_cmd->add_option("--max-operand", idata.max_operand, "Largest operand")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1000000000}));
   data_cmd->add_option("--max-terms", idata.max_terms, "Operands per question: 2 or 3")->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{3}));
   data_cmd->add_option("--seed", idata.seed, "Random seed (the same seed writes the same rows)")->capture_default_str();
-  data_cmd->footer("Example: glint init-data arithmetic data/arith.jsonl --rows 5000 --seed 1");
+  data_cmd->add_option("--tool-share", idata.tool_share, "calculator: the share of rows whose answer calls the tool")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  data_cmd->footer("Examples:\n  glint init-data arithmetic data/arith.jsonl --rows 5000 --seed 1\n"
+                   "  glint init-data calculator data/calc.jsonl --rows 2000 --max-operand 99 --tool-share 0.3");
 
   glint::launcher::ExportGgufArgs gguf_args;
   auto* export_cmd = app.add_subcommand("export", "Write a model in another format");

@@ -107,6 +107,11 @@ struct GrpoArgs : RecipeArgs {
   int64_t sampler_cache_mib = 256;
   bool packing = true;                ///< padding-free training batches (--no-packing: padded)
   bool routing_replay = false;        ///< train on the sampler's expert routes (a model with experts)
+  // Multi-turn rollouts in an environment (actors/agents.hpp).
+  std::string env{};                  ///< builtin:calculator or a shell command speaking JSON lines; "": single-turn
+  int64_t max_turns = 4;              ///< assistant turns per episode
+  int64_t max_trajectory_tokens = 0;  ///< prompt, turns and observations; 0: --max-prompt-length + --max-turns x --max-tokens
+  double env_timeout = 30;            ///< seconds the environment may take per answer
 };
 
 struct DpoArgs : RecipeArgs {

@@ -198,7 +198,41 @@ Result<std::string> train_bpe(std::span<const std::string> texts, const BpeTrain
   return j.dump(1);
 }
 
-Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& tokenizer_json) {
+// Written for glint, in the layout of Qwen 2.5's tool calls; compact, so
+// that a tiny model's prompts stay short.
+const char* const kChatmlToolsTemplate = R"TPL({%- if messages[0].role == 'system' or tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- endif %}
+{%- if tools %}
+{{- '\n<tools>\n' }}
+{%- for tool in tools %}{{- tool | tojson }}{{- '\n' }}{%- endfor %}
+{{- '</tools>' }}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- if not loop.first %}{{- raise_exception('A system message must come first.') }}{%- endif %}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\n' }}
+{%- if message.content %}{{- message.content }}{%- endif %}
+{%- for call in message.tool_calls or [] %}
+{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}
+{%- if not loop.first or message.content %}{{- '\n' }}{%- endif %}
+{{- '<tool_call>\n{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}
+{{- '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %})TPL";
+
+Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& tokenizer_json, bool tools) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return make_error(errc::not_found, "cannot create " + dir + ": " + ec.message());
@@ -208,7 +242,7 @@ Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& to
   config["eos_token"] = "<|im_end|>";
   config["pad_token"] = "<|endoftext|>";
   config["model_max_length"] = 32768;
-  config["chat_template"] =
+  config["chat_template"] = tools ? kChatmlToolsTemplate :
       "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
       "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
   for (auto [name, text] : {std::pair<std::string, std::string>{"tokenizer.json", tokenizer_json},

@@ -43,8 +43,14 @@ Result<std::string> train_bpe(std::span<const std::string> texts, const BpeTrain
 
 /// Writes `tokenizer_json` as dir/tokenizer.json and a tokenizer_config.json
 /// naming the ChatML special tokens (eos <|im_end|>, pad <|endoftext|>) and
-/// its Jinja chat template, as a Qwen model directory has them. Error: a
-/// file that cannot be written.
-Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& tokenizer_json);
+/// its Jinja chat template, as a Qwen model directory has them. With
+/// `tools`, the template is glint's ChatML with tools (kChatmlToolsTemplate):
+/// the tools listed in the system turn, assistant tool calls as hermes
+/// <tool_call> JSON, tool results as <tool_response> user turns, as
+/// Qwen 2.5 writes them. Error: a file that cannot be written.
+Result<void> save_chatml_tokenizer(const std::string& dir, const std::string& tokenizer_json, bool tools = false);
+
+/// glint's own compact ChatML template with tool calls (above).
+extern const char* const kChatmlToolsTemplate;
 
 }  // namespace glint::components

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <regex>
 
 extern char** environ;
@@ -342,6 +343,42 @@ Result<StepResult> CalculatorEnvironment::step(const AgentTurn& turn) {
     out.messages.push_back({{"role", "tool"}, {"name", "calculator"}, {"content", content}});
   }
   out.metrics = {{"tool_calls", static_cast<double>(turn.calls.size() + turn.errors.size())}, {"tool_calls_valid", valid}};
+  return out;
+}
+
+std::vector<Row> calculator_rows(const std::vector<Row>& arithmetic, double tool_share, uint64_t seed) {
+  std::vector<Row> out;
+  std::mt19937_64 rng{seed};
+  std::uniform_real_distribution<double> draw{0.0, 1.0};
+  for (const auto& r : arithmetic) {
+    auto q = r.fields.find("question");
+    auto a = r.fields.find("answer");
+    if (q == r.fields.end() || a == r.fields.end()) continue;
+    const std::string& question = q->second;
+    if (question.rfind("What is ", 0) != 0 || question.size() < 10 || question.back() != '?') continue;
+    const std::string expression = question.substr(8, question.size() - 9);
+    auto value = CalculatorEnvironment::evaluate(expression);
+    auto final = gsm8k_final_answer(a->second);
+    if (!value || !final) continue;
+    CalculatorEnvironment env;
+    auto start = env.reset(r.fields);
+    if (!start) continue;
+    Row row;
+    row.origin = r.origin;
+    row.fields = {{"question", question}, {"answer", a->second}};
+    row.tools = start->tools.dump();
+    for (const auto& m : start->messages) row.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    if (draw(rng) < tool_share) {
+      json calls = json::array({{{"type", "function"},
+                                 {"function", {{"name", "calculator"}, {"arguments", {{"expression", expression}}}}}}});
+      row.messages.push_back({"assistant", "", json{{"tool_calls", calls}}.dump()});
+      row.messages.push_back({"tool", number_text(*value), json{{"name", "calculator"}}.dump()});
+      row.messages.push_back({"assistant", "#### " + *final});
+    } else {
+      row.messages.push_back({"assistant", a->second});
+    }
+    out.push_back(std::move(row));
+  }
   return out;
 }
 

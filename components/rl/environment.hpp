@@ -27,6 +27,7 @@
 /// line). The rollout ends that trajectory with the error and a zero reward;
 /// nothing else stops. Not thread-safe: one trajectory drives one.
 
+#include "components/data/dataset.hpp"
 #include "components/data/tool_calls.hpp"
 #include "runtime/error.hpp"
 
@@ -117,5 +118,16 @@ public:
 private:
   std::string answer_;
 };
+
+/// SFT rows for builtin:calculator, from arithmetic rows (question, and an
+/// answer ending "#### n"): each keeps its question and answer (so the same
+/// file serves `glint grpo --env builtin:calculator --layout gsm8k`) and
+/// gets the episode as messages and tools: the environment's first
+/// messages, then, for a share `tool_share` of the rows (drawn with
+/// `seed`), an assistant turn calling the calculator on the question's
+/// expression, the tool's result and the final "#### n"; for the others
+/// the row's worked answer without the tool. Rows whose question is not
+/// "What is <expression>?" are left out.
+std::vector<Row> calculator_rows(const std::vector<Row>& arithmetic, double tool_share, uint64_t seed);
 
 }  // namespace glint::components::rl

@@ -16,12 +16,6 @@ source "$(dirname "$0")/recipe_lib.sh"
 root=$(mktemp -d /tmp/glint-grpo-recipe-XXXXXX)
 trap 'rm -rf "$root"' EXIT
 cd "$root"
-# mean METRICS KEY FROM TO: the mean of KEY over steps FROM..TO.
-mean() {
-  python3 -c "import json,sys
-rows=[json.loads(l) for l in open('$1') if json.loads(l)['step']>=$3 and json.loads(l)['step']<=$4]
-print('%.6f' % (sum(r['$2'] for r in rows)/len(rows)))"
-}
 
 "$glint" init-data arithmetic arith.jsonl --rows 600 --max-operand 9 --seed 1 > /dev/null
 "$glint" init-model model --arch qwen3 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 400 \

@@ -14,3 +14,11 @@ expect_refusal() {
   grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: the error does not say '$pattern'"; }
   [[ ! -e runs/$name ]] || fail "$name: runs/$name was written"
 }
+# mean METRICS KEY FROM TO: the mean of KEY over the steps FROM..TO of a
+# metrics.jsonl (rows without KEY, as evaluation rows, left out).
+mean() {
+  python3 -c "import json,sys
+rows=[json.loads(l) for l in open('$1')]
+rows=[r for r in rows if $3 <= r['step'] <= $4 and '$2' in r]
+print('%.6f' % (sum(r['$2'] for r in rows)/len(rows)))"
+}

@@ -129,6 +129,12 @@ Trajectory AgentRunner::episode(const DataRow& row, int64_t index, int64_t sampl
   auto& seq = t.sequence;
   for (int64_t turn = 0;; ++turn) {
     if (turn >= options_.max_turns) return end("max_turns");
+    if (options_.rerender && turn > 0) {
+      auto text = render(t.messages, true);
+      auto ids = text ? tok.encode(*text) : Result<std::vector<int64_t>>{text.error()};
+      if (!ids) return end("error", "re-rendering the conversation: " + context_of(ids.error()));
+      context = std::move(*ids);
+    }
     auto p = params;
     p.num_samples = 1;
     p.max_tokens = std::min<int64_t>(params.max_tokens, options_.max_tokens - static_cast<int64_t>(context.size()));

@@ -72,6 +72,11 @@ struct AgentOptions {
   int64_t max_turns = 4;      ///< assistant turns per trajectory
   int64_t max_tokens = 2048;  ///< prompt, turns and observations together
   int64_t max_concurrent = 256;  ///< trajectories running at once
+  /// The naive loop, as a baseline (glint bench rl --env): each turn samples
+  /// from the conversation rendered and encoded afresh, the model's earlier
+  /// turns re-tokenised from their text, instead of the tokens so far. The
+  /// trajectory still records the sampled tokens; not for training.
+  bool rerender = false;
 };
 
 /// One episode of one row.

@@ -3,6 +3,7 @@
 #include "bench/parallel_bench.hpp"
 #include "bench/remote_bench.hpp"
 #include "bench/soak_bench.hpp"
+#include "bench/agent_bench.hpp"
 #include "bench/rl_bench.hpp"
 #include "bench/template_bench.hpp"
 #include "bench/sample_bench.hpp"
@@ -423,9 +424,26 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   bench_rl->add_option("--steps", rl_args.steps, "GRPO steps per run")->capture_default_str()->check(CLI::Range(4, 100000));
   bench_rl->add_option("--grpo", rl_args.grpo, "The GRPO example binary (default: examples/grpo of this build)");
+  glint::bench::AgentBenchArgs agent_args;
+  agent_args.env.clear();
+  bench_rl->add_option("--env", agent_args.env,
+                       "Multi-turn instead: episodes of the calculator agent (docs/recipes.md, Agents) in this "
+                       "environment (builtin:calculator), the multi-turn loop against a naive one that re-renders, "
+                       "re-tokenises and re-prefills each turn");
+  bench_rl->add_option("--repeats", agent_args.repeats, "With --env: rounds of both loops (medians are printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  bench_rl->add_option("--prompts", agent_args.prompts, "With --env: prompts per round")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  bench_rl->add_option("--generations", agent_args.generations, "With --env: episodes per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
   bench_rl->footer("Prints async_eta1_speedup, async_eta2_speedup, async_ideal_speedup, async_eta2_of_ideal (goal >= "
                    "0.8), sync_accuracy, async_eta1_accuracy, async_eta2_accuracy and accuracy_seed_std. About 3 "
-                   "minutes per seed on 2 cores.");
+                   "minutes per seed on 2 cores.\n"
+                   "With --env builtin:calculator: multiturn_tokens_per_s, naive_tokens_per_s, multiturn_vs_naive "
+                   "(goal >= 2), prefix_cache_hit_rate and the turns per episode of each loop; about 2 minutes.");
 
   glint::launcher::ServeArgs serve_args;
   auto* serve_cmd = app.add_subcommand(
@@ -528,7 +546,20 @@ int main(int argc, char** argv) {
   if (*bench_parallel) return glint::bench::parallel(parallel_args);
   if (*bench_remote) return glint::bench::remote(remote_args);
   if (*bench_soak) return glint::bench::serve_soak(soak_args);
-  if (*bench_rl) return glint::bench::rl(rl_args);
+  if (*bench_rl) {
+    const bool multiturn = !agent_args.env.empty();
+    for (const char* flag : {"--seeds", "--steps", "--grpo"})
+      if (multiturn && bench_rl->get_option(flag)->count() > 0) {
+        std::fprintf(stderr, "glint bench rl: %s is for the asynchronous benchmark; --env runs the multi-turn one\n", flag);
+        return 2;
+      }
+    for (const char* flag : {"--repeats", "--prompts", "--generations"})
+      if (!multiturn && bench_rl->get_option(flag)->count() > 0) {
+        std::fprintf(stderr, "glint bench rl: %s is for the multi-turn benchmark: give --env builtin:calculator\n", flag);
+        return 2;
+      }
+    return multiturn ? glint::bench::agents(agent_args) : glint::bench::rl(rl_args);
+  }
   if (*bench_template) return glint::bench::templates(template_args);
   if (*bench_train) {
     if (bench_lora) train_args.mode = glint::bench::TrainMode::lora;

@@ -96,6 +96,31 @@ TEST_P(GroupClientsTest, ModelGroupSlicesByDataParallelRankAndKeepsRowOrder) {
   EXPECT_NE(x[0], a[0]) << "the step changed the model";
 }
 
+TEST_P(GroupClientsTest, SampleOnKeepsAKeysRequestsOnOneRank) {
+  // Multi-turn rollouts key each conversation: all its turns on one rank, so
+  // that rank's prefix cache holds its earlier turns; keys spread over ranks.
+  auto s = sampler(2);
+  const components::SamplingParams p{.max_tokens = 2, .temperature = 0, .ignore_eos = true};
+  auto prompts_on = [&](uint64_t key) {
+    EXPECT_TRUE(s.sample_on(key, {SampleRequest{.index = 0, .prompt = {1, 2, 3, 4}}}, p).take());
+    auto stats = s.stats().take();
+    EXPECT_TRUE(stats);
+    std::vector<double> tokens;
+    for (const auto& m : *stats) tokens.push_back(m.at("prompt_tokens"));
+    return tokens;
+  };
+  auto a = prompts_on(0);
+  auto b = prompts_on(2);  // the same rank as key 0
+  auto c = prompts_on(1);  // the other
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_GT(a[0], 0);
+  EXPECT_EQ(a[1], 0);
+  EXPECT_GT(b[0], a[0]);
+  EXPECT_EQ(b[1], 0);
+  EXPECT_GT(c[1], 0);
+  EXPECT_EQ(c[0], b[0]);
+}
+
 TEST_P(GroupClientsTest, ModelGroupMetricsAreTheWholeBatchsWhenTheRanksHalvesDiffer) {
   auto two = model(2);
   auto one = model(1);

@@ -320,6 +320,11 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
     if (!a.stop.empty())
       return refuse("--stop does not apply with --env: a turn ends at the chat template's end-of-turn token, and its "
                     "tokens are kept as sampled");
+    const GrpoArgs defaults;
+    if (!a.reward_weights.empty() || a.reward_timeout != defaults.reward_timeout)
+      return refuse(std::string{!a.reward_weights.empty() ? "--reward-weights" : "--reward-timeout"} +
+                    " does not apply with --env: the episode's reward is the environment's (its timeout is "
+                    "--env-timeout)");
     if (a.routing_replay) return refuse("--routing-replay is not built for multi-turn episodes yet; leave it out");
     if (trajectory_tokens > mcfg.max_position_embeddings)
       return refuse("an episode's " + std::to_string(trajectory_tokens) +
@@ -402,7 +407,7 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
   std::vector<Row> train_rows, val_rows;
   int64_t planned_steps = a.max_steps;
   if (resuming) {
-    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "sampler-dp", "sampler-max-restarts", "sampler-cache-mib"});
+    if (auto changed = recipe::changed_since(out, resolved, {"reward-timeout", "env-timeout", "sampler-dp", "sampler-max-restarts", "sampler-cache-mib"});
         !changed.empty())
       return refuse("--resume: the run in " + out + " was started with other values of " + changed +
                     " (see its config.toml); use them, or start another --output");

@@ -90,10 +90,18 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if "staleness/max" in l]
 assert len(rows) == 4 and all(r["staleness/max"] <= 1 for r in rows) and all(r["turns/mean"] >= 1 for r in rows), rows
 EOF
 
+# 4b. A resume continues an episode run from its checkpoint.
+"$glint" grpo --model runs/sft/last "${common[@]}" --prompts-per-step 4 --max-steps 2 --output runs/resume > r1.log 2>&1 \
+  || { cat r1.log; fail "the run to resume"; }
+"$glint" grpo --model runs/sft/last "${common[@]}" --prompts-per-step 4 --max-steps 3 --resume --output runs/resume \
+  > r2.log 2>&1 || { cat r2.log; fail "the resumed run"; }
+[[ $(grep -c '"turns/mean"' runs/resume/metrics.jsonl) == 3 ]] || fail "the resumed run did not add step 3"
+
 # 5. Bad flags: one line, a non-zero exit, no run directory.
 expect_refusal env-and-reward "leave out --reward" --model runs/sft/last "${common[@]}" --reward accuracy
 expect_refusal turns-without-env "give --env too" --model runs/sft/last --dataset calc.jsonl --layout gsm8k --max-prompt-length 256 \
   --max-tokens 64 --max-turns 2
 expect_refusal unknown-builtin "builtin" --model runs/sft/last "${common[@]/builtin:calculator/builtin:chess}"
 expect_refusal env-and-stop "does not apply with --env" --model runs/sft/last "${common[@]}" --stop "####"
+expect_refusal env-and-weights "does not apply with --env" --model runs/sft/last "${common[@]}" --reward-weights 2
 echo "agent recipe: ok"

@@ -130,6 +130,26 @@ void log_episodes(const std::string& path, int64_t step, const std::vector<actor
   }
 }
 
+/// A run that starts (again) after step `kept` drops the episodes of later
+/// steps, which it will run again: episodes.jsonl goes with metrics.jsonl.
+void keep_episodes(const std::string& path, int64_t kept) {
+  std::ifstream in{path};
+  if (!in) return;
+  std::string line, text;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{0}) <= kept) text += line + "\n";
+  }
+  in.close();
+  const auto tmp = path + ".tmp";
+  {
+    std::ofstream out{tmp, std::ios::trunc};
+    out << text;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+}
+
 /// Asynchronous episodes: what the rollout pipeline's sample hook ran, by
 /// step, until the step trains.
 struct EpisodeTable {
@@ -538,6 +558,7 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
       // No checkpoint yet (start 0): the run starts afresh, so its rows do too
       // (a step-0 evaluation row would otherwise be written twice).
       RunReport report{out, "grpo", resumes && start > 0 ? static_cast<int>(start) : -1};
+      if (agentic) keep_episodes(out + "/episodes.jsonl", resumes ? start : 0);
       const int64_t pad = recipe::pad_id(*files->tokenizer);
       actors::CheckpointEngine engine{model, sampler};
       // --env: episodes in the environment, sampled by the sampler (with its adapter).
@@ -705,14 +726,17 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
         auto adv = components::rl::advantages(scores->at("total"), {.group_size = a.num_generations, .scale = *scale});
         if (!adv) return fail("the advantages", adv.error());
         Result<Batch> inputs = Batch{};
+        // Episodes that failed before the model's first token have none to
+        // learn from; a step where every one did trains nothing, and goes on.
+        bool trains = true;
         if (agents) {
-          // Episodes that failed before the model's first token have none to learn from.
           auto episodes_batch = actors::agent_batch(runs, *adv);
-          if (episodes_batch.sequences.empty())
-            return fail("step " + std::to_string(step), make_error(errc::invalid_argument,
-                                                                 "no episode of the step got as far as a sampled token: " +
-                                                                     (runs.empty() ? std::string{"none ran"} : runs.front().error)));
-          inputs = actors::training_batch(episodes_batch.prompts, episodes_batch.sequences,
+          trains = !episodes_batch.sequences.empty();
+          if (!trains)
+            std::fprintf(stderr, "glint grpo: step %lld trains nothing: no episode got as far as a sampled token (%s)\n",
+                         static_cast<long long>(step), runs.empty() ? "none ran" : runs.front().error.c_str());
+          else
+            inputs = actors::training_batch(episodes_batch.prompts, episodes_batch.sequences,
                                           {.pad_id = pad, .advantages = episodes_batch.advantages, .pack = a.packing,
                                            .min_rows = model.info().dp_size(), .learned = episodes_batch.learned});
         } else {
@@ -722,10 +746,13 @@ int grpo(GrpoArgs& a, CLI::App& cmd) {
                .routing_replay = a.routing_replay});
         }
         if (!inputs) return fail("making the training batch", inputs.error());
-        auto m = model.forward_backward(*inputs).take();
-        if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
-        auto s = model.clip_grad_and_step().take();
-        if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
+        Result<Metrics> m = Metrics{}, s = Metrics{};
+        if (trains) {
+          m = model.forward_backward(*inputs).take();
+          if (!m) return fail("forward_backward at step " + std::to_string(step), m.error());
+          s = model.clip_grad_and_step().take();
+          if (!s) return fail("the optimizer step at " + std::to_string(step), s.error());
+        }
         if (rollouts) {
           auto synced = rollouts->weights_updated();
           if (!synced) return fail("syncing weights after step " + std::to_string(step), synced.error());

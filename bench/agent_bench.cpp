@@ -83,8 +83,10 @@ int agents(const AgentBenchArgs& a) {
   auto rt = initialize(Options{});
   if (!rt) return fail(describe(rt.error()));
   const int64_t max_len = 448;
+  auto mesh = placement::DeviceMesh::from_sizes({.dp = 1});
+  if (!mesh) return fail(describe(mesh.error()));
   auto open = [&](const std::string& name, bool cache) {
-    return actors::open_sampler_group(**rt, placement::DeviceGroup::of(name, 1), *placement::DeviceMesh::from_sizes({.dp = 1}),
+    return actors::open_sampler_group(**rt, placement::DeviceGroup::of(name, 1), *mesh,
                                       {.model_dir = model_dir, .sampling_seed = 7, .cache_bytes = int64_t{64} << 20,
                                        .max_model_len = max_len, .enable_prefix_caching = cache});
   };

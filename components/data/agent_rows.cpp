@@ -67,8 +67,11 @@ Result<std::vector<Message>> agent_messages(const json& list, bool sharegpt) {
       if (!m.contains("content") && !has_calls)
         return make_error(errc::invalid_argument, "a message lacks a string \"role\" or \"content\"");
       if (m.contains("content") && m["content"].is_string()) content = m["content"].get<std::string>();
+      // A null content stays null, first (where message_json writes it back),
+      // so that a row saved and read again has the same fields in the same order.
+      if (m.contains("content") && m["content"].is_null()) extra["content"] = nullptr;
       for (const auto& [k, v] : m.items())
-        if (k != "role" && (k != "content" || v.is_null())) extra[k] = v;  // a null content stays null
+        if (k != "role" && k != "content") extra[k] = v;
     }
     if (role == "tool_call") {
       auto call = call_of(content, i);

@@ -7,6 +7,8 @@
 #include "runtime/file.hpp"
 #include "support/tokenizers.hpp"
 
+#include "support/temp_dir.hpp"
+
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -111,6 +113,21 @@ TEST(AgentRows, ToolRowsTrainTheAssistantsCallsAndAnswerNeverTheToolsResult) {
   auto refused = bare->encode(ds.row(0).messages, false, ds.row(0).tools);
   ASSERT_FALSE(refused);
   EXPECT_NE(describe(refused.error()).find("does not render"), std::string::npos) << describe(refused.error());
+}
+
+TEST(AgentRows, ANullContentBesideOtherFieldsSavesAndReadsBackTheSame) {
+  // Found by fuzz_dataset: the null content moved after the other fields
+  // when saved, so the row read back had its fields in another order.
+  auto ds = parse("null.jsonl", R"({"messages": [{"rt i": "user", "role": "user", "content": null}, {"role": "assistant", "content": "ok"}]})");
+  ASSERT_EQ(ds.size(), 1u) << ds.skipped().summary();
+  auto dir = glint::testing::fresh_dir("agent-rows-null");
+  std::vector<Row> rows{ds.row(0)};
+  ASSERT_TRUE(save_jsonl(rows, dir + "/rows.jsonl"));
+  auto back = Dataset::load({.path = dir + "/rows.jsonl", .log = [](const std::string&) {}});
+  ASSERT_TRUE(back) << describe(back.error());
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ(back->row(0).messages, rows[0].messages);
+  EXPECT_EQ(rows[0].messages[0].extra, R"({"content":null,"rt i":"user"})");
 }
 
 TEST(AgentRows, CsvRowsReadAsMsSwiftReadsThem) {

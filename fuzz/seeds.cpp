@@ -231,6 +231,22 @@ void tool_calls_seeds() {
   for (const auto& [format, text] : seeds) seed("tool_calls", std::string(1, format) + text);
 }
 
+// A kind byte (bit 0: chat) and an OpenAI request body.
+void openai_seeds() {
+  const std::pair<char, const char*> seeds[] = {
+      {1, R"({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "seed": 1})"},
+      {1, R"({"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}]}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "tool_choice": "auto",
+          "logprobs": true, "top_logprobs": 2, "stream": true, "stream_options": {"include_usage": true}, "stop": ["x"]})"},
+      {1, R"({"model": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"n\": 1}"}}]},
+          {"role": "tool", "tool_call_id": "c", "content": "1"}], "temperature": 0})"},
+      {0, R"({"model": "m", "prompt": "the quick", "max_tokens": 3, "logprobs": 2, "stream": true})"},
+      {0, R"({"model": "m", "prompt": [1, 2, 3], "n": 2, "best_of": 2})"},
+  };
+  for (const auto& [kind, body] : seeds) seed("openai", std::string(1, kind) + body);
+}
+
 void lora_config_seeds() {
   LoraConfig c;
   seed("lora_config", c.to_json());
@@ -473,6 +489,7 @@ int main(int argc, char** argv) {
   tokenizer_config_seeds(tmp);
   chat_template_seeds();
   tool_calls_seeds();
+  openai_seeds();
   lora_config_seeds();
   dataset_seeds(tmp);
   job_toml_seeds();

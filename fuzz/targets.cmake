@@ -16,4 +16,5 @@ set(GLINT_FUZZ_TARGETS
   tinker_json       # the Tinker API's JSON bodies, zstd or not (decode_json_body, parse_*_json)
   tinker_proto      # the Tinker API's protobuf forward_backward bodies (parse_forward_backward_proto)
   capnp_request     # the Cap'n Proto requests' parameters as the server reads them (rpc/convert.hpp)
+  openai            # the OpenAI-compatible door's bodies (rpc/tinker/openai.hpp: parse_request, answer)
 )

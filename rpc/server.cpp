@@ -13,6 +13,7 @@
 #include "rpc/tenant_store.hpp"
 #include "rpc/tinker/gateway.hpp"
 #include "components/checkpoint/atomic_dir.hpp"
+#include "components/data/template.hpp"
 #include "components/model/config.hpp"
 #include "runtime/file.hpp"
 #include "runtime/log.hpp"
@@ -1641,6 +1642,17 @@ void Server::Impl::run_io(std::promise<Result<void>>& ready) {
       base.arch = model_type;
       base.vocab_size = vocab_size;
       base.max_context = max_positions;
+      // The OpenAI-compatible /v1 door encodes with the model's tokenizer and
+      // renders chats with its own template.
+      if (auto tok = components::Tokenizer::load(config.model_dir)) {
+        base.tokenizer = std::make_shared<const components::Tokenizer>(std::move(*tok));
+        if (auto chat = components::Template::make(base.tokenizer, {}))
+          base.chat = std::make_shared<const components::Template>(std::move(*chat));
+        else
+          log::info("serve: /v1/chat/completions is off: " + describe(chat.error()));
+      } else {
+        log::warn("serve: the OpenAI-compatible /v1 door cannot encode: " + describe(tok.error()));
+      }
       tinker::GatewayOptions options;
       options.max_body_bytes = config.max_message_bytes;
       options.max_samples_in_flight = config.tinker_samples_in_flight;

@@ -4,6 +4,9 @@
 #include "actors/sampler_group.hpp"
 #include "rpc/convert.hpp"
 #include "rpc/tinker/codec.hpp"
+#include "rpc/tinker/openai.hpp"
+#include "components/data/template.hpp"
+#include "components/data/tool_calls.hpp"
 #include "runtime/log.hpp"
 
 #include <capnp/message.h>
@@ -94,6 +97,7 @@ const char* category_of(const caf::error& e) {
 /// (KJ's headers are valid only until then).
 struct RequestHeaders {
   std::string api_key, accept, content_encoding, content_type;
+  std::string authorization;  ///< "Bearer KEY", as OpenAI clients send their key
 };
 
 struct Reply {
@@ -202,6 +206,8 @@ struct Tenant {
   /// Loads of a path's weights under way, which sessions of the same path wait for.
   std::map<std::string, kj::ForkedPromise<Reply>> path_loading;
   int64_t samples_in_flight = 0;
+  /// The OpenAI door's sampling sessions of tinker:// paths, by path.
+  std::map<std::string, std::string> openai_sessions;
   /// What its bodies being read and its model calls queued or running hold
   /// (GatewayOptions::request_bytes bounds it).
   int64_t request_bytes = 0;
@@ -535,7 +541,7 @@ struct Gateway::Impl {
   GatewayOptions o;
   kj::Timer& timer;
   kj::Own<kj::HttpHeaderTable> table;
-  kj::HttpHeaderId api_key, accept, content_encoding;
+  kj::HttpHeaderId api_key, accept, content_encoding, authorization;
   std::map<std::string, Tenant> tenants;
   std::map<std::string, Future> futures;
   struct Errors final : kj::TaskSet::ErrorHandler {
@@ -548,6 +554,7 @@ struct Gateway::Impl {
   Impl(Host& h, BaseModel b, GatewayOptions opts, kj::Timer& t) : host(h), base(std::move(b)), o(opts), timer(t) {
     kj::HttpHeaderTable::Builder builder;
     api_key = builder.add("X-API-Key");
+    authorization = builder.add("Authorization");
     accept = builder.add("Accept");
     content_encoding = builder.add("Content-Encoding");
     table = builder.build();
@@ -585,9 +592,11 @@ struct Gateway::Impl {
     wire::Session::Client session;
   };
   Result<Caller> caller(const RequestHeaders& h) {
-    const auto& key = h.api_key;
+    std::string key = h.api_key;
+    if (key.empty() && h.authorization.rfind("Bearer ", 0) == 0) key = h.authorization.substr(7);
     if (key.empty())
-      return make_error(errc::permission_denied, "no X-API-Key header: send a key made by `glint serve keys create`");
+      return make_error(errc::permission_denied, "no X-API-Key header (or Authorization: Bearer): send a key made by "
+                                                 "`glint serve keys create`");
     auto who = host.authenticate(key);
     if (!who) return who.error();
     auto& t = tenants[who->first];
@@ -761,6 +770,10 @@ struct Gateway::Impl {
   kj::Promise<Reply> unload_model(Caller c, const json& j);
   kj::Promise<Reply> create_sampling_session(Caller c, const json& j);
   kj::Promise<Reply> asample(Caller c, const json& j, size_t digest);
+  kj::Promise<Reply> openai_route(Caller c, bool get, bool post, const std::string& path, const std::string& body);
+  /// The sampler adapter `model` names for the OpenAI door: "" for the
+  /// base, a tinker:// path's weights loaded as create_sampling_session loads them.
+  kj::Promise<Result<std::string>> openai_adapter(Caller c, const std::string& model);
   kj::Promise<Reply> retrieve_future(Caller c, const json& j, bool proto);
   kj::Promise<Reply> training_runs(Caller c, const std::string& path, const std::string& query);
   kj::Promise<Reply> weights_info(Caller c, const json& j);
@@ -1372,6 +1385,97 @@ kj::Promise<Reply> Gateway::Impl::asample(Caller c, const json& j, size_t digest
   return json_reply(json{{"request_id", id}});
 }
 
+kj::Promise<Result<std::string>> Gateway::Impl::openai_adapter(Caller c, const std::string& model) {
+  using R = Result<std::string>;
+  if (model == base.name) return R{std::string{}};
+  if (model.rfind("tinker://", 0) != 0)
+    return R{make_error(errc::not_found, "model '" + model.substr(0, 80) + "' is not served here: this server hosts '" +
+                                             base.name + "', and your sampler weights by their tinker:// paths")};
+  auto* t = c.tenant;
+  if (auto it = t->openai_sessions.find(model); it != t->openai_sessions.end()) {
+    if (auto s = t->samplers.find(it->second); s != t->samplers.end()) return R{s->second.adapter};
+    t->openai_sessions.erase(it);  // its weights made room for others': load them again
+  }
+  return create_sampling_session(c, json{{"model_path", model}}).then([t, model](Reply r) -> R {
+    auto j = json::parse(r.body, nullptr, false);
+    if (r.status != 200) {
+      const auto message = j.is_object() && j.contains("detail") ? j["detail"].get<std::string>() : r.body;
+      return make_error(r.status == 404 ? errc::not_found : r.status == 400 ? errc::invalid_argument : errc::unavailable,
+                        message);
+    }
+    const auto sid = j.value("sampling_session_id", std::string{});
+    auto s = t->samplers.find(sid);
+    if (s == t->samplers.end()) return make_error(errc::unavailable, "loading " + model + " into the sampler failed; retry");
+    t->openai_sessions[model] = sid;
+    return s->second.adapter;
+  });
+}
+
+kj::Promise<Reply> Gateway::Impl::openai_route(Caller c, bool get, bool post, const std::string& path,
+                                               const std::string& body) {
+  auto refuse = [](const caf::error& e) {
+    return json_reply(openai::error_json(e), static_cast<unsigned>(status_of(e)));
+  };
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (get && path == "/v1/models") {
+    std::vector<std::string> paths;
+    if (auto list = host.store().list(c.tenant->name))
+      for (const auto& ck : *list) {
+        // Tinker's sampler weights are stored as tk.<run>.s.<name>.
+        const auto& n = ck.name;
+        const auto at = n.find(".s.");
+        if (n.rfind("tk.", 0) == 0 && at != std::string::npos)
+          paths.push_back("tinker://" + n.substr(3, at - 3) + "/sampler_weights/" + n.substr(at + 3));
+      }
+    return json_reply(openai::models(base.name, paths, now));
+  }
+  const bool chat = path == "/v1/chat/completions";
+  if (!post || (!chat && path != "/v1/completions"))
+    return refuse(make_error(errc::not_found, "no route " + path.substr(0, 80) +
+                                                  ": POST /v1/chat/completions, POST /v1/completions, GET /v1/models"));
+  if (!base.tokenizer)
+    return refuse(make_error(errc::unavailable, "the served model's tokenizer did not load, so /v1 cannot encode"));
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) return refuse(user("the body is not JSON"));
+  auto r = openai::parse_request(j, chat, base.chat.get(), *base.tokenizer, {.max_context = base.max_context});
+  if (!r) return refuse(r.error());
+  auto* t = c.tenant;
+  if (t->samples_in_flight >= o.max_samples_in_flight)
+    return refuse(make_error(errc::resource_exhausted,
+                             "limit tinker.max_samples_in_flight: " + std::to_string(t->samples_in_flight) +
+                                 " sample calls of yours are running; retry after some finish"));
+  ++t->samples_in_flight;
+  auto request = std::make_shared<openai::Request>(std::move(*r));
+  const auto format = base.chat && base.chat->tokenizer().config().chat_template
+                          ? components::tool_call_format_of(*base.chat->tokenizer().config().chat_template)
+                          : components::ToolCallFormat::none;
+  auto session = c.session;
+  auto tokenizer = base.tokenizer;
+  return openai_adapter(c, request->model)
+      .then([refuse, request, session, tokenizer, format, now](Result<std::string> adapter) mutable -> kj::Promise<Reply> {
+        if (!adapter) return refuse(adapter.error());
+        auto req = session.sampleRequest();
+        req.setAdapter(*adapter);
+        write_requests(req.initRequests(1), {actors::SampleRequest{0, request->prompt}});
+        write_sampling(req.initParams(), request->params);
+        return req.send().then([refuse, request, tokenizer, format, now](
+                                   capnp::Response<wire::Session::SampleResults>&& res) -> Reply {
+          if (auto e = status_error(res)) return refuse(e);
+          auto seqs = read_sequences(res.getSequences());
+          if (!seqs) return refuse(seqs.error());
+          std::vector<openai::Choice> choices;
+          for (const auto& s : *seqs) {
+            if (!s.error.empty()) return refuse(user(s.error));
+            choices.push_back({s.tokens, s.logprobs, s.stop_reason, s.stop_token, s.text});
+          }
+          auto a = openai::answer(*request, choices, *tokenizer, format,
+                                  (request->chat ? "chatcmpl-" : "cmpl-") + random_id(12), now);
+          return Reply{200, a.content_type, std::move(a.body), false};
+        });
+      })
+      .attach(kj::defer([t] { --t->samples_in_flight; }));
+}
+
 kj::Promise<Reply> Gateway::Impl::retrieve_future(Caller c, const json& j, bool proto) {
   auto id = string_field(j, "request_id");
   if (!id) return error_reply(id.error());
@@ -1512,6 +1616,7 @@ kj::Promise<Reply> Gateway::Impl::route(kj::HttpMethod method, std::string path,
     // The same answer whatever was wrong with the key.
     return json_reply(json{{"detail", describe(c.error())}, {"error", describe(c.error())}, {"category", "user"}}, 401);
   }
+  if (path == "/v1" || path.rfind("/v1/", 0) == 0) return openai_route(*c, get, post, path, body);
   if (get && path == "/api/v1/get_server_capabilities")
     return json_reply(json{{"supported_models", json::array({json{{"model_name", base.name}, {"max_context_length", base.max_context}}})}});
   if (get && path.rfind("/api/v1/samplers/", 0) == 0) {
@@ -1722,6 +1827,7 @@ kj::Promise<void> Gateway::request(kj::HttpMethod method, kj::StringPtr url, con
   copy(impl->api_key, h.api_key);
   copy(impl->accept, h.accept);
   copy(impl->content_encoding, h.content_encoding);
+  copy(impl->authorization, h.authorization);
   copy(kj::HttpHeaderId::CONTENT_TYPE, h.content_type);
   const int64_t limit = impl->o.max_body_bytes;
   // The key is checked before the body is read: a peer without one never

@@ -27,6 +27,11 @@
 #include <string>
 #include <utility>
 
+namespace glint::components {
+class Template;
+class Tokenizer;
+}  // namespace glint::components
+
 namespace glint::rpc::tinker {
 
 /// What the gateway needs from the server (rpc/server.cpp implements it).
@@ -49,6 +54,11 @@ struct BaseModel {
   std::string arch;          ///< config.json's model_type
   int64_t vocab_size = 0;
   int64_t max_context = 0;
+  /// The OpenAI-compatible door (/v1, rpc/tinker/openai.hpp) renders chats
+  /// with the model's own template and encodes and decodes with its
+  /// tokenizer; null: /v1 answers that the server cannot (chat: no template).
+  std::shared_ptr<const components::Tokenizer> tokenizer{};
+  std::shared_ptr<const components::Template> chat{};
 };
 
 struct GatewayOptions {

@@ -8,21 +8,22 @@ temp_root() {
   # Under set -e a failed assignment ends the script without a word: say where.
   trap 'echo "${BASH_SOURCE[0]}:$LINENO: \`$BASH_COMMAND\` failed (exit $?)" >&2' ERR
 }
-#   tiny_base GLINT [ROWS [ARCH]]
+#   tiny_base GLINT [ROWS [ARCH [CHAT_TEMPLATE]]]
 # makes the tiny base model every remote-mode script serves, in ./local/model,
 # with a tokenizer trained on ROWS (default: ./rows.jsonl, written here when
 # absent: 40 lines of one sentence); ARCH qwen3 (default), an MoE family
 # (qwen3_moe, qwen2_moe: 4 experts, 2 per token) or Qwen3.5 (qwen3_5: a
 # Gated DeltaNet layer, then gated attention).
 tiny_base() {
-  local glint=$1 rows=${2:-rows.jsonl} arch=${3:-qwen3}
+  local glint=$1 rows=${2:-rows.jsonl} arch=${3:-qwen3} template=${4:-chatml}
   local experts=()
   [[ $arch == *_moe ]] && experts=(--experts 4 --experts-per-tok 2)
   [[ $arch == qwen3_5* ]] && experts+=(--head-dim 16)
   mkdir -p local
   [[ -f $rows ]] || printf '{"text": "the quick brown fox jumps over the lazy dog %d times"}\n' $(seq 40) > "$rows"
   "$glint" init-model local/model --arch "$arch" "${experts[@]}" --hidden 64 --intermediate 128 --layers 2 --heads 4 \
-    --kv-heads 2 --vocab 400 --max-positions 256 --tokenizer-from "$rows" > init.log 2>&1 || { cat init.log; exit 1; }
+    --kv-heads 2 --vocab 400 --max-positions 256 --tokenizer-from "$rows" --chat-template "$template" > init.log 2>&1 \
+    || { cat init.log; exit 1; }
 }
 #   start_server GLINT ROOT [EXTRA_TOML [LAUNCHER_ARGS...]]
 # writes ROOT/serve.toml (the base in ROOT/local/model, state in

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The OpenAI-compatible endpoint of `glint serve` (/v1 on the Tinker port),
-# driven by a hand-written OpenAI-protocol client (tests/tinker/openai_check.py:
-# chat and text completions, n, seeds, logprobs, stop, tools, server-sent
-# events, a tenant's own tinker:// weights, isolation, refused fields).
+# driven by OpenAI's own Node.js client (the npm package openai, which
+# scripts/setup_openai.sh installs; tests/tinker/openai_node.mjs) and by a
+# hand-written OpenAI-protocol client (tests/tinker/openai_check.py: chat and
+# text completions, n, seeds, logprobs, stop, tools, server-sent events, a
+# tenant's own tinker:// weights, isolation, refused fields).
 #   openai_api.sh GLINT_BINARY SOURCE_DIR
 set -euo pipefail
 source "$(dirname "$0")/serve_lib.sh"
@@ -18,3 +20,9 @@ alice=$(new_key "$glint" "$root" alice)
 bob=$(new_key "$glint" "$root" bob)
 PYTHONPATH="$root:$src/tests/tinker" timeout 300 /usr/bin/python3 "$src/tests/tinker/openai_check.py" \
   "http://127.0.0.1:$tport" "$alice" "$bob" test/tiny-qwen3 || { tail -30 serve.err; exit 1; }
+if openai_node=$(bash "$src/scripts/setup_openai.sh" --installed) && command -v node > /dev/null; then
+  NODE_PATH="$openai_node/node_modules" timeout 120 node "$src/tests/tinker/openai_node.mjs" \
+    "http://127.0.0.1:$tport" "$alice" test/tiny-qwen3 || { tail -30 serve.err; exit 1; }
+else
+  echo "openai.endpoint: the npm openai client is not installed (scripts/setup_openai.sh): its part is skipped"
+fi
